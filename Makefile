@@ -1,0 +1,41 @@
+# Set-up and entry points. `make demo` and `make test` create .venv and install everything first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# CPU machines take the CPU torch wheel first (an unpinned torch pulls a multi-GB CUDA build);
+# machines with an NVIDIA driver take the default (CUDA) torch.
+TORCH_CPU ?= torch==2.13.0
+TORCH_GPU ?= torch
+
+.PHONY: install demo test lint typecheck unit bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q "$(TORCH_GPU)"; \
+	else $(PY) -m pip install -q "$(TORCH_CPU)"; fi
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## The main job on the embedded default. Until training lands: the allocation benchmark.
+demo: install
+	$(VENV)/bin/tracerl bench allocation --seeds 3 --steps 100 noise_seeds=1
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+typecheck: install
+	$(VENV)/bin/mypy
+
+unit: install
+	$(VENV)/bin/pytest -q
+
+## What CI runs: lint, type check and the test suite.
+test: lint typecheck unit
+
+bench: install
+	$(VENV)/bin/tracerl bench allocation --json bench_out/allocation.json
+
+clean:
+	rm -rf bench_out mlruns.db mlartifacts .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,5 @@
+"""The environment registry (name -> constructor)."""
+
+from tracerl.registry import Registry
+
+ENVS: Registry = Registry("environment")

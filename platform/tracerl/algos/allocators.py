@@ -1,0 +1,247 @@
+"""Allocators: who gets bare rollouts (roots) and where continuations go (prefixes).
+
+Every allocator answers two questions with the same signature, so the step driver has no special
+cases (docs/TRACE.md sections 4, 5, 9):
+
+* ``roots(v, budget, rng)``: rollout counts for the candidate pool, given predicted root success
+  probabilities ``v`` (``None`` while the predictor is cold: uniform allocation).
+* ``prefixes(cands, budget, rng)``: continuation counts per non-leaf bare prefix of each active tree,
+  given the prefix's rollout reward r and predicted probability p (``None`` while cold).
+
+| name               | roots                                 | prefixes             |
+|--------------------|---------------------------------------|----------------------|
+| grpo               | L/G random prompts x G                | none                 |
+| pcl                | L/G prompts with v closest to 0.5 x G | none                 |
+| dapo               | like grpo, re-sampled until L/G mixed | none (dynamic)       |
+| treepo             | M/g random prompts x g                | uniformly random     |
+| trace_root_only    | exact V_root solver                   | uniformly random     |
+| trace_prefix_only  | M/g random prompts x g                | exact V_pref solver  |
+| trace              | exact V_root solver                   | exact V_pref solver  |
+| oracle_trace       | trace with the simulator's true probabilities (the ceiling)  |
+
+Leaves are equal for all but dapo: flat allocators spend L = (L/G) G leaves at the roots; tree
+allocators spend M at the roots and M N as continuations, a prompt with m bare rollouts getting a
+local budget of m N. [choice] Local budget a prompt cannot spend (too few non-leaf prefixes, or the
+k_max cap) becomes extra bare rollouts of the same prompt, so leaves stay equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tracerl.algos.prefixes import solve_prefixes
+from tracerl.algos.roots import solve_roots
+from tracerl.config import AllocatorConfig, BudgetConfig
+from tracerl.registry import Registry
+
+
+@dataclass(frozen=True)
+class PrefixCandidates:
+    """The expandable prefixes of one active tree."""
+
+    node_ids: np.ndarray
+    """Non-leaf bare-rollout prefix nodes, shape (P,)."""
+    rewards: np.ndarray
+    """Reward r of the rollout each prefix belongs to, shape (P,)."""
+    scores: np.ndarray | None
+    """Predicted success probability p at each prefix, shape (P,); None while the predictor is cold."""
+    local_budget: int
+    """Continuations this prompt may spend: m N."""
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """What to add to one tree: continuations per prefix node, then extra bare rollouts."""
+
+    node_ids: np.ndarray
+    """Prefix nodes, shape (P,)."""
+    counts: np.ndarray
+    """Continuations K per prefix node, shape (P,)."""
+    extra_bare: int
+    """Bare rollouts added because the local budget could not be spent on prefixes."""
+
+    @property
+    def leaves(self) -> int:
+        return int(self.counts.sum()) + self.extra_bare
+
+
+class Allocator:
+    """Base allocator; subclasses choose root and prefix modes. Users may subclass and register."""
+
+    name = "base"
+    flat = False
+    """Flat allocators spend the whole leaf budget as bare rollouts (no continuations)."""
+    dynamic = False
+    """Dynamic sampling (dapo): the driver re-samples groups until enough are mixed."""
+    predictor: str | None = None
+    """Force this predictor (oracle_trace uses the simulator's oracle)."""
+
+    def __init__(self, cfg: AllocatorConfig) -> None:
+        self.cfg = cfg
+
+    def root_budget(self, budget: BudgetConfig) -> int:
+        return budget.leaves if self.flat else budget.roots
+
+    def roots(self, v: np.ndarray | None, num_candidates: int, budget: BudgetConfig, rng: np.random.Generator) -> np.ndarray:
+        raise NotImplementedError
+
+    def prefixes(self, cands: Sequence[PrefixCandidates], rng: np.random.Generator) -> list[Expansion]:
+        """Default: spend nothing on prefixes (flat allocators)."""
+        return [Expansion(c.node_ids, np.zeros(len(c.node_ids), np.int64), 0) for c in cands]
+
+
+# -- root modes ---------------------------------------------------------------------------------
+def uniform_roots(num_candidates: int, total: int, group: int, rng: np.random.Generator) -> np.ndarray:
+    """``total`` rollouts on randomly drawn prompts, ``group`` each (the remainder on one more prompt)."""
+    full, rest = divmod(total, group)
+    need = full + (1 if rest else 0)
+    if need > num_candidates:
+        raise ValueError(f"uniform roots need {need} prompts but the pool has {num_candidates}; raise budget.pool_factor")
+    chosen = rng.choice(num_candidates, size=need, replace=False)
+    counts = np.zeros(num_candidates, dtype=np.int64)
+    counts[chosen[:full]] = group
+    if rest:
+        counts[chosen[full]] = rest
+    return counts
+
+
+def closest_to_half_roots(v: np.ndarray, num_groups: int, group: int, rng: np.random.Generator) -> np.ndarray:
+    """PCL: the ``num_groups`` prompts with v closest to 0.5, ``group`` rollouts each (ties random)."""
+    if num_groups > len(v):
+        raise ValueError(f"pcl needs {num_groups} prompts but the pool has {len(v)}; raise budget.pool_factor")
+    dist = np.round(np.abs(np.asarray(v, float) - 0.5), 12)
+    order = np.lexsort((rng.permutation(len(v)), dist))
+    counts = np.zeros(len(v), dtype=np.int64)
+    counts[order[:num_groups]] = group
+    return counts
+
+
+# -- prefix modes -------------------------------------------------------------------------------
+def uniform_prefix_counts(num: int, budget: int, k_max: int, rng: np.random.Generator) -> np.ndarray:
+    """Each continuation starts at a uniformly random prefix (with replacement, up to k_max each)."""
+    if num == 0 or budget <= 0:
+        return np.zeros(num, dtype=np.int64)
+    if k_max <= 0:
+        return np.bincount(rng.integers(0, num, size=budget), minlength=num).astype(np.int64)
+    slots = np.repeat(np.arange(num), k_max)
+    take = rng.choice(len(slots), size=min(budget, len(slots)), replace=False)
+    return np.bincount(slots[take], minlength=num).astype(np.int64)
+
+
+def _expansions(cands: Sequence[PrefixCandidates], counts_fn) -> list[Expansion]:  # type: ignore[no-untyped-def]
+    out = []
+    for c in cands:
+        k = counts_fn(c)
+        out.append(Expansion(c.node_ids, k, c.local_budget - int(k.sum())))
+    return out
+
+
+class TreeAllocator(Allocator):
+    """Tree allocators: root mode x prefix mode, both 'uniform' or 'active'."""
+
+    root_mode = "active"
+    prefix_mode = "active"
+
+    def roots(self, v: np.ndarray | None, num_candidates: int, budget: BudgetConfig, rng: np.random.Generator) -> np.ndarray:
+        if self.root_mode == "uniform" or v is None:
+            return uniform_roots(num_candidates, budget.roots, self.cfg.root_group_size, rng)
+        return solve_roots(v, budget.roots, self.cfg.m_min, self.cfg.m_max, rng)
+
+    def prefixes(self, cands: Sequence[PrefixCandidates], rng: np.random.Generator) -> list[Expansion]:
+        k_max = self.cfg.k_max
+
+        def counts(c: PrefixCandidates) -> np.ndarray:
+            if self.prefix_mode == "uniform" or c.scores is None:
+                return uniform_prefix_counts(len(c.node_ids), c.local_budget, k_max, rng)
+            return solve_prefixes(c.rewards, c.scores, c.local_budget, rng, k_max)
+
+        return _expansions(cands, counts)
+
+
+ALLOCATORS: Registry[type[Allocator]] = Registry("allocator")
+
+
+@ALLOCATORS.register("grpo")
+class GRPOAllocator(Allocator):
+    """Uniform prompts, G full rollouts each."""
+
+    name = "grpo"
+    flat = True
+
+    def roots(self, v: np.ndarray | None, num_candidates: int, budget: BudgetConfig, rng: np.random.Generator) -> np.ndarray:
+        return uniform_roots(num_candidates, budget.leaves, budget.group_size, rng)
+
+
+@ALLOCATORS.register("pcl")
+class PCLAllocator(Allocator):
+    """Prompt curriculum learning: the L/G prompts predicted closest to 0.5, G rollouts each."""
+
+    name = "pcl"
+    flat = True
+
+    def roots(self, v: np.ndarray | None, num_candidates: int, budget: BudgetConfig, rng: np.random.Generator) -> np.ndarray:
+        if v is None:
+            return uniform_roots(num_candidates, budget.leaves, budget.group_size, rng)
+        return closest_to_half_roots(v, budget.num_groups, budget.group_size, rng)
+
+
+@ALLOCATORS.register("dapo")
+class DAPOAllocator(GRPOAllocator):
+    """DAPO dynamic sampling: GRPO groups, zero-variance groups dropped and re-sampled.
+
+    The driver draws generation batches of L/G prompts x G rollouts from the candidate pool (in a
+    random order) until L/G mixed groups are kept or ``max_gen_batches`` batches were drawn; surplus
+    mixed groups of the last batch are dropped, as in DAPO. It spends more rollouts than it keeps.
+    """
+
+    name = "dapo"
+    dynamic = True
+
+
+@ALLOCATORS.register("treepo")
+class TreePOAllocator(TreeAllocator):
+    """Uniform roots, continuations from uniformly random prefixes (TRACE's uniform/uniform ablation)."""
+
+    name = "treepo"
+    root_mode = "uniform"
+    prefix_mode = "uniform"
+
+
+@ALLOCATORS.register("trace")
+class TraceAllocator(TreeAllocator):
+    """TRACE: exact V_root allocation over the pool, exact V_pref expansion per prompt."""
+
+    name = "trace"
+
+
+@ALLOCATORS.register("trace_root_only")
+class TraceRootOnlyAllocator(TreeAllocator):
+    """Ablation: active roots, uniformly random prefixes."""
+
+    name = "trace_root_only"
+    prefix_mode = "uniform"
+
+
+@ALLOCATORS.register("trace_prefix_only")
+class TracePrefixOnlyAllocator(TreeAllocator):
+    """Ablation: uniform roots, active prefixes."""
+
+    name = "trace_prefix_only"
+    root_mode = "uniform"
+
+
+@ALLOCATORS.register("oracle_trace")
+class OracleTraceAllocator(TraceAllocator):
+    """TRACE driven by the simulator's true success probabilities: the ceiling."""
+
+    name = "oracle_trace"
+    predictor = "oracle"
+
+
+def build_allocator(cfg: AllocatorConfig) -> Allocator:
+    """Instantiate the allocator named by ``cfg.name`` (registered name or 'module:attr')."""
+    cls = ALLOCATORS.get(cfg.name)
+    return cls(cfg)

@@ -1,0 +1,96 @@
+"""Stage 1 of TRACE: global root allocation (docs/TRACE.md section 4).
+
+Given predicted success probabilities v_i for a candidate pool, choose rollout counts m_i with
+sum_i m_i = M and m_i in {0} U [m_min, m_max], maximising
+
+    sum_i V_root(v_i, m_i),    V_root(v, m) = 1 - v^m - (1-v)^m,    V_root(v, 0) = 0,
+
+the expected number of mixed (contrastive) groups.
+
+Solver: an exact dynamic programme over (prompt, budget spent), vectorised over the budget axis;
+O(B * M * (m_max - m_min + 2)) with B candidates. The paper notes greedy is optimal up to parity and
+"an exact small DP settles parity"; we use the DP throughout, so the allocation is exactly optimal.
+
+[choice] Gains are quantised to integers (2^-40 resolution) so that equal objectives tie exactly;
+ties are broken by a seeded random order of the candidates, preferring fewer rollouts for the
+earlier candidate in that order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_SCALE = float(2**40)
+
+
+def v_root(v: np.ndarray | float, m: np.ndarray | int) -> np.ndarray:
+    """Probability that m Bernoulli(v) rollouts hold both a success and a failure; 0 for m = 0."""
+    v = np.asarray(v, dtype=float)
+    m = np.asarray(m)
+    out = 1.0 - v**m - (1.0 - v) ** m
+    return np.where(m > 0, out, 0.0)
+
+
+def allowed_counts(m_min: int, m_max: int) -> np.ndarray:
+    """The count values a candidate may receive: 0 (filtered out) or m_min..m_max."""
+    return np.concatenate([[0], np.arange(m_min, m_max + 1)])
+
+
+def solve_roots(
+    v: np.ndarray, budget: int, m_min: int, m_max: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Exactly optimal rollout counts for the candidates.
+
+    Args:
+        v: predicted success probabilities, shape (B,), each in [0, 1].
+        budget: M, the number of bare rollouts to place; spent exactly.
+        m_min: smallest non-zero count (2: a single rollout has no contrast).
+        m_max: largest count per candidate.
+        rng: breaks ties between equally good allocations.
+
+    Returns:
+        counts, shape (B,), int64, summing to ``budget``.
+
+    Raises:
+        ValueError: the budget cannot be spent exactly under the bounds.
+    """
+    v = np.clip(np.asarray(v, dtype=float), 0.0, 1.0)
+    num = v.shape[0]
+    if not 1 <= m_min <= m_max:
+        raise ValueError(f"need 1 <= m_min <= m_max, got m_min={m_min}, m_max={m_max}")
+    if budget < 0 or budget > num * m_max or 0 < budget < m_min:
+        raise ValueError(
+            f"cannot place {budget} rollouts on {num} candidates with counts in {{0}} U [{m_min}, {m_max}]: "
+            f"raise the candidate pool or m_max, or change the budget"
+        )
+    choices = allowed_counts(m_min, m_max)
+    order = rng.permutation(num)
+    neg = np.iinfo(np.int64).min // 4
+    best = np.full(budget + 1, neg, dtype=np.int64)  # best[b]: max objective spending exactly b
+    best[0] = 0
+    pick = np.zeros((num, budget + 1), dtype=np.int64)  # index into `choices`
+    cols = np.arange(budget + 1)
+    src = cols[None, :] - choices[:, None]  # (C, M+1): budget before buying `choices[c]` rollouts
+    valid = src >= 0
+    src = np.maximum(src, 0)
+    gains_all = np.round(v_root(v[:, None], choices[None, :]) * _SCALE).astype(np.int64)  # (B, C)
+    for row, i in enumerate(order):
+        cand = np.where(valid, best[src] + gains_all[i][:, None], neg)
+        # argmax returns the first maximum: the smallest count among equally good choices.
+        pick[row] = np.argmax(cand, axis=0)
+        best = cand[pick[row], cols]
+    if best[budget] <= neg // 2:
+        raise ValueError(f"budget {budget} is not reachable with counts in {{0}} U [{m_min}, {m_max}]")
+    counts = np.zeros(num, dtype=np.int64)
+    b = budget
+    for row in range(num - 1, -1, -1):
+        m = int(choices[pick[row, b]])
+        counts[order[row]] = m
+        b -= m
+    assert b == 0
+    return counts
+
+
+def root_objective(v: np.ndarray, counts: np.ndarray) -> float:
+    """sum_i V_root(v_i, m_i): expected number of mixed groups."""
+    return float(v_root(np.asarray(v, float), np.asarray(counts)).sum())

@@ -1,0 +1,292 @@
+"""Config schemas: frozen dataclasses validated by omegaconf structured configs.
+
+Values live in YAML under conf/ (grouped: allocator, predictor, env, budget, tracking, cluster, ...);
+the schema, defaults, documentation and range checks live here. ``tracerl.config_loader`` composes a
+command's YAML with its groups and the CLI overrides, and validates the result against these schemas
+before any work starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclass(frozen=True)
+class AllocatorConfig:
+    """How the rollout budget is placed on prompts and prefixes (docs/TRACE.md sections 4, 5, 9)."""
+
+    name: str = "trace"
+    """Registered allocator (grpo, pcl, treepo, trace, trace_root_only, trace_prefix_only, oracle_trace, dapo) or 'module:attr'."""
+    m_min: int = 2
+    """Smallest non-zero number of bare rollouts per selected prompt (a single rollout has no contrast)."""
+    m_max: int = 16
+    """Largest number of bare rollouts per prompt."""
+    k_max: int = 0
+    """Cap on continuations per prefix; 0 means no cap."""
+    root_group_size: int = 4
+    """Bare rollouts per prompt for uniform-root tree allocators (treepo, trace_prefix_only) and cold start."""
+    max_gen_batches: int = 4
+    """dapo: most generation batches (of budget.num_groups prompts) drawn to fill the kept groups."""
+
+    def __post_init__(self) -> None:
+        _check(self.m_min >= 1, f"allocator.m_min must be >= 1 (got {self.m_min})")
+        _check(self.m_max >= self.m_min, f"allocator.m_max must be >= allocator.m_min (got {self.m_max} < {self.m_min})")
+        _check(self.k_max >= 0, f"allocator.k_max must be >= 0, 0 for no cap (got {self.k_max})")
+        _check(self.root_group_size >= 1, f"allocator.root_group_size must be >= 1 (got {self.root_group_size})")
+        _check(self.max_gen_batches >= 1, f"allocator.max_gen_batches must be >= 1 (got {self.max_gen_batches})")
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    """The per-step rollout budget. Leaves L = M (1 + N) for tree allocators; G L/G-groups for flat ones."""
+
+    num_leaves: int | None = 288
+    """L: leaves (finished rollouts) per step, equal for every allocator but dapo. Null to derive from num_roots."""
+    num_roots: int | None = None
+    """M: bare rollouts per step for tree allocators. Null to derive M = L / (1 + N)."""
+    continuations: int = 2
+    """N: continuation multiplier; a prompt with m bare rollouts gets m N continuations."""
+    group_size: int = 8
+    """G: rollouts per prompt for the flat allocators (grpo, pcl, dapo)."""
+    pool_factor: int = 4
+    """The candidate pool holds pool_factor * L / G prompts, shared by every allocator that selects."""
+
+    def __post_init__(self) -> None:
+        n = self.continuations
+        _check(n >= 0, f"budget.continuations must be >= 0 (got {n})")
+        _check(self.group_size >= 2, f"budget.group_size must be >= 2 (got {self.group_size})")
+        _check(self.pool_factor >= 1, f"budget.pool_factor must be >= 1 (got {self.pool_factor})")
+        _check(
+            self.num_leaves is not None or self.num_roots is not None,
+            "set budget.num_leaves or budget.num_roots",
+        )
+        if self.num_roots is not None:
+            _check(self.num_roots >= 1, f"budget.num_roots must be >= 1 (got {self.num_roots})")
+            _check(
+                self.num_leaves is None or self.num_leaves == self.num_roots * (1 + n),
+                f"budget.num_leaves={self.num_leaves} disagrees with budget.num_roots={self.num_roots} x "
+                f"(1 + continuations={n}); set only one of them (the other to null)",
+            )
+        else:
+            assert self.num_leaves is not None
+            _check(
+                self.num_leaves >= 1 and self.num_leaves % (1 + n) == 0,
+                f"budget.num_leaves={self.num_leaves} must be a positive multiple of 1 + continuations = {1 + n}",
+            )
+        _check(
+            self.leaves % self.group_size == 0,
+            f"budget leaves L={self.leaves} must be a multiple of budget.group_size={self.group_size}",
+        )
+
+    @property
+    def leaves(self) -> int:
+        """L, leaves per step."""
+        return self.num_leaves if self.num_leaves is not None else self.roots * (1 + self.continuations)
+
+    @property
+    def roots(self) -> int:
+        """M, bare rollouts per step for tree allocators."""
+        if self.num_roots is not None:
+            return self.num_roots
+        assert self.num_leaves is not None
+        return self.num_leaves // (1 + self.continuations)
+
+    @property
+    def num_groups(self) -> int:
+        """L / G, prompts per step for flat allocators."""
+        return self.leaves // self.group_size
+
+    @property
+    def num_candidates(self) -> int:
+        """B, the shared candidate pool size."""
+        return self.pool_factor * self.num_groups
+
+
+@dataclass(frozen=True)
+class PredictorConfig:
+    """The shared success-probability predictor V~ (docs/TRACE.md section 6)."""
+
+    name: str = "learned"
+    """Registered predictor (constant, tabular, learned, oracle) or 'module:attr'."""
+    warmup_steps: int = 2
+    """Cold start: allocation is uniform until the predictor has been fit on this many steps."""
+    constant_value: float = 0.5
+    """constant: the probability it always returns."""
+    prior_alpha: float = 1.0
+    """tabular: Beta prior successes."""
+    prior_beta: float = 1.0
+    """tabular: Beta prior failures."""
+    discount: float = 0.7
+    """tabular: per-step forgetting of old counts (the policy drifts); 1 keeps everything."""
+    hidden_size: int = 32
+    """learned: width of the MLP head."""
+    embedding_buckets: int = 16384
+    """learned: hashed prompt-identity embedding rows; 0 turns the identity input off."""
+    lr: float = 0.01
+    """learned: Adam learning rate."""
+    embedding_lr: float = 0.1
+    """learned: learning rate of the prompt-identity embedding (it sees few updates per row)."""
+    fit_steps: int = 15
+    """learned: optimiser steps per RL step."""
+    batch_size: int = 512
+    """learned: anchors per optimiser step."""
+    replay_steps: int = 4
+    """learned: the replay window, in RL steps."""
+    weight_by_leaves: bool = True
+    """learned: weight each anchor's squared error by its leaf count n_y."""
+    seed: int = 0
+    """learned: initialisation and minibatch seed (offset by the run seed)."""
+
+    def __post_init__(self) -> None:
+        _check(self.warmup_steps >= 0, f"predictor.warmup_steps must be >= 0 (got {self.warmup_steps})")
+        _check(0.0 <= self.constant_value <= 1.0, f"predictor.constant_value must be in [0, 1] (got {self.constant_value})")
+        _check(self.prior_alpha > 0 and self.prior_beta > 0, "predictor.prior_alpha and prior_beta must be > 0")
+        _check(0.0 < self.discount <= 1.0, f"predictor.discount must be in (0, 1] (got {self.discount})")
+        _check(self.hidden_size >= 1, f"predictor.hidden_size must be >= 1 (got {self.hidden_size})")
+        _check(self.embedding_buckets >= 0, f"predictor.embedding_buckets must be >= 0 (got {self.embedding_buckets})")
+        _check(self.lr > 0 and self.embedding_lr > 0, "predictor.lr and predictor.embedding_lr must be > 0")
+        _check(self.fit_steps >= 1, f"predictor.fit_steps must be >= 1 (got {self.fit_steps})")
+        _check(self.batch_size >= 1, f"predictor.batch_size must be >= 1 (got {self.batch_size})")
+        _check(self.replay_steps >= 1, f"predictor.replay_steps must be >= 1 (got {self.replay_steps})")
+
+
+@dataclass(frozen=True)
+class SimulatorConfig:
+    """The calibrated multi-turn simulator (envs/simulator.py documents the model and its calibration)."""
+
+    num_prompts: int = 2048
+    """Size of the finite prompt set revisited across steps."""
+    mix_weights: list[float] = field(default_factory=lambda: [0.45, 0.25, 0.30])
+    """Difficulty mixture weights: hard, medium, easy."""
+    mix_means: list[float] = field(default_factory=lambda: [-5.0, 0.0, 5.0])
+    """Mean logit success probability of each mixture component."""
+    mix_stds: list[float] = field(default_factory=lambda: [1.5, 1.5, 1.5])
+    """Std of the logit within each component."""
+    min_turns: int = 2
+    """Fewest turns in an episode."""
+    max_turns: int = 6
+    """Most turns in an episode."""
+    concentration: float = 4.0
+    """kappa: V_{t+1} ~ Beta(kappa V_t, kappa (1 - V_t)); smaller moves V further per turn."""
+    prompt_feature_dim: int = 8
+    """Dimension of the prompt features."""
+    prompt_feature_noise: float = 1.1
+    """Noise (in units of the difficulty's std) on the prompt features' signal."""
+    prefix_feature_noise: float = 0.55
+    """Noise (probability units) on the prefix features' signal about V_t."""
+    drift_std: float = 0.15
+    """Std per step of each prompt's random-walk drift in logit (the policy changes)."""
+
+    def __post_init__(self) -> None:
+        k = len(self.mix_weights)
+        _check(k >= 1 and len(self.mix_means) == k and len(self.mix_stds) == k,
+               "env.simulator.mix_weights, mix_means and mix_stds must have the same non-zero length")
+        _check(all(w >= 0 for w in self.mix_weights) and sum(self.mix_weights) > 0,
+               "env.simulator.mix_weights must be non-negative with a positive sum")
+        _check(all(s >= 0 for s in self.mix_stds), "env.simulator.mix_stds must be >= 0")
+        _check(self.num_prompts >= 1, f"env.simulator.num_prompts must be >= 1 (got {self.num_prompts})")
+        _check(1 <= self.min_turns <= self.max_turns,
+               f"env.simulator needs 1 <= min_turns <= max_turns (got {self.min_turns}, {self.max_turns})")
+        _check(self.concentration > 0, f"env.simulator.concentration must be > 0 (got {self.concentration})")
+        _check(self.prompt_feature_dim >= 1, "env.simulator.prompt_feature_dim must be >= 1")
+        _check(self.prompt_feature_noise >= 0 and self.prefix_feature_noise >= 0,
+               "env.simulator feature noises must be >= 0")
+        _check(self.drift_std >= 0, f"env.simulator.drift_std must be >= 0 (got {self.drift_std})")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Which environment, and each environment's settings in its own section."""
+
+    name: str = "simulator"
+    """Registered environment or 'module:attr'."""
+    simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
+    """Settings of the simulator environment."""
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """Where runs are logged (MLflow)."""
+
+    enabled: bool = True
+    """Log to MLflow at all."""
+    uri: str = "sqlite:///mlruns.db"
+    """MLflow tracking URI: a SQLite file (embedded default), a server URL, or a file store."""
+    artifact_location: str = "mlartifacts"
+    """Artifact root for experiments created here (a local directory or an object-store URI)."""
+    experiment: str = "tracerl"
+    """Experiment name."""
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """How Ray is reached."""
+
+    address: str = "local"
+    """'local' starts an embedded Ray; 'auto' or 'ray://host:10001' joins a cluster."""
+    num_cpus: int | None = None
+    """CPUs for an embedded Ray (null: all)."""
+    object_store_memory_mb: int = 512
+    """Object store size for an embedded Ray."""
+    include_dashboard: bool = False
+    """Start the dashboard with an embedded Ray (needed for Ray Jobs)."""
+
+    def __post_init__(self) -> None:
+        _check(self.num_cpus is None or self.num_cpus >= 1, "cluster.num_cpus must be >= 1 or null")
+        _check(self.object_store_memory_mb >= 64, "cluster.object_store_memory_mb must be >= 64")
+
+
+@dataclass(frozen=True)
+class BenchAllocationConfig:
+    """``tracerl bench allocation``: every allocator at equal leaf budget on the simulator."""
+
+    allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
+    """Allocator settings shared by every compared allocator (its name is replaced by each in turn)."""
+    predictor: PredictorConfig = field(default_factory=PredictorConfig)
+    """The predictor learning online (oracle_trace always uses the oracle)."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """The environment; must be the simulator."""
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    """Per-step budget."""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """MLflow."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Ray, used to run seeds in parallel when workers > 1."""
+    workers: int = 2
+    """Parallel runs (Ray tasks); 1 runs everything in this process without Ray."""
+    allocators: list[str] = field(default_factory=lambda: [
+        "grpo", "pcl", "dapo", "treepo", "trace_root_only", "trace_prefix_only", "trace", "oracle_trace"])
+    """Allocators to compare."""
+    steps: int = 150
+    """RL steps per run."""
+    seeds: int = 5
+    """Independent seeds per allocator (CIs are over seeds)."""
+    seed: int = 0
+    """First seed; runs use seed, seed+1, ..."""
+    warmup_fraction: float = 0.2
+    """Leading share of steps left out of the averages (the predictor's warm-up)."""
+    noise_scales: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0])
+    """Feature-noise multipliers for the informativeness sweep (empty: skip the sweep)."""
+    noise_allocators: list[str] = field(default_factory=lambda: ["grpo", "pcl", "treepo", "trace", "oracle_trace"])
+    """Allocators in the informativeness sweep."""
+    noise_seeds: int = 2
+    """Seeds per point of the informativeness sweep."""
+    out_dir: str = "bench_out/allocation"
+    """Where the table, PNGs and JSON go."""
+    json_path: str | None = None
+    """Write the JSON summary here as well (``--json``)."""
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 1, f"steps must be >= 1 (got {self.steps})")
+        _check(self.workers >= 1, f"workers must be >= 1 (got {self.workers})")
+        _check(self.seeds >= 1, f"seeds must be >= 1 (got {self.seeds})")
+        _check(0.0 <= self.warmup_fraction < 1.0, f"warmup_fraction must be in [0, 1) (got {self.warmup_fraction})")
+        _check(len(self.allocators) >= 1, "allocators must name at least one allocator")
+        _check(all(s > 0 for s in self.noise_scales), "noise_scales must be > 0")
+        _check(self.noise_seeds >= 1, "noise_seeds must be >= 1")
+        _check(self.env.name == "simulator", f"bench allocation runs on the simulator; got env.name={self.env.name!r}")

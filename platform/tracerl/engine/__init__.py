@@ -1,0 +1,1 @@
+"""Pure rollout engine: the allocation-and-rollout step over a tree backend, and the budget ledger."""

@@ -1,0 +1,207 @@
+"""Rollout trees: typed turn nodes, recursive targets, leaf counts, contrast statistics.
+
+A tree's root (node 0, depth 0) is the prompt; each other node is one ReAct turn
+(thought, action, observation). A bare rollout is a root-to-leaf chain; a continuation re-uses a
+prefix verbatim and adds a new chain below it (docs/TRACE.md section 2). Node ids are assigned in
+creation order, so a parent's id is always smaller than its children's: one reverse pass computes
+every bottom-up quantity.
+
+Recursive targets (section 6):
+    V^(leaf) = r,    V^(y) = sum_{c in children(y)} n_c * V^(c) / n_y
+which is the mean reward of the leaves below y; n_y is the number of leaves below y.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tracerl.types import Anchor, Prompt, Status
+
+
+@dataclass(slots=True, eq=False)
+class Node:
+    """One node of a rollout tree."""
+
+    node_id: int
+    """Index in ``RolloutTree.nodes``."""
+    parent: int | None
+    """Parent node id; ``None`` for the root."""
+    depth: int
+    """Number of turns from the root (root = 0)."""
+    path_id: int
+    """The rollout that generated this node: 0..m-1 for bare rollouts, then continuations in order."""
+    content: str = ""
+    """The turn's text: thought, action and observation (empty for the root and the simulator)."""
+    token_ids: list[int] = field(default_factory=list)
+    """Tokens of this turn, model-generated and tool/observation tokens interleaved."""
+    model_mask: list[bool] = field(default_factory=list)
+    """Per token: True if the model generated it, False for tool/observation tokens (masked in the loss)."""
+    status: Status = Status.TURN
+    """``TURN`` for interior nodes; a terminal status on leaves."""
+    reward: float | None = None
+    """Terminal reward on leaves (in {0, 1} for RLVR); ``None`` on interior nodes."""
+    children: list[int] = field(default_factory=list)
+    """Child node ids, in creation order."""
+    features: np.ndarray | None = None
+    """Numeric features of the prefix ending here (simulator); text environments leave it ``None``."""
+    true_value: float | None = None
+    """True V_t at this node (simulator only)."""
+    logprobs: list[float] = field(default_factory=list)
+    """Sampler log-probs of the model-generated tokens of this turn (may be empty)."""
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.status is not Status.TURN
+
+
+class RolloutTree:
+    """All rollouts of one prompt in one step, as a tree of turn nodes."""
+
+    def __init__(self, prompt: Prompt) -> None:
+        self.prompt = prompt
+        self.nodes: list[Node] = [Node(node_id=0, parent=None, depth=0, path_id=-1, content=prompt.text)]
+        self.num_paths = 0
+        self.num_bare = 0
+        self._leaf_ids: list[int] = []
+
+    # -- building -------------------------------------------------------------------------------
+    def new_path(self, bare: bool) -> int:
+        """Reserve a path id for a new bare rollout or continuation."""
+        if bare and self.num_paths != self.num_bare:
+            raise ValueError("bare rollouts must be added before any continuation")
+        pid = self.num_paths
+        self.num_paths += 1
+        if bare:
+            self.num_bare += 1
+        return pid
+
+    def add_node(self, parent: int, path_id: int, **fields: object) -> Node:
+        """Append a child of ``parent``; extra keyword fields go to :class:`Node`."""
+        par = self.nodes[parent]
+        if par.is_leaf:
+            raise ValueError(f"node {parent} is a leaf ({par.status.value}); it cannot have children")
+        node = Node(node_id=len(self.nodes), parent=parent, depth=par.depth + 1, path_id=path_id, **fields)  # type: ignore[arg-type]
+        self.nodes.append(node)
+        par.children.append(node.node_id)
+        if node.is_leaf:
+            self._leaf_ids.append(node.node_id)
+        return node
+
+    # -- structure ------------------------------------------------------------------------------
+    @property
+    def root(self) -> Node:
+        return self.nodes[0]
+
+    def leaves(self) -> list[Node]:
+        """Leaf nodes in node-id order (a node's status is fixed when it is added)."""
+        return [self.nodes[i] for i in self._leaf_ids]
+
+    def rewards(self) -> np.ndarray:
+        """Leaf rewards in node-id order, shape (num_leaves,)."""
+        return np.array([self.nodes[i].reward for i in self._leaf_ids], dtype=float)
+
+    def path(self, node_id: int) -> list[int]:
+        """Node ids from the root (inclusive) down to ``node_id`` (inclusive)."""
+        out = []
+        cur: int | None = node_id
+        while cur is not None:
+            out.append(cur)
+            cur = self.nodes[cur].parent
+        return out[::-1]
+
+    def anchor(self, node_id: int) -> Anchor:
+        """The anchor (prompt + turns) ending at ``node_id``."""
+        return Anchor(self.prompt, tuple(self.nodes[i] for i in self.path(node_id)[1:]))
+
+    def iter_edges(self) -> Iterator[tuple[int, int]]:
+        for n in self.nodes:
+            for c in n.children:
+                yield n.node_id, c
+
+    def bare_prefixes(self) -> list[int]:
+        """Non-leaf prefix nodes of the bare rollouts (1 <= t <= T-1): the candidates for expansion."""
+        return [n.node_id for n in self.nodes[1:] if not n.is_leaf and n.path_id < self.num_bare]
+
+    def path_rewards(self) -> dict[int, float]:
+        """Reward of each finished rollout, keyed by path id (the leaf of the path carries it)."""
+        return {n.path_id: float(n.reward) for n in self.leaves() if n.reward is not None}
+
+    # -- bottom-up statistics ------------------------------------------------------------------
+    def leaf_counts(self) -> np.ndarray:
+        """n_y: number of leaves below each node (a leaf counts itself), shape (num_nodes,)."""
+        n = np.zeros(len(self.nodes), dtype=np.int64)
+        for node in reversed(self.nodes):
+            if node.is_leaf:
+                n[node.node_id] = 1
+            if node.parent is not None:
+                n[node.parent] += n[node.node_id]
+        return n
+
+    def targets(self) -> np.ndarray:
+        """Recursive targets V^ per node (section 6), shape (num_nodes,); NaN where no leaf is below."""
+        total = np.zeros(len(self.nodes))
+        for node in reversed(self.nodes):
+            if node.is_leaf:
+                if node.reward is None:
+                    raise ValueError(f"leaf {node.node_id} has no reward")
+                total[node.node_id] = node.reward
+            if node.parent is not None:
+                total[node.parent] += total[node.node_id]
+        n = self.leaf_counts()
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(n > 0, total / np.maximum(n, 1), np.nan)
+
+    @property
+    def num_leaves(self) -> int:
+        return len(self._leaf_ids)
+
+    def is_mixed(self) -> bool:
+        """True if the tree holds a success and a failure leaf (reward above / at most 0.5)."""
+        r = self.rewards()
+        return bool(r.size) and bool((r > 0.5).any()) and bool((r <= 0.5).any())
+
+    def contrast_pairs(self) -> dict[int, int]:
+        """Pairs of leaves with different rewards, keyed by the depth of the node where their paths split.
+
+        Every pair of leaves splits at exactly one node (their lowest common ancestor), so the values
+        sum to (#successes x #failures). Pairs split at depth > 0 are the step-level preference pairs
+        that tree rollouts add over flat groups.
+        """
+        succ = np.zeros(len(self.nodes), dtype=np.int64)
+        fail = np.zeros(len(self.nodes), dtype=np.int64)
+        out: dict[int, int] = {}
+        for node in reversed(self.nodes):
+            if node.is_leaf:
+                if (node.reward or 0.0) > 0.5:
+                    succ[node.node_id] = 1
+                else:
+                    fail[node.node_id] = 1
+                continue
+            s_acc = f_acc = pairs = 0
+            for c in node.children:
+                pairs += s_acc * fail[c] + f_acc * succ[c]
+                s_acc += succ[c]
+                f_acc += fail[c]
+            succ[node.node_id], fail[node.node_id] = s_acc, f_acc
+            if pairs:
+                out[node.depth] = out.get(node.depth, 0) + int(pairs)
+        return out
+
+
+def effective_ratio(trees: Sequence[RolloutTree]) -> float:
+    """Share of active prompts (trees with leaves) whose tree is mixed (docs/TRACE.md section 8)."""
+    active = [t for t in trees if t.num_leaves > 0]
+    return sum(t.is_mixed() for t in active) / len(active) if active else 0.0
+
+
+def leaf_effective_ratio(trees: Sequence[RolloutTree]) -> float:
+    """Share of leaves that sit in a mixed tree (they get a non-zero prompt-level advantage)."""
+    total = sum(t.num_leaves for t in trees)
+    return sum(t.num_leaves for t in trees if t.is_mixed()) / total if total else 0.0
+
+
+def total_contrast_pairs(trees: Sequence[RolloutTree]) -> int:
+    return sum(sum(t.contrast_pairs().values()) for t in trees)

@@ -1,0 +1,76 @@
+"""Small shared records: prompts, episode statuses, anchors.
+
+An *anchor* (docs/TRACE.md section 2) is a root (the prompt alone) or a prefix (the prompt plus the
+turns so far); predictors score anchors, allocators spend budget on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from tracerl.tree import Node
+
+
+class Status(str, Enum):
+    """How a node ends. ``TURN`` marks an interior turn; every other value is a terminal status."""
+
+    TURN = "turn"
+    """An interior turn: the episode went on after it."""
+    ANSWERED = "answered"
+    """The agent gave a final answer (the reward is the verifier's)."""
+    MAX_TURNS = "max_turns"
+    """The per-episode turn limit was reached without a final answer."""
+    MAX_TOKENS = "max_tokens"
+    """The per-episode (or per-turn) token limit was reached."""
+    CONTEXT_OVERFLOW = "context_overflow"
+    """The history no longer fits the model's context window."""
+    ENV_ERROR = "env_error"
+    """The environment failed in a way the episode cannot continue from."""
+
+    @property
+    def terminal(self) -> bool:
+        return self is not Status.TURN
+
+
+@dataclass(frozen=True, eq=False)
+class Prompt:
+    """One task instance (a tree root).
+
+    ``features`` and ``true_value`` exist for the simulator: real environments leave them ``None`` and
+    predictors read ``text`` instead.
+    """
+
+    prompt_id: str
+    """Stable identity; prompts are revisited across steps under the same id."""
+    text: str = ""
+    """The task as shown to the policy."""
+    answer: str | None = None
+    """Reference answer for the verifier, if any."""
+    features: np.ndarray | None = None
+    """Numeric features of the prompt (simulator), shape (d,)."""
+    true_value: float | None = None
+    """True success probability at sampling time (simulator only; the oracle reads it)."""
+    source: str = ""
+    """Where it came from (task family, dataset file, category)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Anchor:
+    """A root (``history == ()``) or a prefix H_t (``history`` = the t turn nodes after the root)."""
+
+    prompt: Prompt
+    history: tuple[Node, ...] = field(default_factory=tuple)
+
+    @property
+    def depth(self) -> int:
+        return len(self.history)
+
+    @property
+    def node(self) -> Node | None:
+        """The last turn node of the prefix, or ``None`` for a root."""
+        return self.history[-1] if self.history else None

@@ -1,0 +1,43 @@
+"""Shared test helpers: small hand-built trees and the repository paths."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from tracerl.tree import RolloutTree
+from tracerl.types import Prompt, Status
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def chain(tree: RolloutTree, parent: int, rewards_depths: Sequence[tuple[float, int]], bare: bool = True) -> list[int]:
+    """Add rollouts below ``parent``: each (reward, turns) adds a chain of that many turns; returns leaf ids."""
+    leaves = []
+    for reward, turns in rewards_depths:
+        pid = tree.new_path(bare)
+        cur = parent
+        for t in range(turns):
+            last = t == turns - 1
+            node = tree.add_node(cur, pid, status=Status.ANSWERED if last else Status.TURN, reward=reward if last else None)
+            cur = node.node_id
+        leaves.append(cur)
+    return leaves
+
+
+@pytest.fixture
+def small_tree() -> RolloutTree:
+    """Root with two bare rollouts (2 turns each) and two continuations from the first one's turn 1.
+
+        0 (root)
+        ├── 1 ── 2 (r=0)            bare path 0
+        │   ├── 5 (r=1)             continuation path 2 from node 1
+        │   └── 6 (r=1)             continuation path 3 from node 1
+        └── 3 ── 4 (r=1)            bare path 1
+    """
+    tree = RolloutTree(Prompt("p0"))
+    chain(tree, 0, [(0.0, 2), (1.0, 2)])
+    chain(tree, 1, [(1.0, 1), (1.0, 1)], bare=False)
+    return tree

@@ -1,0 +1,120 @@
+"""The ``tracerl`` command line.
+
+Commands that run a configured job take ``--config PATH`` (default: the command's YAML in conf/)
+and ``key=value`` overrides: ``allocator=grpo`` loads conf/allocator/grpo.yaml into the allocator
+group, ``budget.num_roots=64`` sets one field. Flags such as ``--roots`` are shorthands for config
+keys and are applied after the positional overrides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tracerl.config import BenchAllocationConfig
+from tracerl.config_loader import ConfigError, compose, conf_dir, to_yaml
+
+
+@dataclass(frozen=True)
+class Shorthand:
+    flag: str
+    keys: tuple[str, ...]
+    help: str
+    type: Callable[[str], Any] = int
+    extra: tuple[str, ...] = ()  # fixed overrides that come with the flag
+
+
+BENCH_ALLOCATION_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--seeds", ("seeds",), "seeds per allocator"),
+    Shorthand("--steps", ("steps",), "RL steps per run"),
+    Shorthand("--roots", ("budget.num_roots",), "M, bare rollouts a step (L = M (1 + N))", int, ("budget.num_leaves=null",)),
+    Shorthand("--continuations", ("budget.continuations",), "N, the continuation multiplier"),
+    Shorthand("--workers", ("workers",), "parallel runs (Ray tasks); 1 = no Ray"),
+    Shorthand("--out", ("out_dir",), "output directory", str),
+)
+
+
+@dataclass(frozen=True)
+class Command:
+    schema: type
+    config: str  # path under conf/
+    flags: tuple[Shorthand, ...]
+    run: Callable[[Any], int]
+
+
+def _bench_allocation(cfg: BenchAllocationConfig) -> int:
+    from workflows.bench_allocation import run_bench
+
+    def progress(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    summary = run_bench(cfg, progress=progress)
+    from workflows.bench_allocation import format_table
+
+    print(format_table(cfg, summary))
+    print(f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else ""))
+    if cfg.tracking.enabled:
+        print(f"MLflow: {len(summary['run_ids'])} runs in experiment '{cfg.tracking.experiment}' at {cfg.tracking.uri}")
+        print(f"  open with: mlflow ui --backend-store-uri {cfg.tracking.uri}")
+    return 0
+
+
+COMMANDS: dict[str, Command] = {
+    "bench allocation": Command(BenchAllocationConfig, "bench/allocation.yaml", BENCH_ALLOCATION_FLAGS, _bench_allocation),
+}
+
+
+def _add_job_args(p: argparse.ArgumentParser, cmd: Command) -> None:
+    p.add_argument("--config", help=f"config YAML (default: conf/{cmd.config})")
+    for f in cmd.flags:
+        p.add_argument(f.flag, type=f.type, help=f"{f.help} (sets {', '.join(f.keys)})")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. allocator=grpo budget.num_roots=64")
+
+
+def load(name: str, args: argparse.Namespace) -> Any:
+    """The resolved, validated config of command ``name`` from parsed arguments."""
+    cmd = COMMANDS[name]
+    overrides = list(args.overrides)
+    for f in cmd.flags:
+        value = getattr(args, f.flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            overrides += [f"{k}={value}" for k in f.keys] + list(f.extra)
+    return compose(cmd.schema, args.config or conf_dir() / cmd.config, overrides)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tracerl", description="TRACE rollout allocation for agentic RL.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench = sub.add_parser("bench", help="benchmarks that print tables and write JSON")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    _add_job_args(bench_sub.add_parser("allocation", help="every allocator at equal leaf budget on the simulator"),
+                  COMMANDS["bench allocation"])
+    show = sub.add_parser("config", help="print a command's resolved config")
+    show.add_argument("job", choices=sorted(c.replace(" ", "-") for c in COMMANDS), help="which command's config")
+    show.add_argument("--config", help="config YAML (default: the command's)")
+    show.add_argument("overrides", nargs="*", help="key=value overrides")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "config":
+            name = args.job.replace("-", " ")
+            args.__dict__.update({f.flag.lstrip("-").replace("-", "_"): None for f in COMMANDS[name].flags})
+            print(to_yaml(load(name, args)), end="")
+            return 0
+        name = f"{args.command} {args.bench}" if args.command == "bench" else args.command
+        return COMMANDS[name].run(load(name, args))
+    except ConfigError as exc:
+        print(f"tracerl: config error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

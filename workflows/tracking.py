@@ -1,0 +1,77 @@
+"""MLflow wiring: one place that knows how runs are opened, tagged and logged."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from tracerl.config import TrackingConfig
+
+
+def _artifact_uri(location: str) -> str:
+    if "://" in location:
+        return location
+    return Path(location).resolve().as_uri()
+
+
+def setup(cfg: TrackingConfig, experiment: str | None = None) -> str:
+    """Point MLflow at ``cfg.uri`` and make sure the experiment exists; returns its id."""
+    import mlflow
+
+    mlflow.set_tracking_uri(cfg.uri)
+    name = experiment or cfg.experiment
+    client = mlflow.MlflowClient()
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return str(exp.experiment_id)
+    location = None if cfg.uri.startswith(("http://", "https://")) else _artifact_uri(cfg.artifact_location)
+    return str(client.create_experiment(name, artifact_location=location))
+
+
+def _clean(metrics: Mapping[str, float]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+
+
+@contextlib.contextmanager
+def run(cfg: TrackingConfig, name: str, experiment: str | None = None, tags: Mapping[str, str] | None = None) -> Iterator[Any]:
+    """Open an MLflow run (or a no-op when tracking is disabled); yields the run or None."""
+    if not cfg.enabled:
+        yield None
+        return
+    import mlflow
+
+    exp_id = setup(cfg, experiment)
+    with mlflow.start_run(experiment_id=exp_id, run_name=name, tags=dict(tags or {})) as active:
+        yield active
+
+
+def log_params(params: Mapping[str, Any]) -> None:
+    import mlflow
+
+    items = {k: ("null" if v is None else str(v))[:6000] for k, v in params.items()}
+    keys = list(items)
+    for i in range(0, len(keys), 100):  # MLflow caps a batch at 100 params
+        mlflow.log_params({k: items[k] for k in keys[i : i + 100]})
+
+
+def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
+    import mlflow
+
+    mlflow.log_metrics(_clean(metrics), step=step)
+
+
+def log_step_series(series: list[Mapping[str, float]]) -> None:
+    """Log a list of per-step metric dicts in one batch call (much faster than one call per step)."""
+    import time
+
+    import mlflow
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    batch = [Metric(k, v, now, s) for s, m in enumerate(series) for k, v in _clean(m).items()]
+    client, run_id = mlflow.MlflowClient(), mlflow.active_run().info.run_id  # type: ignore[union-attr]
+    for i in range(0, len(batch), 1000):
+        client.log_batch(run_id, metrics=batch[i : i + 1000])
