@@ -30,7 +30,8 @@ class PromptHistory:
         return a * decay, b * decay
 
     def update(self, trees: Sequence[RolloutTree]) -> None:
-        """Add a step's bare-rollout outcomes, then advance one step."""
+        """Advance one step, then add that step's bare-rollout outcomes (undecayed until the next update)."""
+        self.step += 1
         for tree in trees:
             rewards = [r for pid, r in tree.path_rewards().items() if pid < tree.num_bare]
             if not rewards:
@@ -38,7 +39,6 @@ class PromptHistory:
             s = float(sum(rewards))
             a, b = self.get(tree.prompt.prompt_id)
             self.counts[tree.prompt.prompt_id] = (a + s, b + len(rewards) - s, self.step)
-        self.step += 1
 
     def features(self, prompt_ids: Sequence[str]) -> np.ndarray:
         """[posterior mean under Beta(1, 1), log(1 + evidence), seen], shape (n, 3)."""

@@ -20,6 +20,7 @@ bias; cold start is uniform allocation until ``warmup_steps`` fits (predictor.re
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -119,7 +120,8 @@ class LearnedPredictor(Predictor):
         return {"loss": loss_val, "examples": float(n)}
 
     def state_dict(self) -> dict[str, object]:
-        return {
+        """A deep copy of everything needed to resume (weights, optimiser moments, replay, rng)."""
+        return copy.deepcopy({
             **super().state_dict(),
             "history": self.history.state_dict(),
             "net": None if self.net is None else self.net.state_dict(),
@@ -127,7 +129,7 @@ class LearnedPredictor(Predictor):
             "opts": [o.state_dict() for o in self._opts],
             "replay": list(self.replay),
             "gen": self._gen.get_state(),
-        }
+        })
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         super().load_state_dict(state)

@@ -121,7 +121,7 @@ class PredictorConfig:
     """tabular: Beta prior successes."""
     prior_beta: float = 1.0
     """tabular: Beta prior failures."""
-    discount: float = 0.7
+    discount: float = 0.95
     """tabular: per-step forgetting of old counts (the policy drifts); 1 keeps everything."""
     hidden_size: int = 32
     """learned: width of the MLP head."""
@@ -129,13 +129,13 @@ class PredictorConfig:
     """learned: hashed prompt-identity embedding rows; 0 turns the identity input off."""
     lr: float = 0.01
     """learned: Adam learning rate."""
-    embedding_lr: float = 0.1
+    embedding_lr: float = 0.2
     """learned: learning rate of the prompt-identity embedding (it sees few updates per row)."""
     fit_steps: int = 15
     """learned: optimiser steps per RL step."""
     batch_size: int = 512
     """learned: anchors per optimiser step."""
-    replay_steps: int = 4
+    replay_steps: int = 8
     """learned: the replay window, in RL steps."""
     weight_by_leaves: bool = True
     """learned: weight each anchor's squared error by its leaf count n_y."""

@@ -125,8 +125,8 @@ def compose(
     sets: list[tuple[str, Any]] = []
     for item in overrides:
         key, value = _parse_override(item)
-        if "." not in key and (root / key).is_dir() and isinstance(value, str):
-            groups[key] = value
+        if "." not in key and (root / key).is_dir():
+            groups[key] = item.partition("=")[2].strip()  # a file name, not YAML ('off' is not False)
         else:
             sets.append((key, value))
     layers = [OmegaConf.create({g: _load_group(g, n, root) for g, n in groups.items()}), OmegaConf.create(top)]

@@ -1,0 +1,89 @@
+import re
+from pathlib import Path
+
+import pytest
+
+from tracerl.config import BenchAllocationConfig
+from tracerl.config_loader import ConfigError, compose, conf_dir, group_names
+from workflows.cli import build_parser, load
+
+BENCH = conf_dir() / "bench/allocation.yaml"
+GROUPS = ["allocator", "predictor", "env", "budget", "tracking", "cluster"]
+
+
+def test_every_yaml_under_conf_loads() -> None:
+    seen = 0
+    for group in GROUPS:
+        for name in group_names(group):
+            cfg = compose(BenchAllocationConfig, BENCH, [f"{group}={name}"])
+            assert getattr(cfg, group) is not None
+            seen += 1
+    yamls = sorted(p for p in conf_dir().rglob("*.yaml"))
+    commands = [p for p in yamls if p.parent.name not in GROUPS]
+    for path in commands:
+        compose(BenchAllocationConfig, path)
+    assert seen + len(commands) == len(yamls)
+
+
+def test_defaults_match_the_issue() -> None:
+    cfg = compose(BenchAllocationConfig, BENCH)
+    b = cfg.budget
+    assert (b.leaves, b.group_size, b.num_groups, b.roots, b.continuations, b.num_candidates) == (288, 8, 36, 96, 2, 144)
+    assert (cfg.allocator.m_min, cfg.allocator.m_max) == (2, 16)
+    assert cfg.predictor.name == "learned" and cfg.env.name == "simulator"
+
+
+def test_group_and_dotted_overrides() -> None:
+    cfg = compose(BenchAllocationConfig, BENCH, ["allocator=grpo", "budget.continuations=3", "budget.num_leaves=null",
+                                                  "budget.num_roots=64", "allocators=[trace,grpo]"])
+    assert cfg.allocator.name == "grpo"
+    assert (cfg.budget.roots, cfg.budget.leaves) == (64, 256)
+    assert cfg.allocators == ["trace", "grpo"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("budget.foo=1", "unknown config key 'budget.foo'; allowed under 'budget': num_leaves, num_roots"),
+        ("foo=1", "unknown config key 'foo'; allowed at the top level: allocator"),
+        ("env.simulator.nope=1", "unknown config key 'env.simulator.nope'; allowed under 'env.simulator': num_prompts"),
+        ("budget.num_roots=abc", "bad value for 'budget.num_roots'"),
+        ("budget.continuations=-1", "budget.continuations must be >= 0 (got -1)"),
+        ("budget.num_roots=64", "disagrees with budget.num_roots=64"),
+        ("budget.num_leaves=100", "budget.num_leaves=100 must be a positive multiple of 1 + continuations = 3"),
+        ("allocator.m_max=1", "allocator.m_max must be >= allocator.m_min"),
+        ("allocator=nope", "no file conf/allocator/nope.yaml for 'allocator=nope'; available: dapo, grpo"),
+        ("predictor.discount=0", "predictor.discount must be in (0, 1]"),
+        ("env.simulator.mix_means=[1.0]", "must have the same non-zero length"),
+        ("steps", "must look like key=value"),
+    ],
+)
+def test_bad_config_fails_with_a_message_naming_the_key(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        compose(BenchAllocationConfig, BENCH, [override])
+
+
+def test_missing_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        compose(BenchAllocationConfig, tmp_path / "none.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: [1,\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        compose(BenchAllocationConfig, bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        compose(BenchAllocationConfig, bad)
+
+
+def test_cli_shorthands_set_config_keys() -> None:
+    args = build_parser().parse_args(["bench", "allocation", "--roots", "64", "--continuations", "1", "--seeds", "2",
+                                      "--steps", "7", "--json", "x.json", "predictor=tabular"])
+    cfg = load("bench allocation", args)
+    assert (cfg.budget.roots, cfg.budget.continuations, cfg.budget.leaves) == (64, 1, 128)
+    assert (cfg.seeds, cfg.steps, cfg.json_path, cfg.predictor.name) == (2, 7, "x.json", "tabular")
+
+
+def test_config_is_frozen() -> None:
+    cfg = compose(BenchAllocationConfig, BENCH)
+    with pytest.raises(AttributeError):
+        cfg.steps = 3  # type: ignore[misc]

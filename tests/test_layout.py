@@ -1,0 +1,64 @@
+"""The layout rules of docs/DESIGN.md: import names, no stdlib shadowing, imports pointing one way."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+FORBIDDEN_IN_PURE = {"ray", "vllm", "mlflow", "workflows", "envs", "predictors"}
+PURE = ["platform/tracerl/algos", "platform/tracerl/engine", "platform/tracerl/tree.py", "platform/tracerl/types.py",
+        "platform/tracerl/config.py", "platform/tracerl/registry.py"]
+
+
+def imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def files(rel: str) -> list[Path]:
+    p = ROOT / rel
+    return sorted(p.rglob("*.py")) if p.is_dir() else [p]
+
+
+def test_import_platform_is_the_stdlib_from_the_repo_root() -> None:
+    assert not (ROOT / "platform" / "__init__.py").exists()
+    out = subprocess.run(
+        [sys.executable, "-c", "import platform, sys; print(platform.__file__); print(platform.python_version())"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.split()
+    assert not out[0].startswith(str(ROOT)) and out[1].count(".") == 2
+
+
+def test_packages_import_by_their_design_names() -> None:
+    import envs
+    import predictors
+    import tracerl
+    import workflows
+
+    assert Path(tracerl.__file__).parent == ROOT / "platform" / "tracerl"
+    for mod in (envs, predictors, workflows):
+        assert Path(mod.__file__).parent.parent == ROOT
+
+
+def test_pure_core_never_imports_ray_vllm_mlflow_or_upper_layers() -> None:
+    bad = {str(f.relative_to(ROOT)): imports(f) & FORBIDDEN_IN_PURE for rel in PURE for f in files(rel)}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_envs_and_predictors_do_not_import_workflows_or_ray() -> None:
+    for rel in ["envs", "predictors", "platform/tracerl"]:
+        for f in files(rel):
+            assert not imports(f) & {"workflows", "ray", "mlflow"}, f
+
+
+def test_console_script_points_at_workflows() -> None:
+    text = (ROOT / "pyproject.toml").read_text()
+    assert 'tracerl = "workflows.cli:main"' in text

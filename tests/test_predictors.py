@@ -1,0 +1,101 @@
+import numpy as np
+import pytest
+
+from envs.simulator import Simulator
+from predictors import PREDICTORS, build_predictor
+from predictors.history import PromptHistory
+from tests.conftest import chain
+from tracerl.calibration import auc, calibration_metrics, ece
+from tracerl.config import PredictorConfig, SimulatorConfig
+from tracerl.tree import RolloutTree
+from tracerl.types import Anchor, Prompt
+
+
+def tree_with(pid: str, rewards: list[float]) -> RolloutTree:
+    t = RolloutTree(Prompt(pid))
+    chain(t, 0, [(r, 2) for r in rewards])
+    return t
+
+
+def test_registry() -> None:
+    assert PREDICTORS.names() == ["constant", "learned", "oracle", "tabular"]
+
+
+def test_constant() -> None:
+    p = build_predictor(PredictorConfig(name="constant", constant_value=0.3))
+    assert p.score([Anchor(Prompt("a")), Anchor(Prompt("b"))]).tolist() == [0.3, 0.3]
+
+
+def test_tabular_posterior_golden_and_prefixes_share_it() -> None:
+    p = build_predictor(PredictorConfig(name="tabular", prior_alpha=1, prior_beta=1, discount=0.5, warmup_steps=1))
+    assert not p.ready
+    t = tree_with("a", [1, 1, 1, 0])
+    p.fit([t])
+    assert p.ready
+    # Beta(1 + 3, 1 + 1): mean 4/6; an unseen prompt scores the prior mean.
+    assert p.score([Anchor(Prompt("a")), Anchor(Prompt("zz"))]).tolist() == pytest.approx([4 / 6, 0.5])
+    assert p.score([t.anchor(1)])[0] == pytest.approx(4 / 6)
+    p.fit([])  # one step later the old counts are halved: Beta(1 + 1.5, 1 + 0.5)
+    assert p.score([Anchor(Prompt("a"))])[0] == pytest.approx(2.5 / 4)
+
+
+def test_history_counts_bare_rollouts_only(small_tree: RolloutTree) -> None:
+    h = PromptHistory(discount=1.0)
+    h.update([small_tree])  # bare rollouts: r = 0 and 1; the two continuations (both 1) are left out
+    assert h.get("p0") == (1.0, 1.0)
+
+
+def test_oracle_reads_true_values_and_refuses_real_prompts() -> None:
+    sim = Simulator(SimulatorConfig(num_prompts=32), seed=0)
+    pool = sim.sample_pool(4)
+    p = build_predictor(PredictorConfig(), name="oracle")
+    assert p.score([Anchor(x) for x in pool]).tolist() == pytest.approx([x.true_value for x in pool])
+    with pytest.raises(ValueError, match="only the simulator provides"):
+        p.score([Anchor(Prompt("real", text="What is 2+2?"))])
+
+
+def test_learned_predictor_learns_revisited_prompts() -> None:
+    """Two prompts with identical features but opposite outcomes: only revisits can tell them apart."""
+    cfg = PredictorConfig(name="learned", warmup_steps=1, fit_steps=40, seed=0)
+    p = build_predictor(cfg)
+    feats = np.zeros(4)
+    easy, hard = Prompt("easy", features=feats), Prompt("hard", features=feats)
+
+    def tree(prompt: Prompt, r: float) -> RolloutTree:
+        t = RolloutTree(prompt)
+        for _ in range(4):
+            pid = t.new_path(True)
+            n = t.add_node(0, pid, features=np.zeros(2))
+            t.add_node(n.node_id, pid, status=n.status.ANSWERED, reward=r, features=np.zeros(2))
+        return t
+
+    before = p.score([Anchor(easy), Anchor(hard)])
+    assert before.tolist() == [0.5, 0.5]
+    for _ in range(6):
+        p.fit([tree(easy, 1.0), tree(hard, 0.0)])
+    after = p.score([Anchor(easy), Anchor(hard)])
+    assert after[0] > 0.8 and after[1] < 0.2
+
+
+def test_learned_predictor_state_round_trip() -> None:
+    sim = Simulator(SimulatorConfig(num_prompts=64), seed=0)
+    cfg = PredictorConfig(name="learned", warmup_steps=1)
+    p = build_predictor(cfg, seed=1)
+    trees = sim.rollout(sim.sample_pool(6), [4] * 6)
+    p.fit(trees)
+    q = build_predictor(cfg, seed=1)
+    q.load_state_dict(p.state_dict())
+    anchors = [t.anchor(i) for t in trees for i in t.bare_prefixes()]
+    np.testing.assert_allclose(p.score(anchors), q.score(anchors))
+    p.fit(trees), q.fit(trees)  # the same state keeps evolving the same way
+    np.testing.assert_allclose(p.score(anchors), q.score(anchors), atol=1e-6)
+
+
+def test_calibration_metrics_golden() -> None:
+    assert auc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1])) == pytest.approx(0.75)
+    assert np.isnan(auc(np.array([0.2, 0.3]), np.array([1, 1])))
+    assert ece(np.array([0.05, 0.05, 0.95, 0.95]), np.array([0, 0, 1, 1])) == pytest.approx(0.05)
+    m = calibration_metrics([0.5, 1.0], [0.5, 1.0], [[0, 1], [1]], [0.5, 0.9])
+    # mse vs targets 0; Brier over (0.5,0), (0.5,1), (1,1) = (0.25 + 0.25 + 0) / 3; mse_true = 0.01 / 2.
+    assert m["mse"] == 0 and m["brier"] == pytest.approx(1 / 6) and m["mse_true"] == pytest.approx(0.005)
+    assert m["auc"] == pytest.approx(0.75)  # positives {0.5, 1} vs negative {0.5}: (0.5 + 1) / 2
