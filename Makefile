@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml
 	if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q "$(TORCH_GPU)"; \
 	else $(PY) -m pip install -q "$(TORCH_CPU)"; fi
 	$(PY) -m pip install -q -e ".[dev]"
+	@# bubblewrap gives the Python tool's sandbox a read-only filesystem and PID/network namespaces.
+	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; } || \
+	  echo "note: bubblewrap not installed; the sandbox will say which protections it cannot enforce"
 	touch $(STAMP)
 
 install: $(STAMP)

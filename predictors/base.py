@@ -14,7 +14,7 @@ import numpy as np
 
 from tracerl.config import PredictorConfig
 from tracerl.registry import Registry
-from tracerl.tree import RolloutTree
+from tracerl.tree import Node, RolloutTree
 from tracerl.types import Anchor
 
 PREDICTORS: Registry = Registry("predictor")
@@ -36,9 +36,12 @@ def tree_targets(trees: Sequence[RolloutTree]) -> Targets:
     anchors, values, weights = [], [], []
     for tree in trees:
         v, n = tree.targets(), tree.leaf_counts()
+        history: list[tuple[Node, ...]] = [()]  # node id -> turns from the root (parents come first)
+        for node in tree.nodes[1:]:
+            history.append(history[node.parent or 0] + (node,))
         for node in tree.nodes:
             if not node.is_leaf and n[node.node_id] > 0:
-                anchors.append(tree.anchor(node.node_id))
+                anchors.append(Anchor(tree.prompt, history[node.node_id]))
                 values.append(v[node.node_id])
                 weights.append(n[node.node_id])
     return Targets(anchors, np.asarray(values, float), np.asarray(weights, float))

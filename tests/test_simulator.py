@@ -4,9 +4,8 @@ import pytest
 from envs import ENVS
 from envs.simulator import Simulator, calibrate
 from tracerl.algos.allocators import Expansion
-from tracerl.config import SimulatorConfig
+from tracerl.config import BenchAllocationConfig, SimulatorConfig
 from tracerl.config_loader import compose, conf_dir
-from tracerl.config import BenchAllocationConfig
 
 
 def shipped() -> SimulatorConfig:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from envs.simulator import calibrate, with_noise_scale
+from envs.simulator import Simulator, calibrate, with_noise_scale
 from tracerl import metrics as M
 from tracerl.config import BenchAllocationConfig
 from tracerl.config_loader import to_flat_dict, to_yaml
@@ -191,15 +191,26 @@ def _plots(cfg: BenchAllocationConfig, series: dict[str, list[dict[str, float]]]
     return paths
 
 
+def _tree_throughput(cfg: BenchAllocationConfig, trees: int = 512) -> float:
+    """Simulator speed: trees of G bare rollouts built per second (one core)."""
+    env = Simulator(cfg.env.simulator, seed=cfg.seed)
+    pool = env.sample_pool(min(trees, cfg.env.simulator.num_prompts))
+    t0 = time.perf_counter()
+    env.rollout(pool, [cfg.budget.group_size] * len(pool))
+    return len(pool) / (time.perf_counter() - t0)
+
+
 def run_bench(cfg: BenchAllocationConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """Run the benchmark; returns the JSON summary (also written to ``out_dir`` and ``json_path``)."""
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(to_yaml(cfg))
     sim = calibrate(cfg.env.simulator, seed=cfg.seed, group_size=cfg.budget.group_size)
+    sim["trees_per_second"] = _tree_throughput(cfg)
     progress(
         f"simulator calibration: prompt-feature R^2 {sim['prompt_r2']:.3f}, prefix-feature R^2 {sim['prefix_r2']:.3f}, "
-        f"uniform GRPO (G={cfg.budget.group_size}) expected effective ratio {sim['grpo_effective_ratio']:.3f}"
+        f"uniform GRPO (G={cfg.budget.group_size}) expected effective ratio {sim['grpo_effective_ratio']:.3f}; "
+        f"{sim['trees_per_second']:.0f} trees/s (G={cfg.budget.group_size} bare rollouts each)"
     )
     seeds = [cfg.seed + k for k in range(cfg.seeds)]
     jobs: list[Job] = [(name, s, 1.0) for name in cfg.allocators for s in seeds]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
     mlflow.log_metrics(_clean(metrics), step=step)
 
 
-def log_step_series(series: list[Mapping[str, float]]) -> None:
+def log_step_series(series: Sequence[Mapping[str, float]]) -> None:
     """Log a list of per-step metric dicts in one batch call (much faster than one call per step)."""
     import time
 

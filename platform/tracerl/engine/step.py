@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -27,10 +28,11 @@ from tracerl.tree import RolloutTree
 from tracerl.types import Anchor, Prompt
 
 
-class Scorer:
+class Scorer(Protocol):
     """What the step needs of a predictor (predictors.Predictor satisfies it)."""
 
-    ready: bool
+    @property
+    def ready(self) -> bool: ...
 
     def score(self, anchors: Sequence[Anchor]) -> np.ndarray: ...
 
@@ -104,8 +106,10 @@ def _expand(
     t0: float,
 ) -> None:
     ledger = out.ledger
-    anchors, spans, cands_meta = [], [], []
-    for ti, tree in enumerate(out.trees):
+    anchors: list[Anchor] = []
+    spans: list[tuple[int, int]] = []
+    cands_meta: list[tuple[np.ndarray, np.ndarray]] = []
+    for tree in out.trees:
         ids = np.array(tree.bare_prefixes(), dtype=np.int64)
         rewards = tree.path_rewards()
         r = np.array([rewards[tree.nodes[i].path_id] for i in ids], dtype=float)

@@ -1,0 +1,282 @@
+"""A sandboxed Python executor: every call runs in a fresh, limited, isolated process.
+
+Layers, each used where the machine allows it (``Sandbox.protections`` says which are on, and
+``Sandbox.warnings`` names the ones that are not, so a user knows at start):
+
+* rlimits on the child: CPU seconds, address space, processes (per uid), file size (which also caps
+  the captured output: stdout/stderr go to files in the scratch directory), open files;
+* an unprivileged random uid (when started as root), so the code can write nowhere but its scratch
+  directory and cannot signal anything of ours, and every process it left behind can be killed by uid;
+* bubblewrap (when installed and working): read-only root filesystem, private /tmp, the scratch
+  directory as the only writable place, a new network namespace (no network, not even loopback) and
+  a new PID namespace (everything dies with the call); without bubblewrap but as root, a network
+  namespace is still created with unshare(2);
+* a wall-clock timeout; the whole process group is killed on expiry and leftovers are killed by uid.
+
+A crash, timeout, memory blow-up or flood is an observation (``ExecResult``), never an exception.
+[choice] Calls are stateless; ``run_cells`` rebuilds state by replaying earlier cells with their
+output discarded (how the math environment offers a notebook-like tool).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tracerl.config import SandboxConfig
+
+_CLONE_NEWNET = 0x40000000
+_RUNNER = r'''
+import contextlib, io, json, sys
+cells = json.load(open(sys.argv[1]))
+for cell in cells[:-1]:  # replay earlier cells for their state; their output was already shown
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            exec(compile(cell, "<cell>", "exec"), globals())
+        except BaseException:
+            pass
+exec(compile(cells[-1], "<cell>", "exec"), globals())
+'''
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What one call produced."""
+
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    """The process's exit code; negative for a signal; None if it was killed on timeout."""
+    timed_out: bool
+    truncated: bool
+    """Output was longer than ``max_output_chars`` (or hit the file-size limit) and was cut."""
+    wall_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def observation(self) -> str:
+        """The text the agent sees: output, or the error and why."""
+        parts = [self.stdout.rstrip()] if self.stdout.strip() else []
+        if self.timed_out:
+            parts.append(f"Error: execution timed out after {self.wall_s:.1f} s and was killed.")
+        elif self.exit_code not in (0, None):
+            last = [ln for ln in self.stderr.strip().splitlines() if ln.strip()]
+            if self.exit_code < 0:
+                name = signal.Signals(-self.exit_code).name if -self.exit_code in signal.Signals._value2member_map_ else str(-self.exit_code)
+                why = {"SIGKILL": "memory or CPU limit", "SIGXCPU": "CPU time limit", "SIGXFSZ": "output or file size limit",
+                       "SIGSEGV": "crash"}.get(name, "signal")
+                parts.append(f"Error: process killed by {name} ({why}).")
+            else:
+                parts.append("Error: " + (last[-1] if last else f"exit code {self.exit_code}"))
+        if self.truncated:
+            parts.append("[output truncated]")
+        return "\n".join(parts) if parts else "(no output)"
+
+
+def _bwrap_works(bwrap: str) -> bool:
+    try:
+        r = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--die-with-parent", "true"],
+                           capture_output=True, timeout=10, preexec_fn=_drop_probe)
+        return r.returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _drop_probe() -> None:  # pragma: no cover - runs in the child
+    if os.geteuid() == 0:
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+
+
+def _python(cfg: SandboxConfig, as_root: bool) -> str:
+    if cfg.python != "auto":
+        return cfg.python
+    # The interpreter must be readable by the unprivileged uid (a pyenv Python under /root is not).
+    for cand in ("/usr/bin/python3", "/usr/local/bin/python3", sys.executable):
+        if os.path.exists(cand) and (not as_root or os.stat(os.path.realpath(cand)).st_mode & 0o005 == 0o005):
+            return cand
+    return sys.executable
+
+
+class Sandbox:
+    """Runs Python code under the protections the machine allows.
+
+    Args:
+        cfg: limits and options.
+    """
+
+    def __init__(self, cfg: SandboxConfig) -> None:
+        self.cfg = cfg
+        self.as_root = os.geteuid() == 0
+        bwrap = shutil.which("bwrap") if cfg.use_bwrap else None
+        self.bwrap = bwrap if bwrap and _bwrap_works(bwrap) else None
+        self.python = _python(cfg, self.as_root)
+        self.protections = {
+            "rlimits": True,
+            "unprivileged_user": self.as_root,
+            "network_isolated": self.bwrap is not None or self.as_root,
+            "read_only_filesystem": self.bwrap is not None,
+            "private_tmp": self.bwrap is not None,
+            "pid_namespace": self.bwrap is not None,
+        }
+
+    @property
+    def warnings(self) -> list[str]:
+        """One line per protection that is not enforced on this machine."""
+        why = {
+            "unprivileged_user": "not started as root, so calls keep our uid",
+            "network_isolated": "no bubblewrap and not root: calls can reach the network",
+            "read_only_filesystem": "no working bubblewrap (apt-get install bubblewrap): calls can write wherever the uid may",
+            "private_tmp": "no working bubblewrap: calls share /tmp",
+            "pid_namespace": "no working bubblewrap: leftover processes are killed by uid/process group instead",
+        }
+        return [f"sandbox: {k} not enforced ({why[k]})" for k, on in self.protections.items() if not on]
+
+    def run(self, code: str) -> ExecResult:
+        """Run one cell of Python code."""
+        return self.run_cells([code])
+
+    def run_cells(self, cells: Sequence[str]) -> ExecResult:
+        """Run the last cell after silently replaying the earlier ones (state across calls)."""
+        import json
+
+        uid = self.cfg.uid_base + random.SystemRandom().randrange(65536) if self.as_root else os.getuid()
+        scratch = Path(tempfile.mkdtemp(prefix="tracerl-sbx-"))
+        try:
+            (scratch / "runner.py").write_text(_RUNNER)
+            (scratch / "cells.json").write_text(json.dumps(list(cells)))
+            for name in ("stdout", "stderr"):
+                (scratch / name).touch()
+            if self.as_root:
+                for p in [scratch, *scratch.iterdir()]:
+                    os.chown(p, uid, uid)
+            scratch.chmod(0o700)
+            return self._execute(scratch, uid)
+        finally:
+            if self.as_root:
+                self._kill_uid(uid)
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _command(self, scratch: Path) -> list[str]:
+        if self.bwrap is None:
+            return [self.python, "-I", "runner.py", "cells.json"]
+        return [
+            self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+            # The scratch directory lives under /tmp: it is mounted back at its own path over the private /tmp.
+            "--bind", str(scratch), str(scratch), "--chdir", str(scratch), "--unshare-net", "--unshare-pid",
+            "--unshare-ipc", "--die-with-parent", "--new-session",
+            self.python, "-I", "runner.py", "cells.json",
+        ]
+
+    def _preexec(self, uid: int) -> None:  # pragma: no cover - runs in the child between fork and exec
+        cfg = self.cfg
+        os.setsid()
+        if self.as_root and self.bwrap is None:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.unshare(_CLONE_NEWNET)  # a fresh network namespace: no interfaces up, no network
+        mb = 1024 * 1024
+        limits = [
+            (resource.RLIMIT_CPU, cfg.cpu_s),
+            (resource.RLIMIT_AS, cfg.memory_mb * mb),
+            (resource.RLIMIT_FSIZE, cfg.max_file_mb * mb),
+            (resource.RLIMIT_NOFILE, cfg.max_open_files),
+            (resource.RLIMIT_CORE, 0),
+        ]
+        if self.as_root:  # NPROC counts per uid: only meaningful with a uid of the call's own
+            limits.append((resource.RLIMIT_NPROC, cfg.max_processes))
+        for res, value in limits:
+            resource.setrlimit(res, (value, value))
+        if self.as_root:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+
+    def _execute(self, scratch: Path, uid: int) -> ExecResult:
+        cfg = self.cfg
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(scratch),
+               "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+        t0 = time.perf_counter()
+        timed_out = False
+        with open(scratch / "stdout", "wb") as fo, open(scratch / "stderr", "wb") as fe:
+            try:
+                proc = subprocess.Popen(self._command(scratch), cwd=scratch, stdin=subprocess.DEVNULL, stdout=fo,
+                                        stderr=fe, env=env, preexec_fn=lambda: self._preexec(uid), close_fds=True)
+            except OSError as exc:
+                return ExecResult("", f"sandbox failed to start: {exc}", 1, False, False, 0.0)
+            try:
+                code: int | None = proc.wait(timeout=cfg.timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out, code = True, None
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        wall = time.perf_counter() - t0
+        stdout, cut_out = self._read(scratch / "stdout")
+        stderr, cut_err = self._read(scratch / "stderr", tail=True)
+        if max((scratch / f).stat().st_size for f in ("stdout", "stderr")) >= cfg.max_file_mb * 1024 * 1024:
+            stderr += "\nOutputLimitError: output exceeded the sandbox's file-size limit"
+        if code is not None and code > 128 and self.bwrap is not None:
+            code = -(code - 128)  # bwrap reports a child's signal as 128 + n
+        return ExecResult(stdout, stderr, code, timed_out, cut_out or cut_err or code == -signal.SIGXFSZ, wall)
+
+    def _read(self, path: Path, tail: bool = False) -> tuple[str, bool]:
+        """The first (or, for tracebacks, last) ``max_output_chars`` characters, and whether more existed."""
+        limit = self.cfg.max_output_chars
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            if tail and size > limit * 4:
+                f.seek(size - limit * 4)
+            data = f.read(limit * 4 + 1)
+        text = data.decode("utf-8", errors="replace")
+        cut = len(text) > limit or size > len(data)
+        return (text[-limit:] if tail else text[:limit]), cut
+
+    @staticmethod
+    def _kill_uid(uid: int, wait_s: float = 2.0) -> None:
+        """Kill every process the call's uid still has (kill(-1) as that uid) and wait until they are gone."""
+
+        def as_uid() -> None:  # pragma: no cover - child
+            os.setgid(uid)
+            os.setuid(uid)
+
+        deadline = time.monotonic() + wait_s
+        while uid_processes(uid):
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(["kill", "-9", "-1"], preexec_fn=as_uid, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, timeout=10)
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+
+
+def uid_processes(uid: int) -> list[int]:
+    """Pids of live (non-zombie) processes owned by ``uid``."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if state != "Z":
+            out.append(int(pid))
+    return out
