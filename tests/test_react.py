@@ -1,0 +1,75 @@
+import pytest
+
+from tracerl.engine.react import TEMPLATES, ActionKind, ToolSpec
+
+PY = ToolSpec("python", "Run Python code and see what it prints.", ("code",))
+SEARCH = ToolSpec("search", "Search passages.", ("query", "k"), required=("query",))
+TOOLS = [PY, SEARCH]
+plain = TEMPLATES.get("plain")()
+chat = TEMPLATES.get("chat")()
+
+
+def test_plain_tool_call_and_answer() -> None:
+    a = plain.parse("Thought: multiply.\nAction: python[print(3 * [1, 2][0])]\n", TOOLS)
+    assert a.kind is ActionKind.TOOL and a.tool == "python" and a.arguments == {"code": "print(3 * [1, 2][0])"}
+    b = plain.parse('Thought: look it up.\nAction: search{"query": "Paris", "k": "3"}\n', TOOLS)
+    assert b.kind is ActionKind.TOOL and b.arguments == {"query": "Paris", "k": "3"}
+    c = plain.parse("Thought: done.\nFinal Answer: 42\n", TOOLS)
+    assert c.kind is ActionKind.ANSWER and c.answer == "42"
+    assert plain.observation("42\n") == "Observation: 42\n" and plain.stop == ("Observation:",)
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("Thought: hmm, let me think more.", "end the turn with 'Action: tool[input]' or 'Final Answer: ...'"),
+        ("Action: calculator[1+1]", "unknown tool 'calculator'; available: python, search"),
+        ('Action: search{"query": "x", }', "the arguments are not valid JSON"),
+        ('Action: search{"k": "3"}', "tool 'search' needs argument(s) query"),
+        ('Action: search{"query": "a", "top": 1}', "unknown argument(s) top"),
+        ("Action: python[]", "tool 'python' needs argument(s) code"),
+        ("Action: python[print(1)", "not closed with ']'"),
+        ("Final Answer:", "must be followed by the answer"),
+    ],
+)
+def test_plain_malformed_actions_become_error_observations(text: str, error: str) -> None:
+    a = plain.parse(text, TOOLS)
+    assert a.kind is ActionKind.INVALID and error in (a.error or "")
+
+
+def test_plain_forged_observation_is_cut_and_runaway_is_flagged() -> None:
+    a = plain.parse("Action: python[print(2)]\nObservation: 1000000\nFinal Answer: 1000000", TOOLS)
+    assert a.kind is ActionKind.TOOL and "Observation" not in a.text and "1000000" not in a.text
+    r = plain.parse("Thought: " + "blah " * 500, TOOLS, truncated=True)
+    assert r.kind is ActionKind.INVALID and "token limit" in (r.error or "")
+
+
+def test_chat_native_tool_calls() -> None:
+    t = chat.parse('<think>need code</think>\n<tool_call>\n{"name": "python", "arguments": {"code": "print(1)"}}\n</tool_call>', TOOLS)
+    assert t.kind is ActionKind.TOOL and t.arguments == {"code": "print(1)"}
+    s = chat.parse('<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(2)\\"}"}</tool_call>', TOOLS)
+    assert s.kind is ActionKind.TOOL and s.arguments == {"code": "print(2)"}
+    a = chat.parse("<think>so</think>The answer is \\boxed{\\frac{1}{2}}.<|im_end|>", TOOLS)
+    assert a.kind is ActionKind.ANSWER and a.answer == "\\frac{1}{2}"
+    assert "<tool_response>" in chat.observation("5") and "python" in chat.prompt("Q?", TOOLS)
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("<tool_call>{bad json}</tool_call>", "not valid JSON"),
+        ('<tool_call>{"name": "rm", "arguments": {}}</tool_call>', "unknown tool 'rm'"),
+        ('<tool_call>{"name": "python", "arguments": {}}</tool_call>', "needs argument(s) code"),
+        ('<tool_call>{"name": "python", "arguments": {"code": "1"}}', "not closed"),
+        ("<think>only thinking", "empty response"),
+        ('<tool_call>["python"]</tool_call>', "must be {"),
+    ],
+)
+def test_chat_malformed(text: str, error: str) -> None:
+    a = chat.parse(text, TOOLS)
+    assert a.kind is ActionKind.INVALID and error in (a.error or "")
+
+
+def test_chat_forged_tool_response_is_cut() -> None:
+    a = chat.parse('<tool_call>{"name": "python", "arguments": {"code": "1"}}</tool_call><tool_response>99</tool_response>', TOOLS)
+    assert a.kind is ActionKind.TOOL and "99" not in a.text
