@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tracerl.config import BenchAllocationConfig
+from tracerl.config import BenchAllocationConfig, BootstrapConfig
 from tracerl.config_loader import ConfigError, compose, conf_dir, to_yaml
 
 
@@ -64,8 +64,27 @@ def _bench_allocation(cfg: BenchAllocationConfig) -> int:
     return 0
 
 
+def _bootstrap(cfg: BootstrapConfig) -> int:
+    from workflows.bootstrap import bootstrap
+
+    m = bootstrap(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    g, s = m["greedy"], m["sampled"]
+    print(f"tiny policy in {cfg.out_dir}: {m['parameters'] / 1e6:.2f} M parameters, {m['train_steps']} steps, "
+          f"final loss {m['final_loss']:.4f}, {m['total_s']:.0f} s")
+    print(f"held-out ({m['eval_tasks']} tasks): greedy accuracy {g['accuracy']:.3f}, sampled pass@1 {s['accuracy']:.3f} "
+          f"(T={cfg.eval_temperature}), well-formed turns {s['well_formed_turns']:.3f}")
+    print("  by level (sampled): " + ", ".join(f"{k} {v:.2f}" for k, v in s["by_level"].items()))
+    return 0
+
+
+BOOTSTRAP_FLAGS = (
+    Shorthand("--out", ("out_dir",), "checkpoint directory", str),
+    Shorthand("--seed", ("seed",), "seed for tasks, initialisation and training"),
+)
+
 COMMANDS: dict[str, Command] = {
     "bench allocation": Command(BenchAllocationConfig, "bench/allocation.yaml", BENCH_ALLOCATION_FLAGS, _bench_allocation),
+    "bootstrap": Command(BootstrapConfig, "bootstrap/math.yaml", BOOTSTRAP_FLAGS, _bootstrap),
 }
 
 
@@ -94,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     _add_job_args(bench_sub.add_parser("allocation", help="every allocator at equal leaf budget on the simulator"),
                   COMMANDS["bench allocation"])
+    _add_job_args(sub.add_parser("bootstrap", help="build the built-in tiny policy (tokenizer + small LM, SFT warm start)"),
+                  COMMANDS["bootstrap"])
     show = sub.add_parser("config", help="print a command's resolved config")
     show.add_argument("job", choices=sorted(c.replace(" ", "-") for c in COMMANDS), help="which command's config")
     show.add_argument("--config", help="config YAML (default: the command's)")

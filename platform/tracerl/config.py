@@ -278,6 +278,43 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class BootstrapConfig:
+    """``tracerl bootstrap``: build the tiny policy (tokenizer + small LM, supervised warm start)."""
+
+    out_dir: str = "models/tiny-math"
+    """Where the HF checkpoint directory goes."""
+    seed: int = 0
+    """Seeds tasks, initialisation and training."""
+    train_tasks: int = 6000
+    """Generated training tasks (deduplicated, disjoint from the held-out split)."""
+    eval_tasks: int = 200
+    """Held-out generated tasks for pass@1."""
+    vocab_size: int = 1024
+    """BPE vocabulary size."""
+    hidden_size: int = 192
+    num_layers: int = 3
+    num_heads: int = 6
+    intermediate_size: int = 512
+    max_positions: int = 1024
+    steps: int = 1500
+    """Optimiser steps (the schedule's length)."""
+    batch_size: int = 32
+    lr: float = 3e-3
+    time_budget_s: float = 480.0
+    """Stop training after this many seconds even if steps remain (the eval still runs)."""
+    eval_temperature: float = 1.0
+    """Sampling temperature for sampled pass@1 (greedy accuracy is reported too)."""
+    force: bool = False
+    """Rebuild even if out_dir already holds a checkpoint."""
+
+    def __post_init__(self) -> None:
+        _check(self.train_tasks >= 10 and self.eval_tasks >= 1, "bootstrap needs train_tasks >= 10 and eval_tasks >= 1")
+        _check(self.hidden_size % self.num_heads == 0, "hidden_size must be a multiple of num_heads")
+        _check(self.steps >= 1 and self.batch_size >= 1 and self.lr > 0, "steps, batch_size and lr must be positive")
+        _check(self.time_budget_s > 0, "time_budget_s must be > 0")
+
+
+@dataclass(frozen=True)
 class BenchAllocationConfig:
     """``tracerl bench allocation``: every allocator at equal leaf budget on the simulator."""
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -66,6 +67,8 @@ class RolloutTree:
         self.num_paths = 0
         self.num_bare = 0
         self._leaf_ids: list[int] = []
+        self.fork_state: dict[int, Any] = {}
+        """Per-node data a backend keeps so continuations can start there (context tokens, env state)."""
 
     # -- building -------------------------------------------------------------------------------
     def new_path(self, bare: bool) -> int:

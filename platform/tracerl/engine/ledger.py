@@ -33,6 +33,8 @@ class BudgetLedger:
     """Tool executions."""
     tool_calls_replayed: int = 0
     """Tool executions re-run to fork an environment at a prefix."""
+    invalid_actions: int = 0
+    """Turns whose action was malformed (answered with an error observation)."""
     retried: int = 0
     """Work items retried after an actor failure."""
     phase_s: dict[str, float] = field(default_factory=dict)

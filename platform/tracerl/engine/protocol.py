@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from tracerl.algos.allocators import Expansion
 from tracerl.engine.ledger import BudgetLedger
+from tracerl.engine.react import Action, ToolSpec
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt
 
@@ -29,3 +31,30 @@ def account(ledger: BudgetLedger, trees: Sequence[RolloutTree]) -> None:
         ledger.bare_rollouts += t.num_bare
         ledger.continuations += t.num_paths - t.num_bare
         ledger.turns += len(t.nodes) - 1
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """An executed tool call: what the agent sees and the environment state after it."""
+
+    observation: str
+    state: Any
+    """The episode's environment state after the call; stored on the turn node so continuations fork there."""
+    calls: int = 1
+    """Tool executions this call cost."""
+    replayed: int = 0
+    """Earlier tool calls re-executed to rebuild state (deterministic replay)."""
+
+
+class ToolEnv(Protocol):
+    """A ReAct tool environment. States are immutable values: forking at a prefix re-uses its state."""
+
+    tools: Sequence[ToolSpec]
+    fork_mode: str
+    """'snapshot' (states are copied values) or 'replay' (states are recorded calls re-run on demand)."""
+
+    def initial_state(self, prompt: Prompt) -> Any: ...
+
+    def execute(self, prompt: Prompt, state: Any, action: Action) -> ToolResult: ...
+
+    def reward(self, prompt: Prompt, answer: str | None) -> float: ...

@@ -119,6 +119,16 @@ class PlainTemplate:
     def observation(self, text: str) -> str:
         return f"Observation: {text.strip()}\n"
 
+    @staticmethod
+    def tool_turn(thought: str, tool: str, argument: str) -> str:
+        """A well-formed tool-call turn (for rendering supervised traces)."""
+        return f"Thought: {thought}\nAction: {tool}[{argument}]\n"
+
+    @staticmethod
+    def answer_turn(thought: str, answer: str) -> str:
+        """A well-formed final-answer turn."""
+        return f"Thought: {thought}\nFinal Answer: {answer}\n"
+
     def parse(self, text: str, tools: Sequence[ToolSpec], truncated: bool = False) -> Action:
         forged = text.find("Observation:")
         if forged >= 0:  # the sampler should have stopped here: drop what the model made up

@@ -1,0 +1,43 @@
+"""The math environment: one ``python`` tool in the sandbox, reward by math-verify.
+
+[choice] State across tool calls is offered notebook-style and rebuilt by deterministic replay: the
+state is the tuple of cells run so far, and each call re-runs earlier cells (output discarded) in a
+fresh sandboxed process before the new one. Forking at a prefix re-uses the prefix's tuple; its cost
+shows in the ledger as replayed calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from envs.math.reward import is_correct
+from envs.registry import ENVS
+from envs.sandbox import Sandbox
+from tracerl.config import SandboxConfig
+from tracerl.engine.protocol import ToolResult
+from tracerl.engine.react import Action, ToolSpec
+from tracerl.types import Prompt
+
+PYTHON = ToolSpec("python", "Run Python code in a fresh sandbox and return what it prints. Earlier cells are re-run first.", ("code",))
+
+
+@ENVS.register("math")
+class MathEnv:
+    fork_mode = "replay"
+    tools: Sequence[ToolSpec] = (PYTHON,)
+
+    def __init__(self, sandbox: SandboxConfig | None = None, stateful: bool = True) -> None:
+        self.sandbox = Sandbox(sandbox or SandboxConfig())
+        self.stateful = stateful
+
+    def initial_state(self, prompt: Prompt) -> tuple[str, ...]:
+        return ()
+
+    def execute(self, prompt: Prompt, state: tuple[str, ...], action: Action) -> ToolResult:
+        code = str(action.arguments.get("code", ""))
+        cells = (*state, code) if self.stateful else (code,)
+        result = self.sandbox.run_cells(cells)
+        return ToolResult(result.observation(), cells if self.stateful else (), calls=1, replayed=len(cells) - 1)
+
+    def reward(self, prompt: Prompt, answer: str | None) -> float:
+        return 1.0 if prompt.answer is not None and is_correct(prompt.answer, answer) else 0.0

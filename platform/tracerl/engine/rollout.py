@@ -1,0 +1,187 @@
+"""Tree rollouts of a language-model ReAct agent: bare episodes and continuations from stored prefixes.
+
+All running paths advance one turn per round: the sampler generates a turn for every running path
+in one batch, the template parses each, the environment answers tool calls, and each turn becomes
+a node (model tokens, then observation tokens masked as non-model). A continuation starts from a
+stored prefix node: its context (prompt + turns so far, tokens verbatim, observations included) and
+environment state are re-used; nothing before the prefix is regenerated or re-executed there.
+
+Limits end episodes with a status: ``max_turns`` turns, ``max_episode_tokens`` generated tokens, or
+the model's context window. The ledger counts generated tokens, prefill tokens computed vs re-used,
+LLM calls, tool calls and replayed tool calls. Same seed, same calls, same trees.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tracerl.algos.allocators import Expansion
+from tracerl.engine.ledger import BudgetLedger
+from tracerl.engine.protocol import ToolEnv
+from tracerl.engine.react import ActionKind, TurnTemplate
+from tracerl.samplers.base import Generation, Sampler
+from tracerl.tree import RolloutTree
+from tracerl.types import Prompt, Status
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int = 6
+    """Turns per episode (a final-answer turn included)."""
+    max_turn_tokens: int = 96
+    """New tokens per turn; a turn that hits it is a runaway (error observation)."""
+    max_episode_tokens: int = 512
+    """Generated tokens per episode (all turns)."""
+    max_context_tokens: int = 1024
+    """The model's context window: prompt + history + the next turn must fit."""
+    temperature: float = 1.0
+
+
+@dataclass
+class _Path:
+    tree: RolloutTree
+    path_id: int
+    parent: int
+    context: list[int]
+    state: Any
+    turns: int
+    generated: int
+
+
+@dataclass
+class ForkState:
+    """Per-node data the LM engine keeps beside the tree (context tokens, env state)."""
+
+    context: list[int] = field(default_factory=list)
+    state: Any = None
+    generated: int = 0
+
+
+class TreeRolloutEngine:
+    """Implements the step driver's ``TreeBackend`` for a language-model policy and a tool environment."""
+
+    def __init__(self, sampler: Sampler, env: ToolEnv, template: TurnTemplate, tokenizer: Any,
+                 limits: EpisodeLimits, seed: int = 0) -> None:
+        self.sampler, self.env, self.template, self.tok = sampler, env, template, tokenizer
+        self.limits = limits
+        self.seed = seed
+        self.calls = 0
+        self.ledger = BudgetLedger()
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def _start(self, tree: RolloutTree, bare: bool, node_id: int = 0) -> _Path:
+        if node_id == 0 and 0 not in tree.fork_state:
+            prompt_ids = self._encode(self.template.prompt(tree.prompt.text, self.env.tools))
+            tree.fork_state[0] = ForkState(prompt_ids, self.env.initial_state(tree.prompt), 0)
+        ex = tree.fork_state[node_id]
+        node = tree.nodes[node_id]
+        return _Path(tree, tree.new_path(bare), node_id, list(ex.context), ex.state, node.depth, ex.generated)
+
+    def rollout(self, prompts: Sequence[Prompt], counts: Sequence[int]) -> list[RolloutTree]:
+        trees = [RolloutTree(p) for p in prompts]
+        paths = [self._start(t, True) for t, m in zip(trees, counts) for _ in range(int(m))]
+        self._run(paths)
+        return trees
+
+    def expand(self, trees: Sequence[RolloutTree], expansions: Sequence[Expansion]) -> None:
+        paths = [self._start(t, True) for t, ex in zip(trees, expansions) for _ in range(ex.extra_bare)]
+        for t, ex in zip(trees, expansions):
+            for node_id, k in zip(ex.node_ids, ex.counts):
+                if t.nodes[int(node_id)].is_leaf:
+                    raise ValueError(f"cannot continue from leaf node {node_id}")
+                paths += [self._start(t, False, int(node_id)) for _ in range(int(k))]
+        self._run(paths)
+
+    def _run(self, paths: list[_Path]) -> None:
+        lim, led = self.limits, self.ledger
+        while paths:
+            t0 = time.perf_counter()
+            budget = [min(lim.max_turn_tokens, lim.max_episode_tokens - p.generated,
+                          lim.max_context_tokens - len(p.context)) for p in paths]
+            live = [p for p, b in zip(paths, budget) if b > 0]
+            for p, b in zip(paths, budget):
+                if b <= 0:  # no room left for a turn: close the path without generating
+                    status = Status.CONTEXT_OVERFLOW if lim.max_context_tokens - len(p.context) <= 0 else Status.MAX_TOKENS
+                    self._leaf(p, [], [], "", status, 0.0)
+            if not live:
+                break
+            caps = [b for b in budget if b > 0]
+            seed = int(np.random.SeedSequence([self.seed, self.calls]).generate_state(1)[0])
+            gens = [_cap(g, c, self.tok) for g, c in zip(
+                self.sampler.generate([p.context for p in live], max(caps), self.template.stop, lim.temperature, seed), caps)]
+            self.calls += 1
+            led.llm_calls += len(live)
+            led.prefill_tokens_computed += sum(g.prefill_tokens for g in gens)
+            led.prefill_tokens_reused += sum(g.reused_tokens for g in gens)
+            led.phase_s["generate"] = led.phase_s.get("generate", 0.0) + time.perf_counter() - t0
+            nxt = []
+            for p, g in zip(live, gens):
+                if self._turn(p, g):
+                    nxt.append(p)
+            paths = nxt
+
+    def _turn(self, p: _Path, g: Generation) -> bool:
+        """Apply one generated turn to path ``p``; returns True if the episode goes on."""
+        lim, led = self.limits, self.ledger
+        led.generated_tokens += len(g.token_ids)
+        p.generated += len(g.token_ids)
+        action = self.template.parse(g.text, self.env.tools, truncated=g.finish == "length")
+        if action.kind is ActionKind.ANSWER:
+            reward = self.env.reward(p.tree.prompt, action.answer)
+            self._leaf(p, g.token_ids, g.logprobs, g.text, Status.ANSWERED, reward)
+            return False
+        t0 = time.perf_counter()
+        if action.kind is ActionKind.TOOL:
+            res = self.env.execute(p.tree.prompt, p.state, action)
+            obs, p.state = res.observation, res.state
+            led.tool_calls += res.calls
+            led.tool_calls_replayed += res.replayed
+        else:
+            obs = action.error or "Error: invalid action."
+            led.invalid_actions += 1
+        led.phase_s["tools"] = led.phase_s.get("tools", 0.0) + time.perf_counter() - t0
+        sep = "" if g.text.endswith("\n") or not g.text else "\n"
+        obs_ids = self._encode(sep + self.template.observation(obs))
+        p.turns += 1
+        status = Status.TURN
+        if p.turns >= lim.max_turns:
+            status = Status.MAX_TURNS
+        elif p.generated >= lim.max_episode_tokens:
+            status = Status.MAX_TOKENS
+        elif len(p.context) + len(g.token_ids) + len(obs_ids) >= lim.max_context_tokens:
+            status = Status.CONTEXT_OVERFLOW
+        node = self._add(p, g.token_ids, g.logprobs, g.text + sep + self.template.observation(obs), obs_ids, status,
+                         0.0 if status.terminal else None)
+        if status.terminal:
+            return False
+        p.context = p.context + list(g.token_ids) + obs_ids
+        p.tree.fork_state[node.node_id] = ForkState(p.context, p.state, p.generated)
+        return True
+
+    def _add(self, p: _Path, ids: Sequence[int], lps: Sequence[float], text: str, obs_ids: Sequence[int],
+             status: Status, reward: float | None):  # type: ignore[no-untyped-def]
+        node = p.tree.add_node(
+            p.parent, p.path_id, content=text, token_ids=list(ids) + list(obs_ids),
+            model_mask=[True] * len(ids) + [False] * len(obs_ids), logprobs=list(lps), status=status, reward=reward,
+        )
+        p.parent = node.node_id
+        return node
+
+    def _leaf(self, p: _Path, ids: Sequence[int], lps: Sequence[float], text: str, status: Status, reward: float) -> None:
+        self._add(p, ids, lps, text, [], status, reward)
+
+
+
+def _cap(g: Generation, cap: int, tok: Any) -> Generation:
+    """A generation cut to this path's own token budget (the batch ran to the largest one)."""
+    if len(g.token_ids) <= cap:
+        return g
+    ids = g.token_ids[:cap]
+    return Generation(ids, g.logprobs[:cap], tok.decode(ids), "length", g.prefill_tokens, g.reused_tokens)
