@@ -42,7 +42,7 @@ def test_dp_is_exactly_optimal(seed: int) -> None:
     data=st.data(),
 )
 def test_budget_spent_and_bounds(v: list[float], data: st.DataObject) -> None:
-    m_min, m_max = 2, data.draw(st.integers(2, 8))
+    m_min, m_max = 2, data.draw(st.integers(3, 8))  # with m_max >= 3 every budget in [2, n m_max] is reachable
     budget = data.draw(st.integers(m_min, len(v) * m_max))
     seed = data.draw(st.integers(0, 10))
     counts = solve_roots(np.array(v), budget, m_min, m_max, np.random.default_rng(seed))
@@ -69,3 +69,8 @@ def test_unreachable_budget_is_a_clear_error() -> None:
         solve_roots(np.full(3, 0.5), 20, 2, 4, np.random.default_rng(0))
     with pytest.raises(ValueError, match="cannot place 1 rollouts"):
         solve_roots(np.full(3, 0.5), 1, 2, 4, np.random.default_rng(0))
+
+
+def test_parity_gap_is_reported() -> None:
+    with pytest.raises(ValueError, match="budget 3 is not reachable"):
+        solve_roots(np.zeros(2), 3, 2, 2, np.random.default_rng(0))

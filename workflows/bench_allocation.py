@@ -168,7 +168,7 @@ def _plots(cfg: BenchAllocationConfig, series: dict[str, list[dict[str, float]]]
         ax.plot([s[M.EFFECTIVE_RATIO] for s in steps], label=name, lw=1.2)
     ax.axvspan(0, int(cfg.steps * cfg.warmup_fraction), color="0.9", label="predictor warm-up")
     ax.set(xlabel="step", ylabel="effective ratio (mean over seeds)", title="Effective ratio per step", ylim=(0, 1.02))
-    ax.legend(fontsize=8, ncol=2)
+    ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.15))
     fig.tight_layout()
     paths.append(out / "effective_ratio_per_step.png")
     fig.savefig(paths[-1], dpi=110)
@@ -179,6 +179,7 @@ def _plots(cfg: BenchAllocationConfig, series: dict[str, list[dict[str, float]]]
         for name, ers in noise["effective_ratio"].items():
             ax.plot(noise["scales"], ers, marker="o", label=name)
         ax.set_xscale("log")
+        ax.minorticks_off()
         ax.set_xticks(noise["scales"])
         ax.set_xticklabels([f"x{s:g}\nR²={r:.2f}" for s, r in zip(noise["scales"], noise["prompt_r2"])], fontsize=8)
         ax.set(xlabel="feature noise (prompt-feature R²): more noise = less informative predictor",
