@@ -23,7 +23,14 @@ from envs.math.tasks import MathTask, generate
 from tracerl.config import BootstrapConfig
 from tracerl.engine.react import PlainTemplate
 from tracerl.engine.rollout import EpisodeLimits, TreeRolloutEngine
-from tracerl.models.tiny import Segment, TinyModelSpec, build_model, build_tokenizer, encode_trace, supervised_finetune
+from tracerl.models.tiny import (
+    Segment,
+    TinyModelSpec,
+    build_model,
+    build_tokenizer,
+    encode_trace,
+    supervised_finetune,
+)
 from tracerl.samplers.hf import HFSampler
 from tracerl.types import Prompt, Status
 

@@ -109,7 +109,7 @@ class PlainTemplate:
     """The documented plain ReAct format (see the module docstring)."""
 
     name = "plain"
-    stop = ("Observation:",)
+    stop: tuple[str, ...] = ("Observation:",)
     _ACTION = re.compile(r"Action:\s*([A-Za-z_][\w\-]*)\s*([\[{])", re.S)
     _ANSWER = re.compile(r"Final Answer:(.*)", re.S)
 
@@ -179,7 +179,7 @@ class ChatTemplate:
     """
 
     name = "chat"
-    stop = ("<tool_response>", "<|im_end|>", "<|im_start|>")
+    stop: tuple[str, ...] = ("<tool_response>", "<|im_end|>", "<|im_start|>")
     _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(</tool_call>|$)", re.S)
 
     def prompt(self, question: str, tools: Sequence[ToolSpec]) -> str:

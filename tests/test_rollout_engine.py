@@ -1,0 +1,116 @@
+"""The LM tree-rollout engine with the real math environment and sandbox.
+
+`ScriptedSampler` is a fake sampler (the unit under test is the engine): it answers each context with
+the reference solution's next turn, so trees, statuses, masks, forks and the ledger can be checked
+exactly. A real tiny transformers model covers the sampler and limits.
+"""
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from envs.math.env import MathEnv
+from envs.math.tasks import MathTask, generate
+from tracerl.algos.allocators import Expansion
+from tracerl.engine.react import PlainTemplate
+from tracerl.engine.rollout import EpisodeLimits, TreeRolloutEngine
+from tracerl.models.tiny import TinyModelSpec, build_model, build_tokenizer
+from tracerl.samplers.base import Generation
+from tracerl.samplers.hf import HFSampler
+from tracerl.types import Status
+from workflows.bootstrap import task_prompt, trace_segments
+
+TASKS = generate(6, seed=11)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():  # type: ignore[no-untyped-def]
+    texts = ["".join(s.text for s in trace_segments(t)) for t in generate(200, seed=3)]
+    return build_tokenizer(texts, vocab_size=400)
+
+
+class ScriptedSampler:
+    """Fake sampler: replies with the reference solution's next turn for the task in the context."""
+
+    def __init__(self, tokenizer, tasks: Sequence[MathTask], wrong: bool = False) -> None:  # type: ignore[no-untyped-def]
+        self.tok, self.tasks, self.wrong = tokenizer, tasks, wrong
+
+    def generate(self, contexts, max_new_tokens, stop, temperature, seed):  # type: ignore[no-untyped-def]
+        out = []
+        t = PlainTemplate()
+        for ctx in contexts:
+            text = self.tok.decode(ctx)
+            task = next(k for k in self.tasks if k.question in text)
+            done = text.count("Observation:")
+            if done < len(task.steps):
+                turn = t.tool_turn(task.steps[done].thought, "python", task.steps[done].code)
+            else:
+                turn = t.answer_turn(task.final_thought, "-1" if self.wrong else task.answer)
+            ids = self.tok(turn, add_special_tokens=False)["input_ids"][:max_new_tokens]
+            out.append(Generation(ids, [-0.1] * len(ids), self.tok.decode(ids), "stop", prefill_tokens=len(ctx)))
+        return out
+
+
+def engine(tokenizer, sampler, **limits):  # type: ignore[no-untyped-def]
+    return TreeRolloutEngine(sampler, MathEnv(), PlainTemplate(), tokenizer, EpisodeLimits(**limits), seed=0)
+
+
+def test_bare_rollouts_follow_the_reference_and_are_rewarded(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    eng = engine(tokenizer, ScriptedSampler(tokenizer, TASKS))
+    trees = eng.rollout([task_prompt(t) for t in TASKS], [2] * len(TASKS))
+    for tree, task in zip(trees, TASKS):
+        assert tree.num_leaves == 2 and tree.rewards().tolist() == [1.0, 1.0]
+        leaf = tree.leaves()[0]
+        assert leaf.status is Status.ANSWERED and leaf.depth == len(task.steps) + 1
+        turn = tree.nodes[1]
+        assert task.steps[0].output in turn.content  # the observation came from the sandbox
+        n_model = sum(turn.model_mask)
+        assert 0 < n_model < len(turn.token_ids) and all(turn.model_mask[:n_model]) and not any(turn.model_mask[n_model:])
+    led = eng.ledger
+    assert led.tool_calls == 2 * sum(len(t.steps) for t in TASKS)
+    assert led.llm_calls == 2 * sum(len(t.steps) + 1 for t in TASKS) and led.invalid_actions == 0
+
+
+def test_continuations_reuse_the_prefix_and_its_tool_state(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    task = next(t for t in TASKS if len(t.steps) == 3)
+    eng = engine(tokenizer, ScriptedSampler(tokenizer, TASKS))
+    (tree,) = eng.rollout([task_prompt(task)], [1])
+    prefix = tree.bare_prefixes()[1]  # after two tool calls
+    calls_before = eng.ledger.tool_calls
+    eng.expand([tree], [Expansion(np.array([prefix]), np.array([2]), extra_bare=1)])
+    assert tree.num_paths == 4 and tree.num_bare == 2
+    new = [c for c in tree.nodes[prefix].children if tree.nodes[c].path_id >= 2]
+    assert len(new) == 2 and all(tree.nodes[c].depth == tree.nodes[prefix].depth + 1 for c in new)
+    # the two continuations each ran one remaining tool call (replaying 2 earlier cells); the extra bare ran all 3
+    assert eng.ledger.tool_calls - calls_before == 2 * 1 + 3
+    assert tree.rewards().tolist() == [1.0, 1.0, 1.0, 1.0]
+
+
+def test_wrong_answers_get_zero_and_limits_end_episodes(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    trees = engine(tokenizer, ScriptedSampler(tokenizer, TASKS, wrong=True)).rollout([task_prompt(TASKS[0])], [1])
+    assert trees[0].rewards().tolist() == [0.0]
+    task = next(t for t in TASKS if len(t.steps) >= 2)
+    short = engine(tokenizer, ScriptedSampler(tokenizer, TASKS), max_turns=1).rollout([task_prompt(task)], [1])
+    assert short[0].leaves()[0].status is Status.MAX_TURNS and short[0].rewards().tolist() == [0.0]
+
+
+def test_real_tiny_model_runs_and_same_seed_gives_same_trees(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    model = build_model(tokenizer, TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), seed=0)
+
+    def run():  # type: ignore[no-untyped-def]
+        eng = engine(tokenizer, HFSampler(model, tokenizer), max_turns=3, max_turn_tokens=12, max_episode_tokens=30)
+        trees = eng.rollout([task_prompt(t) for t in TASKS[:3]], [2, 2, 2])
+        return eng, trees
+
+    eng, trees = run()
+    for tree in trees:
+        assert tree.num_leaves == 2
+        for leaf in tree.leaves():
+            assert leaf.status in (Status.MAX_TURNS, Status.MAX_TOKENS, Status.ANSWERED) and leaf.reward in (0.0, 1.0)
+        for node in tree.nodes[1:]:
+            assert len(node.logprobs) == sum(node.model_mask) and all(lp <= 0 for lp in node.logprobs)
+    assert eng.ledger.invalid_actions > 0  # an untrained model's turns become error observations, not crashes
+    assert eng.ledger.generated_tokens <= 6 * 30
+    _, again = run()
+    assert [[n.token_ids for n in t.nodes] for t in trees] == [[n.token_ids for n in t.nodes] for t in again]
