@@ -99,3 +99,26 @@ def test_calibration_metrics_golden() -> None:
     # mse vs targets 0; Brier over (0.5,0), (0.5,1), (1,1) = (0.25 + 0.25 + 0) / 3; mse_true = 0.01 / 2.
     assert m["mse"] == 0 and m["brier"] == pytest.approx(1 / 6) and m["mse_true"] == pytest.approx(0.005)
     assert m["auc"] == pytest.approx(0.75)  # positives {0.5, 1} vs negative {0.5}: (0.5 + 1) / 2
+
+
+def test_learned_predictor_over_text_separates_failing_histories() -> None:
+    """Text anchors: histories full of error observations fail, clean ones succeed; the head learns it."""
+    from predictors.learned import LearnedPredictor
+    from predictors.text import HashedNgramFeaturizer
+    from tracerl.types import Status
+
+    def tree(i: int, good: bool) -> RolloutTree:
+        t = RolloutTree(Prompt(f"q{i}", text=f"What is {i} + {i}?"))
+        for _ in range(2):
+            pid = t.new_path(True)
+            obs = f"Observation: {2 * i}\n" if good else "Observation: Error: unknown tool 'calc'.\n"
+            n = t.add_node(0, pid, content=f"Thought: add.\nAction: python[print({i}+{i})]\n{obs}")
+            t.add_node(n.node_id, pid, content="Final Answer: x", status=Status.ANSWERED, reward=1.0 if good else 0.0)
+        return t
+
+    p = LearnedPredictor(PredictorConfig(name="learned", warmup_steps=1, fit_steps=60, embedding_buckets=0), featurizer=HashedNgramFeaturizer(64))
+    for step in range(5):
+        p.fit([tree(10 * step + k, k % 2 == 0) for k in range(8)])
+    good, bad = tree(999, True), tree(998, False)
+    s = p.score([good.anchor(1), bad.anchor(1)])
+    assert s[0] > 0.7 and s[1] < 0.3

@@ -36,12 +36,15 @@ from tracerl.types import Prompt, Status
 
 
 def trace_segments(task: MathTask) -> list[Segment]:
-    """The reference solution as plain-template segments (observations and prompt not trainable)."""
+    """The reference solution as plain-template segments (the prompt and tool outputs are not trainable)."""
     t = PlainTemplate()
     segs = [Segment(t.prompt(task.question, []), False)]
     for step in task.steps:
-        segs.append(Segment(t.tool_turn(step.thought, "python", step.code), True))
-        segs.append(Segment(t.observation(step.output), False))
+        # The marker that ends a tool turn is trained (the sampler stops on it); the tool's output is not.
+        obs = t.observation(step.output)
+        marker = t.stop[0]
+        segs.append(Segment(t.tool_turn(step.thought, "python", step.code) + marker, True))
+        segs.append(Segment(obs[len(marker):], False))
     segs.append(Segment(t.answer_turn(task.final_thought, task.answer), True))
     return segs
 

@@ -51,15 +51,21 @@ class _Path:
     state: Any
     turns: int
     generated: int
+    cache: object | None = None
 
 
 @dataclass
 class ForkState:
-    """Per-node data the LM engine keeps beside the tree (context tokens, env state)."""
+    """Per-node data the LM engine keeps on the tree so continuations can start there."""
 
     context: list[int] = field(default_factory=list)
+    """Prompt and turns up to this node, tokens verbatim (observations included)."""
     state: Any = None
+    """The environment state after this node."""
     generated: int = 0
+    """Tokens the episode had generated up to here."""
+    cache: object | None = None
+    """The sampler's KV-cache handle for the context up to this node's model tokens."""
 
 
 class TreeRolloutEngine:
@@ -82,7 +88,7 @@ class TreeRolloutEngine:
             tree.fork_state[0] = ForkState(prompt_ids, self.env.initial_state(tree.prompt), 0)
         ex = tree.fork_state[node_id]
         node = tree.nodes[node_id]
-        return _Path(tree, tree.new_path(bare), node_id, list(ex.context), ex.state, node.depth, ex.generated)
+        return _Path(tree, tree.new_path(bare), node_id, list(ex.context), ex.state, node.depth, ex.generated, ex.cache)
 
     def rollout(self, prompts: Sequence[Prompt], counts: Sequence[int]) -> list[RolloutTree]:
         trees = [RolloutTree(p) for p in prompts]
@@ -115,7 +121,8 @@ class TreeRolloutEngine:
             caps = [b for b in budget if b > 0]
             seed = int(np.random.SeedSequence([self.seed, self.calls]).generate_state(1)[0])
             gens = [_cap(g, c, self.tok) for g, c in zip(
-                self.sampler.generate([p.context for p in live], max(caps), self.template.stop, lim.temperature, seed), caps)]
+                self.sampler.generate([p.context for p in live], max(caps), self.template.stop, lim.temperature, seed,
+                                      caches=[p.cache for p in live]), caps)]
             self.calls += 1
             led.llm_calls += len(live)
             led.prefill_tokens_computed += sum(g.prefill_tokens for g in gens)
@@ -132,6 +139,7 @@ class TreeRolloutEngine:
         lim, led = self.limits, self.ledger
         led.generated_tokens += len(g.token_ids)
         p.generated += len(g.token_ids)
+        p.cache = g.cache
         action = self.template.parse(g.text, self.env.tools, truncated=g.finish == "length")
         if action.kind is ActionKind.ANSWER:
             reward = self.env.reward(p.tree.prompt, action.answer)
@@ -162,7 +170,7 @@ class TreeRolloutEngine:
         if status.terminal:
             return False
         p.context = p.context + list(g.token_ids) + obs_ids
-        p.tree.fork_state[node.node_id] = ForkState(p.context, p.state, p.generated)
+        p.tree.fork_state[node.node_id] = ForkState(p.context, p.state, p.generated, p.cache)
         return True
 
     def _add(self, p: _Path, ids: Sequence[int], lps: Sequence[float], text: str, obs_ids: Sequence[int],
@@ -184,4 +192,4 @@ def _cap(g: Generation, cap: int, tok: Any) -> Generation:
     if len(g.token_ids) <= cap:
         return g
     ids = g.token_ids[:cap]
-    return Generation(ids, g.logprobs[:cap], tok.decode(ids), "length", g.prefill_tokens, g.reused_tokens)
+    return Generation(ids, g.logprobs[:cap], tok.decode(ids), "length", g.prefill_tokens, g.reused_tokens, g.cache)

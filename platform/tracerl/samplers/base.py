@@ -26,6 +26,9 @@ class Generation:
     """Context tokens the backend had to encode for this call."""
     reused_tokens: int = 0
     """Context tokens served from a cache."""
+    cache: object | None = None
+    """Opaque handle to the backend's KV cache of context + kept tokens; pass it back with a longer context
+    that starts with them (the next turn, or every continuation from this turn) to skip re-encoding."""
 
 
 class Sampler(Protocol):
@@ -36,4 +39,5 @@ class Sampler(Protocol):
         stop: Sequence[str],
         temperature: float,
         seed: int,
+        caches: Sequence[object | None] | None = None,
     ) -> list[Generation]: ...

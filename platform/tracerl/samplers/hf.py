@@ -1,25 +1,45 @@
-"""The transformers sampler: batched ``generate`` that stops at turn boundaries.
+"""The transformers sampler: batched ``generate`` that stops at turn boundaries and re-uses prefix KV.
 
-Contexts are left-padded into one batch; generation stops per sequence at EOS or at any stop string
-(``stop_strings``); the new tokens are cut before the stop string and returned with their sampling
-log-probabilities (temperature-scaled log-softmax of the logits, as the trainer will recompute them).
+Contexts are left-padded into one batch; generation stops per sequence at EOS or at a stop string;
+new tokens are cut before the stop string and returned with their sampling log-probabilities
+(temperature-scaled log-softmax of the logits, as the trainer recomputes them).
+
+Prefix re-use. Each ``Generation`` carries a handle to the KV cache of its context plus kept tokens
+(per layer, this row only, padding removed). A later call passes the handle with a context that
+starts with those tokens (the next turn of the episode, or each continuation forked from that turn):
+the batch cache is assembled by left-padding every row's cached keys/values to the longest, the
+uncached suffixes (an observation, typically) follow with their own left padding, and the attention
+mask hides both paddings. Positions come from the mask's cumulative sum, exactly as when the cache
+was written, so re-use is numerically the same computation as re-encoding (a test checks log-probs).
+Only the uncached suffix counts as prefill computed; the cached length counts as re-used.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from tracerl.samplers.base import SAMPLERS, Generation
 
 
+@dataclass(frozen=True)
+class _KV:
+    tokens: tuple[int, ...]
+    """The tokens the cache covers."""
+    layers: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    """Per layer (keys, values), each (heads, len(tokens), head_dim)."""
+
+
 @SAMPLERS.register("hf")
 class HFSampler:
-    def __init__(self, model, tokenizer, device: str = "cpu") -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, model, tokenizer, device: str = "cpu", reuse_prefix: bool = True) -> None:  # type: ignore[no-untyped-def]
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.device = device
+        self.reuse_prefix = reuse_prefix
 
     def _cut(self, new: list[int], stop: Sequence[str]) -> tuple[list[int], str, str]:
         """Drop the pad/EOS tail; cut before the first stop string. Returns (tokens, text, finish)."""
@@ -44,34 +64,89 @@ class HFSampler:
                 break
         return new[:keep], self.tokenizer.decode(new[:keep]), "stop"
 
+    def _usable(self, context: list[int], cache: object | None) -> _KV | None:
+        if not self.reuse_prefix or not isinstance(cache, _KV):
+            return None
+        n = len(cache.tokens)
+        # At least one token must remain to be fed, and the cache must really be a prefix of the context.
+        if n == 0 or n >= len(context) or tuple(context[:n]) != cache.tokens:
+            return None
+        return cache
+
     @torch.no_grad()
     def generate(
-        self, contexts: Sequence[list[int]], max_new_tokens: int, stop: Sequence[str], temperature: float = 1.0, seed: int = 0
+        self,
+        contexts: Sequence[list[int]],
+        max_new_tokens: int,
+        stop: Sequence[str],
+        temperature: float = 1.0,
+        seed: int = 0,
+        caches: Sequence[object | None] | None = None,
     ) -> list[Generation]:
         if not contexts:
             return []
-        width = max(len(c) for c in contexts)
         pad = self.tokenizer.pad_token_id
-        ids = torch.full((len(contexts), width), pad, dtype=torch.long)
+        kvs = [self._usable(c, k) for c, k in zip(contexts, caches or [None] * len(contexts))]
+        cached = [len(k.tokens) if k else 0 for k in kvs]
+        lc = max(cached)
+        suffix = [list(c[n:]) for c, n in zip(contexts, cached)]
+        ls = max(len(s) for s in suffix)
+        b = len(contexts)
+        ids = torch.full((b, lc + ls), pad, dtype=torch.long)
         mask = torch.zeros_like(ids)
-        for r, c in enumerate(contexts):
-            ids[r, width - len(c):] = torch.tensor(c)
-            mask[r, width - len(c):] = 1
+        for r, (c, n, s) in enumerate(zip(contexts, cached, suffix)):
+            ids[r, lc - n : lc] = torch.tensor(c[:n], dtype=torch.long) if n else ids[r, lc - n : lc]
+            mask[r, lc - n : lc] = 1
+            ids[r, lc + ls - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[r, lc + ls - len(s) :] = 1
+        past = self._batch_cache(kvs, lc) if lc else None
         torch.manual_seed(seed)
         sample = temperature > 0
-        out = self.model.generate(
-            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), max_new_tokens=max_new_tokens,
-            do_sample=sample, temperature=temperature if sample else None, top_p=None, top_k=None,
-            stop_strings=list(stop) or None, tokenizer=self.tokenizer, pad_token_id=pad,
-            eos_token_id=self.tokenizer.eos_token_id, return_dict_in_generate=True, output_logits=True,
-        )
+        with warnings.catch_warnings():  # transformers 5.x renames past_key_values to cache; both accept this
+            warnings.simplefilter("ignore", FutureWarning)
+            out = self.model.generate(
+                input_ids=ids.to(self.device), attention_mask=mask.to(self.device), past_key_values=past,
+                max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature if sample else None,
+                top_p=None, top_k=None, stop_strings=list(stop) or None, tokenizer=self.tokenizer, pad_token_id=pad,
+                eos_token_id=self.tokenizer.eos_token_id, return_dict_in_generate=True, output_logits=True,
+            )
+        width = lc + ls
         seqs = out.sequences[:, width:].cpu()
-        logits = torch.stack(out.logits, dim=1).float().cpu()  # (B, T, V), raw
-        logp = torch.log_softmax(logits / (temperature if sample else 1.0), dim=-1)
+        logp = torch.log_softmax(torch.stack(out.logits, dim=1).float().cpu() / (temperature if sample else 1.0), dim=-1)
         gens = []
-        for r in range(len(contexts)):
-            new = seqs[r].tolist()
-            kept, text, finish = self._cut(new, stop)
+        for r in range(b):
+            kept, text, finish = self._cut(seqs[r].tolist(), stop)
             lp = logp[r, torch.arange(len(kept)), torch.tensor(kept, dtype=torch.long)].tolist() if kept else []
-            gens.append(Generation(kept, lp, text, finish, prefill_tokens=len(contexts[r])))
+            handle = self._row_cache(out.past_key_values, mask[r], r, list(contexts[r]) + kept) if self.reuse_prefix else None
+            gens.append(Generation(kept, lp, text, finish, prefill_tokens=len(suffix[r]), reused_tokens=cached[r], cache=handle))
         return gens
+
+    def _batch_cache(self, kvs: Sequence[_KV | None], lc: int):  # type: ignore[no-untyped-def]
+        from transformers import DynamicCache
+
+        ref = next(k for k in kvs if k is not None)
+        layers = []
+        for li, (k0, _v0) in enumerate(ref.layers):
+            h, _, d = k0.shape
+            keys = torch.zeros((len(kvs), h, lc, d), dtype=k0.dtype)
+            vals = torch.zeros_like(keys)
+            for r, kv in enumerate(kvs):
+                if kv is not None:
+                    n = len(kv.tokens)
+                    keys[r, :, lc - n :, :] = kv.layers[li][0]
+                    vals[r, :, lc - n :, :] = kv.layers[li][1]
+            layers.append((keys.to(self.device), vals.to(self.device)))
+        return DynamicCache(layers)
+
+    def _row_cache(self, past, input_mask: torch.Tensor, r: int, tokens: list[int]) -> _KV | None:  # type: ignore[no-untyped-def]
+        """This row's keys/values for ``tokens`` (= context + kept), dropping padding; None if not all computed."""
+        if past is None:
+            return None
+        real = torch.nonzero(input_mask, as_tuple=True)[0]  # positions of the context's real tokens
+        start = input_mask.shape[0]
+        n_gen = len(tokens) - int(input_mask.sum())
+        pos = torch.cat([real, torch.arange(start, start + n_gen)])
+        length = past.layers[0].keys.shape[2]
+        pos = pos[pos < length]  # the last sampled token was never fed back: its keys do not exist
+        layers = tuple((layer.keys[r, :, pos, :].clone().cpu(), layer.values[r, :, pos, :].clone().cpu()) for layer in past.layers)
+        return _KV(tuple(tokens[: len(pos)]), layers)

@@ -1,0 +1,63 @@
+"""The transformers sampler on a real tiny Llama: stop strings, log-probs, and prefix KV re-use."""
+
+import pytest
+import torch
+
+from envs.math.tasks import generate as gen_tasks
+from tracerl.models.tiny import TinyModelSpec, build_model, build_tokenizer
+from tracerl.samplers.hf import HFSampler
+from workflows.bootstrap import trace_segments
+
+
+@pytest.fixture(scope="module")
+def parts():  # type: ignore[no-untyped-def]
+    texts = ["".join(s.text for s in trace_segments(t)) for t in gen_tasks(200, seed=4)]
+    tok = build_tokenizer(texts, vocab_size=400)
+    model = build_model(tok, TinyModelSpec(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128), seed=1)
+    return tok, model
+
+
+def enc(tok, text: str) -> list[int]:  # type: ignore[no-untyped-def]
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def test_logprobs_match_a_forward_pass(parts) -> None:  # type: ignore[no-untyped-def]
+    tok, model = parts
+    ctx = enc(tok, "Question: What is 12 * 7?\n")
+    (g,) = HFSampler(model, tok, reuse_prefix=False).generate([ctx], 12, [], temperature=1.0, seed=3)
+    full = torch.tensor([ctx + g.token_ids])
+    with torch.no_grad():
+        logits = model(full).logits[0, len(ctx) - 1 : -1]
+    ref = torch.log_softmax(logits, -1)[torch.arange(len(g.token_ids)), torch.tensor(g.token_ids)]
+    assert g.logprobs == pytest.approx(ref.tolist(), abs=1e-4)
+    assert g.prefill_tokens == len(ctx) and g.reused_tokens == 0
+
+
+def test_stop_strings_cut_the_turn(parts) -> None:  # type: ignore[no-untyped-def]
+    tok, model = parts
+    sampler = HFSampler(model, tok)
+    ctx = enc(tok, "Question: x\n")
+    gens = sampler.generate([ctx] * 4, 40, ["Thought"], temperature=1.5, seed=0)
+    for g in gens:
+        assert "Thought" not in g.text and g.finish in ("stop", "eos", "length")
+        assert len(g.token_ids) == len(g.logprobs)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_prefix_reuse_equals_reencoding(parts, temperature: float) -> None:  # type: ignore[no-untyped-def]
+    """Continuations from cached prefixes (different lengths in one batch) give the same tokens and log-probs."""
+    tok, model = parts
+    cached, fresh = HFSampler(model, tok, reuse_prefix=True), HFSampler(model, tok, reuse_prefix=False)
+    prompts = [enc(tok, "Question: What is 5 + 5?\n"), enc(tok, "Question: A shop has 40 boxes with 7 coins each. How many coins?\n")]
+    first = cached.generate(prompts, 10, [], temperature=temperature, seed=1)
+    obs = [enc(tok, "Observation: 10\n"), enc(tok, "Observation: 280\nThought:")]
+    nxt = [p + g.token_ids + o for p, g, o in zip(prompts, first, obs)]
+    a = cached.generate(nxt, 8, [], temperature=temperature, seed=7, caches=[g.cache for g in first])
+    b = fresh.generate(nxt, 8, [], temperature=temperature, seed=7)
+    for x, y, n in zip(a, b, nxt):
+        assert x.token_ids == y.token_ids
+        assert x.logprobs == pytest.approx(y.logprobs, abs=2e-4)
+        assert x.reused_tokens > 0.7 * len(n) and x.prefill_tokens + x.reused_tokens == len(n)
+    # A cache that is not a prefix of the context is ignored, not misused.
+    wrong = cached.generate([prompts[1] + obs[1]], 4, [], temperature=0.0, seed=0, caches=[first[0].cache])
+    assert wrong[0].reused_tokens == 0
