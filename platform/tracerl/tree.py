@@ -52,6 +52,8 @@ class Node:
     """True V_t at this node (simulator only)."""
     logprobs: list[float] = field(default_factory=list)
     """Sampler log-probs of the model-generated tokens of this turn (may be empty)."""
+    prefill_computed: int = 0
+    """Context tokens the sampler encoded to generate this turn (the rest came from a KV cache)."""
 
     @property
     def is_leaf(self) -> bool:

@@ -72,9 +72,10 @@ class TreeRolloutEngine:
     """Implements the step driver's ``TreeBackend`` for a language-model policy and a tool environment."""
 
     def __init__(self, sampler: Sampler, env: ToolEnv, template: TurnTemplate, tokenizer: Any,
-                 limits: EpisodeLimits, seed: int = 0) -> None:
+                 limits: EpisodeLimits, seed: int = 0, batch_size: int = 64) -> None:
         self.sampler, self.env, self.template, self.tok = sampler, env, template, tokenizer
         self.limits = limits
+        self.batch_size = batch_size
         self.seed = seed
         self.calls = 0
         self.ledger = BudgetLedger()
@@ -88,7 +89,15 @@ class TreeRolloutEngine:
             tree.fork_state[0] = ForkState(prompt_ids, self.env.initial_state(tree.prompt), 0)
         ex = tree.fork_state[node_id]
         node = tree.nodes[node_id]
-        return _Path(tree, tree.new_path(bare), node_id, list(ex.context), ex.state, node.depth, ex.generated, ex.cache)
+        cache = ex.cache
+        # A child that already ran past this node holds a cache covering the node's whole context
+        # (its observation included); the sampler uses the shared prefix of any handle.
+        for c in node.children:
+            child = tree.fork_state.get(c)
+            if child is not None and child.cache is not None:
+                cache = child.cache
+                break
+        return _Path(tree, tree.new_path(bare), node_id, list(ex.context), ex.state, node.depth, ex.generated, cache)
 
     def rollout(self, prompts: Sequence[Prompt], counts: Sequence[int]) -> list[RolloutTree]:
         trees = [RolloutTree(p) for p in prompts]
@@ -106,6 +115,11 @@ class TreeRolloutEngine:
         self._run(paths)
 
     def _run(self, paths: list[_Path]) -> None:
+        """Advance ``paths`` turn by turn, ``batch_size`` paths per generation call, until all have ended."""
+        for i in range(0, len(paths), self.batch_size):
+            self._run_batch(paths[i : i + self.batch_size])
+
+    def _run_batch(self, paths: list[_Path]) -> None:
         lim, led = self.limits, self.ledger
         while paths:
             t0 = time.perf_counter()
@@ -143,7 +157,8 @@ class TreeRolloutEngine:
         action = self.template.parse(g.text, self.env.tools, truncated=g.finish == "length")
         if action.kind is ActionKind.ANSWER:
             reward = self.env.reward(p.tree.prompt, action.answer)
-            self._leaf(p, g.token_ids, g.logprobs, g.text, Status.ANSWERED, reward)
+            leaf = self._add(p, g.token_ids, g.logprobs, g.text, [], Status.ANSWERED, reward, g.prefill_tokens)
+            p.tree.fork_state[leaf.node_id] = ForkState(cache=p.cache)  # siblings forking above may re-use it
             return False
         t0 = time.perf_counter()
         if action.kind is ActionKind.TOOL:
@@ -166,24 +181,26 @@ class TreeRolloutEngine:
         elif len(p.context) + len(g.token_ids) + len(obs_ids) >= lim.max_context_tokens:
             status = Status.CONTEXT_OVERFLOW
         node = self._add(p, g.token_ids, g.logprobs, g.text + sep + self.template.observation(obs), obs_ids, status,
-                         0.0 if status.terminal else None)
+                         0.0 if status.terminal else None, g.prefill_tokens)
         if status.terminal:
+            p.tree.fork_state[node.node_id] = ForkState(cache=p.cache)
             return False
         p.context = p.context + list(g.token_ids) + obs_ids
         p.tree.fork_state[node.node_id] = ForkState(p.context, p.state, p.generated, p.cache)
         return True
 
     def _add(self, p: _Path, ids: Sequence[int], lps: Sequence[float], text: str, obs_ids: Sequence[int],
-             status: Status, reward: float | None):  # type: ignore[no-untyped-def]
+             status: Status, reward: float | None, prefill: int = 0):  # type: ignore[no-untyped-def]
         node = p.tree.add_node(
             p.parent, p.path_id, content=text, token_ids=list(ids) + list(obs_ids),
             model_mask=[True] * len(ids) + [False] * len(obs_ids), logprobs=list(lps), status=status, reward=reward,
+            prefill_computed=prefill,
         )
         p.parent = node.node_id
         return node
 
-    def _leaf(self, p: _Path, ids: Sequence[int], lps: Sequence[float], text: str, status: Status, reward: float) -> None:
-        self._add(p, ids, lps, text, [], status, reward)
+    def _leaf(self, p: _Path, ids: Sequence[int], lps: Sequence[float], text: str, status: Status, reward: float):  # type: ignore[no-untyped-def]
+        return self._add(p, ids, lps, text, [], status, reward)
 
 
 

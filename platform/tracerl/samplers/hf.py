@@ -64,14 +64,19 @@ class HFSampler:
                 break
         return new[:keep], self.tokenizer.decode(new[:keep]), "stop"
 
-    def _usable(self, context: list[int], cache: object | None) -> _KV | None:
+    def _usable(self, context: list[int], cache: object | None) -> tuple[_KV, int] | None:
+        """The handle and how many of its leading tokens match ``context`` (at least one token is left to feed).
+
+        Any handle sharing a prefix with the context helps: the previous turn's (a prefix of the context),
+        or a sibling path's that ran past the fork point (its first tokens are the prefix itself).
+        """
         if not self.reuse_prefix or not isinstance(cache, _KV):
             return None
-        n = len(cache.tokens)
-        # At least one token must remain to be fed, and the cache must really be a prefix of the context.
-        if n == 0 or n >= len(context) or tuple(context[:n]) != cache.tokens:
-            return None
-        return cache
+        limit = min(len(cache.tokens), len(context) - 1)
+        n = 0
+        while n < limit and cache.tokens[n] == context[n]:
+            n += 1
+        return (cache, n) if n > 0 else None
 
     @torch.no_grad()
     def generate(
@@ -87,7 +92,7 @@ class HFSampler:
             return []
         pad = self.tokenizer.pad_token_id
         kvs = [self._usable(c, k) for c, k in zip(contexts, caches or [None] * len(contexts))]
-        cached = [len(k.tokens) if k else 0 for k in kvs]
+        cached = [k[1] if k else 0 for k in kvs]
         lc = max(cached)
         suffix = [list(c[n:]) for c, n in zip(contexts, cached)]
         ls = max(len(s) for s in suffix)
@@ -121,20 +126,20 @@ class HFSampler:
             gens.append(Generation(kept, lp, text, finish, prefill_tokens=len(suffix[r]), reused_tokens=cached[r], cache=handle))
         return gens
 
-    def _batch_cache(self, kvs: Sequence[_KV | None], lc: int):  # type: ignore[no-untyped-def]
+    def _batch_cache(self, kvs: Sequence[tuple[_KV, int] | None], lc: int):  # type: ignore[no-untyped-def]
         from transformers import DynamicCache
 
-        ref = next(k for k in kvs if k is not None)
+        ref = next(k for k in kvs if k is not None)[0]
         layers = []
         for li, (k0, _v0) in enumerate(ref.layers):
             h, _, d = k0.shape
             keys = torch.zeros((len(kvs), h, lc, d), dtype=k0.dtype)
             vals = torch.zeros_like(keys)
-            for r, kv in enumerate(kvs):
-                if kv is not None:
-                    n = len(kv.tokens)
-                    keys[r, :, lc - n :, :] = kv.layers[li][0]
-                    vals[r, :, lc - n :, :] = kv.layers[li][1]
+            for r, item in enumerate(kvs):
+                if item is not None:
+                    kv, n = item
+                    keys[r, :, lc - n :, :] = kv.layers[li][0][:, :n, :]
+                    vals[r, :, lc - n :, :] = kv.layers[li][1][:, :n, :]
             layers.append((keys.to(self.device), vals.to(self.device)))
         return DynamicCache(layers)
 

@@ -1,0 +1,66 @@
+"""`tracerl bootstrap`, `tracerl rollout` and `tracerl bench rollout` end to end on a briefly trained tiny policy."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tracerl.config import BootstrapConfig
+from workflows.bootstrap import bootstrap
+from workflows.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny") / "policy"
+    cfg = BootstrapConfig(out_dir=str(out), train_tasks=80, eval_tasks=6, hidden_size=48, num_layers=2, num_heads=4,
+                          intermediate_size=96, steps=40, batch_size=8, time_budget_s=60, force=True)
+    metrics = bootstrap(cfg)
+    assert metrics["train_steps"] == 40 and metrics["final_loss"] < 4.5  # it learned something (from ln(vocab) ~ 6)
+    assert {"accuracy", "by_level", "well_formed_turns"} <= set(metrics["sampled"])
+    return out
+
+
+def test_bootstrap_writes_a_standard_checkpoint(tiny: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny)
+    tok = AutoTokenizer.from_pretrained(tiny)
+    assert model.config.model_type == "llama" and tok.padding_side == "left"
+    assert json.loads((tiny / "bootstrap.json").read_text())["eval_tasks"] == 6
+    assert main(["bootstrap", "--out", str(tiny)]) == 0  # already there: not rebuilt
+
+
+def test_rollout_writes_trees_and_view(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["rollout", "--out", str(tmp_path), "--steps", "2", f"model.path={tiny}", "sampler.max_turns=3",
+            "sampler.max_turn_tokens=40", "env.math.num_tasks=48"]
+    assert main(args) == 0
+    lines = (tmp_path / "trees.jsonl").read_text().splitlines()
+    trees = [json.loads(x) for x in lines]
+    assert sum(len(t["rewards"]) for t in trees) == 48  # L leaves
+    assert all(t["nodes"][0]["depth"] == 0 and t["answer"] for t in trees)
+    assert any(n.get("continuations") for t in trees for n in t["nodes"])  # prefixes were expanded
+    html = (tmp_path / "trees.html").read_text()
+    assert "continuations K=" in html and "reward" in html
+    assert "prefill re-used" in capsys.readouterr().out
+
+
+def test_rollout_reports_a_missing_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rollout", "--out", str(tmp_path), f"model.path={tmp_path}/none"]) == 2
+    assert "tracerl bootstrap" in capsys.readouterr().err
+
+
+def test_bench_rollout_json(tiny: Path, tmp_path: Path) -> None:
+    out = tmp_path / "b.json"
+    args = ["bench", "rollout", "--steps", "2", "--out", str(tmp_path / "o"), "--json", str(out), f"model.path={tiny}",
+            "sampler.max_turns=3", "sampler.max_turn_tokens=40", "env.math.num_tasks=48", "allocators=[grpo,trace]",
+            f"tracking.uri=sqlite:///{tmp_path}/m.db", f"tracking.artifact_location={tmp_path}/a", "warmup_fraction=0"]
+    assert main(args) == 0
+    s = json.loads(out.read_text())["allocators"]
+    for name in ("grpo", "trace"):
+        for key in ("effective_ratio", "leaf_effective_ratio", "mixed_groups_per_step", "leaves", "generated_tokens",
+                    "prefill_tokens_reused", "prefill_tokens_computed", "tool_calls", "tool_calls_replayed", "wall_s"):
+            assert key in s[name], (name, key)
+        assert s[name]["leaves"] == 48
+    assert s["trace"]["prefill_tokens_reused"] > 0
+    assert s["trace"]["continuation_prefill_fraction"] <= 0.10  # continuations re-use their prefix's cache

@@ -1,0 +1,88 @@
+"""Wiring of the language-model stack from config: policy, sampler, environment, template, engine, predictor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envs.math.datasets import load_math_file
+from envs.math.env import MathEnv
+from envs.math.tasks import generate
+from predictors import build_predictor
+from predictors.base import Predictor
+from predictors.learned import LearnedPredictor
+from predictors.text import HashedNgramFeaturizer, PolicyHiddenFeaturizer
+from tracerl.config import EnvConfig, ModelConfig, PredictorConfig, SamplerConfig
+from tracerl.engine.react import TEMPLATES
+from tracerl.engine.rollout import EpisodeLimits, TreeRolloutEngine
+from tracerl.samplers import SAMPLERS
+from tracerl.types import Prompt
+
+
+class SetupError(RuntimeError):
+    """Something the user must provide or fix before the command can run; the message says what."""
+
+
+def load_policy(cfg: ModelConfig) -> tuple[Any, Any]:
+    """Tokenizer and model from an HF checkpoint directory (no hub access)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(cfg.path)
+    if not path.is_dir():
+        raise SetupError(f"model.path={cfg.path!r} is not a checkpoint directory; build the tiny policy with "
+                         f"`tracerl bootstrap` (writes models/tiny-math) or point model.path at an HF checkpoint")
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).eval()
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok, model
+
+
+def task_prompts(cfg: EnvConfig, held_out: bool = False) -> list[Prompt]:
+    """The math environment's training (or held-out evaluation) prompts."""
+    m = cfg.math
+    if m.tasks == "generated":
+        tasks = generate(m.eval_tasks if held_out else m.num_tasks, seed=m.task_seed, held_out=held_out)
+        return [Prompt(t.task_id, t.question, t.answer, source=f"generated-L{t.level}") for t in tasks]
+    prompts = load_math_file(m.tasks)
+    return prompts[: m.eval_tasks] if held_out else prompts[: m.num_tasks]
+
+
+@dataclass
+class LMStack:
+    tokenizer: Any
+    model: Any
+    env: MathEnv
+    engine: TreeRolloutEngine
+
+
+def build_stack(model_cfg: ModelConfig, sampler_cfg: SamplerConfig, env_cfg: EnvConfig, seed: int) -> LMStack:
+    tok, model = load_policy(model_cfg)
+    if sampler_cfg.backend != "hf":
+        sampler = SAMPLERS.get(sampler_cfg.backend).from_pretrained(model_cfg.path, model_cfg.dtype)
+    else:
+        sampler = SAMPLERS.get("hf")(model, tok, reuse_prefix=sampler_cfg.reuse_prefix)
+    env = MathEnv(env_cfg.math.sandbox, stateful=env_cfg.math.stateful_python)
+    limits = EpisodeLimits(sampler_cfg.max_turns, sampler_cfg.max_turn_tokens, sampler_cfg.max_episode_tokens,
+                           sampler_cfg.max_context_tokens, sampler_cfg.temperature)
+    template = TEMPLATES.get(model_cfg.template)()
+    engine = TreeRolloutEngine(sampler, env, template, tok, limits, seed=seed, batch_size=sampler_cfg.batch_size)
+    return LMStack(tok, model, env, engine)
+
+
+def build_text_predictor(cfg: PredictorConfig, stack: LMStack, seed: int, name: str | None = None) -> Predictor:
+    """The configured predictor, with a text featurizer for the learned one."""
+    name = name or cfg.name
+    if name != "learned":
+        return build_predictor(cfg, seed, name=name)
+    if cfg.features == "policy":
+        template = stack.engine.template
+        feat: Any = PolicyHiddenFeaturizer(stack.model, stack.tokenizer, lambda q: template.prompt(q, stack.env.tools))
+    elif cfg.features == "hashed":
+        feat = HashedNgramFeaturizer()
+    else:
+        raise SetupError("predictor.features=numeric needs the simulator's numeric features; use hashed or policy here")
+    return LearnedPredictor(cfg, seed, featurizer=feat)

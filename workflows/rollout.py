@@ -1,0 +1,92 @@
+"""``tracerl rollout``: allocation-and-rollout steps of the LM policy; writes trees as JSONL and an HTML view.
+
+The predictor learns across the ``steps`` steps (cold at first: uniform allocation until
+``predictor.warmup_steps`` fits); the last step's trees are written with their decisions.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tracerl.algos.allocators import build_allocator
+from tracerl.config import RolloutConfig
+from tracerl.config_loader import to_yaml
+from tracerl.engine.ledger import BudgetLedger
+from tracerl.engine.step import StepOutcome, run_step
+from tracerl.metrics import step_metrics
+from tracerl.tree_io import tree_to_record
+from tracerl.types import Prompt
+from workflows.lm_stack import build_stack, build_text_predictor, task_prompts
+from workflows.viewer import render_html
+
+
+def outcome_records(out: StepOutcome) -> list[dict[str, Any]]:
+    """Every tree of a step with its root score, bare rollouts, prefix scores and continuations."""
+    index = {id(p): i for i, p in enumerate(out.pool)}
+    scores: dict[int, dict[int, float]] = {}
+    for ti, nid, p in out.prefix_scores:
+        scores.setdefault(ti, {})[nid] = p
+    records = []
+    for ti, tree in enumerate(out.trees):
+        i = index[id(tree.prompt)]
+        conts = {}
+        if out.expansions:
+            ex = out.expansions[ti]
+            conts = {int(n): int(k) for n, k in zip(ex.node_ids, ex.counts) if k}
+        records.append(tree_to_record(tree, float(out.root_scores[i]), int(out.root_counts[i]), scores.get(ti), conts))
+    return records
+
+
+def sample_pool(prompts: Sequence[Prompt], size: int, rng: np.random.Generator) -> list[Prompt]:
+    if size > len(prompts):
+        raise ValueError(f"the candidate pool needs {size} prompts but the task set has {len(prompts)}; "
+                         f"raise env.math.num_tasks or lower budget.pool_factor")
+    return [prompts[i] for i in rng.choice(len(prompts), size=size, replace=False)]
+
+
+def run_rollout(cfg: RolloutConfig, steps: int | None = None, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    out_dir = Path(cfg.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.yaml").write_text(to_yaml(cfg))
+    stack = build_stack(cfg.model, cfg.sampler, cfg.env, cfg.seed)
+    for w in stack.env.sandbox.warnings:
+        progress(w)
+    allocator = build_allocator(cfg.allocator)
+    predictor = build_text_predictor(cfg.predictor, stack, cfg.seed, name=allocator.predictor)
+    prompts = task_prompts(cfg.env)
+    rng = np.random.default_rng(cfg.seed)
+    metrics: dict[str, float] = {}
+    out = None
+    for s in range(steps or cfg.steps):
+        t0 = time.perf_counter()
+        stack.engine.ledger = BudgetLedger()
+        out = run_step(sample_pool(prompts, cfg.budget.num_candidates, rng), allocator, predictor, stack.engine, cfg.budget, rng)
+        out.ledger = _merge(out.ledger, stack.engine.ledger)
+        metrics = step_metrics(out)
+        predictor.fit(out.sampled_trees)
+        progress(f"step {s}: {len(out.trees)} trees, {metrics['budget/leaves']:.0f} leaves, effective ratio "
+                 f"{metrics['rollout/effective_ratio']:.2f}, success {metrics['rollout/success_rate']:.2f} "
+                 f"({time.perf_counter() - t0:.1f} s)")
+    assert out is not None
+    records = outcome_records(out)
+    with open(out_dir / "trees.jsonl", "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    (out_dir / "trees.html").write_text(render_html(records, f"tracerl rollout: allocator {cfg.allocator.name}"))
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    return metrics
+
+
+def _merge(step_ledger: BudgetLedger, engine_ledger: BudgetLedger) -> BudgetLedger:
+    """The step's counts (leaves, rollouts) plus the engine's (tokens, calls, tool work, generation time)."""
+    for f in ("generated_tokens", "prefill_tokens_computed", "prefill_tokens_reused", "llm_calls", "tool_calls",
+              "tool_calls_replayed", "invalid_actions"):
+        setattr(step_ledger, f, getattr(engine_ledger, f))
+    step_ledger.phase_s.update({k: v for k, v in engine_ledger.phase_s.items()})
+    return step_ledger
