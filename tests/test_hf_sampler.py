@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from envs.math.tasks import generate as gen_tasks
-from tracerl.models.tiny import TinyModelSpec, build_model, build_tokenizer
+from tracerl.config import BootstrapConfig
+from tracerl.models.tiny import build_model, build_tokenizer
 from tracerl.samplers.hf import HFSampler
 from workflows.bootstrap import trace_segments
 
@@ -13,7 +14,7 @@ from workflows.bootstrap import trace_segments
 def parts():  # type: ignore[no-untyped-def]
     texts = ["".join(s.text for s in trace_segments(t)) for t in gen_tasks(200, seed=4)]
     tok = build_tokenizer(texts, vocab_size=400)
-    model = build_model(tok, TinyModelSpec(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128), seed=1)
+    model = build_model(tok, BootstrapConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, seed=1))
     return tok, model
 
 

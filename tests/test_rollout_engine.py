@@ -13,9 +13,10 @@ import pytest
 from envs.math.env import MathEnv
 from envs.math.tasks import MathTask, generate
 from tracerl.algos.allocators import Expansion
+from tracerl.config import BootstrapConfig, SamplerConfig
 from tracerl.engine.react import PlainTemplate
-from tracerl.engine.rollout import EpisodeLimits, TreeRolloutEngine
-from tracerl.models.tiny import TinyModelSpec, build_model, build_tokenizer
+from tracerl.engine.rollout import TreeRolloutEngine
+from tracerl.models.tiny import build_model, build_tokenizer
 from tracerl.samplers.base import Generation
 from tracerl.samplers.hf import HFSampler
 from tracerl.types import Status
@@ -53,7 +54,7 @@ class ScriptedSampler:
 
 
 def engine(tokenizer, sampler, **limits):  # type: ignore[no-untyped-def]
-    return TreeRolloutEngine(sampler, MathEnv(), PlainTemplate(), tokenizer, EpisodeLimits(**limits), seed=0)
+    return TreeRolloutEngine(sampler, MathEnv(), PlainTemplate(), tokenizer, SamplerConfig(**limits), seed=0)
 
 
 def test_bare_rollouts_follow_the_reference_and_are_rewarded(tokenizer) -> None:  # type: ignore[no-untyped-def]
@@ -96,7 +97,7 @@ def test_wrong_answers_get_zero_and_limits_end_episodes(tokenizer) -> None:  # t
 
 
 def test_real_tiny_model_runs_and_same_seed_gives_same_trees(tokenizer) -> None:  # type: ignore[no-untyped-def]
-    model = build_model(tokenizer, TinyModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), seed=0)
+    model = build_model(tokenizer, BootstrapConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0))
 
     def run():  # type: ignore[no-untyped-def]
         eng = engine(tokenizer, HFSampler(model, tokenizer), max_turns=3, max_turn_tokens=12, max_episode_tokens=30)

@@ -20,12 +20,11 @@ from typing import Any
 
 from envs.math.env import MathEnv
 from envs.math.tasks import MathTask, generate
-from tracerl.config import BootstrapConfig
+from tracerl.config import BootstrapConfig, SamplerConfig
 from tracerl.engine.react import PlainTemplate
-from tracerl.engine.rollout import EpisodeLimits, TreeRolloutEngine
+from tracerl.engine.rollout import TreeRolloutEngine
 from tracerl.models.tiny import (
     Segment,
-    TinyModelSpec,
     build_model,
     build_tokenizer,
     encode_trace,
@@ -55,7 +54,7 @@ def task_prompt(task: MathTask) -> Prompt:
 
 def evaluate(model: Any, tokenizer: Any, tasks: list[MathTask], temperature: float, seed: int) -> dict[str, Any]:
     """One rollout per task through the real engine: accuracy overall and per level, action well-formedness."""
-    engine = TreeRolloutEngine(HFSampler(model, tokenizer), MathEnv(), PlainTemplate(), tokenizer, EpisodeLimits(temperature=temperature), seed)
+    engine = TreeRolloutEngine(HFSampler(model, tokenizer), MathEnv(), PlainTemplate(), tokenizer, SamplerConfig(temperature=temperature), seed)
     prompts = [task_prompt(t) for t in tasks]
     trees = []
     for i in range(0, len(prompts), 50):
@@ -95,8 +94,7 @@ def bootstrap(cfg: BootstrapConfig, progress: Callable[[str], None] = lambda s: 
     assert not {t.question for t in train} & {t.question for t in held}
     segments = [trace_segments(t) for t in train]
     tokenizer = build_tokenizer(["".join(s.text for s in segs) for segs in segments], cfg.vocab_size)
-    spec = TinyModelSpec(cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.intermediate_size, cfg.max_positions)
-    model = build_model(tokenizer, spec, cfg.seed)
+    model = build_model(tokenizer, cfg)
     examples = [encode_trace(tokenizer, segs, cfg.max_positions) for segs in segments]
     n_params = sum(p.numel() for p in model.parameters())
     progress(f"tiny policy: {n_params / 1e6:.2f} M parameters, vocab {len(tokenizer)}, {len(examples)} traces")

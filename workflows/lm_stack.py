@@ -15,7 +15,7 @@ from predictors.learned import LearnedPredictor
 from predictors.text import HashedNgramFeaturizer, PolicyHiddenFeaturizer
 from tracerl.config import EnvConfig, ModelConfig, PredictorConfig, SamplerConfig
 from tracerl.engine.react import TEMPLATES
-from tracerl.engine.rollout import EpisodeLimits, TreeRolloutEngine
+from tracerl.engine.rollout import TreeRolloutEngine
 from tracerl.samplers import SAMPLERS
 from tracerl.types import Prompt
 
@@ -66,10 +66,8 @@ def build_stack(model_cfg: ModelConfig, sampler_cfg: SamplerConfig, env_cfg: Env
     else:
         sampler = SAMPLERS.get("hf")(model, tok, reuse_prefix=sampler_cfg.reuse_prefix)
     env = MathEnv(env_cfg.math.sandbox, stateful=env_cfg.math.stateful_python)
-    limits = EpisodeLimits(sampler_cfg.max_turns, sampler_cfg.max_turn_tokens, sampler_cfg.max_episode_tokens,
-                           sampler_cfg.max_context_tokens, sampler_cfg.temperature)
     template = TEMPLATES.get(model_cfg.template)()
-    engine = TreeRolloutEngine(sampler, env, template, tok, limits, seed=seed, batch_size=sampler_cfg.batch_size)
+    engine = TreeRolloutEngine(sampler, env, template, tok, sampler_cfg, seed=seed)
     return LMStack(tok, model, env, engine)
 
 

@@ -6,8 +6,8 @@ a node (model tokens, then observation tokens masked as non-model). A continuati
 stored prefix node: its context (prompt + turns so far, tokens verbatim, observations included) and
 environment state are re-used; nothing before the prefix is regenerated or re-executed there.
 
-Limits end episodes with a status: ``max_turns`` turns, ``max_episode_tokens`` generated tokens, or
-the model's context window. The ledger counts generated tokens, prefill tokens computed vs re-used,
+Limits (``SamplerConfig``) end episodes with a status: ``max_turns`` turns, ``max_episode_tokens``
+generated tokens, or the model's context window. The ledger counts generated tokens, prefill tokens computed vs re-used,
 LLM calls, tool calls and replayed tool calls. Same seed, same calls, same trees.
 """
 
@@ -21,25 +21,13 @@ from typing import Any
 import numpy as np
 
 from tracerl.algos.allocators import Expansion
+from tracerl.config import SamplerConfig
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.protocol import ToolEnv
 from tracerl.engine.react import ActionKind, TurnTemplate
 from tracerl.samplers.base import Generation, Sampler
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt, Status
-
-
-@dataclass(frozen=True)
-class EpisodeLimits:
-    max_turns: int = 6
-    """Turns per episode (a final-answer turn included)."""
-    max_turn_tokens: int = 96
-    """New tokens per turn; a turn that hits it is a runaway (error observation)."""
-    max_episode_tokens: int = 512
-    """Generated tokens per episode (all turns)."""
-    max_context_tokens: int = 1024
-    """The model's context window: prompt + history + the next turn must fit."""
-    temperature: float = 1.0
 
 
 @dataclass
@@ -72,10 +60,10 @@ class TreeRolloutEngine:
     """Implements the step driver's ``TreeBackend`` for a language-model policy and a tool environment."""
 
     def __init__(self, sampler: Sampler, env: ToolEnv, template: TurnTemplate, tokenizer: Any,
-                 limits: EpisodeLimits, seed: int = 0, batch_size: int = 64) -> None:
+                 limits: SamplerConfig, seed: int = 0) -> None:
         self.sampler, self.env, self.template, self.tok = sampler, env, template, tokenizer
         self.limits = limits
-        self.batch_size = batch_size
+        self.batch_size = limits.batch_size
         self.seed = seed
         self.calls = 0
         self.ledger = BudgetLedger()

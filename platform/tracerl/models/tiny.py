@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tracerl.config import BootstrapConfig
+
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
 
@@ -50,20 +52,11 @@ def build_tokenizer(texts: Sequence[str], vocab_size: int = 1024):  # type: igno
                                    model_max_length=2048)
 
 
-@dataclass(frozen=True)
-class TinyModelSpec:
-    hidden_size: int = 192
-    num_layers: int = 3
-    num_heads: int = 6
-    intermediate_size: int = 512
-    max_positions: int = 1024
-
-
-def build_model(tokenizer, spec: TinyModelSpec, seed: int):  # type: ignore[no-untyped-def]
-    """A freshly initialised LlamaForCausalLM sized by ``spec``."""
+def build_model(tokenizer, spec: BootstrapConfig):  # type: ignore[no-untyped-def]
+    """A freshly initialised LlamaForCausalLM sized by ``spec`` (seeded by ``spec.seed``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(seed)
+    torch.manual_seed(spec.seed)
     cfg = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_heads,
