@@ -13,6 +13,18 @@ from tracerl.types import Prompt, Status
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` skip cleanly on machines without CUDA."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 def chain(tree: RolloutTree, parent: int, rewards_depths: Sequence[tuple[float, int]], bare: bool = True) -> list[int]:
     """Add rollouts below ``parent``: each (reward, turns) adds a chain of that many turns; returns leaf ids."""
     leaves = []

@@ -66,3 +66,17 @@ def test_prefix_reuse_equals_reencoding(parts, temperature: float) -> None:  # t
     plain = fresh.generate([other], 6, [], temperature=0.0, seed=0)[0]
     assert mixed.reused_tokens == shared and mixed.token_ids == plain.token_ids
     assert mixed.logprobs == pytest.approx(plain.logprobs, abs=2e-4)
+
+
+@pytest.mark.gpu
+def test_prefix_reuse_on_cuda(parts) -> None:  # type: ignore[no-untyped-def]
+    """The same equivalence on a GPU (``pytest -m gpu`` on a machine with CUDA)."""
+    tok, model = parts
+    cached = HFSampler(model, tok, device="cuda", reuse_prefix=True)
+    prompt = enc(tok, "Question: What is 5 + 5?\n")
+    (first,) = cached.generate([prompt], 10, [], temperature=0.0, seed=1)
+    nxt = prompt + first.token_ids + enc(tok, "Observation: 10\n")
+    (a,) = cached.generate([nxt], 8, [], temperature=0.0, seed=7, caches=[first.cache])
+    (b,) = HFSampler(model, tok, device="cuda", reuse_prefix=False).generate([nxt], 8, [], temperature=0.0, seed=7)
+    assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
+    model.to("cpu")

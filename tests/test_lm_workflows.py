@@ -45,6 +45,14 @@ def test_rollout_writes_trees_and_view(tiny: Path, tmp_path: Path, capsys: pytes
     assert "prefill re-used" in capsys.readouterr().out
 
 
+def test_same_seed_same_trees(tiny: Path, tmp_path: Path) -> None:
+    args = ["rollout", "--steps", "2", f"model.path={tiny}", "sampler.max_turns=3", "sampler.max_turn_tokens=40",
+            "env.math.num_tasks=48", "seed=3"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert main([*args, "--out", str(tmp_path / "b")]) == 0
+    assert (tmp_path / "a" / "trees.jsonl").read_text() == (tmp_path / "b" / "trees.jsonl").read_text()
+
+
 def test_rollout_reports_a_missing_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["rollout", "--out", str(tmp_path), f"model.path={tmp_path}/none"]) == 2
     assert "tracerl bootstrap" in capsys.readouterr().err
