@@ -18,6 +18,7 @@ from scipy import stats
 
 from envs.simulator import Simulator, calibrate, with_noise_scale
 from tracerl import metrics as M
+from tracerl.calibration import mean_calibration
 from tracerl.config import BenchAllocationConfig
 from tracerl.config_loader import to_flat_dict, to_yaml
 from workflows import tracking
@@ -96,15 +97,7 @@ def _summarize(cfg: BenchAllocationConfig, runs: Sequence[RunResult]) -> dict[st
     out["leaves"] = int(round(out["leaves"]))
     out["sampled_leaves"] = int(round(out["sampled_leaves"]))
     out["seeds"] = len(runs)
-    out["calibration"] = _mean_calibration([r.calibration for r in runs])
-    return out
-
-
-def _mean_calibration(cals: Sequence[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
-    out: dict[str, dict[str, float]] = {}
-    for group in sorted({g for c in cals for g in c}):
-        keys = sorted({k for c in cals for k in c.get(group, {})})
-        out[group] = {k: float(np.nanmean([c[group][k] for c in cals if group in c and k in c[group]])) for k in keys}
+    out["calibration"] = mean_calibration([r.calibration for r in runs])
     return out
 
 

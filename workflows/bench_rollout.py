@@ -7,6 +7,7 @@ MLflow run per allocator.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ import numpy as np
 
 from tracerl import metrics as M
 from tracerl.algos.allocators import build_allocator
+from tracerl.calibration import CalibrationData, collect_calibration, mean_calibration, summarize_calibration
 from tracerl.config import BenchRolloutConfig
 from tracerl.config_loader import to_flat_dict, to_yaml
 from tracerl.engine.ledger import BudgetLedger
@@ -24,7 +26,7 @@ from tracerl.engine.step import run_step
 from tracerl.metrics import step_metrics
 from workflows import tracking
 from workflows.lm_stack import build_stack, build_text_predictor, task_prompts
-from workflows.rollout import _merge, sample_pool
+from workflows.rollout import merge_ledgers, sample_pool
 
 KEYS = {
     "effective_ratio": M.EFFECTIVE_RATIO, "leaf_effective_ratio": M.LEAF_EFFECTIVE_RATIO,
@@ -38,20 +40,24 @@ KEYS = {
 INT_KEYS = {"leaves", "generated_tokens", "prefill_tokens_reused", "prefill_tokens_computed", "tool_calls", "tool_calls_replayed"}
 
 
-def run_one(cfg: BenchRolloutConfig, name: str, seed: int, progress: Callable[[str], None]) -> list[dict[str, float]]:
-    from envs.math.env import MathEnv  # noqa: F401  (keeps the env registered in worker processes)
-
+def run_one(cfg: BenchRolloutConfig, name: str, seed: int, progress: Callable[[str], None]
+            ) -> tuple[list[dict[str, float]], dict[str, dict[str, float]]]:
+    """One allocator x seed: per-step metrics and the predictor's post-warm-up calibration."""
     stack = build_stack(cfg.model, cfg.sampler, cfg.env, seed)
-    allocator = build_allocator(type(cfg.allocator)(**{**cfg.allocator.__dict__, "name": name}))
+    allocator = build_allocator(dataclasses.replace(cfg.allocator, name=name))
     predictor = build_text_predictor(cfg.predictor, stack, seed, name=allocator.predictor)
     prompts = task_prompts(cfg.env)
     rng = np.random.default_rng([seed, 17])
     steps = []
+    calib: CalibrationData = {}
+    warm = int(cfg.steps * cfg.warmup_fraction)
     for s in range(cfg.steps):
         t0 = time.perf_counter()
         stack.engine.ledger = BudgetLedger()
         out = run_step(sample_pool(prompts, cfg.budget.num_candidates, rng), allocator, predictor, stack.engine, cfg.budget, rng)
-        out.ledger = _merge(out.ledger, stack.engine.ledger)
+        out.ledger = merge_ledgers(out.ledger, stack.engine.ledger)
+        if s >= warm:
+            collect_calibration(out, calib)
         predictor.fit(out.sampled_trees)
         m = step_metrics(out)
         m["time/step_s"] = time.perf_counter() - t0
@@ -59,7 +65,7 @@ def run_one(cfg: BenchRolloutConfig, name: str, seed: int, progress: Callable[[s
         steps.append(m)
         progress(f"  {name} seed {seed} step {s}: ER {m[M.EFFECTIVE_RATIO]:.2f} leaves {m['budget/leaves']:.0f} "
                  f"tokens {m['budget/generated_tokens']:.0f} ({m['time/step_s']:.1f} s)")
-    return steps
+    return steps, summarize_calibration(calib)
 
 
 def _continuation_prefill(out) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -85,13 +91,16 @@ def run_bench(cfg: BenchRolloutConfig, progress: Callable[[str], None] = lambda 
     summary: dict[str, Any] = {"allocators": {}}
     series = {}
     for name in cfg.allocators:
-        runs = [run_one(cfg, name, cfg.seed + k, progress) for k in range(cfg.seeds)]
-        s = {k: float(np.mean([np.mean([st[m] for st in r[warm:]]) for r in runs])) for k, m in KEYS.items()}
+        results = [run_one(cfg, name, cfg.seed + k, progress) for k in range(cfg.seeds)]
+        runs = [r[0] for r in results]
+        s: dict[str, Any] = {k: float(np.mean([np.mean([st[m] for st in r[warm:]]) for r in runs])) for k, m in KEYS.items()}
         for k in INT_KEYS:
             s[k] = int(round(s[k]))
         s["continuation_prefill_fraction"] = (s["continuation_prefill_computed"] / s["continuation_prefill_reencode"]
                                               if s["continuation_prefill_reencode"] else 0.0)
         s["generated_tokens_per_leaf"] = s["generated_tokens"] / max(s["leaves"], 1)
+        s["effective_ratio_per_seed"] = [float(np.mean([st[M.EFFECTIVE_RATIO] for st in r[warm:]])) for r in runs]
+        s["calibration"] = mean_calibration([r[1] for r in results])
         summary["allocators"][name] = s
         series[name] = [{k: float(np.mean([r[i][k] for r in runs])) for k in runs[0][i]} for i in range(cfg.steps)]
         progress(f"{name}: effective ratio {s['effective_ratio']:.3f}, {s['generated_tokens']} tokens/step")
@@ -108,7 +117,9 @@ def run_bench(cfg: BenchRolloutConfig, progress: Callable[[str], None] = lambda 
             with tracking.run(cfg.tracking, f"bench-rollout-{name}", tags={"bench": "rollout", "allocator": name}):
                 tracking.log_params({**to_flat_dict(cfg), "allocator.name": name})
                 tracking.log_step_series(series[name])
-                tracking.log_metrics({f"bench/{k}": v for k, v in s.items()})
+                tracking.log_metrics({f"bench/{k}": v for k, v in s.items() if isinstance(v, (int, float))})
+                for group, cal in s["calibration"].items():
+                    tracking.log_metrics({f"predictor/{group}/{k}": v for k, v in cal.items()})
                 mlflow.log_artifact(str(out / "results.json"))
     return summary
 

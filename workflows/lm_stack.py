@@ -66,7 +66,7 @@ def build_stack(model_cfg: ModelConfig, sampler_cfg: SamplerConfig, env_cfg: Env
     else:
         sampler = SAMPLERS.get("hf")(model, tok, reuse_prefix=sampler_cfg.reuse_prefix)
     env = MathEnv(env_cfg.math.sandbox, stateful=env_cfg.math.stateful_python)
-    template = TEMPLATES.get(model_cfg.template)()
+    template = TEMPLATES.get(model_cfg.template)(tok)
     engine = TreeRolloutEngine(sampler, env, template, tok, sampler_cfg, seed=seed)
     return LMStack(tok, model, env, engine)
 

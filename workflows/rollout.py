@@ -67,7 +67,7 @@ def run_rollout(cfg: RolloutConfig, steps: int | None = None, progress: Callable
         t0 = time.perf_counter()
         stack.engine.ledger = BudgetLedger()
         out = run_step(sample_pool(prompts, cfg.budget.num_candidates, rng), allocator, predictor, stack.engine, cfg.budget, rng)
-        out.ledger = _merge(out.ledger, stack.engine.ledger)
+        out.ledger = merge_ledgers(out.ledger, stack.engine.ledger)
         metrics = step_metrics(out)
         predictor.fit(out.sampled_trees)
         progress(f"step {s}: {len(out.trees)} trees, {metrics['budget/leaves']:.0f} leaves, effective ratio "
@@ -83,7 +83,7 @@ def run_rollout(cfg: RolloutConfig, steps: int | None = None, progress: Callable
     return metrics
 
 
-def _merge(step_ledger: BudgetLedger, engine_ledger: BudgetLedger) -> BudgetLedger:
+def merge_ledgers(step_ledger: BudgetLedger, engine_ledger: BudgetLedger) -> BudgetLedger:
     """The step's counts (leaves, rollouts) plus the engine's (tokens, calls, tool work, generation time)."""
     for f in ("generated_tokens", "prefill_tokens_computed", "prefill_tokens_reused", "llm_calls", "tool_calls",
               "tool_calls_replayed", "invalid_actions"):

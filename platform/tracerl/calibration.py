@@ -110,3 +110,13 @@ def collect_calibration(outcome: StepOutcome, acc: CalibrationData | None = None
 def summarize_calibration(acc: CalibrationData) -> dict[str, dict[str, float]]:
     """Calibration metrics per group of :func:`collect_calibration` data."""
     return {k: calibration_metrics(*g) for k, g in sorted(acc.items())}
+
+
+def mean_calibration(cals: Sequence[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Average per-run calibration summaries group by group, metric by metric (NaNs ignored)."""
+    out: dict[str, dict[str, float]] = {}
+    for group in sorted({g for c in cals for g in c}):
+        keys = sorted({k for c in cals for k in c.get(group, {})})
+        vals = {k: [c[group][k] for c in cals if group in c and k in c[group]] for k in keys}
+        out[group] = {k: float(np.nanmean(v)) if not all(np.isnan(v)) else float("nan") for k, v in vals.items()}
+    return out

@@ -110,6 +110,9 @@ class PlainTemplate:
 
     name = "plain"
     stop: tuple[str, ...] = ("Observation:",)
+
+    def __init__(self, tokenizer: Any = None) -> None:
+        self.tokenizer = tokenizer  # unused: the plain format is fixed
     _ACTION = re.compile(r"Action:\s*([A-Za-z_][\w\-]*)\s*([\[{])", re.S)
     _ANSWER = re.compile(r"Final Answer:(.*)", re.S)
 
@@ -171,18 +174,29 @@ class PlainTemplate:
 
 @TEMPLATES.register("chat")
 class ChatTemplate:
-    """Native tool calls in the model's chat template (Qwen3 ``<tool_call>`` JSON, ``<think>`` blocks).
+    """Native tool calls in the model's own chat template (Qwen3 ``<tool_call>`` JSON, ``<think>`` blocks).
 
-    ``prompt`` and ``observation`` return the *messages* rendering is delegated to the tokenizer's
-    chat template by the sampler; here they produce the text deltas with the ChatML markers that
-    Qwen-family templates use.
+    With a tokenizer that has a chat template, the prompt is that template's rendering of the user
+    message with the tool schemas, and an observation is the text the template puts between the end
+    of an assistant turn and the start of the next one around a ``tool`` message (a rendered delta).
+    Without one, the ChatML text Qwen-family templates produce is written directly.
     """
 
     name = "chat"
     stop: tuple[str, ...] = ("<tool_response>", "<|im_end|>", "<|im_start|>")
     _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(</tool_call>|$)", re.S)
 
+    def __init__(self, tokenizer: Any = None) -> None:
+        self.tokenizer = tokenizer if getattr(tokenizer, "chat_template", None) else None
+
+    def _render(self, messages: list[dict[str, str]], tools: Sequence[ToolSpec] = (), gen: bool = False) -> str:
+        assert self.tokenizer is not None
+        schemas = [t.as_json_schema() for t in tools] or None
+        return str(self.tokenizer.apply_chat_template(messages, tools=schemas, add_generation_prompt=gen, tokenize=False))
+
     def prompt(self, question: str, tools: Sequence[ToolSpec]) -> str:
+        if self.tokenizer is not None:
+            return self._render([{"role": "user", "content": question.strip()}], tools, gen=True)
         specs = "\n".join(json.dumps(t.as_json_schema()) for t in tools)
         system = ("<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
                   f"<tools>\n{specs}\n</tools>\n\nFor each function call, return a json object with function name and "
@@ -190,6 +204,14 @@ class ChatTemplate:
         return system + f"<|im_start|>user\n{question.strip()}<|im_end|>\n<|im_start|>assistant\n"
 
     def observation(self, text: str) -> str:
+        if self.tokenizer is not None:
+            marker = "\x00ASSISTANT\x00"
+            conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}]
+            before = self._render(conv)
+            after = self._render([*conv, {"role": "tool", "content": text.strip()}], gen=True)
+            if after.startswith(before):
+                # The sampler stops before the assistant's end-of-turn marker, so the delta starts with it.
+                return before[before.index(marker) + len(marker):] + after[len(before):]
         return (f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{text.strip()}\n</tool_response><|im_end|>\n"
                 "<|im_start|>assistant\n")
 
