@@ -107,6 +107,9 @@ def bootstrap(cfg: BootstrapConfig, progress: Callable[[str], None] = lambda s: 
                                  cfg.time_budget_s, on_step)
     train_s = time.perf_counter() - t0
     progress(f"trained {len(losses)} steps in {train_s:.0f} s, final loss {losses[-1]:.4f}; evaluating on {len(held)} held-out tasks")
+    if len(losses) < cfg.steps:
+        progress(f"warning: time_budget_s={cfg.time_budget_s:g} ran out after {len(losses)} of {cfg.steps} steps; "
+                 "the checkpoint depends on this machine's speed (raise time_budget_s for a reproducible one)")
     greedy = evaluate(model, tokenizer, held, 0.0, cfg.seed)
     sampled = evaluate(model, tokenizer, held, cfg.eval_temperature, cfg.seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -114,6 +117,7 @@ def bootstrap(cfg: BootstrapConfig, progress: Callable[[str], None] = lambda s: 
     tokenizer.save_pretrained(out)
     metrics = {
         "config": dataclasses.asdict(cfg), "parameters": n_params, "train_steps": len(losses), "final_loss": losses[-1],
+        "stopped_by_time_budget": len(losses) < cfg.steps,
         "train_s": train_s, "total_s": time.perf_counter() - t0, "eval_tasks": len(held),
         "greedy": greedy, "sampled": sampled,
     }

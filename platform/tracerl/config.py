@@ -368,12 +368,12 @@ class BootstrapConfig:
     num_heads: int = 6
     intermediate_size: int = 512
     max_positions: int = 1024
-    steps: int = 1500
-    """Optimiser steps (the schedule's length)."""
+    steps: int = 750
+    """Optimiser steps (the schedule's length); fixed, so the policy is reproducible from the seed."""
     batch_size: int = 32
     lr: float = 3e-3
-    time_budget_s: float = 480.0
-    """Stop training after this many seconds even if steps remain (the eval still runs)."""
+    time_budget_s: float = 900.0
+    """Safety cap: stop training after this many seconds even if steps remain (then the result depends on speed)."""
     eval_temperature: float = 1.0
     """Sampling temperature for sampled pass@1 (greedy accuracy is reported too)."""
     force: bool = False

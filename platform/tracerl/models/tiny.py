@@ -9,7 +9,6 @@ out of the loss. Reproducible from a seed.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -90,16 +89,23 @@ def supervised_finetune(
     time_budget_s: float | None = None,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
-    """AdamW with linear warm-up and cosine decay on masked next-token loss; returns the loss curve.
+    """AdamW with a warm-up-stable-decay schedule on masked next-token loss; returns the loss curve.
 
     Stops early when ``time_budget_s`` runs out (the schedule is still the one for ``steps``).
     """
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
-    warm = max(1, steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
-    )
+    # Warm-up, stable, decay (WSD): 5 % linear warm-up, constant, then linear decay to 10 % over the last 15 %.
+    warm, decay_from = max(1, steps // 20), int(steps * 0.85)
+
+    def lr_scale(s: int) -> float:
+        if s < warm:
+            return (s + 1) / warm
+        if s < decay_from:
+            return 1.0
+        return 1.0 - 0.9 * (s - decay_from) / max(steps - decay_from, 1)
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_scale)
     model.train()
     losses = []
     t0 = time.perf_counter()
