@@ -208,7 +208,7 @@ def run_bench(cfg: BenchAllocationConfig, progress: Callable[[str], None] = lamb
     )
     seeds = [cfg.seed + k for k in range(cfg.seeds)]
     jobs: list[Job] = [(name, s, 1.0) for name in cfg.allocators for s in seeds]
-    noise_scales = [x for x in cfg.noise_scales]
+    noise_scales = list(cfg.noise_scales)
     noise_jobs: list[Job] = [
         (name, cfg.seed + k, scale) for scale in noise_scales for name in cfg.noise_allocators for k in range(cfg.noise_seeds)
     ]

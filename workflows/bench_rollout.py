@@ -21,12 +21,10 @@ from tracerl.algos.allocators import build_allocator
 from tracerl.calibration import CalibrationData, collect_calibration, mean_calibration, summarize_calibration
 from tracerl.config import BenchRolloutConfig
 from tracerl.config_loader import to_flat_dict, to_yaml
-from tracerl.engine.ledger import BudgetLedger
-from tracerl.engine.step import run_step
 from tracerl.metrics import step_metrics
 from workflows import tracking
 from workflows.lm_stack import build_stack, build_text_predictor, task_prompts
-from workflows.rollout import merge_ledgers, sample_pool
+from workflows.rollout import lm_step
 
 KEYS = {
     "effective_ratio": M.EFFECTIVE_RATIO, "leaf_effective_ratio": M.LEAF_EFFECTIVE_RATIO,
@@ -53,9 +51,7 @@ def run_one(cfg: BenchRolloutConfig, name: str, seed: int, progress: Callable[[s
     warm = int(cfg.steps * cfg.warmup_fraction)
     for s in range(cfg.steps):
         t0 = time.perf_counter()
-        stack.engine.ledger = BudgetLedger()
-        out = run_step(sample_pool(prompts, cfg.budget.num_candidates, rng), allocator, predictor, stack.engine, cfg.budget, rng)
-        out.ledger = merge_ledgers(out.ledger, stack.engine.ledger)
+        out = lm_step(stack, allocator, predictor, prompts, cfg.budget, rng)
         if s >= warm:
             collect_calibration(out, calib)
         predictor.fit(out.sampled_trees)

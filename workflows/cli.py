@@ -82,7 +82,7 @@ def _rollout(cfg: RolloutConfig) -> int:
     from workflows.rollout import run_rollout
 
     try:
-        m = run_rollout(cfg, steps=cfg.steps, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+        m = run_rollout(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     except (SetupError, FileNotFoundError, ValueError) as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2

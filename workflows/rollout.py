@@ -14,15 +14,16 @@ from typing import Any
 
 import numpy as np
 
-from tracerl.algos.allocators import build_allocator
-from tracerl.config import RolloutConfig
+from predictors.base import Predictor
+from tracerl.algos.allocators import Allocator, build_allocator
+from tracerl.config import BudgetConfig, RolloutConfig
 from tracerl.config_loader import to_yaml
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.step import StepOutcome, run_step
 from tracerl.metrics import step_metrics
 from tracerl.tree_io import tree_to_record
 from tracerl.types import Prompt
-from workflows.lm_stack import build_stack, build_text_predictor, task_prompts
+from workflows.lm_stack import LMStack, build_stack, build_text_predictor, task_prompts
 from workflows.viewer import render_html
 
 
@@ -50,7 +51,16 @@ def sample_pool(prompts: Sequence[Prompt], size: int, rng: np.random.Generator) 
     return [prompts[i] for i in rng.choice(len(prompts), size=size, replace=False)]
 
 
-def run_rollout(cfg: RolloutConfig, steps: int | None = None, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+def lm_step(stack: LMStack, allocator: Allocator, predictor: Predictor, prompts: Sequence[Prompt], budget: BudgetConfig,
+            rng: np.random.Generator) -> StepOutcome:
+    """One allocation-and-rollout step on the LM stack; its ledger holds the step's and the engine's counts."""
+    stack.engine.ledger = BudgetLedger()
+    out = run_step(sample_pool(prompts, budget.num_candidates, rng), allocator, predictor, stack.engine, budget, rng)
+    out.ledger = merge_ledgers(out.ledger, stack.engine.ledger)
+    return out
+
+
+def run_rollout(cfg: RolloutConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.yaml").write_text(to_yaml(cfg))
@@ -63,11 +73,9 @@ def run_rollout(cfg: RolloutConfig, steps: int | None = None, progress: Callable
     rng = np.random.default_rng(cfg.seed)
     metrics: dict[str, float] = {}
     out = None
-    for s in range(steps or cfg.steps):
+    for s in range(cfg.steps):
         t0 = time.perf_counter()
-        stack.engine.ledger = BudgetLedger()
-        out = run_step(sample_pool(prompts, cfg.budget.num_candidates, rng), allocator, predictor, stack.engine, cfg.budget, rng)
-        out.ledger = merge_ledgers(out.ledger, stack.engine.ledger)
+        out = lm_step(stack, allocator, predictor, prompts, cfg.budget, rng)
         metrics = step_metrics(out)
         predictor.fit(out.sampled_trees)
         progress(f"step {s}: {len(out.trees)} trees, {metrics['budget/leaves']:.0f} leaves, effective ratio "
