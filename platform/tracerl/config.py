@@ -494,3 +494,168 @@ class BenchAllocationConfig:
         _check(all(s > 0 for s in self.noise_scales), "noise_scales must be > 0")
         _check(self.noise_seeds >= 1, "noise_seeds must be >= 1")
         _check(self.env.name == "simulator", f"bench allocation runs on the simulator; got env.name={self.env.name!r}")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with a linear warm-up and a schedule."""
+
+    lr: float = 5e-4
+    """Peak learning rate (the tiny policy's; about 1e-6 for an 8B model)."""
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    warmup_steps: int = 2
+    """Optimizer steps of linear warm-up from 0."""
+    schedule: str = "constant"
+    """After warm-up: 'constant', 'cosine' or 'linear' decay to min_lr_ratio * lr at the last step."""
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0: no clipping; the norm is logged either way)."""
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, f"optim.lr must be > 0 (got {self.lr})")
+        _check(self.schedule in ("constant", "cosine", "linear"), f"optim.schedule must be constant, cosine or linear (got {self.schedule!r})")
+        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas must be two numbers in [0, 1)")
+        _check(self.warmup_steps >= 0 and self.grad_clip >= 0 and self.weight_decay >= 0,
+               "optim.warmup_steps, grad_clip and weight_decay must be >= 0")
+        _check(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The policy loss (docs/TRACE.md section 7) and how trees become a batch."""
+
+    name: str = "ppo_clip"
+    """Registered loss (tracerl.algos.losses.LOSSES) or 'module:attr'."""
+    advantage: str = "tree_subgroup"
+    """Registered advantage estimator: grpo, tree_subgroup, node_mc, tree_grpo."""
+    normalize_std: bool = False
+    """Divide advantages by the group's reward std (GRPO-style); off = mean-centred (Dr. GRPO)."""
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    aggregation: str = "token_mean"
+    """'token_mean' over every loss token of the batch, or 'seq_mean_token_mean'."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL to the reference (initial) policy; 0 = no reference model is kept."""
+    importance_sampling: str = "auto"
+    """Truncated importance-sampling correction for sampler/trainer log-prob gaps: 'on', 'off', or 'auto' (on with vllm)."""
+    is_cap: float = 2.0
+    """Truncation C of the importance weight."""
+    epochs: int = 1
+    """Optimizer steps per RL step, each over the whole batch (1 = on-policy)."""
+    micro_batch_size: int = 16
+    """Sequences per forward/backward on one worker (gradients accumulate)."""
+
+    def __post_init__(self) -> None:
+        _check(self.eps_low > 0 and self.eps_high > 0, "loss.eps_low and loss.eps_high must be > 0")
+        _check(self.aggregation in ("token_mean", "seq_mean_token_mean"),
+               f"loss.aggregation must be token_mean or seq_mean_token_mean (got {self.aggregation!r})")
+        _check(self.importance_sampling in ("auto", "on", "off"),
+               f"loss.importance_sampling must be auto, on or off (got {self.importance_sampling!r})")
+        _check(self.kl_coef >= 0 and self.is_cap >= 1, "loss.kl_coef must be >= 0 and loss.is_cap >= 1")
+        _check(self.epochs >= 1 and self.micro_batch_size >= 1, "loss.epochs and loss.micro_batch_size must be >= 1")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The Ray Train workers that hold the policy."""
+
+    num_workers: int = 1
+    """Data-parallel workers (DDP/FSDP ranks)."""
+    cpus_per_worker: float = 0.5
+    """CPUs reserved per worker (fractional on the embedded default so actors fit beside it)."""
+    use_gpu: bool = False
+    """One GPU per worker, NCCL; CPU workers use gloo."""
+    strategy: str = "ddp"
+    """'ddp' (small models) or 'fsdp' (sharded; large models)."""
+    gradient_checkpointing: bool = False
+    lora_rank: int = 0
+    """> 0 trains LoRA adapters of this rank through peft (pip install peft) instead of all weights."""
+    lora_alpha: int = 16
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+    def __post_init__(self) -> None:
+        _check(self.num_workers >= 1, f"trainer.num_workers must be >= 1 (got {self.num_workers})")
+        _check(self.cpus_per_worker > 0, "trainer.cpus_per_worker must be > 0")
+        _check(self.strategy in ("ddp", "fsdp"), f"trainer.strategy must be ddp or fsdp (got {self.strategy!r})")
+        _check(self.lora_rank >= 0, "trainer.lora_rank must be >= 0")
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """Sampler and environment actor pools."""
+
+    rollout_workers: int = 2
+    """Sampler actors; each rolls out a share of the step's prompts (and their continuations)."""
+    rollout_cpus: float = 0.5
+    rollout_gpus: float = 0.0
+    env_workers: int = 2
+    """Tool-environment actors serving every sampler's tool calls (0: samplers run tools in-process)."""
+    env_cpus: float = 0.25
+    max_retries: int = 3
+    """Times a work item is retried on a fresh actor after the one running it died."""
+
+    def __post_init__(self) -> None:
+        _check(self.rollout_workers >= 1, f"pools.rollout_workers must be >= 1 (got {self.rollout_workers})")
+        _check(self.env_workers >= 0 and self.max_retries >= 0, "pools.env_workers and pools.max_retries must be >= 0")
+        _check(self.rollout_cpus > 0 and self.env_cpus > 0, "pools.rollout_cpus and pools.env_cpus must be > 0")
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """Fault injection for tests and cluster drills: a real process exit at a given step (-1 = never)."""
+
+    kill_rollout_worker_at_step: int = -1
+    """A sampler actor exits during its first rollout call of this step."""
+    kill_env_worker_at_step: int = -1
+    """An environment actor exits during its first tool call of this step."""
+    kill_trainer_at_step: int = -1
+    """Rank 0 exits after logging this step (before the next checkpoint), once per run."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """``tracerl train``: RL on the language-model stack with Ray Train workers and actor pools."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    env: EnvConfig = field(default_factory=_lm_env)
+    allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
+    predictor: PredictorConfig = field(default_factory=lambda: PredictorConfig(features="hashed"))
+    budget: BudgetConfig = field(default_factory=_lm_budget)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    pools: PoolConfig = field(default_factory=PoolConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    steps: int = 40
+    """RL steps."""
+    seed: int = 0
+    """Seeds the candidate pools, allocation, sampling, the predictor and the policy update."""
+    eval_every: int = 10
+    """Held-out greedy accuracy every this many steps, and at the start and end (0: start and end only)."""
+    eval_at_start: bool = True
+    checkpoint_every: int = 5
+    """Checkpoint (policy, optimizer, predictor, data position, RNG) every this many steps and at the end."""
+    keep_checkpoints: int = 3
+    max_failures: int = 1
+    """Times Ray Train restarts the workers from the last checkpoint after a failure."""
+    log_trees_every: int = 10
+    """Log a sample of trees with their HTML view as artifacts every this many steps (0: only the last step)."""
+    out_dir: str = "runs"
+    """Ray Train storage: checkpoints go to out_dir/<run name>/."""
+    run_name: str | None = None
+    """MLflow run name (and Ray Train run name); null: '<allocator>-s<seed>-<time>'."""
+    resume: str | None = None
+    """An MLflow run id: continue that run from its last checkpoint (its config, these overrides on top)."""
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 1, f"steps must be >= 1 (got {self.steps})")
+        _check(self.env.name == "math", f"tracerl train serves env.name=math for now (got {self.env.name!r})")
+        _check(self.eval_every >= 0 and self.log_trees_every >= 0, "eval_every and log_trees_every must be >= 0")
+        _check(self.checkpoint_every >= 1 and self.keep_checkpoints >= 1,
+               "checkpoint_every and keep_checkpoints must be >= 1")
+        _check(self.max_failures >= 0, "max_failures must be >= 0")
+        _check(self.allocator.name != "dapo" or self.budget.num_leaves is not None, "dapo needs budget.num_leaves")

@@ -71,6 +71,8 @@ class RolloutTree:
         self._leaf_ids: list[int] = []
         self.fork_state: dict[int, Any] = {}
         """Per-node data a backend keeps so continuations can start there (context tokens, env state)."""
+        self.prompt_token_ids: list[int] = []
+        """The rendered prompt's tokens (LM backends); a leaf's sequence is these plus its path's turn tokens."""
 
     # -- building -------------------------------------------------------------------------------
     def new_path(self, bare: bool) -> int:
@@ -94,6 +96,19 @@ class RolloutTree:
         if node.is_leaf:
             self._leaf_ids.append(node.node_id)
         return node
+
+    def sequence(self, leaf_id: int) -> tuple[list[int], list[bool], list[int]]:
+        """The token sequence of the rollout ending at ``leaf_id``: prompt then every turn's tokens.
+
+        Returns (token ids, model mask, turn index per token: 0 for the prompt, t for the turn at depth t).
+        """
+        ids, mask, turn = list(self.prompt_token_ids), [False] * len(self.prompt_token_ids), [0] * len(self.prompt_token_ids)
+        for nid in self.path(leaf_id)[1:]:
+            node = self.nodes[nid]
+            ids += node.token_ids
+            mask += node.model_mask
+            turn += [node.depth] * len(node.token_ids)
+        return ids, mask, turn
 
     # -- structure ------------------------------------------------------------------------------
     @property

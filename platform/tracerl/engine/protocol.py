@@ -44,6 +44,8 @@ class ToolResult:
     """Tool executions this call cost."""
     replayed: int = 0
     """Earlier tool calls re-executed to rebuild state (deterministic replay)."""
+    retried: int = 0
+    """Times the call was re-submitted because the worker running it died."""
 
 
 class ToolEnv(Protocol):
@@ -58,3 +60,14 @@ class ToolEnv(Protocol):
     def execute(self, prompt: Prompt, state: Any, action: Action) -> ToolResult: ...
 
     def reward(self, prompt: Prompt, answer: str | None) -> float: ...
+
+
+def execute_batch(env: ToolEnv, calls: Sequence[tuple[Prompt, Any, Action]]) -> list[ToolResult]:
+    """Run a round's tool calls: through ``env.execute_batch`` where the environment offers it (a pool runs
+    them in parallel), else one by one. Results come back in call order."""
+    if not calls:
+        return []
+    batch = getattr(env, "execute_batch", None)
+    if batch is not None:
+        return list(batch(calls))
+    return [env.execute(p, s, a) for p, s, a in calls]

@@ -23,8 +23,8 @@ import numpy as np
 from tracerl.algos.allocators import Expansion
 from tracerl.config import SamplerConfig
 from tracerl.engine.ledger import BudgetLedger
-from tracerl.engine.protocol import ToolEnv
-from tracerl.engine.react import ActionKind, TurnTemplate
+from tracerl.engine.protocol import ToolEnv, ToolResult, execute_batch
+from tracerl.engine.react import Action, ActionKind, TurnTemplate
 from tracerl.samplers.base import Generation, Sampler
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt, Status
@@ -74,6 +74,7 @@ class TreeRolloutEngine:
     def _start(self, tree: RolloutTree, bare: bool, node_id: int = 0) -> _Path:
         if node_id == 0 and 0 not in tree.fork_state:
             prompt_ids = self._encode(self.template.prompt(tree.prompt.text, self.env.tools))
+            tree.prompt_token_ids = prompt_ids
             tree.fork_state[0] = ForkState(prompt_ids, self.env.initial_state(tree.prompt), 0)
         ex = tree.fork_state[node_id]
         node = tree.nodes[node_id]
@@ -130,34 +131,34 @@ class TreeRolloutEngine:
             led.prefill_tokens_computed += sum(g.prefill_tokens for g in gens)
             led.prefill_tokens_reused += sum(g.reused_tokens for g in gens)
             led.phase_s["generate"] = led.phase_s.get("generate", 0.0) + time.perf_counter() - t0
-            nxt = []
-            for p, g in zip(live, gens):
-                if self._turn(p, g):
-                    nxt.append(p)
-            paths = nxt
+            actions = [self.template.parse(g.text, self.env.tools, truncated=g.finish == "length") for g in gens]
+            # Every tool call of the round in one batch (a pooled environment runs them in parallel).
+            t0 = time.perf_counter()
+            calls = [i for i, a in enumerate(actions) if a.kind is ActionKind.TOOL]
+            results = dict(zip(calls, execute_batch(self.env, [(live[i].tree.prompt, live[i].state, actions[i])
+                                                               for i in calls])))
+            led.phase_s["tools"] = led.phase_s.get("tools", 0.0) + time.perf_counter() - t0
+            paths = [p for i, (p, g) in enumerate(zip(live, gens)) if self._turn(p, g, actions[i], results.get(i))]
 
-    def _turn(self, p: _Path, g: Generation) -> bool:
-        """Apply one generated turn to path ``p``; returns True if the episode goes on."""
+    def _turn(self, p: _Path, g: Generation, action: Action, res: ToolResult | None) -> bool:
+        """Apply one generated turn (its parsed action, the tool's result) to path ``p``; True if it goes on."""
         lim, led = self.limits, self.ledger
         led.generated_tokens += len(g.token_ids)
         p.generated += len(g.token_ids)
         p.cache = g.cache
-        action = self.template.parse(g.text, self.env.tools, truncated=g.finish == "length")
         if action.kind is ActionKind.ANSWER:
             reward = self.env.reward(p.tree.prompt, action.answer)
             leaf = self._add(p, g.token_ids, g.logprobs, g.text, [], Status.ANSWERED, reward, g.prefill_tokens)
             p.tree.fork_state[leaf.node_id] = ForkState(cache=p.cache)  # siblings forking above may re-use it
             return False
-        t0 = time.perf_counter()
-        if action.kind is ActionKind.TOOL:
-            res = self.env.execute(p.tree.prompt, p.state, action)
+        if res is not None:
             obs, p.state = res.observation, res.state
             led.tool_calls += res.calls
             led.tool_calls_replayed += res.replayed
+            led.retried += res.retried
         else:
             obs = action.error or "Error: invalid action."
             led.invalid_actions += 1
-        led.phase_s["tools"] = led.phase_s.get("tools", 0.0) + time.perf_counter() - t0
         sep = "" if g.text.endswith("\n") or not g.text else "\n"
         obs_ids = self._encode(sep + self.template.observation(obs))
         p.turns += 1

@@ -1,0 +1,95 @@
+"""Collation: rollout trees to a token batch for the policy update (docs/TRACE.md section 7).
+
+Every leaf is one training sequence: the prompt's tokens, then each turn on its root-to-leaf path
+(model tokens, then tool/observation tokens). Shared prefixes appear once per leaf below them, each
+time with that leaf's advantage. Only model-generated tokens carry loss; the prompt and tool /
+observation tokens are masked. A turn's advantage (from the estimator's ``per_turn``) is broadcast to
+that turn's model tokens; the sampler's log-probs are kept alongside for the importance-sampling
+correction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tracerl.algos.advantages import ADVANTAGES
+from tracerl.tree import RolloutTree
+
+
+@dataclass
+class TrainBatch:
+    """Sequences of one policy update, unpadded (``pad`` makes tensors)."""
+
+    input_ids: list[list[int]] = field(default_factory=list)
+    loss_mask: list[list[bool]] = field(default_factory=list)
+    """True on model-generated tokens (the tokens the loss is taken on)."""
+    advantages: list[list[float]] = field(default_factory=list)
+    """Per token; 0 where the mask is False."""
+    sampler_logprobs: list[list[float]] = field(default_factory=list)
+    """Per token, the sampler's log-prob; 0 where the mask is False."""
+    prompt_ids: list[str] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Loss tokens (model-generated) in the batch."""
+        return sum(sum(m) for m in self.loss_mask)
+
+    def select(self, idx: Sequence[int]) -> TrainBatch:
+        return TrainBatch(*([getattr(self, f)[i] for i in idx] for f in
+                            ("input_ids", "loss_mask", "advantages", "sampler_logprobs", "prompt_ids", "rewards")))
+
+    def shard(self, rank: int, world: int) -> TrainBatch:
+        """This rank's contiguous share of the sequences (sizes differ by at most one; token counts may differ)."""
+        n = len(self)
+        lo, hi = rank * n // world, (rank + 1) * n // world
+        return self.select(range(lo, hi))
+
+    def pad(self, pad_id: int):  # type: ignore[no-untyped-def]
+        """Right-padded tensors: input_ids, attention_mask, loss_mask, advantages, sampler_logprobs."""
+        import torch
+
+        width = max((len(x) for x in self.input_ids), default=1)
+
+        def mat(rows: list[list], fill: float, dtype: torch.dtype) -> torch.Tensor:  # type: ignore[type-arg]
+            return torch.tensor([list(r) + [fill] * (width - len(r)) for r in rows], dtype=dtype)
+
+        return {
+            "input_ids": mat(self.input_ids, pad_id, torch.long),
+            "attention_mask": mat([[1] * len(x) for x in self.input_ids], 0, torch.long),
+            "loss_mask": mat(self.loss_mask, False, torch.bool),
+            "advantages": mat(self.advantages, 0.0, torch.float32),
+            "sampler_logprobs": mat(self.sampler_logprobs, 0.0, torch.float32),
+        }
+
+
+def collate(trees: Sequence[RolloutTree], estimator: str = "tree_subgroup", normalize_std: bool = False) -> TrainBatch:
+    """One sequence per leaf of every tree, with per-token advantages from ``estimator`` (ADVANTAGES)."""
+    fn = ADVANTAGES.get(estimator)
+    batch = TrainBatch()
+    for tree in trees:
+        if not tree.prompt_token_ids:
+            raise ValueError(f"tree of prompt {tree.prompt.prompt_id!r} has no prompt tokens; only trees rolled out "
+                             "by a language-model engine can be collated")
+        adv = fn(tree, normalize_std=normalize_std)
+        for leaf_id, per_turn in zip(adv.leaf_ids, adv.per_turn):
+            ids, mask, turn = tree.sequence(leaf_id)
+            a = [float(per_turn[t - 1]) if m else 0.0 for m, t in zip(mask, turn)]
+            lps: list[float] = []
+            for nid in tree.path(leaf_id)[1:]:
+                node = tree.nodes[nid]
+                n_model = sum(node.model_mask)
+                node_lps = list(node.logprobs) if len(node.logprobs) == n_model else [0.0] * n_model
+                lps += node_lps + [0.0] * (len(node.token_ids) - n_model)
+            lps = [0.0] * len(tree.prompt_token_ids) + lps
+            batch.input_ids.append(ids)
+            batch.loss_mask.append(mask)
+            batch.advantages.append(a)
+            batch.sampler_logprobs.append(lps)
+            batch.prompt_ids.append(tree.prompt.prompt_id)
+            batch.rewards.append(float(tree.nodes[leaf_id].reward or 0.0))
+    return batch

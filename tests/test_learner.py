@@ -1,0 +1,158 @@
+"""Collation, the PPO-clip loss and the data-parallel policy update."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+
+from tracerl.algos.batch import TrainBatch, collate
+from tracerl.algos.losses import LossInputs, ppo_clip_loss, token_logprobs
+from tracerl.config import LossConfig, OptimConfig
+from tracerl.learner import PolicyLearner, denominator, lr_lambda
+from tracerl.tree import RolloutTree
+from tracerl.types import Prompt, Status
+
+
+def _tree_with_tokens() -> RolloutTree:
+    """Prompt [1, 2]; bare path A: turn (model 3 4 | obs 5) then answer (model 6, r=1);
+    continuation from A's first turn: answer (model 7 8, r=0)."""
+    t = RolloutTree(Prompt("p"))
+    t.prompt_token_ids = [1, 2]
+    a = t.new_path(True)
+    n1 = t.add_node(0, a, token_ids=[3, 4, 5], model_mask=[True, True, False], logprobs=[-0.1, -0.2])
+    t.add_node(n1.node_id, a, token_ids=[6], model_mask=[True], logprobs=[-0.3], status=Status.ANSWERED, reward=1.0)
+    c = t.new_path(False)
+    t.add_node(n1.node_id, c, token_ids=[7, 8], model_mask=[True, True], logprobs=[-0.4, -0.5],
+               status=Status.ANSWERED, reward=0.0)
+    return t
+
+
+def test_collate_masks_tool_tokens_and_broadcasts_turn_advantages() -> None:
+    b = collate([_tree_with_tokens()], "grpo")
+    assert b.input_ids == [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 7, 8]]
+    assert b.loss_mask[0] == [False, False, True, True, False, True]
+    assert b.advantages[0] == [0, 0, 0.5, 0.5, 0, 0.5] and b.advantages[1] == [0, 0, -0.5, -0.5, 0, -0.5, -0.5]
+    assert b.sampler_logprobs[1] == [0, 0, -0.1, -0.2, 0, -0.4, -0.5]
+    assert b.num_tokens == 7 and b.rewards == [1.0, 0.0]
+    # node_mc: the shared first turn gets V^(n1) - V^(root) = 0, the last turns +-0.5
+    mc = collate([_tree_with_tokens()], "node_mc")
+    assert mc.advantages[0] == [0, 0, 0, 0, 0, 0.5] and mc.advantages[1][-2:] == [-0.5, -0.5]
+
+
+def test_collate_rejects_trees_without_tokens(small_tree: RolloutTree) -> None:
+    with pytest.raises(ValueError, match="no prompt tokens"):
+        collate([small_tree])
+
+
+def test_ppo_clip_golden_numbers() -> None:
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.0]]))  # ratios 1.5, 0.5, 1.0 against old = 0
+    old = torch.zeros(1, 3)
+    adv = torch.tensor([[1.0, -1.0, 2.0]])
+    mask = torch.tensor([[True, True, False]])
+    out = ppo_clip_loss(LossInputs(logp, old, adv, mask), eps_low=0.2, eps_high=0.28)
+    # token 0: max(-1.5, -1.28) = -1.28 (clipped); token 1: max(0.5, 0.8) = 0.8 (clipped); token 2 masked
+    assert out.total.item() == pytest.approx(-1.28 + 0.8)
+    assert out.stats["clipped"].item() == 2
+    w = torch.tensor([[0.5, 2.0, 1.0]])
+    assert ppo_clip_loss(LossInputs(logp, old, adv, mask, is_weight=w)).total.item() == pytest.approx(-0.64 + 1.6)
+    seq = ppo_clip_loss(LossInputs(logp, old, adv, mask), aggregation="seq_mean_token_mean")
+    assert seq.total.item() == pytest.approx((-1.28 + 0.8) / 2)
+
+
+def test_token_logprobs_align_with_next_token() -> None:
+    logits = torch.zeros(1, 3, 4)
+    logits[0, 0, 2] = 10.0  # position 0 predicts token 2 at position 1
+    lp, ent = token_logprobs(logits, torch.tensor([[0, 2, 1]]))
+    assert lp[0, 0] == 0 and lp[0, 1] > -1e-3 and lp[0, 2] == pytest.approx(-torch.log(torch.tensor(4.0)).item())
+    assert ent[0, 2] == pytest.approx(torch.log(torch.tensor(4.0)).item())
+
+
+def test_lr_schedule_warms_up_then_decays() -> None:
+    f = lr_lambda(OptimConfig(warmup_steps=2, schedule="cosine", min_lr_ratio=0.1), total_steps=12)
+    assert [round(f(s), 3) for s in (0, 1, 2)] == [0.333, 0.667, 1.0]
+    assert f(12) == pytest.approx(0.1) and 0.1 < f(7) < 1.0
+
+
+def _model(seed: int = 0):  # type: ignore[no-untyped-def]
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+    return LlamaForCausalLM(cfg)
+
+
+def _batch() -> TrainBatch:
+    """Five sequences of different lengths and token counts (rank 0 of 2 gets 2 of them, rank 1 gets 3)."""
+    g = torch.Generator().manual_seed(1)
+    b = TrainBatch()
+    for i, n in enumerate((9, 4, 12, 6, 7)):
+        ids = torch.randint(1, 32, (n,), generator=g).tolist()
+        mask = [j >= 2 and j % 3 != 0 for j in range(n)]
+        b.input_ids.append(ids)
+        b.loss_mask.append(mask)
+        b.advantages.append([(1.0 if i % 2 else -0.7) if m else 0.0 for m in mask])
+        b.sampler_logprobs.append([0.0] * n)
+        b.prompt_ids.append(f"p{i}")
+        b.rewards.append(float(i % 2))
+    return b
+
+
+def _update(model, batch: TrainBatch, world_batch: TrainBatch, loss: LossConfig):  # type: ignore[no-untyped-def]
+    learner = PolicyLearner(model, OptimConfig(lr=0.05, warmup_steps=0), loss, total_steps=1, pad_id=0)
+    return learner.update(batch, denominator(world_batch, loss.aggregation))
+
+
+def _ddp_worker(rank: int, port: int, path: str, aggregation: str) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    model = DistributedDataParallel(_model(), broadcast_buffers=False)
+    batch = _batch()
+    loss = LossConfig(micro_batch_size=1, aggregation=aggregation)
+    stats = _update(model, batch.shard(rank, 2), batch, loss)
+    if rank == 0:
+        torch.save({"params": model.module.state_dict(), "stats": stats}, path)
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+def test_two_ddp_workers_match_one_on_unequal_shards(tmp_path, aggregation: str) -> None:  # type: ignore[no-untyped-def]
+    batch = _batch()
+    assert batch.shard(0, 2).num_tokens != batch.shard(1, 2).num_tokens
+    single = _model()
+    before = {k: v.clone() for k, v in single.state_dict().items()}
+    stats1 = _update(single, batch, batch, LossConfig(micro_batch_size=2, aggregation=aggregation))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = str(tmp_path / "ddp.pt")
+    torch.multiprocessing.spawn(_ddp_worker, args=(port, path, aggregation), nprocs=2)
+    got = torch.load(path)
+    changed = 0
+    for k, v in single.state_dict().items():
+        torch.testing.assert_close(got["params"][k], v, rtol=1e-5, atol=1e-6)
+        changed += int(not torch.equal(v, before[k]))
+    assert changed > 0  # the update moved the weights
+    assert got["stats"]["train/loss"] == pytest.approx(stats1["train/loss"], rel=1e-5)
+    assert got["stats"]["train/loss_tokens"] == batch.num_tokens
+
+
+def test_update_raises_logprob_of_positive_advantage_tokens() -> None:
+    model = _model()
+    b = _batch().select([1])  # one sequence with advantage +1
+    mb = {k: v for k, v in b.pad(0).items()}
+
+    def seq_logp() -> float:
+        with torch.no_grad():
+            lp, _ = token_logprobs(model(input_ids=mb["input_ids"]).logits, mb["input_ids"])
+        return float((lp * mb["loss_mask"]).sum())
+
+    before = seq_logp()
+    stats = _update(model, b, b, LossConfig())
+    assert seq_logp() > before
+    assert stats["train/clip_fraction"] == 0.0 and stats["train/grad_norm"] > 0
