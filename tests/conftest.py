@@ -39,6 +39,21 @@ def chain(tree: RolloutTree, parent: int, rewards_depths: Sequence[tuple[float, 
     return leaves
 
 
+@pytest.fixture(scope="session")
+def tiny_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A briefly trained tiny policy (real tokenizer, LlamaForCausalLM, SFT on rendered traces), built once."""
+    from tracerl.config import BootstrapConfig
+    from workflows.bootstrap import bootstrap
+
+    out = tmp_path_factory.mktemp("tiny") / "policy"
+    cfg = BootstrapConfig(out_dir=str(out), train_tasks=80, eval_tasks=6, hidden_size=48, num_layers=2, num_heads=4,
+                          intermediate_size=96, steps=40, batch_size=8, time_budget_s=60, force=True)
+    metrics = bootstrap(cfg)
+    assert metrics["train_steps"] == 40 and metrics["final_loss"] < 4.5  # it learned something (from ln(vocab) ~ 6)
+    assert {"accuracy", "by_level", "well_formed_turns"} <= set(metrics["sampled"])
+    return out
+
+
 @pytest.fixture
 def small_tree() -> RolloutTree:
     """Root with two bare rollouts (2 turns each) and two continuations from the first one's turn 1.

@@ -5,20 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from tracerl.config import BootstrapConfig
-from workflows.bootstrap import bootstrap
 from workflows.cli import main
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tiny") / "policy"
-    cfg = BootstrapConfig(out_dir=str(out), train_tasks=80, eval_tasks=6, hidden_size=48, num_layers=2, num_heads=4,
-                          intermediate_size=96, steps=40, batch_size=8, time_budget_s=60, force=True)
-    metrics = bootstrap(cfg)
-    assert metrics["train_steps"] == 40 and metrics["final_loss"] < 4.5  # it learned something (from ln(vocab) ~ 6)
-    assert {"accuracy", "by_level", "well_formed_turns"} <= set(metrics["sampled"])
-    return out
+def tiny(tiny_policy: Path) -> Path:
+    return tiny_policy
 
 
 def test_bootstrap_writes_a_standard_checkpoint(tiny: Path) -> None:

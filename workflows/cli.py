@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tracerl.config import BenchAllocationConfig, BenchRolloutConfig, BootstrapConfig, RolloutConfig
+from tracerl.config import (
+    BenchAllocationConfig,
+    BenchRolloutConfig,
+    BootstrapConfig,
+    EvalConfig,
+    RolloutConfig,
+    TrainConfig,
+)
 from tracerl.config_loader import ConfigError, compose, conf_dir, to_yaml
 
 
@@ -108,6 +115,61 @@ def _bench_rollout(cfg: BenchRolloutConfig) -> int:
     return 0
 
 
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+_OVERRIDES: list[str] = []  # the positional overrides of this invocation (train resume re-applies them)
+
+
+def _train(cfg: TrainConfig) -> int:
+    from workflows.lm_stack import SetupError
+    from workflows.train import format_summary, train
+
+    try:
+        summary = train(cfg, _OVERRIDES, progress=_progress)
+    except (SetupError, FileNotFoundError, LookupError, ValueError) as exc:
+        print(f"tracerl: {exc}", file=sys.stderr)
+        return 2
+    print(format_summary(summary))
+    return 0
+
+
+def _eval(cfg: EvalConfig) -> int:
+    from workflows.evaluate import run_eval
+    from workflows.lm_stack import SetupError
+
+    try:
+        m = run_eval(cfg, progress=_progress)
+    except (SetupError, FileNotFoundError, LookupError, ValueError) as exc:
+        print(f"tracerl: {exc}", file=sys.stderr)
+        return 2
+    g = m["greedy"]
+    line = f"{m['model']} on {g['tasks']} tasks: greedy pass@1 {m['accuracy']:.3f}"
+    if cfg.samples:
+        k = cfg.samples
+        line += f", pass@{k} {m[f'pass@{k}']:.3f}, avg@{k} {m[f'avg@{k}']:.3f} (T={cfg.temperature:g})"
+    print(line)
+    print("  greedy by source: " + ", ".join(f"{s} {v:.2f}" for s, v in g["by_source"].items()))
+    print(f"wrote {Path(cfg.out_dir) / 'summary.json'} and {Path(cfg.out_dir) / 'traces.jsonl'}")
+    return 0
+
+
+def _register(args: argparse.Namespace) -> int:
+    from workflows.registry import register
+
+    try:
+        v = register(args.run_id, args.name, args.alias, args.tracking_uri, progress=_progress)
+    except (LookupError, FileNotFoundError, ValueError) as exc:
+        print(f"tracerl: {exc}", file=sys.stderr)
+        return 2
+    alias = f" (alias {args.alias})" if args.alias else ""
+    print(f"registered {args.name} version {v['version']}{alias} from run {args.run_id}: {v['source']}")
+    print(f"  load with: mlflow.artifacts.download_artifacts('models:/{args.name}/{v['version']}') -> "
+          "AutoModelForCausalLM.from_pretrained(<dir>/artifacts/policy)")
+    return 0
+
+
 ROLLOUT_FLAGS = (
     Shorthand("--steps", ("steps",), "steps to run (the predictor learns across them; the last is written)"),
     Shorthand("--out", ("out_dir",), "output directory", str),
@@ -121,6 +183,16 @@ BENCH_ROLLOUT_FLAGS = (
     Shorthand("--out", ("out_dir",), "output directory", str),
 )
 
+TRAIN_FLAGS = (
+    Shorthand("--steps", ("steps",), "RL steps"),
+    Shorthand("--seed", ("seed",), "seed"),
+    Shorthand("--out", ("out_dir",), "checkpoint storage directory", str),
+)
+EVAL_FLAGS = (
+    Shorthand("--samples", ("samples",), "k for pass@k / avg@k (0: greedy only)"),
+    Shorthand("--out", ("out_dir",), "output directory", str),
+)
+
 BOOTSTRAP_FLAGS = (
     Shorthand("--out", ("out_dir",), "checkpoint directory", str),
     Shorthand("--seed", ("seed",), "seed for tasks, initialisation and training"),
@@ -131,6 +203,8 @@ COMMANDS: dict[str, Command] = {
     "bootstrap": Command(BootstrapConfig, "bootstrap/math.yaml", BOOTSTRAP_FLAGS, _bootstrap),
     "rollout": Command(RolloutConfig, "rollout/math.yaml", ROLLOUT_FLAGS, _rollout),
     "bench rollout": Command(BenchRolloutConfig, "bench/rollout.yaml", BENCH_ROLLOUT_FLAGS, _bench_rollout),
+    "train": Command(TrainConfig, "train/default.yaml", TRAIN_FLAGS, _train),
+    "eval": Command(EvalConfig, "eval/math.yaml", EVAL_FLAGS, _eval),
 }
 
 
@@ -149,6 +223,7 @@ def load(name: str, args: argparse.Namespace) -> Any:
         value = getattr(args, f.flag.lstrip("-").replace("-", "_"))
         if value is not None:
             overrides += [f"{k}={value}" for k in f.keys] + list(f.extra)
+    _OVERRIDES[:] = overrides
     return compose(cmd.schema, args.config or conf_dir() / cmd.config, overrides)
 
 
@@ -165,6 +240,15 @@ def build_parser() -> argparse.ArgumentParser:
                   COMMANDS["bootstrap"])
     _add_job_args(sub.add_parser("rollout", help="allocation-and-rollout steps; writes trees.jsonl and trees.html"),
                   COMMANDS["rollout"])
+    _add_job_args(sub.add_parser("train", help="RL training on Ray Train workers, tracked in MLflow (resume=RUN_ID)"),
+                  COMMANDS["train"])
+    _add_job_args(sub.add_parser("eval", help="greedy pass@1, pass@k and avg@k of a checkpoint on a task set"),
+                  COMMANDS["eval"])
+    reg = sub.add_parser("register", help="register a training run's checkpoint in the MLflow Model Registry")
+    reg.add_argument("run_id", help="MLflow run id of a `tracerl train` run")
+    reg.add_argument("--name", required=True, help="registered model name")
+    reg.add_argument("--alias", help="alias to point at the new version (e.g. champion)")
+    reg.add_argument("--tracking-uri", default="sqlite:///mlruns.db", help="MLflow tracking URI (default: %(default)s)")
     show = sub.add_parser("config", help="print a command's resolved config")
     show.add_argument("job", choices=sorted(c.replace(" ", "-") for c in COMMANDS), help="which command's config")
     show.add_argument("--config", help="config YAML (default: the command's)")
@@ -173,13 +257,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # Overrides may come after flags (`--out DIR key=value`): argparse leaves those over; anything else is an error.
+    bad = [x for x in extra if x.startswith("-") or "=" not in x]
+    if bad or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(bad or extra)}")
+    if extra:
+        args.overrides = list(args.overrides) + extra
     try:
         if args.command == "config":
             name = args.job.replace("-", " ")
             args.__dict__.update({f.flag.lstrip("-").replace("-", "_"): None for f in COMMANDS[name].flags})
             print(to_yaml(load(name, args)), end="")
             return 0
+        if args.command == "register":
+            return _register(args)
         name = f"{args.command} {args.bench}" if args.command == "bench" else args.command
         return COMMANDS[name].run(load(name, args))
     except ConfigError as exc:

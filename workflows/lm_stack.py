@@ -73,12 +73,20 @@ def build_stack(model_cfg: ModelConfig, sampler_cfg: SamplerConfig, env_cfg: Env
 
 def build_text_predictor(cfg: PredictorConfig, stack: LMStack, seed: int, name: str | None = None) -> Predictor:
     """The configured predictor, with a text featurizer for the learned one."""
+    template = stack.engine.template
+    return make_text_predictor(cfg, seed, stack.model, stack.tokenizer,
+                               lambda q: template.prompt(q, stack.env.tools), name=name)
+
+
+def make_text_predictor(cfg: PredictorConfig, seed: int, model: Any, tokenizer: Any, render: Any,
+                        name: str | None = None) -> Predictor:
+    """The configured predictor; the learned one gets a text featurizer (hashed n-grams, or ``model``'s hidden
+    states over histories rendered by ``render(question)`` for features=policy)."""
     name = name or cfg.name
     if name != "learned":
         return build_predictor(cfg, seed, name=name)
     if cfg.features == "policy":
-        template = stack.engine.template
-        feat: Any = PolicyHiddenFeaturizer(stack.model, stack.tokenizer, lambda q: template.prompt(q, stack.env.tools))
+        feat: Any = PolicyHiddenFeaturizer(model, tokenizer, render)
     elif cfg.features == "hashed":
         feat = HashedNgramFeaturizer()
     else:

@@ -659,3 +659,27 @@ class TrainConfig:
                "checkpoint_every and keep_checkpoints must be >= 1")
         _check(self.max_failures >= 0, "max_failures must be >= 0")
         _check(self.allocator.name != "dapo" or self.budget.num_leaves is not None, "dapo needs budget.num_leaves")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """``tracerl eval``: a checkpoint on a task set (env.math.tasks: 'generated' held-out tasks or a file)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """model.path: a checkpoint directory, runs:/RUN_ID (a training run's last checkpoint) or models:/NAME@ALIAS."""
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    env: EnvConfig = field(default_factory=_lm_env)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """Where runs:/ and models:/ references are looked up."""
+    samples: int = 4
+    """k for pass@k and avg@k (0: greedy pass@1 only)."""
+    temperature: float = 1.0
+    """Sampling temperature for the k samples."""
+    seed: int = 0
+    out_dir: str = "eval_out"
+    """summary.json and traces.jsonl go here."""
+
+    def __post_init__(self) -> None:
+        _check(self.samples >= 0, f"samples must be >= 0 (got {self.samples})")
+        _check(self.temperature > 0, f"temperature must be > 0 for sampled pass@k (got {self.temperature})")
+        _check(self.env.name == "math", f"tracerl eval serves env.name=math for now (got {self.env.name!r})")

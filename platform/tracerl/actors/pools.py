@@ -1,0 +1,346 @@
+"""Sampler and environment actor pools: thin Ray adapters around the rollout engine.
+
+* ``EnvWorker`` runs tool calls (each in its own sandboxed process). ``EnvPool`` is the
+  ``ToolEnv`` a sampler actor hands its engine: a round's tool calls go to the env actors in
+  parallel; a call whose actor died is re-submitted to a fresh actor and counted as retried.
+* ``RolloutWorker`` holds a copy of the policy, a sampler and a ``TreeRolloutEngine``. It rolls
+  out a share of the step's prompts and later expands the same trees, re-using the KV caches it
+  kept for them; trees travel back without caches.
+* ``RolloutPool`` is the step driver's ``TreeBackend`` on the trainer's rank 0: it shards prompts
+  over the workers (balanced by rollouts, deterministic), seeds every call from (seed, step, phase,
+  shard) so the same config gives the same trees, replaces a dead worker (loading the current
+  weights) and retries its share; the ledger counts the retries.
+
+Fault injection (``FaultConfig``) makes a worker exit for real during a chosen step, once per run
+(a marker file in ``fault_dir`` remembers it), so tests exercise Ray's actual failure path.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+from tracerl.algos.allocators import Expansion
+from tracerl.engine.ledger import BudgetLedger
+from tracerl.engine.protocol import ToolResult
+from tracerl.engine.react import Action
+from tracerl.tree import RolloutTree
+from tracerl.types import Prompt
+
+DEAD = (RayActorError, ActorDiedError, ActorUnavailableError)
+
+
+def _fault_once(fault_dir: str | None, name: str) -> bool:
+    """True the first time ``name`` is claimed in ``fault_dir`` (a marker file), then never again."""
+    if not fault_dir:
+        return False
+    marker = Path(fault_dir) / name
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
+
+
+def strip_caches(tree: RolloutTree) -> RolloutTree:
+    """A shallow copy of ``tree`` whose fork states hold no KV-cache handles (for transport)."""
+    out = copy.copy(tree)
+    out.fork_state = {k: replace(v, cache=None) if getattr(v, "cache", None) is not None else v
+                      for k, v in tree.fork_state.items()}
+    return out
+
+
+class EnvWorker:
+    """Runs tool calls of one environment (a Ray actor)."""
+
+    def __init__(self, env_factory: Callable[[], Any], kill_at_step: int = -1, fault_dir: str | None = None) -> None:
+        self.env = env_factory()
+        self.kill_at_step, self.fault_dir = kill_at_step, fault_dir
+
+    def execute(self, step: int, prompt: Prompt, state: Any, action: Action) -> ToolResult:
+        if step == self.kill_at_step and _fault_once(self.fault_dir, f"env-step{step}"):
+            os._exit(1)
+        return self.env.execute(prompt, state, action)  # type: ignore[no-any-return]
+
+    def warnings(self) -> list[str]:
+        return list(getattr(getattr(self.env, "sandbox", None), "warnings", []))
+
+
+class EnvPool:
+    """A ``ToolEnv`` whose tool calls run on env actors; rewards and states are computed locally."""
+
+    def __init__(self, env_factory: Callable[[], Any], size: int, cpus: float, max_retries: int,
+                 kill_at_step: int = -1, fault_dir: str | None = None) -> None:
+        self.local = env_factory()
+        self.tools, self.fork_mode = self.local.tools, self.local.fork_mode
+        self._new = lambda: ray.remote(num_cpus=cpus)(EnvWorker).remote(env_factory, kill_at_step, fault_dir)
+        self.actors = [self._new() for _ in range(size)]
+        self.max_retries = max_retries
+        self.step = -1
+        self._next = 0
+
+    def initial_state(self, prompt: Prompt) -> Any:
+        return self.local.initial_state(prompt)
+
+    def reward(self, prompt: Prompt, answer: str | None) -> float:
+        return float(self.local.reward(prompt, answer))
+
+    def execute(self, prompt: Prompt, state: Any, action: Action) -> ToolResult:
+        return self.execute_batch([(prompt, state, action)])[0]
+
+    def execute_batch(self, calls: Sequence[tuple[Prompt, Any, Action]]) -> list[ToolResult]:
+        results: list[ToolResult | None] = [None] * len(calls)
+        retried = [0] * len(calls)
+        pending: dict[Any, tuple[int, int]] = {}  # ref -> (call index, actor index)
+
+        def submit(i: int) -> None:
+            a = self._next % len(self.actors)
+            self._next += 1
+            pending[self.actors[a].execute.remote(self.step, *calls[i])] = (i, a)  # type: ignore[attr-defined]
+
+        for i in range(len(calls)):
+            submit(i)
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            i, a = pending.pop(done[0])
+            try:
+                results[i] = ray.get(done[0])
+            except DEAD:
+                if retried[i] >= self.max_retries:
+                    raise
+                retried[i] += 1
+                self.actors[a] = self._new()
+                submit(i)
+        return [replace(r, retried=r.retried + n) for r, n in zip(results, retried) if r is not None]
+
+
+class RolloutWorker:
+    """A sampler actor: policy copy, sampler, engine, and the trees of the current step (with caches)."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        import torch
+
+        from envs.math.env import MathEnv
+        from tracerl.config import EnvConfig, ModelConfig, PoolConfig, SamplerConfig
+        from tracerl.engine.react import TEMPLATES
+        from tracerl.engine.rollout import TreeRolloutEngine
+        from tracerl.samplers import SAMPLERS
+        from workflows.lm_stack import load_policy
+
+        torch.set_num_threads(max(1, int(spec.get("threads", 1))))
+        model_cfg: ModelConfig = spec["model"]
+        sampler_cfg: SamplerConfig = spec["sampler"]
+        env_cfg: EnvConfig = spec["env"]
+        pools: PoolConfig = spec["pools"]
+        self.kill_at_step, self.fault_dir = spec.get("kill_at_step", -1), spec.get("fault_dir")
+        m = env_cfg.math
+
+        def env_factory() -> MathEnv:
+            return MathEnv(m.sandbox, stateful=m.stateful_python)
+
+        if pools.env_workers > 0:
+            env: Any = EnvPool(env_factory, pools.env_workers, pools.env_cpus, pools.max_retries,
+                               spec.get("kill_env_at_step", -1), self.fault_dir)
+        else:
+            env = env_factory()
+        self.env = env
+        self.tok, self.model = load_policy(model_cfg)
+        if sampler_cfg.backend == "hf":
+            self.sampler = SAMPLERS.get("hf")(self.model, self.tok, reuse_prefix=sampler_cfg.reuse_prefix)
+        else:
+            self.sampler = SAMPLERS.get(sampler_cfg.backend).from_pretrained(model_cfg.path, model_cfg.dtype)
+        self.engine = TreeRolloutEngine(self.sampler, env, TEMPLATES.get(model_cfg.template)(self.tok), self.tok,
+                                        sampler_cfg)
+        self.sampler_cfg = sampler_cfg
+        self.trees: dict[str, list[RolloutTree]] = {}
+
+    def warnings(self) -> list[str]:
+        env = self.env.local if isinstance(self.env, EnvPool) else self.env
+        return list(env.sandbox.warnings)
+
+    def load_weights(self, state: dict[str, Any]) -> None:
+        import torch
+
+        if hasattr(self.sampler, "load_weights"):
+            self.sampler.load_weights(state)
+        else:
+            with torch.no_grad():
+                self.model.load_state_dict(state)
+        self.trees.clear()  # caches of trees from the old weights must not be re-used
+
+    def _begin(self, step: int, seed: int) -> None:
+        self.engine.seed, self.engine.calls, self.engine.ledger = seed, 0, BudgetLedger()
+        if isinstance(self.env, EnvPool):
+            self.env.step = step
+        if step == self.kill_at_step and _fault_once(self.fault_dir, f"sampler-step{step}"):
+            os._exit(1)
+
+    def rollout(self, step: int, key: str, prompts: list[Prompt], counts: list[int], seed: int
+                ) -> tuple[list[RolloutTree], BudgetLedger]:
+        self._begin(step, seed)
+        trees = self.engine.rollout(prompts, counts)
+        self.trees = {k: v for k, v in self.trees.items() if k.startswith(f"{step}/")}
+        self.trees[key] = trees
+        return [strip_caches(t) for t in trees], self.engine.ledger
+
+    def expand(self, step: int, key: str, trees: list[RolloutTree], expansions: list[Expansion], seed: int
+               ) -> tuple[list[RolloutTree], BudgetLedger]:
+        self._begin(step, seed)
+        local = self.trees.get(key)
+        # Our own copies carry the KV caches; a fresh worker (after a failure) continues from the sent trees.
+        if local is None or [len(t.nodes) for t in local] != [len(t.nodes) for t in trees]:
+            local = trees
+        self.engine.expand(local, expansions)
+        return [strip_caches(t) for t in local], self.engine.ledger
+
+    def evaluate(self, prompts: list[Prompt], samples: int, temperature: float, seed: int
+                 ) -> tuple[list[RolloutTree], BudgetLedger]:
+        self.engine.seed, self.engine.calls, self.engine.ledger = seed, 0, BudgetLedger()
+        limits = self.engine.limits
+        self.engine.limits = replace(limits, temperature=temperature)
+        try:
+            trees = self.engine.rollout(prompts, [samples] * len(prompts))
+        finally:
+            self.engine.limits = limits
+        return [strip_caches(t) for t in trees], self.engine.ledger
+
+
+def balanced_shards(counts: Sequence[int], n: int) -> list[list[int]]:
+    """Indices split into ``n`` shards with about equal total counts (largest first; ties by index)."""
+    load = [0] * n
+    shards: list[list[int]] = [[] for _ in range(n)]
+    for i in sorted(range(len(counts)), key=lambda i: (-counts[i], i)):
+        j = min(range(n), key=lambda j: (load[j], j))
+        shards[j].append(i)
+        load[j] += counts[i]
+    return [sorted(s) for s in shards]
+
+
+def call_seed(seed: int, *parts: int) -> int:
+    return int(np.random.SeedSequence([seed, *parts]).generate_state(1)[0])
+
+
+class RolloutPool:
+    """The step driver's ``TreeBackend`` over a pool of ``RolloutWorker`` actors."""
+
+    def __init__(self, spec: dict[str, Any], size: int, cpus: float, gpus: float, max_retries: int, seed: int) -> None:
+        self.spec, self.cpus, self.gpus = spec, cpus, gpus
+        self.max_retries, self.seed = max_retries, seed
+        self.workers = [self._new() for _ in range(size)]
+        self.ledger = BudgetLedger()
+        self.step = 0
+        self._phase = 0
+        self._weights: Any = None
+        self._owner: dict[int, tuple[int, str]] = {}  # id(tree) -> (worker, key)
+
+    def _new(self) -> Any:
+        return ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0)(RolloutWorker).remote(self.spec)
+
+    def warnings(self) -> list[str]:
+        return list(ray.get(self.workers[0].warnings.remote()))
+
+    def load_weights(self, state: dict[str, Any]) -> None:
+        self._weights = ray.put(state)
+        self._call_all([(w, "load_weights", (self._weights,)) for w in range(len(self.workers))])
+
+    def begin_step(self, step: int) -> None:
+        self.step, self._phase, self.ledger = step, 0, BudgetLedger()
+        self._owner.clear()
+
+    def _replace(self, w: int) -> None:
+        self.workers[w] = self._new()
+        if self._weights is not None:
+            ray.get(self.workers[w].load_weights.remote(self._weights))
+
+    def _call_all(self, calls: list[tuple[int, str, tuple]]) -> list[Any]:  # type: ignore[type-arg]
+        """Run ``(worker, method, args)`` calls in parallel; a call whose worker died is retried on a fresh one."""
+        out: list[Any] = [None] * len(calls)
+        tries = [0] * len(calls)
+        pending = {getattr(self.workers[w], m).remote(*a): i for i, (w, m, a) in enumerate(calls)}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            i = pending.pop(done[0])
+            try:
+                out[i] = ray.get(done[0])
+            except DEAD:
+                if tries[i] >= self.max_retries:
+                    raise
+                tries[i] += 1
+                self.ledger.retried += 1
+                w, m, a = calls[i]
+                self._replace(w)
+                pending[getattr(self.workers[w], m).remote(*a)] = i
+        return out
+
+    def _merge(self, ledgers: Sequence[BudgetLedger]) -> None:
+        for led in ledgers:
+            for f in ("generated_tokens", "prefill_tokens_computed", "prefill_tokens_reused", "llm_calls",
+                      "tool_calls", "tool_calls_replayed", "invalid_actions", "retried"):
+                setattr(self.ledger, f, getattr(self.ledger, f) + getattr(led, f))
+            for k, v in led.phase_s.items():  # workers run in parallel: the slowest one's time
+                self.ledger.phase_s[k] = max(self.ledger.phase_s.get(k, 0.0), v)
+
+    def rollout(self, prompts: Sequence[Prompt], counts: Sequence[int]) -> list[RolloutTree]:
+        phase = self._phase
+        self._phase += 1
+        shards = [s for s in balanced_shards(counts, len(self.workers))]
+        calls = [(w, "rollout", (self.step, f"{self.step}/{phase}/{w}", [prompts[i] for i in s],
+                                 [int(counts[i]) for i in s], call_seed(self.seed, self.step, phase, w)))
+                 for w, s in enumerate(shards) if s]
+        results = self._call_all(calls)
+        trees: list[RolloutTree | None] = [None] * len(prompts)
+        for (w, _, args), (got, _led) in zip(calls, results):
+            for i, t in zip(shards[w], got):
+                t.prompt = prompts[i]  # keep the caller's prompt objects (identity matters to the step driver)
+                trees[i] = t
+                self._owner[id(t)] = (w, args[1])
+        self._merge([led for _, led in results])
+        return [t for t in trees if t is not None]
+
+    def expand(self, trees: Sequence[RolloutTree], expansions: Sequence[Expansion]) -> None:
+        phase = self._phase
+        self._phase += 1
+        groups: dict[tuple[int, str], list[int]] = {}
+        for i, t in enumerate(trees):
+            groups.setdefault(self._owner.get(id(t), (i % len(self.workers), f"{self.step}/orphan/{i}")), []).append(i)
+        keys = sorted(groups)
+        calls = [(w, "expand", (self.step, key, [trees[i] for i in groups[(w, key)]],
+                                [expansions[i] for i in groups[(w, key)]], call_seed(self.seed, self.step, phase, w, j)))
+                 for j, (w, key) in enumerate(keys)]
+        results = self._call_all(calls)
+        for (w, key), (got, _led) in zip(keys, results):
+            for i, new in zip(groups[(w, key)], got):
+                prompt = trees[i].prompt
+                trees[i].__dict__.update(new.__dict__)
+                trees[i].prompt = prompt
+        self._merge([led for _, led in results])
+
+    def evaluate(self, prompts: Sequence[Prompt], samples: int, temperature: float, seed: int
+                 ) -> tuple[list[RolloutTree], BudgetLedger]:
+        shards = balanced_shards([1] * len(prompts), len(self.workers))
+        calls = [(w, "evaluate", ([prompts[i] for i in s], samples, temperature, call_seed(seed, w)))
+                 for w, s in enumerate(shards) if s]
+        results = self._call_all(calls)
+        trees: list[RolloutTree | None] = [None] * len(prompts)
+        ledger = BudgetLedger()
+        for (w, _, _), (got, led) in zip(calls, results):
+            for i, t in zip(shards[w], got):
+                t.prompt = prompts[i]
+                trees[i] = t
+            for f in ("generated_tokens", "llm_calls", "tool_calls", "invalid_actions"):
+                setattr(ledger, f, getattr(ledger, f) + getattr(led, f))
+        return [t for t in trees if t is not None], ledger
+
+    def shutdown(self) -> None:
+        for w in self.workers:
+            ray.kill(w)

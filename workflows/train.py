@@ -1,0 +1,557 @@
+"""``tracerl train``: TRACE (or any baseline allocator) end to end on Ray Train, tracked in MLflow.
+
+Topology (docs/DESIGN.md): ``TorchTrainer`` workers hold the policy (DDP; gloo on CPU, NCCL on GPU;
+FSDP as an option). The RL loop runs inside the worker function: rank 0 owns the sampler/environment
+actor pools, the predictor and the allocator, drives the step, and broadcasts the collated batch;
+every rank updates on its shard. After each update rank 0 pushes the weights to the samplers.
+
+Per step, as named timed phases: select (candidate pool), score/allocate_roots/rollout/
+expand_prefixes (the step driver), fit_predictor, collate, update_policy, sync_weights, eval, log.
+
+The driver opens the MLflow run (params, resolved config) before the workers start and closes it
+after; rank 0 logs into it by run id, so a restart after a failure (Ray's ``FailureConfig``) or a
+``resume=RUN_ID`` continues the same run from the last checkpoint. Checkpoints (``ray.train.report``
+every ``checkpoint_every`` steps, the last ``keep_checkpoints`` kept) hold the policy in HF format,
+optimizer and schedule, predictor, candidate-pool RNG and step. Steps re-run after a restart log again
+at the same MLflow step; every report here reads the last value per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tracerl.config import TrainConfig
+from tracerl.config_loader import to_flat_dict, to_yaml
+
+STATE = "state.json"
+
+
+# -- driver side ------------------------------------------------------------------------------------
+
+def _abs_uri(uri: str) -> str:
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+    return uri
+
+
+def resolve_paths(cfg: TrainConfig) -> TrainConfig:
+    """Absolute paths and URIs, so Ray workers (whatever their cwd) see the same files."""
+    model_path = cfg.model.path
+    if not model_path.startswith(("models:/", "runs:/")) and Path(model_path).exists():
+        model_path = str(Path(model_path).resolve())
+    tasks = cfg.env.math.tasks
+    if tasks != "generated" and Path(tasks).exists():
+        tasks = str(Path(tasks).resolve())
+    art = cfg.tracking.artifact_location
+    if "://" not in art:
+        art = str(Path(art).resolve())
+    return dataclasses.replace(
+        cfg,
+        model=dataclasses.replace(cfg.model, path=model_path),
+        env=dataclasses.replace(cfg.env, math=dataclasses.replace(cfg.env.math, tasks=tasks)),
+        tracking=dataclasses.replace(cfg.tracking, uri=_abs_uri(cfg.tracking.uri), artifact_location=art),
+        out_dir=str(Path(cfg.out_dir).resolve()),
+    )
+
+
+def git_sha() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def config_hash(cfg: TrainConfig) -> str:
+    """Hash of the resolved config, leaving out what does not change the result (names, paths of outputs)."""
+    flat = {k: v for k, v in to_flat_dict(cfg).items()
+            if not k.startswith(("tracking.", "cluster.", "faults.")) and k not in ("run_name", "resume", "out_dir")}
+    return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def dataset_fingerprint(cfg: TrainConfig) -> str:
+    """Hash of the training prompts (ids, texts and answers)."""
+    from workflows.lm_stack import task_prompts
+
+    h = hashlib.sha256()
+    for p in task_prompts(cfg.env):
+        h.update(f"{p.prompt_id}\x00{p.text}\x00{p.answer}\x01".encode())
+    return h.hexdigest()[:16]
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint with the highest step under a run's storage directory."""
+    best: tuple[int, Path] | None = None
+    for state in run_dir.glob(f"checkpoint_*/{STATE}"):
+        d = state.parent
+        if not ((d / "policy" / "config.json").is_file() and (d / "predictor.pt").is_file()
+                and (d / "trainer_rank0.pt").is_file()):
+            continue  # a copy cut short by a crash
+        try:
+            step = int(json.loads(state.read_text())["step"])
+        except (ValueError, KeyError, json.JSONDecodeError):
+            continue
+        if best is None or step > best[0]:
+            best = (step, state.parent)
+    return best[1] if best else None
+
+
+def run_storage(run_id: str, tracking: Any) -> Path:
+    """A training run's Ray Train storage directory, from its MLflow tags."""
+    import mlflow
+
+    from workflows import tracking as trk
+
+    trk.setup(tracking)
+    try:
+        run = mlflow.MlflowClient().get_run(run_id)
+    except Exception as e:  # noqa: BLE001 - MLflow raises its own exception types per store
+        raise LookupError(f"no MLflow run {run_id!r} at {tracking.uri} ({e.__class__.__name__})") from None
+    storage = run.data.tags.get("tracerl.storage")
+    if not storage:
+        raise LookupError(f"MLflow run {run_id} was not made by `tracerl train` (no tracerl.storage tag)")
+    return Path(storage)
+
+
+def train(cfg: TrainConfig, overrides: list[str] | None = None,
+          progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Run (or resume) a training job; returns the summary (also written to <storage>/summary.json)."""
+    import mlflow
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from workflows import tracking as trk
+    from workflows.ray_utils import init_ray
+
+    if not cfg.tracking.enabled:
+        raise ValueError("tracerl train needs MLflow tracking (tracking.enabled=true): runs resume and register "
+                         "through it; use tracking.uri=sqlite:///PATH for a local store")
+    resume_ckpt: Path | None = None
+    run_id = cfg.resume or ""
+    if cfg.resume:
+        storage = run_storage(cfg.resume, cfg.tracking)
+        from tracerl.config_loader import compose
+
+        saved = storage / "config.yaml"
+        if not saved.is_file():
+            raise FileNotFoundError(f"run {cfg.resume} has no saved config at {saved}")
+        keep = [o for o in (overrides or []) if not o.startswith("resume=")]
+        cfg = compose(TrainConfig, saved, keep + [f"resume={cfg.resume}"])
+        resume_ckpt = latest_checkpoint(storage)
+        progress(f"resuming MLflow run {run_id} from {resume_ckpt or 'its start (no checkpoint yet)'}")
+    cfg = resolve_paths(cfg)
+    from workflows.lm_stack import SetupError
+
+    if not Path(cfg.model.path).is_dir():
+        raise SetupError(f"model.path={cfg.model.path!r} is not a checkpoint directory; build the tiny policy with "
+                         "`tracerl bootstrap` or point model.path at an HF checkpoint")
+    exp_id = trk.setup(cfg.tracking)
+    client = mlflow.MlflowClient()
+    if not cfg.resume:
+        name = cfg.run_name or f"{cfg.allocator.name}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+        run = client.create_run(exp_id, run_name=name, tags={
+            "tracerl.command": "train", "tracerl.allocator": cfg.allocator.name, "tracerl.git_sha": git_sha(),
+            "tracerl.config_hash": config_hash(cfg), "tracerl.dataset_fingerprint": dataset_fingerprint(cfg),
+            "tracerl.base_model": cfg.model.path})
+        run_id = run.info.run_id
+        storage = Path(cfg.out_dir) / f"{name}-{run_id[:8]}"
+        storage.mkdir(parents=True, exist_ok=True)
+        cfg = dataclasses.replace(cfg, run_name=name)
+        (storage / "config.yaml").write_text(to_yaml(cfg))
+        client.set_tag(run_id, "tracerl.storage", str(storage))
+        flat = to_flat_dict(cfg)
+        for i in range(0, len(flat), 100):
+            keys = list(flat)[i:i + 100]
+            client.log_batch(run_id, params=[mlflow.entities.Param(k, ("null" if flat[k] is None else str(flat[k]))[:6000])
+                                             for k in keys])
+        client.log_artifact(run_id, str(storage / "config.yaml"))
+    else:
+        client.update_run(run_id, status="RUNNING")
+        (storage / "config.yaml").write_text(to_yaml(dataclasses.replace(cfg, resume=None)))
+    progress(f"MLflow run {run_id} ({cfg.tracking.uri}); checkpoints in {storage}")
+    init_ray(cfg.cluster)
+    t = cfg.trainer
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config={"cfg": cfg, "run_id": run_id, "storage": str(storage)},
+        scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
+                                     resources_per_worker={"CPU": t.cpus_per_worker, **({"GPU": 1} if t.use_gpu else {})}),
+        run_config=RunConfig(name=storage.name, storage_path=str(storage.parent),
+                             failure_config=FailureConfig(max_failures=cfg.max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints)),
+    )
+    t0 = time.perf_counter()
+    status = "FAILED"
+    try:
+        trainer.fit()
+        status = "FINISHED"
+    finally:
+        client.set_terminated(run_id, status=status)
+        if status == "FAILED":
+            progress(f"training failed; the run and its checkpoints are kept: `tracerl train resume={run_id}`")
+    summary = run_summary(run_id, cfg.tracking)
+    summary.update(run_id=run_id, storage=str(storage), wall_s=time.perf_counter() - t0,
+                   tracking_uri=cfg.tracking.uri)
+    (storage / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def metric_series(client: Any, run_id: str, key: str) -> dict[int, float]:
+    """step -> value, the last value logged for each step winning (steps re-run after a restart)."""
+    series: dict[int, tuple[int, float]] = {}
+    for m in client.get_metric_history(run_id, key):
+        prev = series.get(m.step)
+        if prev is None or m.timestamp >= prev[0]:
+            series[m.step] = (m.timestamp, m.value)
+    return {s: v for s, (_, v) in sorted(series.items())}
+
+
+def run_summary(run_id: str, tracking: Any) -> dict[str, Any]:
+    """Held-out accuracy before/after, mean effective ratio, budget spent: from the run's metrics."""
+    import mlflow
+
+    from workflows import tracking as trk
+
+    trk.setup(tracking)
+    client = mlflow.MlflowClient()
+    acc = metric_series(client, run_id, "eval/accuracy")
+    er = metric_series(client, run_id, "rollout/effective_ratio")
+    out: dict[str, Any] = {"steps": len(er)}
+    if acc:
+        out["acc_before"] = acc[min(acc)]
+        out["acc_after"] = acc[max(acc)]
+        out["accuracy_by_step"] = acc
+    out["effective_ratio"] = sum(er.values()) / len(er) if er else float("nan")
+    for key, name in (("budget/leaves", "leaves"), ("budget/generated_tokens", "generated_tokens"),
+                      ("budget/tool_calls", "tool_calls"), ("budget/retried", "retried")):
+        out[name] = int(sum(metric_series(client, run_id, key).values()))
+    rollout = sum(metric_series(client, run_id, "time/rollout_s").values())
+    overhead = sum(sum(metric_series(client, run_id, f"time/{k}_s").values())
+                   for k in ("score", "allocate_roots", "expand_prefixes", "fit_predictor"))
+    out["alloc_predictor_fraction_of_rollout"] = overhead / rollout if rollout else float("nan")
+    return out
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    rows = [("MLflow run", s.get("run_id", "")), ("steps", s.get("steps", 0))]
+    if "acc_before" in s:
+        rows += [("held-out greedy accuracy before", f"{s['acc_before']:.3f}"),
+                 ("held-out greedy accuracy after", f"{s['acc_after']:.3f}"),
+                 ("change (points)", f"{100 * (s['acc_after'] - s['acc_before']):+.1f}")]
+    rows += [("mean effective ratio", f"{s.get('effective_ratio', float('nan')):.3f}"),
+             ("leaves", s.get("leaves", 0)), ("generated tokens", s.get("generated_tokens", 0)),
+             ("tool calls", s.get("tool_calls", 0)), ("work retried after actor failures", s.get("retried", 0)),
+             ("allocation + predictor time / rollout time", f"{s.get('alloc_predictor_fraction_of_rollout', 0):.1%}"),
+             ("wall time", f"{s.get('wall_s', 0):.0f} s")]
+    w = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{w}}  {v}" for k, v in rows]
+    uri = s.get("tracking_uri", "sqlite:///mlruns.db")
+    if uri.startswith(("sqlite:", "postgresql:", "mysql:")):
+        lines.append(f"\nopen the MLflow UI on these results:  mlflow ui --backend-store-uri {uri}")
+    else:
+        lines.append(f"\nopen the MLflow UI at {uri}")
+    return "\n".join(lines)
+
+
+# -- worker side ------------------------------------------------------------------------------------
+
+def _say(msg: str) -> None:
+    """A progress line from a worker (straight to the process's stdout, which Ray forwards to the driver;
+    Ray Train's patched print would log it twice when another library wraps sys.stdout)."""
+    out = sys.__stdout__ or sys.stdout
+    out.write(msg + "\n")
+    out.flush()
+
+
+def _peak_memory_mb() -> float:
+    import resource
+
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def _broadcast(obj: Any, world: int) -> Any:
+    import torch
+
+    if world == 1:
+        return obj
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _unwrap(model: Any) -> Any:
+    return getattr(model, "module", model)
+
+
+def _restore_dir(ckpt: Any, storage: Path) -> str | None:
+    """The newest checkpoint: Ray's (after a restart or resume_from_checkpoint) or a newer one in storage.
+
+    A worker that dies right after ``ray.train.report`` may leave a persisted checkpoint the controller never
+    registered; its step is in its state.json, so it is found here and nothing done before the death is redone.
+    """
+    best: tuple[int, str] | None = None
+    if ckpt is not None:
+        d = ckpt.to_directory()
+        best = (int(json.loads((Path(d) / STATE).read_text())["step"]), d)
+    found = latest_checkpoint(storage)
+    if found is not None:
+        step = int(json.loads((found / STATE).read_text())["step"])
+        if best is None or step > best[0]:
+            best = (step, str(found))
+    return best[1] if best else None
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """The Ray Train worker function (every rank)."""
+    import ray.train
+    import ray.train.torch
+    import torch
+
+    from workflows.lm_stack import load_policy
+
+    cfg: TrainConfig = config["cfg"]
+    run_id, storage = config["run_id"], Path(config["storage"])
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.manual_seed(cfg.seed + rank)
+    tok, model = load_policy(cfg.model)
+    ckpt_dir = _restore_dir(ray.train.get_checkpoint(), storage)
+    state: dict[str, Any] = {"step": 0}
+    if ckpt_dir is not None:
+        state = json.loads((Path(ckpt_dir) / STATE).read_text())
+        if rank == 0:
+            _say(f"restoring from {ckpt_dir} (step {state['step']})")
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(Path(ckpt_dir) / "policy", dtype=model.dtype, local_files_only=True)
+    if cfg.trainer.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    ref_model = None
+    if cfg.loss.kl_coef > 0:
+        ref_model, _ = load_policy(cfg.model)  # the initial policy
+        ref_model.requires_grad_(False)
+    kwargs = {"broadcast_buffers": False} if cfg.trainer.strategy == "ddp" and world > 1 else None
+    model = ray.train.torch.prepare_model(model, parallel_strategy=cfg.trainer.strategy if world > 1 else None,
+                                          parallel_strategy_kwargs=kwargs)
+    if ref_model is not None:
+        ref_model = ref_model.to(next(model.parameters()).device)
+    from tracerl.learner import PolicyLearner, denominator
+
+    use_is = cfg.loss.importance_sampling == "on" or (cfg.loss.importance_sampling == "auto" and cfg.sampler.backend == "vllm")
+    learner = PolicyLearner(model, cfg.optim, cfg.loss, cfg.steps, pad_id=tok.pad_token_id,
+                            temperature=cfg.sampler.temperature, importance_sampling=use_is, ref_model=ref_model)
+    if ckpt_dir is not None:
+        learner.load_state_dict(torch.load(Path(ckpt_dir) / f"trainer_rank{rank}.pt", weights_only=False)
+                                if (Path(ckpt_dir) / f"trainer_rank{rank}.pt").exists()
+                                else torch.load(Path(ckpt_dir) / "trainer_rank0.pt", weights_only=False))
+    driver = _Driver(cfg, run_id, storage, tok, _unwrap(model), state, ckpt_dir) if rank == 0 else None
+    start = int(state["step"])
+    if driver is not None and start == 0 and cfg.eval_at_start:
+        driver.evaluate(0)
+    for step in range(start, cfg.steps):
+        batch = driver.rollout_step(step) if driver is not None else None
+        t0 = time.perf_counter()
+        batch = _broadcast(batch, world)
+        t1 = time.perf_counter()
+        stats = learner.update(batch.shard(rank, world), denominator(batch, cfg.loss.aggregation))
+        t2 = time.perf_counter()
+        metrics: dict[str, float] = {}
+        if driver is not None:
+            driver.phase("broadcast", t1 - t0)
+            driver.phase("update_policy", t2 - t1)
+            metrics = driver.after_update(step, stats, _unwrap(model))
+        done = step + 1
+        if done % cfg.checkpoint_every == 0 or done == cfg.steps:
+            with tempfile.TemporaryDirectory() as tmp:
+                torch.save(learner.state_dict(), Path(tmp) / f"trainer_rank{rank}.pt")
+                if driver is not None:
+                    driver.save(Path(tmp), done, _unwrap(model))
+                ray.train.report({"step": done, **metrics}, checkpoint=ray.train.Checkpoint.from_directory(tmp),
+                                 checkpoint_dir_name=f"checkpoint_{done:06d}")
+        if driver is not None and step == cfg.faults.kill_trainer_at_step:
+            from tracerl.actors.pools import _fault_once
+
+            if _fault_once(str(storage / ".faults"), f"trainer-step{step}"):
+                _say(f"fault injection: rank 0 exits after step {step}")
+                os._exit(1)
+    if driver is not None:
+        driver.close()
+
+
+class _Driver:
+    """Rank 0's part of the loop: pools, predictor, allocator, candidate pools, evaluation and logging."""
+
+    def __init__(self, cfg: TrainConfig, run_id: str, storage: Path, tok: Any, model: Any,
+                 state: dict[str, Any], ckpt_dir: str | None) -> None:
+        import mlflow
+        import numpy as np
+        import torch
+
+        from tracerl.actors.pools import RolloutPool
+        from tracerl.algos.allocators import build_allocator
+        from tracerl.engine.react import TEMPLATES
+        from workflows.lm_stack import make_text_predictor, task_prompts
+
+        self.cfg, self.run_id, self.storage, self.tok = cfg, run_id, storage, tok
+        mlflow.set_tracking_uri(cfg.tracking.uri)
+        self.client = mlflow.MlflowClient()
+        spec = {"model": cfg.model, "sampler": cfg.sampler, "env": cfg.env, "pools": cfg.pools,
+                "kill_at_step": cfg.faults.kill_rollout_worker_at_step,
+                "kill_env_at_step": cfg.faults.kill_env_worker_at_step, "fault_dir": str(storage / ".faults")}
+        p = cfg.pools
+        self.pool = RolloutPool(spec, p.rollout_workers, p.rollout_cpus, p.rollout_gpus, p.max_retries, cfg.seed)
+        for w in self.pool.warnings():
+            _say(f"sandbox: {w}")
+        self.allocator = build_allocator(cfg.allocator)
+        template = TEMPLATES.get(cfg.model.template)(tok)
+        from envs.math.env import PYTHON
+
+        self.predictor = make_text_predictor(cfg.predictor, cfg.seed, model, tok, lambda q: template.prompt(q, [PYTHON]),
+                                             name=self.allocator.predictor)
+        self.prompts = task_prompts(cfg.env)
+        self.eval_prompts = task_prompts(cfg.env, held_out=True)
+        self.rng = np.random.default_rng(cfg.seed)
+        if ckpt_dir is not None:
+            self.rng.bit_generator.state = state["rng"]
+            self.predictor.load_state_dict(torch.load(Path(ckpt_dir) / "predictor.pt", weights_only=False))
+        self.phases: dict[str, float] = {}
+        self.step_metrics: dict[str, float] = {}
+        self.last_out: Any = None
+        self.t_step = time.perf_counter()
+        self.sync(model)
+
+    def phase(self, name: str, seconds: float) -> None:
+        self.phases[name] = self.phases.get(name, 0.0) + seconds
+
+    def sync(self, model: Any) -> None:
+        t0 = time.perf_counter()
+        self.pool.load_weights({k: v.detach().to("cpu") for k, v in model.state_dict().items()})
+        self.phase("sync_weights", time.perf_counter() - t0)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        import math
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()
+                 if v is not None and math.isfinite(float(v))]
+        for i in range(0, len(batch), 1000):
+            self.client.log_batch(self.run_id, metrics=batch[i:i + 1000])
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        from workflows.evaluate import evaluate_prompts
+
+        t0 = time.perf_counter()
+        m, _ = evaluate_prompts(self.pool.evaluate, self.eval_prompts, 0, 0.0, self.cfg.seed + 10_000)
+        out = {"eval/accuracy": m["accuracy"], "eval/well_formed_turns": m["greedy"]["well_formed_turns"]}
+        for src, acc in m["greedy"]["by_source"].items():
+            out[f"eval/accuracy/{src}"] = acc
+        self.log(out, step)
+        self.phase("eval", time.perf_counter() - t0)
+        _say(f"held-out greedy accuracy after {step} steps: {m['accuracy']:.3f} ({len(self.eval_prompts)} tasks)")
+        return out
+
+    def rollout_step(self, step: int) -> Any:
+        from tracerl.algos.batch import collate
+        from tracerl.calibration import collect_calibration, summarize_calibration
+        from tracerl.engine.step import run_step
+        from tracerl.metrics import step_metrics
+        from workflows.rollout import sample_pool
+
+        self.phases, self.t_step = {}, time.perf_counter()
+        t0 = time.perf_counter()
+        pool = sample_pool(self.prompts, self.cfg.budget.num_candidates, self.rng)
+        self.pool.begin_step(step)
+        self.phase("select", time.perf_counter() - t0)
+        out = run_step(pool, self.allocator, self.predictor, self.pool, self.cfg.budget, self.rng)
+        from workflows.rollout import merge_ledgers
+
+        out.ledger = merge_ledgers(out.ledger, self.pool.ledger)
+        out.ledger.retried = self.pool.ledger.retried
+        m = step_metrics(out)
+        if self.predictor.ready:
+            for group, vals in summarize_calibration(collect_calibration(out)).items():
+                m.update({f"predictor/{group}/{k}": v for k, v in vals.items()})
+        t0 = time.perf_counter()
+        fit = self.predictor.fit(out.sampled_trees)
+        m.update({f"predictor/fit_{k}": v for k, v in fit.items()})
+        self.phase("fit_predictor", time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        batch = collate(out.trees, self.cfg.loss.advantage, self.cfg.loss.normalize_std)
+        self.phase("collate", time.perf_counter() - t0)
+        leaves = max(out.ledger.leaves, 1)
+        rewards = batch.rewards
+        m["train/reward_mean"] = sum(rewards) / len(rewards) if rewards else 0.0
+        m["train/accuracy"] = sum(r > 0.5 for r in rewards) / len(rewards) if rewards else 0.0
+        m["train/response_tokens"] = out.ledger.generated_tokens / leaves
+        m["train/sequences"] = float(len(batch))
+        gen_s = out.ledger.phase_s.get("generate", 0.0)
+        m["throughput/generated_tokens_per_s"] = out.ledger.generated_tokens / gen_s if gen_s else 0.0
+        self.step_metrics, self.last_out = m, out
+        return batch
+
+    def after_update(self, step: int, stats: dict[str, float], model: Any) -> dict[str, float]:
+        self.sync(model)
+        done = step + 1
+        m = dict(self.step_metrics)
+        m.update(stats)
+        if self.cfg.eval_every and done % self.cfg.eval_every == 0 or done == self.cfg.steps:
+            m.update(self.evaluate(done))
+        t0 = time.perf_counter()
+        for k, v in self.phases.items():
+            m[f"time/{k}_s"] = v
+        rollout_s = m.get("time/rollout_s", 0.0)
+        overhead = sum(m.get(f"time/{k}_s", 0.0) for k in ("score", "allocate_roots", "expand_prefixes", "fit_predictor"))
+        m["time/alloc_predictor_fraction"] = overhead / rollout_s if rollout_s else 0.0
+        m["system/peak_memory_mb"] = _peak_memory_mb()
+        if (self.cfg.log_trees_every and done % self.cfg.log_trees_every == 0) or done == self.cfg.steps:
+            self._log_trees(done)
+        m["time/log_s"] = time.perf_counter() - t0
+        m["time/step_s"] = time.perf_counter() - self.t_step
+        m["train/tokens_per_s"] = m.get("budget/generated_tokens", 0.0) / max(m["time/step_s"], 1e-9)
+        self.log(m, done)
+        _say(f"step {done}/{self.cfg.steps}  ER {m['rollout/effective_ratio']:.2f}  reward {m['train/reward_mean']:.2f}"
+              f"  loss {m['train/loss']:+.4f}  clip {m['train/clip_fraction']:.3f}  {m['time/step_s']:.1f} s"
+              + (f"  held-out {m['eval/accuracy']:.3f}" if "eval/accuracy" in m else ""))
+        return {k: v for k, v in m.items() if k in ("rollout/effective_ratio", "train/reward_mean", "eval/accuracy")}
+
+    def _log_trees(self, step: int) -> None:
+        from workflows.rollout import outcome_records
+        from workflows.viewer import render_html
+
+        if self.last_out is None:
+            return
+        records = outcome_records(self.last_out)
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(Path(tmp) / "trees.jsonl", "w") as f:
+                for r in records[:16]:
+                    f.write(json.dumps(r) + "\n")
+            (Path(tmp) / "trees.html").write_text(render_html(records[:16], f"{self.cfg.run_name}: step {step}"))
+            self.client.log_artifacts(self.run_id, tmp, f"trees/step_{step:05d}")
+
+    def save(self, path: Path, step: int, model: Any) -> None:
+        import torch
+
+        model.save_pretrained(path / "policy")
+        self.tok.save_pretrained(path / "policy")
+        torch.save(self.predictor.state_dict(), path / "predictor.pt")
+        (path / STATE).write_text(json.dumps({"step": step, "run_id": self.run_id, "rng": self.rng.bit_generator.state}))
+        (path / "config.yaml").write_text(to_yaml(self.cfg))
+
+    def close(self) -> None:
+        self.pool.shutdown()
