@@ -21,7 +21,6 @@ output discarded (how the math environment offers a notebook-like tool).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import random
 import resource
@@ -38,6 +37,21 @@ from pathlib import Path
 from tracerl.config import SandboxConfig
 
 _CLONE_NEWNET = 0x40000000
+# Runs in the child (as root, before dropping privileges), then execs the sandboxed command.
+_LAUNCHER = r'''
+import ctypes, json, os, resource, sys
+spec = json.loads(sys.argv[1])
+os.setsid()
+if spec["unshare_net"]:
+    ctypes.CDLL(None, use_errno=True).unshare(0x40000000)  # a fresh network namespace: no interfaces up
+for res, value in spec["limits"]:
+    resource.setrlimit(res, (value, value))
+if spec["uid"] is not None:
+    os.setgroups([])
+    os.setgid(spec["uid"])
+    os.setuid(spec["uid"])
+os.execv(sys.argv[2], sys.argv[2:])
+'''
 _RUNNER = r'''
 import contextlib, io, json, sys
 cells = json.load(open(sys.argv[1]))
@@ -183,12 +197,9 @@ class Sandbox:
             self.python, "-I", "runner.py", "cells.json",
         ]
 
-    def _preexec(self, uid: int) -> None:  # pragma: no cover - runs in the child between fork and exec
+    def _limits(self, uid: int) -> dict[str, object]:
+        """What the launcher applies in the child before exec: session, namespaces, rlimits, uid."""
         cfg = self.cfg
-        os.setsid()
-        if self.as_root and self.bwrap is None:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.unshare(_CLONE_NEWNET)  # a fresh network namespace: no interfaces up, no network
         mb = 1024 * 1024
         limits = [
             (resource.RLIMIT_CPU, cfg.cpu_s),
@@ -199,12 +210,16 @@ class Sandbox:
         ]
         if self.as_root:  # NPROC counts per uid: only meaningful with a uid of the call's own
             limits.append((resource.RLIMIT_NPROC, cfg.max_processes))
-        for res, value in limits:
-            resource.setrlimit(res, (value, value))
-        if self.as_root:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
+        return {"unshare_net": self.as_root and self.bwrap is None, "limits": limits,
+                "uid": uid if self.as_root else None}
+
+    def _launch(self, command: list[str], uid: int) -> list[str]:
+        """``command`` behind the launcher. The child is set up by a freshly exec'd interpreter, not by a
+        ``preexec_fn``: forking a threaded host (a Ray actor: gRPC threads) and running Python before exec
+        can deadlock or crash the child on locks held by other threads."""
+        import json
+
+        return [sys.executable, "-I", "-S", "-c", _LAUNCHER, json.dumps(self._limits(uid)), *command]
 
     def _execute(self, scratch: Path, uid: int) -> ExecResult:
         cfg = self.cfg
@@ -214,8 +229,8 @@ class Sandbox:
         timed_out = False
         with open(scratch / "stdout", "wb") as fo, open(scratch / "stderr", "wb") as fe:
             try:
-                proc = subprocess.Popen(self._command(scratch), cwd=scratch, stdin=subprocess.DEVNULL, stdout=fo,
-                                        stderr=fe, env=env, preexec_fn=lambda: self._preexec(uid), close_fds=True)
+                proc = subprocess.Popen(self._launch(self._command(scratch), uid), cwd=scratch, stdin=subprocess.DEVNULL,
+                                        stdout=fo, stderr=fe, env=env, close_fds=True)
             except OSError as exc:
                 return ExecResult("", f"sandbox failed to start: {exc}", 1, False, False, 0.0)
             try:
@@ -249,15 +264,11 @@ class Sandbox:
     @staticmethod
     def _kill_uid(uid: int, wait_s: float = 2.0) -> None:
         """Kill every process the call's uid still has (kill(-1) as that uid) and wait until they are gone."""
-
-        def as_uid() -> None:  # pragma: no cover - child
-            os.setgid(uid)
-            os.setuid(uid)
-
+        kill = f"import os; os.setgroups([]); os.setgid({uid}); os.setuid({uid}); os.kill(-1, 9)"
         deadline = time.monotonic() + wait_s
         while uid_processes(uid):
             with contextlib.suppress(OSError, subprocess.SubprocessError):
-                subprocess.run(["kill", "-9", "-1"], preexec_fn=as_uid, stdout=subprocess.DEVNULL,
+                subprocess.run([sys.executable, "-I", "-S", "-c", kill], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, timeout=10)
             if time.monotonic() > deadline:
                 break

@@ -683,3 +683,23 @@ class EvalConfig:
         _check(self.samples >= 0, f"samples must be >= 0 (got {self.samples})")
         _check(self.temperature > 0, f"temperature must be > 0 for sampled pass@k (got {self.temperature})")
         _check(self.env.name == "math", f"tracerl eval serves env.name=math for now (got {self.env.name!r})")
+
+
+@dataclass(frozen=True)
+class BenchTrainConfig(TrainConfig):
+    """``tracerl bench train``: full training runs of several allocators at equal leaf budget, several seeds."""
+
+    allocators: list[str] = field(default_factory=lambda: ["trace", "grpo"])
+    """Allocators to train with (each with the same budget, steps and optimiser)."""
+    seeds: int = 3
+    """Seeds per allocator (seed, seed + 1, ...)."""
+    json_path: str | None = None
+    """Write the JSON summary here as well (``--json``)."""
+    bench_out: str = "bench_out/train"
+    """Where results.json goes."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.seeds >= 1, f"seeds must be >= 1 (got {self.seeds})")
+        _check(len(self.allocators) >= 1, "allocators must name at least one allocator")
+        _check(self.resume is None, "bench train starts fresh runs; resume is not allowed")
