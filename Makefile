@@ -22,9 +22,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## The main job on the embedded default. Until training lands: the allocation benchmark.
+## The main job on the embedded default: the tiny policy (committed in models/tiny-math; `tracerl bootstrap`
+## rebuilds it only if it is missing), then a short TRACE training run on local Ray with SQLite MLflow.
 demo: install
-	$(VENV)/bin/tracerl bench allocation --seeds 3 --steps 100 noise_seeds=1
+	$(VENV)/bin/tracerl bootstrap
+	$(VENV)/bin/tracerl train --config conf/train/demo.yaml
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -51,6 +53,8 @@ test-vllm:
 
 bench: install
 	$(VENV)/bin/tracerl bench allocation --json bench_out/allocation.json
+	$(VENV)/bin/tracerl bench rollout --seeds 3 --json bench_out/rollout.json
+	$(VENV)/bin/tracerl bench train --json bench_out/train.json
 
 clean:
-	rm -rf bench_out mlruns.db mlartifacts .pytest_cache .mypy_cache .ruff_cache
+	rm -rf bench_out mlruns.db mlartifacts runs eval_out rollout_out .pytest_cache .mypy_cache .ruff_cache

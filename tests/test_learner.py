@@ -156,3 +156,16 @@ def test_update_raises_logprob_of_positive_advantage_tokens() -> None:
     stats = _update(model, b, b, LossConfig())
     assert seq_logp() > before
     assert stats["train/clip_fraction"] == 0.0 and stats["train/grad_norm"] > 0
+
+
+def test_a_batch_without_signal_leaves_the_weights_alone() -> None:
+    model = _model()
+    learner = PolicyLearner(model, OptimConfig(lr=0.05, warmup_steps=0), LossConfig(), total_steps=3, pad_id=0)
+    b = _batch()
+    learner.update(b, denominator(b, "token_mean"))  # a real step leaves Adam momentum behind
+    flat = b.select(range(len(b)))
+    flat.advantages = [[0.0] * len(x) for x in flat.advantages]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    stats = learner.update(flat, denominator(flat, "token_mean"))
+    assert stats["train/update_skipped"] == 1.0 and stats["train/signal_tokens"] == 0
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

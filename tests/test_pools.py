@@ -47,3 +47,11 @@ def test_env_pool_retries_a_call_whose_actor_died(ray_local: Any, tmp_path: Path
     assert sum(r.retried for r in results) >= 1  # the actor exited for real on its first call of step 3
     assert (tmp_path / "env-step3").exists()
     assert [r.retried for r in pool.execute_batch(calls)] == [0, 0, 0, 0]  # the fault fires once per run
+
+
+def test_env_pool_without_faults_never_exits(ray_local: Any, tmp_path: Path) -> None:
+    pool = EnvPool(_math_env, size=1, cpus=0.05, max_retries=0, fault_dir=str(tmp_path))  # kill_at_step=-1: never
+    assert pool.step == -1  # before the first step (held-out evaluation runs here)
+    call = (Prompt("p"), (), Action(ActionKind.TOOL, "", tool="python", arguments={"code": "print(6 * 7)"}))
+    assert pool.execute_batch([call])[0].observation.strip() == "42"
+    assert not list(tmp_path.iterdir())

@@ -18,6 +18,7 @@ from typing import Any
 from tracerl.config import (
     BenchAllocationConfig,
     BenchRolloutConfig,
+    BenchTrainConfig,
     BootstrapConfig,
     EvalConfig,
     RolloutConfig,
@@ -135,6 +136,20 @@ def _train(cfg: TrainConfig) -> int:
     return 0
 
 
+def _bench_train(cfg: BenchTrainConfig) -> int:
+    from workflows.bench_train import format_table, run_bench
+    from workflows.lm_stack import SetupError
+
+    try:
+        summary = run_bench(cfg, progress=_progress)
+    except (SetupError, FileNotFoundError, ValueError) as exc:
+        print(f"tracerl: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(summary))
+    print(f"wrote {Path(cfg.bench_out) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else ""))
+    return 0
+
+
 def _eval(cfg: EvalConfig) -> int:
     from workflows.evaluate import run_eval
     from workflows.lm_stack import SetupError
@@ -188,6 +203,12 @@ TRAIN_FLAGS = (
     Shorthand("--seed", ("seed",), "seed"),
     Shorthand("--out", ("out_dir",), "checkpoint storage directory", str),
 )
+BENCH_TRAIN_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--steps", ("steps",), "RL steps per run"),
+    Shorthand("--seeds", ("seeds",), "seeds per allocator"),
+    Shorthand("--out", ("bench_out",), "output directory", str),
+)
 EVAL_FLAGS = (
     Shorthand("--samples", ("samples",), "k for pass@k / avg@k (0: greedy only)"),
     Shorthand("--out", ("out_dir",), "output directory", str),
@@ -204,6 +225,7 @@ COMMANDS: dict[str, Command] = {
     "rollout": Command(RolloutConfig, "rollout/math.yaml", ROLLOUT_FLAGS, _rollout),
     "bench rollout": Command(BenchRolloutConfig, "bench/rollout.yaml", BENCH_ROLLOUT_FLAGS, _bench_rollout),
     "train": Command(TrainConfig, "train/default.yaml", TRAIN_FLAGS, _train),
+    "bench train": Command(BenchTrainConfig, "bench/train.yaml", BENCH_TRAIN_FLAGS, _bench_train),
     "eval": Command(EvalConfig, "eval/math.yaml", EVAL_FLAGS, _eval),
 }
 
@@ -236,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
                   COMMANDS["bench allocation"])
     _add_job_args(bench_sub.add_parser("rollout", help="allocators at equal leaves with the frozen tiny policy"),
                   COMMANDS["bench rollout"])
+    _add_job_args(bench_sub.add_parser("train", help="training runs of TRACE and GRPO at equal leaves, several seeds"),
+                  COMMANDS["bench train"])
     _add_job_args(sub.add_parser("bootstrap", help="build the built-in tiny policy (tokenizer + small LM, SFT warm start)"),
                   COMMANDS["bootstrap"])
     _add_job_args(sub.add_parser("rollout", help="allocation-and-rollout steps; writes trees.jsonl and trees.html"),

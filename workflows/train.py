@@ -127,7 +127,7 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
           progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """Run (or resume) a training job; returns the summary (also written to <storage>/summary.json)."""
     import mlflow
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from workflows import tracking as trk
@@ -179,6 +179,9 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
         client.update_run(run_id, status="RUNNING")
         (storage / "config.yaml").write_text(to_yaml(dataclasses.replace(cfg, resume=None)))
     progress(f"MLflow run {run_id} ({cfg.tracking.uri}); checkpoints in {storage}")
+    # Quiet workers: no per-load progress bars (the workers inherit these when this process starts Ray).
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     init_ray(cfg.cluster)
     t = cfg.trainer
     trainer = TorchTrainer(
@@ -188,7 +191,8 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
                                      resources_per_worker={"CPU": t.cpus_per_worker, **({"GPU": 1} if t.use_gpu else {})}),
         run_config=RunConfig(name=storage.name, storage_path=str(storage.parent),
                              failure_config=FailureConfig(max_failures=cfg.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints)),
+                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
+                             logging_config=LoggingConfig(log_level="WARNING")),
     )
     t0 = time.perf_counter()
     status = "FAILED"
@@ -461,7 +465,8 @@ class _Driver:
         out = {"eval/accuracy": m["accuracy"], "eval/well_formed_turns": m["greedy"]["well_formed_turns"]}
         for src, acc in m["greedy"]["by_source"].items():
             out[f"eval/accuracy/{src}"] = acc
-        self.log(out, step)
+        if step == 0:  # later evaluations are logged with their step's metrics
+            self.log(out, step)
         self.phase("eval", time.perf_counter() - t0)
         _say(f"held-out greedy accuracy after {step} steps: {m['accuracy']:.3f} ({len(self.eval_prompts)} tasks)")
         return out

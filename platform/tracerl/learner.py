@@ -123,7 +123,7 @@ class PolicyLearner:
         stats: dict[str, float] = {}
         for _epoch in range(lc.epochs):
             sums = {"loss": 0.0, "clipped": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "entropy": 0.0, "tokens": 0.0,
-                    "is_weight": 0.0, "is_truncated": 0.0}
+                    "is_weight": 0.0, "is_truncated": 0.0, "signal": 0.0}
             self.optimizer.zero_grad(set_to_none=True)
             for i in range(rounds):
                 sync = i == rounds - 1
@@ -153,13 +153,18 @@ class PolicyLearner:
                     sums[k] += float(v)
                 sums["entropy"] += float((ent.detach() * mask.float()).sum())
                 sums["tokens"] += float(mask.sum())
+                sums["signal"] += float(((mb["advantages"] != 0) & mask).sum())
             params = [p for p in self.model.parameters() if p.requires_grad]
             max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
             lr = float(self.scheduler.get_last_lr()[0])
-            self.optimizer.step()
-            self.scheduler.step()
             tot = _all_reduce(sums, self.device)
+            # A batch without a non-zero advantage has no signal: Adam would still move the weights along its
+            # momentum, so the optimizer step is skipped (the schedule still advances).
+            skipped = tot["signal"] == 0
+            if not skipped:
+                self.optimizer.step()
+            self.scheduler.step()
             tokens = max(tot["tokens"], 1.0)
             stats = {
                 "train/loss": tot["loss"] / denominator,
@@ -169,6 +174,8 @@ class PolicyLearner:
                 "train/grad_norm": grad_norm,
                 "train/lr": lr,
                 "train/loss_tokens": tot["tokens"],
+                "train/signal_tokens": tot["signal"],
+                "train/update_skipped": float(skipped),
             }
             if self.ref_model is not None:
                 stats["train/kl_ref"] = tot["kl_ref"] / tokens

@@ -68,7 +68,7 @@ class EnvWorker:
         self.kill_at_step, self.fault_dir = kill_at_step, fault_dir
 
     def execute(self, step: int, prompt: Prompt, state: Any, action: Action) -> ToolResult:
-        if step == self.kill_at_step and _fault_once(self.fault_dir, f"env-step{step}"):
+        if 0 <= self.kill_at_step == step and _fault_once(self.fault_dir, f"env-step{step}"):
             os._exit(1)
         return self.env.execute(prompt, state, action)  # type: ignore[no-any-return]
 
@@ -171,8 +171,8 @@ class RolloutWorker:
     def load_weights(self, state: dict[str, Any]) -> None:
         import torch
 
-        if hasattr(self.sampler, "load_weights"):
-            self.sampler.load_weights(state)
+        if hasattr(self.sampler, "load_weights"):  # vLLM: (name, tensor) pairs into the running engine
+            self.sampler.load_weights(state.items())
         else:
             with torch.no_grad():
                 self.model.load_state_dict(state)
@@ -182,7 +182,7 @@ class RolloutWorker:
         self.engine.seed, self.engine.calls, self.engine.ledger = seed, 0, BudgetLedger()
         if isinstance(self.env, EnvPool):
             self.env.step = step
-        if step == self.kill_at_step and _fault_once(self.fault_dir, f"sampler-step{step}"):
+        if 0 <= self.kill_at_step == step and _fault_once(self.fault_dir, f"sampler-step{step}"):
             os._exit(1)
 
     def rollout(self, step: int, key: str, prompts: list[Prompt], counts: list[int], seed: int
