@@ -34,8 +34,9 @@ def _client(tmp: Path) -> Any:
 @pytest.fixture(scope="module")
 def run(tiny_policy: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("train")
-    args = ["train", "--config", SMOKE, *_common(tiny_policy, tmp), "faults.kill_rollout_worker_at_step=0",
-            "faults.kill_env_worker_at_step=1", "faults.kill_trainer_at_step=1"]
+    # Two DDP ranks (gloo): rank 0 drives the pools and broadcasts each batch; both update on their shards.
+    args = ["train", "--config", SMOKE, *_common(tiny_policy, tmp), "trainer.num_workers=2", "trainer.cpus_per_worker=0.4",
+            "faults.kill_rollout_worker_at_step=0", "faults.kill_env_worker_at_step=1", "faults.kill_trainer_at_step=1"]
     assert main(args) == 0
     client = _client(tmp)
     exp = client.get_experiment_by_name("tracerl")
@@ -81,13 +82,14 @@ def test_checkpoints_hold_a_changed_policy(run: dict[str, Any]) -> None:
     ckpt = latest_checkpoint(storage)
     assert ckpt is not None and json.loads((ckpt / "state.json").read_text())["step"] == 3
     assert len([d for d in storage.glob("checkpoint_0*") if d.is_dir()]) <= 2  # keep_checkpoints
-    assert {"predictor.pt", "trainer_rank0.pt", "config.yaml"} <= {p.name for p in ckpt.iterdir()}
+    assert {"predictor.pt", "trainer_rank0.pt", "trainer_rank1.pt", "config.yaml"} <= {p.name for p in ckpt.iterdir()}
     trained = AutoModelForCausalLM.from_pretrained(ckpt / "policy")
     assert all(torch.isfinite(p).all() for p in trained.parameters())
-    # three optimizer steps, counted across the restart: the optimizer state was restored from the checkpoint
-    opt = torch.load(ckpt / "trainer_rank0.pt", weights_only=False)["optimizer"]
-    assert {float(s["step"]) for s in opt["state"].values()} == {3.0}
-    assert opt["param_groups"][0]["lr"] > 0
+    # three schedule steps, counted across the restart after step 2: the trainer state came back from the checkpoint
+    state = torch.load(ckpt / "trainer_rank0.pt", weights_only=False)
+    assert state["scheduler"]["last_epoch"] == 3
+    # Adam moments exist only if some batch had a non-zero advantage (else the step is skipped)
+    assert all(float(s["step"]) <= 3 for s in state["optimizer"]["state"].values())
     # (weights moving under non-zero advantages: tests/test_learner.py; this briefly trained policy rarely succeeds)
 
 

@@ -500,7 +500,7 @@ class BenchAllocationConfig:
 class OptimConfig:
     """AdamW with a linear warm-up and a schedule."""
 
-    lr: float = 5e-4
+    lr: float = 5e-5
     """Peak learning rate (the tiny policy's; about 1e-6 for an 8B model)."""
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
