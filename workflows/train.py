@@ -189,7 +189,7 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
         train_loop_config={"cfg": cfg, "run_id": run_id, "storage": str(storage)},
         scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
                                      resources_per_worker={"CPU": t.cpus_per_worker, **({"GPU": 1} if t.use_gpu else {})}),
-        run_config=RunConfig(name=storage.name, storage_path=str(storage.parent),
+        run_config=RunConfig(name=storage.name, storage_path=str(storage.parent),  # type: ignore[call-arg]
                              failure_config=FailureConfig(max_failures=cfg.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
                              logging_config=LoggingConfig(log_level="WARNING")),
