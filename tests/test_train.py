@@ -139,3 +139,30 @@ def test_eval_of_a_run_checkpoint(run: dict[str, Any], tmp_path: Path) -> None:
 def test_resume_of_an_unknown_run_says_so(tiny_policy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", *_common(tiny_policy, tmp_path), "resume=0123abc"]) == 2
     assert "no MLflow run '0123abc'" in capsys.readouterr().err
+
+
+def test_compare_ranks_runs_and_logs_the_report(run: dict[str, Any], tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    tmp = run["tmp"]
+    assert main(["compare", "--tracking-uri", f"sqlite:///{tmp}/mlruns.db", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "rank" in out and "trace" in out
+    rows = json.loads((tmp_path / "runs.json").read_text())
+    assert [r["run_id"] for r in rows] == [run["run_id"]] and rows[0]["continuations"] == 2
+    assert {"effective_ratio_per_step.png", "accuracy_vs_budget.png", "budget_shape_heatmap.png"} <= {
+        p.name for p in tmp_path.iterdir()}
+    client = _client(tmp)
+    exp = client.get_experiment_by_name("tracerl")
+    cmp = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("tracerl.command") == "compare"]
+    assert len(cmp) == 1 and cmp[0].data.tags["tracerl.compared"] == run["run_id"]
+    assert {Path(a.path).name for a in client.list_artifacts(cmp[0].info.run_id, "compare")} >= {"table.txt"}
+
+
+def test_ui_serves_the_store(run: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["ui", "--check", "--port", str(port), "--tracking-uri", f"sqlite:///{run['tmp']}/mlruns.db"]) == 0
+    assert f"http://127.0.0.1:{port}" in capsys.readouterr().out

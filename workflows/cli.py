@@ -22,6 +22,7 @@ from tracerl.config import (
     BootstrapConfig,
     EvalConfig,
     RolloutConfig,
+    SweepConfig,
     TrainConfig,
 )
 from tracerl.config_loader import ConfigError, compose, conf_dir, to_yaml
@@ -136,6 +137,24 @@ def _train(cfg: TrainConfig) -> int:
     return 0
 
 
+def _sweep(cfg: SweepConfig) -> int:
+    from workflows.lm_stack import SetupError
+    from workflows.sweep import run_sweep
+
+    try:
+        s = run_sweep(cfg, progress=_progress)
+    except (SetupError, FileNotFoundError, ValueError) as exc:
+        print(f"tracerl: {exc}", file=sys.stderr)
+        return 2
+    for t in s["trials"]:
+        print(f"{t['trial']}: {t['config']}  {cfg.metric} (last) = {t['metric_last']}" + (f"  ERROR {t['error']}" if t["error"] else ""))
+    if "best_config" in s:
+        print(f"best ({cfg.metric}, {cfg.mode}, scope {cfg.scope}): {s['best_config']}")
+    print(f"MLflow parent run {s['parent_run_id']} ({s['tracking_uri']}); {s['wall_s']:.0f} s; "
+          f"compare with: tracerl compare --tracking-uri {s['tracking_uri']}")
+    return 0 if "best_config" in s else 1
+
+
 def _bench_train(cfg: BenchTrainConfig) -> int:
     from workflows.bench_train import format_table, run_bench
     from workflows.lm_stack import SetupError
@@ -185,6 +204,82 @@ def _register(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from tracerl.config import TrackingConfig
+    from workflows.compare import compare
+
+    tracking = TrackingConfig(uri=args.tracking_uri, experiment=args.experiment or "tracerl")
+    try:
+        res = compare(tracking, args.experiment, args.run_ids, args.out, log_to_mlflow=not args.no_log)
+    except LookupError as exc:
+        print(f"tracerl: {exc}", file=sys.stderr)
+        return 2
+    print(res["table"])
+    print(f"\nwrote {args.out}/table.txt, runs.json and " + ", ".join(Path(f).name for f in res["files"]))
+    if res["run_id"]:
+        print(f"logged to MLflow run {res['run_id']} (artifacts/compare); open: tracerl ui --tracking-uri {args.tracking_uri}")
+    return 0
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from workflows import submit as sub
+
+    try:
+        if args.status:
+            print(sub.status(args.address, args.status))
+            return 0
+        if args.logs:
+            print(sub.logs(args.address, args.logs), end="")
+            return 0
+        if args.stop:
+            print("stopped" if sub.stop(args.address, args.stop) else "not running")
+            return 0
+        if not args.job:
+            print("tracerl: submit needs COMMAND (train, sweep or eval), or --status/--logs/--stop JOB_ID", file=sys.stderr)
+            return 2
+        job_id, state = sub.submit(args.address, args.job[0], args.job[1:], args.working_dir, args.python,
+                                   follow=not args.no_follow)
+    except (ValueError, ConnectionError, RuntimeError) as exc:
+        print(f"tracerl: {exc}", file=sys.stderr)
+        return 2
+    print(f"job {job_id}: {state}")
+    return 0 if state in ("SUCCEEDED", "PENDING") else 1
+
+
+def _ui(args: argparse.Namespace) -> int:
+    import subprocess
+    import time
+    import urllib.request
+
+    from workflows.compare import ui_command
+
+    url = f"http://{args.host}:{args.port}"
+    proc = subprocess.Popen(ui_command(args.tracking_uri, args.host, args.port))
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                print(f"tracerl: the MLflow UI exited with code {proc.returncode} (is port {args.port} in use?)",
+                      file=sys.stderr)
+                return 2
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        print(f"MLflow UI on {args.tracking_uri}: {url}", flush=True)
+        if not args.check:
+            proc.wait()
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
 ROLLOUT_FLAGS = (
     Shorthand("--steps", ("steps",), "steps to run (the predictor learns across them; the last is written)"),
     Shorthand("--out", ("out_dir",), "output directory", str),
@@ -202,6 +297,11 @@ TRAIN_FLAGS = (
     Shorthand("--steps", ("steps",), "RL steps"),
     Shorthand("--seed", ("seed",), "seed"),
     Shorthand("--out", ("out_dir",), "checkpoint storage directory", str),
+)
+SWEEP_FLAGS = (
+    Shorthand("--samples", ("num_samples",), "trials"),
+    Shorthand("--steps", ("steps",), "RL steps per trial"),
+    Shorthand("--name", ("sweep_name",), "sweep name (the same name resumes an interrupted sweep)", str),
 )
 BENCH_TRAIN_FLAGS = (
     Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
@@ -225,6 +325,7 @@ COMMANDS: dict[str, Command] = {
     "rollout": Command(RolloutConfig, "rollout/math.yaml", ROLLOUT_FLAGS, _rollout),
     "bench rollout": Command(BenchRolloutConfig, "bench/rollout.yaml", BENCH_ROLLOUT_FLAGS, _bench_rollout),
     "train": Command(TrainConfig, "train/default.yaml", TRAIN_FLAGS, _train),
+    "sweep": Command(SweepConfig, "sweep/default.yaml", SWEEP_FLAGS, _sweep),
     "bench train": Command(BenchTrainConfig, "bench/train.yaml", BENCH_TRAIN_FLAGS, _bench_train),
     "eval": Command(EvalConfig, "eval/math.yaml", EVAL_FLAGS, _eval),
 }
@@ -273,6 +374,28 @@ def build_parser() -> argparse.ArgumentParser:
     reg.add_argument("--name", required=True, help="registered model name")
     reg.add_argument("--alias", help="alias to point at the new version (e.g. champion)")
     reg.add_argument("--tracking-uri", default="sqlite:///mlruns.db", help="MLflow tracking URI (default: %(default)s)")
+    _add_job_args(sub.add_parser("sweep", help="Ray Tune + Optuna over the budget shape; each trial a train run"),
+                  COMMANDS["sweep"])
+    sm = sub.add_parser("submit", help="send train, sweep or eval to a Ray cluster (Ray Jobs); or --status/--logs/--stop")
+    sm.add_argument("--address", required=True, help="the cluster's job API, e.g. http://127.0.0.1:8265")
+    sm.add_argument("--status", metavar="JOB_ID", help="print a job's status")
+    sm.add_argument("--logs", metavar="JOB_ID", help="print a job's logs")
+    sm.add_argument("--stop", metavar="JOB_ID", help="stop a job")
+    sm.add_argument("--no-follow", action="store_true", help="return after submitting instead of streaming logs")
+    sm.add_argument("--working-dir", default=".", help="uploaded as the job's working directory (default: .)")
+    sm.add_argument("--python", help="run `PYTHON -m workflows.cli` instead of `tracerl` on the cluster")
+    sm.add_argument("job", nargs=argparse.REMAINDER, help="COMMAND (train, sweep, eval) and its flags and overrides")
+    cmp = sub.add_parser("compare", help="training runs side by side: table and plots, also logged to MLflow")
+    cmp.add_argument("run_ids", nargs="*", help="MLflow run ids (default: every training run of the experiment)")
+    cmp.add_argument("--experiment", help="MLflow experiment (default: tracerl)")
+    cmp.add_argument("--tracking-uri", default="sqlite:///mlruns.db", help="MLflow tracking URI (default: %(default)s)")
+    cmp.add_argument("--out", default="bench_out/compare", help="output directory (default: %(default)s)")
+    cmp.add_argument("--no-log", action="store_true", help="do not log the report to MLflow")
+    ui = sub.add_parser("ui", help="start the MLflow UI on the tracking store and print its URL")
+    ui.add_argument("--tracking-uri", default="sqlite:///mlruns.db", help="MLflow tracking URI (default: %(default)s)")
+    ui.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument("--check", action="store_true", help="start, wait until it answers, print the URL and stop")
     show = sub.add_parser("config", help="print a command's resolved config")
     show.add_argument("job", choices=sorted(c.replace(" ", "-") for c in COMMANDS), help="which command's config")
     show.add_argument("--config", help="config YAML (default: the command's)")
@@ -297,6 +420,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "register":
             return _register(args)
+        if args.command == "compare":
+            return _compare(args)
+        if args.command == "submit":
+            return _submit(args)
+        if args.command == "ui":
+            return _ui(args)
         name = f"{args.command} {args.bench}" if args.command == "bench" else args.command
         return COMMANDS[name].run(load(name, args))
     except ConfigError as exc:

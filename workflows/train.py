@@ -124,8 +124,13 @@ def run_storage(run_id: str, tracking: Any) -> Path:
 
 
 def train(cfg: TrainConfig, overrides: list[str] | None = None,
-          progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    """Run (or resume) a training job; returns the summary (also written to <storage>/summary.json)."""
+          progress: Callable[[str], None] = lambda s: None, tags: dict[str, str] | None = None,
+          callbacks: list[Any] | None = None) -> dict[str, Any]:
+    """Run (or resume) a training job; returns the summary (also written to <storage>/summary.json).
+
+    ``tags`` go on a new MLflow run (a sweep passes its parent run and trial); ``callbacks`` are Ray Train
+    user callbacks (a sweep forwards every report to Tune).
+    """
     import mlflow
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -162,7 +167,7 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
         run = client.create_run(exp_id, run_name=name, tags={
             "tracerl.command": "train", "tracerl.allocator": cfg.allocator.name, "tracerl.git_sha": git_sha(),
             "tracerl.config_hash": config_hash(cfg), "tracerl.dataset_fingerprint": dataset_fingerprint(cfg),
-            "tracerl.base_model": cfg.model.path})
+            "tracerl.base_model": cfg.model.path, **(tags or {})})
         run_id = run.info.run_id
         storage = Path(cfg.out_dir) / f"{name}-{run_id[:8]}"
         storage.mkdir(parents=True, exist_ok=True)
@@ -192,7 +197,7 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
         run_config=RunConfig(name=storage.name, storage_path=str(storage.parent),  # type: ignore[call-arg]
                              failure_config=FailureConfig(max_failures=cfg.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
-                             logging_config=LoggingConfig(log_level="WARNING")),
+                             logging_config=LoggingConfig(log_level="WARNING"), callbacks=callbacks),
     )
     t0 = time.perf_counter()
     status = "FAILED"
@@ -386,6 +391,8 @@ def train_loop(config: dict[str, Any]) -> None:
                     driver.save(Path(tmp), done, _unwrap(model))
                 ray.train.report({"step": done, **metrics}, checkpoint=ray.train.Checkpoint.from_directory(tmp),
                                  checkpoint_dir_name=f"checkpoint_{done:06d}")
+        else:  # every step reports (a sweep's scheduler sees the curve); checkpoints every checkpoint_every
+            ray.train.report({"step": done, **metrics})
         if driver is not None and step == cfg.faults.kill_trainer_at_step:
             from tracerl.actors.pools import _fault_once
 

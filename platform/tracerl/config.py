@@ -9,6 +9,7 @@ before any work starts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -703,3 +704,48 @@ class BenchTrainConfig(TrainConfig):
         _check(self.seeds >= 1, f"seeds must be >= 1 (got {self.seeds})")
         _check(len(self.allocators) >= 1, "allocators must name at least one allocator")
         _check(self.resume is None, "bench train starts fresh runs; resume is not allowed")
+
+
+@dataclass(frozen=True)
+class SweepConfig(TrainConfig):
+    """``tracerl sweep``: Ray Tune + Optuna over the budget shape; every trial a full ``train`` run.
+
+    Leaf mode (the only mode for now): the total leaf budget ``budget.num_leaves`` = L stays fixed, a trial's
+    continuation multiplier N sets the bare-rollout budget M = L / (1 + N). Choices for N must divide L.
+    """
+
+    space: dict[str, Any] = field(default_factory=lambda: {"budget.continuations": [1, 2, 3],
+                                                           "allocator.m_max": [4, 8, 16]})
+    """Dotted config key -> a list of choices, or {low, high[, log]} for a float range; group keys such as
+    'allocator' choose a conf/ file by name."""
+    num_samples: int = 4
+    """Trials."""
+    max_concurrent_trials: int = 1
+    metric: str = "rollout/effective_ratio"
+    """Reported every step; the scheduler and the best-trial choice use it."""
+    mode: str = "max"
+    scope: str = "avg"
+    """Which of a trial's reports rank it: 'last', 'avg' (over its steps) or 'all' (its best)."""
+    scheduler: str = "fifo"
+    """'fifo' (every trial runs to the end) or 'asha' (stops trials that trail at the rungs)."""
+    grace_period: int = 3
+    """ASHA: steps before a trial can be stopped."""
+    trial_cpus: float = 0.05
+    """CPUs the trial's driver holds (its Ray Train workers and actor pools reserve their own)."""
+    sweep_name: str | None = None
+    """Names the Tune experiment under out_dir/sweeps/; running again with the same name resumes it."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check(self.num_samples >= 1 and self.max_concurrent_trials >= 1, "num_samples and max_concurrent_trials must be >= 1")
+        _check(self.mode in ("max", "min"), f"mode must be max or min (got {self.mode!r})")
+        _check(self.scope in ("last", "avg", "all"), f"scope must be last, avg or all (got {self.scope!r})")
+        _check(self.scheduler in ("fifo", "asha"), f"scheduler must be fifo or asha (got {self.scheduler!r})")
+        _check(bool(self.space), "space must name at least one key to sweep")
+        for key, dom in self.space.items():
+            _check(isinstance(dom, list) and len(dom) >= 1 or isinstance(dom, dict) and {"low", "high"} <= set(dom),
+                   f"space.{key} must be a list of choices or {{low, high, log}} (got {dom!r})")
+        leaves = self.budget.num_leaves
+        for n in self.space.get("budget.continuations", []) if isinstance(self.space.get("budget.continuations"), list) else []:
+            _check(leaves is not None and leaves % (1 + int(n)) == 0,
+                   f"budget.continuations choice {n}: L = budget.num_leaves = {leaves} must be divisible by 1 + N")

@@ -1,0 +1,67 @@
+"""`tracerl sweep` (Ray Tune + Optuna) on the smoke sweep, logging over HTTP to a real MLflow server on loopback."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from workflows.cli import main
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("mlflow")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp}/srv.db",
+                             "--default-artifact-root", str(tmp / "art"), "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2):
+                break
+        except OSError:
+            assert proc.poll() is None and time.monotonic() < deadline, "mlflow server did not come up"
+            time.sleep(0.5)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_smoke_sweep_logs_parent_and_children_to_a_server(tiny_policy: Path, mlflow_server: str, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import mlflow
+
+    args = ["sweep", "--config", str(ROOT / "conf" / "sweep" / "smoke.yaml"), f"model.path={tiny_policy}",
+            f"tracking.uri={mlflow_server}", f"out_dir={tmp_path}/runs", "--name", "smoke"]
+    assert main(args) == 0
+    assert "best (rollout/effective_ratio" in capsys.readouterr().out
+    mlflow.set_tracking_uri(mlflow_server)
+    client = mlflow.MlflowClient()
+    runs = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])
+    parents = [r for r in runs if r.data.tags.get("tracerl.command") == "sweep"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    parent = parents[0]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 2 and all(r.data.tags["tracerl.sweep"] == "smoke" for r in children)
+    assert {r.data.params["budget.continuations"] for r in children} <= {"2", "4"}
+    for r in children:  # every step of every trial reached the server
+        assert len(client.get_metric_history(r.info.run_id, "rollout/effective_ratio")) == 3
+    best = json.loads(parent.data.tags["tracerl.best_config"])
+    assert set(best) == {"budget.continuations", "allocator.m_max"}
+    # the same name again restores the finished experiment instead of starting new trials
+    assert main(args) == 0
+    runs = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])
+    assert len([r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]) == 2

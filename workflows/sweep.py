@@ -1,0 +1,130 @@
+"""``tracerl sweep``: budget-shape sweeps with Ray Tune and Optuna's sampler.
+
+Each trial is a full ``tracerl train`` run: the sampled values are applied as overrides to the sweep's
+base config and validated like any command line. Its Ray Train reports (every step) reach Tune through
+``TuneReportCallback``, so a scheduler (ASHA) can stop trailing trials. MLflow holds one parent run for
+the sweep and one child run per trial (tags ``mlflow.parentRunId``, ``tracerl.sweep``, ``tracerl.trial``);
+the best configuration is printed and tagged on the parent. Running the same command with the same
+``sweep_name`` after an interruption restores the Tune experiment and finishes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tracerl.config import SweepConfig, TrainConfig
+from tracerl.config_loader import to_yaml
+
+
+def search_space(space: dict[str, Any]) -> dict[str, Any]:
+    """Tune domains from the config's space (lists -> choice, {low, high, log} -> (log)uniform)."""
+    from ray import tune
+
+    out: dict[str, Any] = {}
+    for key, dom in space.items():
+        if isinstance(dom, list):
+            out[key] = tune.choice(list(dom))
+        elif dom.get("log"):
+            out[key] = tune.loguniform(float(dom["low"]), float(dom["high"]))
+        else:
+            out[key] = tune.uniform(float(dom["low"]), float(dom["high"]))
+    return out
+
+
+def _trial(config: dict[str, Any], base_yaml: str, parent_run_id: str, sweep: str) -> None:
+    """One Tune trial: the base config with this trial's values, run through the train workflow."""
+    import ray.tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from tracerl.config_loader import compose
+    from workflows.train import train
+
+    trial = ray.tune.get_context().get_trial_name()
+    overrides = [f"{k}={v}" for k, v in sorted(config.items())] + [f"run_name={sweep}-{trial}"]
+    cfg = compose(TrainConfig, base_yaml, overrides)
+    summary = train(cfg, tags={"mlflow.parentRunId": parent_run_id, "tracerl.sweep": sweep, "tracerl.trial": trial},
+                    callbacks=[TuneReportCallback()])
+    final = {f"final/{k}": v for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    ray.tune.report(final)
+
+
+def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    import mlflow
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+
+    from workflows import tracking as trk
+    from workflows.ray_utils import init_ray
+    from workflows.train import resolve_paths
+
+    if not cfg.tracking.enabled:
+        raise ValueError("tracerl sweep needs MLflow tracking (tracking.enabled=true)")
+    name = cfg.sweep_name or f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    base = TrainConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainConfig)})
+    base = resolve_paths(base)
+    root = Path(base.out_dir) / "sweeps"
+    root.mkdir(parents=True, exist_ok=True)
+    sweep_dir = root / name
+    meta_path = root / f"{name}.json"
+    exp_id = trk.setup(base.tracking)
+    client = mlflow.MlflowClient()
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        parent = meta["parent_run_id"]
+        client.update_run(parent, status="RUNNING")
+        progress(f"resuming sweep {name} (MLflow parent run {parent})")
+    else:
+        parent = client.create_run(exp_id, run_name=name, tags={"tracerl.command": "sweep", "tracerl.sweep": name}).info.run_id
+        for k, v in cfg.space.items():
+            client.log_param(parent, f"space.{k}", json.dumps(v))
+        for k in ("num_samples", "metric", "mode", "scope", "scheduler"):
+            client.log_param(parent, k, str(getattr(cfg, k)))
+        meta = {"parent_run_id": parent}
+        meta_path.write_text(json.dumps(meta))
+    base_yaml = root / f"{name}.base.yaml"
+    base_yaml.write_text(to_yaml(base))
+    init_ray(cfg.cluster)
+    trainable = tune.with_resources(
+        tune.with_parameters(_trial, base_yaml=str(base_yaml), parent_run_id=parent, sweep=name),
+        {"cpu": cfg.trial_cpus})
+    if tune.Tuner.can_restore(str(sweep_dir)):
+        tuner = tune.Tuner.restore(str(sweep_dir), trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        scheduler = (tune.schedulers.ASHAScheduler(time_attr="step", grace_period=cfg.grace_period, max_t=cfg.steps)
+                     if cfg.scheduler == "asha" else tune.schedulers.FIFOScheduler())
+        tuner = tune.Tuner(
+            trainable,
+            param_space=search_space(cfg.space),
+            tune_config=tune.TuneConfig(metric=cfg.metric, mode=cfg.mode, num_samples=cfg.num_samples,
+                                        max_concurrent_trials=cfg.max_concurrent_trials, scheduler=scheduler,
+                                        search_alg=OptunaSearch(seed=cfg.seed)),
+            run_config=tune.RunConfig(name=name, storage_path=str(root)),
+        )
+    t0 = time.perf_counter()
+    status = "FAILED"
+    try:
+        grid = tuner.fit()
+        status = "FINISHED"
+    finally:
+        client.set_terminated(parent, status=status)
+    results = [grid[i] for i in range(len(grid))]
+    ok = [r for r in results if r.error is None and r.metrics]
+    best = grid.get_best_result(metric=cfg.metric, mode=cfg.mode, scope=cfg.scope) if ok else None
+    trials = []
+    for r in results:
+        trials.append({"trial": Path(r.path).name if r.path else "?", "config": r.config,
+                       "error": None if r.error is None else str(r.error)[:300],
+                       "metric_last": (r.metrics or {}).get(cfg.metric)})
+    summary: dict[str, Any] = {"sweep": name, "parent_run_id": parent, "trials": trials,
+                               "wall_s": time.perf_counter() - t0, "tracking_uri": base.tracking.uri}
+    if best is not None:
+        summary["best_config"] = best.config
+        client.set_tag(parent, "tracerl.best_config", json.dumps(best.config))
+        client.set_tag(parent, "tracerl.best_trial", Path(best.path).name)
+    (root / f"{name}.summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary
