@@ -47,10 +47,9 @@ def _trial(config: dict[str, Any], base_yaml: str, parent_run_id: str, sweep: st
     trial = ray.tune.get_context().get_trial_name()
     overrides = [f"{k}={v}" for k, v in sorted(config.items())] + [f"run_name={sweep}-{trial}"]
     cfg = compose(TrainConfig, base_yaml, overrides)
-    summary = train(cfg, tags={"mlflow.parentRunId": parent_run_id, "tracerl.sweep": sweep, "tracerl.trial": trial},
-                    callbacks=[TuneReportCallback()])
-    final = {f"final/{k}": v for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-    ray.tune.report(final)
+    # Every step's metrics reach Tune through the callback; the run's summary lives in its MLflow child run.
+    train(cfg, tags={"mlflow.parentRunId": parent_run_id, "tracerl.sweep": sweep, "tracerl.trial": trial},
+          callbacks=[TuneReportCallback()])
 
 
 def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:

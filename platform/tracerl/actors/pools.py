@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tracerl.algos.allocators import Expansion
 from tracerl.engine.ledger import BudgetLedger
@@ -36,6 +37,9 @@ from tracerl.tree import RolloutTree
 from tracerl.types import Prompt
 
 DEAD = (RayActorError, ActorDiedError, ActorUnavailableError)
+# Pools reserve their own resources: outside any placement group that captures child actors (a Tune trial's, a
+# Ray Train worker's), where they would wait forever for room that the group does not have.
+_OWN = PlacementGroupSchedulingStrategy(placement_group=None)  # type: ignore[arg-type]
 
 
 def _fault_once(fault_dir: str | None, name: str) -> bool:
@@ -83,7 +87,8 @@ class EnvPool:
                  kill_at_step: int = -1, fault_dir: str | None = None) -> None:
         self.local = env_factory()
         self.tools, self.fork_mode = self.local.tools, self.local.fork_mode
-        self._new = lambda: ray.remote(num_cpus=cpus)(EnvWorker).remote(env_factory, kill_at_step, fault_dir)
+        self._new = lambda: ray.remote(num_cpus=cpus)(EnvWorker).options(scheduling_strategy=_OWN).remote(
+            env_factory, kill_at_step, fault_dir)
         self.actors = [self._new() for _ in range(size)]
         self.max_retries = max_retries
         self.step = -1
@@ -244,7 +249,8 @@ class RolloutPool:
         self._owner: dict[int, tuple[int, str]] = {}  # id(tree) -> (worker, key)
 
     def _new(self) -> Any:
-        return ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0)(RolloutWorker).remote(self.spec)
+        return ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0)(RolloutWorker).options(
+            scheduling_strategy=_OWN).remote(self.spec)
 
     def warnings(self) -> list[str]:
         return list(ray.get(self.workers[0].warnings.remote()))
