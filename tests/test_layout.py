@@ -56,7 +56,9 @@ def test_pure_core_never_imports_ray_vllm_mlflow_or_upper_layers() -> None:
 def test_envs_and_predictors_do_not_import_workflows_or_ray() -> None:
     for rel in ["envs", "predictors", "platform/tracerl"]:
         for f in files(rel):
-            assert not imports(f) & {"workflows", "ray", "mlflow"}, f
+            # tracerl.actors are the thin Ray adapters (docs/DESIGN.md); nothing in tracerl wires workflows or MLflow
+            banned = {"workflows", "mlflow"} if "actors" in f.parts else {"workflows", "ray", "mlflow"}
+            assert not imports(f) & banned, f
 
 
 def test_console_script_points_at_workflows() -> None:

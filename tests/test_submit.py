@@ -28,7 +28,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`ray start --head --block` in the foreground: terminating it stops exactly this cluster (not `ray stop`,
     which would stop every Ray on the machine, the test session's own included)."""
     gcs, dash = _free_port(), _free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")}, "RAY_AUTH_MODE": "token"}
     ray_bin = str(Path(sys.executable).parent / "ray")
     proc = subprocess.Popen([ray_bin, "start", "--head", "--block", f"--port={gcs}", f"--dashboard-port={dash}",
                              "--dashboard-host=127.0.0.1", "--num-cpus=1", "--disable-usage-stats",
@@ -50,19 +50,24 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc.wait(timeout=60)
 
 
-def test_submit_streams_logs_and_reports_status(head: str, tiny_policy: Path, tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["submit", "--address", head, "--working-dir", str(ROOT), "--python", sys.executable, "eval",
-            f"model.path={tiny_policy}", "env.math.eval_tasks=3", "sampler.max_turns=2", "--samples", "0",
-            "--out", str(tmp_path / "eval")]
-    assert main(args) == 0
-    out = capsys.readouterr().out
-    assert "greedy pass@1" in out  # the job's own output, streamed back
-    job_id = next(line.split()[1].rstrip(":") for line in out.splitlines() if line.startswith("job "))
-    assert main(["submit", "--address", head, "--status", job_id]) == 0
-    assert capsys.readouterr().out.strip() == "SUCCEEDED"
-    assert main(["submit", "--address", head, "--logs", job_id]) == 0
-    assert "greedy pass@1" in capsys.readouterr().out
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`tracerl ...` in a fresh process, as from a new shell (the test session may hold its own Ray)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") or k == "RAY_AUTH_MODE"}
+    return subprocess.run([sys.executable, "-m", "workflows.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_submit_streams_logs_and_reports_status(head: str, tiny_policy: Path, tmp_path: Path) -> None:
+    res = _cli("submit", "--address", head, "--working-dir", str(ROOT), "--python", sys.executable, "eval",
+               f"model.path={tiny_policy}", "env.math.eval_tasks=3", "sampler.max_turns=2", "--samples", "0",
+               "--out", str(tmp_path / "eval"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "greedy pass@1" in res.stdout  # the job's own output, streamed back
+    job_id = next(line.split()[1].rstrip(":") for line in res.stdout.splitlines() if line.startswith("job "))
+    st = _cli("submit", "--address", head, "--status", job_id)
+    assert st.returncode == 0 and st.stdout.strip() == "SUCCEEDED"
+    logs = _cli("submit", "--address", head, "--logs", job_id)
+    assert logs.returncode == 0 and "greedy pass@1" in logs.stdout
     assert (tmp_path / "eval" / "summary.json").is_file()
 
 

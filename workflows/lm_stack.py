@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from envs.math.datasets import load_math_file
@@ -16,29 +15,11 @@ from predictors.text import HashedNgramFeaturizer, PolicyHiddenFeaturizer
 from tracerl.config import EnvConfig, ModelConfig, PredictorConfig, SamplerConfig
 from tracerl.engine.react import TEMPLATES
 from tracerl.engine.rollout import TreeRolloutEngine
+from tracerl.models.hf import SetupError, load_policy
 from tracerl.samplers import SAMPLERS
 from tracerl.types import Prompt
 
-
-class SetupError(RuntimeError):
-    """Something the user must provide or fix before the command can run; the message says what."""
-
-
-def load_policy(cfg: ModelConfig) -> tuple[Any, Any]:
-    """Tokenizer and model from an HF checkpoint directory (no hub access)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = Path(cfg.path)
-    if not path.is_dir():
-        raise SetupError(f"model.path={cfg.path!r} is not a checkpoint directory; build the tiny policy with "
-                         f"`tracerl bootstrap` (writes models/tiny-math) or point model.path at an HF checkpoint")
-    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).eval()
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok, model
+__all__ = ["SetupError", "load_policy", "task_prompts", "build_stack", "make_text_predictor", "LMStack"]
 
 
 def task_prompts(cfg: EnvConfig, held_out: bool = False) -> list[Prompt]:

@@ -139,8 +139,8 @@ class RolloutWorker:
         from tracerl.config import EnvConfig, ModelConfig, PoolConfig, SamplerConfig
         from tracerl.engine.react import TEMPLATES
         from tracerl.engine.rollout import TreeRolloutEngine
+        from tracerl.models.hf import load_policy
         from tracerl.samplers import SAMPLERS
-        from workflows.lm_stack import load_policy
 
         torch.set_num_threads(max(1, int(spec.get("threads", 1))))
         model_cfg: ModelConfig = spec["model"]
