@@ -494,7 +494,6 @@ class _Driver:
         from workflows.rollout import merge_ledgers
 
         out.ledger = merge_ledgers(out.ledger, self.pool.ledger)
-        out.ledger.retried = self.pool.ledger.retried
         m = step_metrics(out)
         if self.predictor.ready:
             for group, vals in summarize_calibration(collect_calibration(out)).items():
