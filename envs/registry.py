@@ -1,5 +1,61 @@
-"""The environment registry (name -> constructor)."""
+"""The environment registry (name -> environment class) and the interface a tool environment offers to workflows.
+
+A ReAct tool environment class (see ``tracerl.engine.protocol.ToolEnv`` for the per-episode part) also offers:
+
+- ``from_config(env_cfg) -> env``: one instance from its config section (called in every environment actor);
+- ``prompts(env_cfg, held_out) -> list[Prompt]``: the training prompts, or the held-out evaluation prompts
+  (never overlapping training);
+- ``tools``: the tool specs shown to the policy;
+- ``warnings`` (optional, on instances): protections or features the machine does not provide.
+
+Built-in environments are imported on first use, so ``ENVS`` never pulls in a family's dependencies
+(tantivy, bfcl-eval) unless that family is asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from pathlib import Path
+from typing import Any
 
 from tracerl.registry import Registry
 
 ENVS: Registry = Registry("environment")
+
+_BUILTIN = {"simulator": "envs.simulator", "math": "envs.math.env", "search": "envs.search.env",
+            "bfcl": "envs.bfcl.env"}
+TOOL_ENVS = ("math", "search", "bfcl")
+"""Built-in ReAct tool environments (the language-model workflows run on these)."""
+
+
+def env_class(name: str) -> Any:
+    """The environment class registered as ``name`` (importing a built-in family on first use) or ``module:attr``."""
+    module = _BUILTIN.get(name)
+    if module is not None and name not in ENVS:
+        importlib.import_module(module)
+    return ENVS.get(name)
+
+
+def env_section(env_cfg: Any) -> Any:
+    """The config section of the chosen environment (``env.<name>``), or None for a user environment without one."""
+    return getattr(env_cfg, env_cfg.name, None)
+
+
+_PATH_FIELDS = ("tasks", "corpus")
+
+
+def resolve_env_paths(env_cfg: Any) -> Any:
+    """``env_cfg`` with the chosen section's file fields (tasks, corpus) made absolute where they exist here,
+    so Ray workers with another working directory read the same files."""
+    section = env_section(env_cfg)
+    if section is None or not dataclasses.is_dataclass(section) or isinstance(section, type):
+        return env_cfg
+    changes = {}
+    for f in _PATH_FIELDS:
+        value = getattr(section, f, None)
+        if isinstance(value, str) and value not in ("generated", "") and Path(value).exists():
+            changes[f] = str(Path(value).resolve())
+    if not changes:
+        return env_cfg
+    return dataclasses.replace(env_cfg, **{env_cfg.name: dataclasses.replace(section, **changes)})

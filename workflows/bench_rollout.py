@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from envs.registry import env_section
 from tracerl import metrics as M
 from tracerl.algos.allocators import build_allocator
 from tracerl.calibration import CalibrationData, collect_calibration, mean_calibration, summarize_calibration
@@ -123,7 +124,7 @@ def run_bench(cfg: BenchRolloutConfig, progress: Callable[[str], None] = lambda 
 def format_table(cfg: BenchRolloutConfig, summary: dict[str, Any]) -> str:
     b = cfg.budget
     lines = [f"budget: L={b.leaves} leaves/step | flat: G={b.group_size} on {b.num_groups} prompts | tree: M={b.roots}, "
-             f"N={b.continuations} | pool {b.num_candidates} of {cfg.env.math.num_tasks} tasks | steps={cfg.steps}, seeds={cfg.seeds}",
+             f"N={b.continuations} | pool {b.num_candidates} of {getattr(env_section(cfg.env), 'num_tasks', '?')} tasks | steps={cfg.steps}, seeds={cfg.seeds}",
              f"{'allocator':<10} {'ER':>6} {'leafER':>6} {'mixed':>5} {'leaves':>6} {'gen tok':>7} {'tok/leaf':>8} "
              f"{'prefill reused':>14} {'computed':>8} {'cont. recompute':>15} {'tools':>5} {'replayed':>8} {'wall s':>6}"]
     for name, s in summary["allocators"].items():

@@ -99,18 +99,20 @@ def run_eval(cfg: Any, progress: Callable[[str], None] = lambda s: None) -> dict
     """``tracerl eval``: resolve the model, evaluate, write summary.json and traces.jsonl under ``cfg.out_dir``."""
     from dataclasses import replace
 
+    from envs.registry import env_section
     from workflows.lm_stack import task_prompts
     from workflows.registry import resolve_model_path
 
     path = resolve_model_path(cfg.model.path, cfg.tracking)
     model_cfg = replace(cfg.model, path=path)
     prompts = task_prompts(cfg.env, held_out=True)
-    progress(f"evaluating {path} on {len(prompts)} tasks ({cfg.env.math.tasks}): greedy"
+    task_set = f"{cfg.env.name}:{getattr(env_section(cfg.env), 'tasks', 'tasks')}"
+    progress(f"evaluating {path} on {len(prompts)} tasks ({task_set}): greedy"
              + (f", then {cfg.samples} samples at T={cfg.temperature:g}" if cfg.samples else ""))
     metrics, traces = evaluate_prompts(local_runner(model_cfg, cfg.sampler, cfg.env), prompts, cfg.samples,
                                        cfg.temperature, cfg.seed)
     metrics["model"] = path
-    metrics["task_set"] = cfg.env.math.tasks
+    metrics["task_set"] = task_set
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(metrics, indent=2))

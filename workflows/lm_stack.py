@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from envs.math.datasets import load_math_file
-from envs.math.env import MathEnv
-from envs.math.tasks import generate
+from envs.registry import env_class
 from predictors import build_predictor
 from predictors.base import Predictor
 from predictors.learned import LearnedPredictor
@@ -19,24 +17,24 @@ from tracerl.models.hf import SetupError, load_policy
 from tracerl.samplers import SAMPLERS
 from tracerl.types import Prompt
 
-__all__ = ["SetupError", "load_policy", "task_prompts", "build_stack", "make_text_predictor", "LMStack"]
+__all__ = ["SetupError", "load_policy", "task_prompts", "make_env", "build_stack", "make_text_predictor", "LMStack"]
 
 
 def task_prompts(cfg: EnvConfig, held_out: bool = False) -> list[Prompt]:
-    """The math environment's training (or held-out evaluation) prompts."""
-    m = cfg.math
-    if m.tasks == "generated":
-        tasks = generate(m.eval_tasks if held_out else m.num_tasks, seed=m.task_seed, held_out=held_out)
-        return [Prompt(t.task_id, t.question, t.answer, source=f"generated-L{t.level}") for t in tasks]
-    prompts = load_math_file(m.tasks)
-    return prompts[: m.eval_tasks] if held_out else prompts[: m.num_tasks]
+    """The chosen environment's training (or held-out evaluation) prompts."""
+    return list(env_class(cfg.name).prompts(cfg, held_out))
+
+
+def make_env(cfg: EnvConfig) -> Any:
+    """One instance of the chosen environment."""
+    return env_class(cfg.name).from_config(cfg)
 
 
 @dataclass
 class LMStack:
     tokenizer: Any
     model: Any
-    env: MathEnv
+    env: Any
     engine: TreeRolloutEngine
 
 
@@ -46,7 +44,7 @@ def build_stack(model_cfg: ModelConfig, sampler_cfg: SamplerConfig, env_cfg: Env
         sampler = SAMPLERS.get(sampler_cfg.backend).from_pretrained(model_cfg.path, model_cfg.dtype)
     else:
         sampler = SAMPLERS.get("hf")(model, tok, reuse_prefix=sampler_cfg.reuse_prefix)
-    env = MathEnv(env_cfg.math.sandbox, stateful=env_cfg.math.stateful_python)
+    env = make_env(env_cfg)
     template = TEMPLATES.get(model_cfg.template)(tok)
     engine = TreeRolloutEngine(sampler, env, template, tok, sampler_cfg, seed=seed)
     return LMStack(tok, model, env, engine)

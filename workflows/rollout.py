@@ -47,7 +47,7 @@ def outcome_records(out: StepOutcome) -> list[dict[str, Any]]:
 def sample_pool(prompts: Sequence[Prompt], size: int, rng: np.random.Generator) -> list[Prompt]:
     if size > len(prompts):
         raise ValueError(f"the candidate pool needs {size} prompts but the task set has {len(prompts)}; "
-                         f"raise env.math.num_tasks or lower budget.pool_factor")
+                         "raise env.<name>.num_tasks or lower budget.pool_factor")
     return [prompts[i] for i in rng.choice(len(prompts), size=size, replace=False)]
 
 

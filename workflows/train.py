@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from envs.registry import resolve_env_paths
 from tracerl.config import TrainConfig
 from tracerl.config_loader import to_flat_dict, to_yaml
 
@@ -49,16 +50,13 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
     model_path = cfg.model.path
     if not model_path.startswith(("models:/", "runs:/")) and Path(model_path).exists():
         model_path = str(Path(model_path).resolve())
-    tasks = cfg.env.math.tasks
-    if tasks != "generated" and Path(tasks).exists():
-        tasks = str(Path(tasks).resolve())
     art = cfg.tracking.artifact_location
     if "://" not in art:
         art = str(Path(art).resolve())
     return dataclasses.replace(
         cfg,
         model=dataclasses.replace(cfg.model, path=model_path),
-        env=dataclasses.replace(cfg.env, math=dataclasses.replace(cfg.env.math, tasks=tasks)),
+        env=resolve_env_paths(cfg.env),
         tracking=dataclasses.replace(cfg.tracking, uri=_abs_uri(cfg.tracking.uri), artifact_location=art),
         out_dir=str(Path(cfg.out_dir).resolve()),
     )
@@ -412,6 +410,7 @@ class _Driver:
         import numpy as np
         import torch
 
+        from envs.registry import env_class
         from tracerl.actors.pools import RolloutPool
         from tracerl.algos.allocators import build_allocator
         from tracerl.engine.react import TEMPLATES
@@ -429,9 +428,8 @@ class _Driver:
             _say(f"sandbox: {w}")
         self.allocator = build_allocator(cfg.allocator)
         template = TEMPLATES.get(cfg.model.template)(tok)
-        from envs.math.env import PYTHON
-
-        self.predictor = make_text_predictor(cfg.predictor, cfg.seed, model, tok, lambda q: template.prompt(q, [PYTHON]),
+        tools = list(env_class(cfg.env.name).tools)
+        self.predictor = make_text_predictor(cfg.predictor, cfg.seed, model, tok, lambda q: template.prompt(q, tools),
                                              name=self.allocator.predictor)
         self.prompts = task_prompts(cfg.env)
         self.eval_prompts = task_prompts(cfg.env, held_out=True)

@@ -9,8 +9,11 @@ shows in the ledger as replayed calls.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+from envs.math.datasets import load_math_file
 from envs.math.reward import is_correct
+from envs.math.tasks import generate
 from envs.registry import ENVS
 from envs.sandbox import Sandbox
 from tracerl.config import SandboxConfig
@@ -29,6 +32,26 @@ class MathEnv:
     def __init__(self, sandbox: SandboxConfig | None = None, stateful: bool = True) -> None:
         self.sandbox = Sandbox(sandbox or SandboxConfig())
         self.stateful = stateful
+
+    @classmethod
+    def from_config(cls, env_cfg: Any) -> MathEnv:
+        m = env_cfg.math
+        return cls(m.sandbox, stateful=m.stateful_python)
+
+    @staticmethod
+    def prompts(env_cfg: Any, held_out: bool = False) -> list[Prompt]:
+        """Training prompts, or held-out ones: generated (a hash split keeps them apart) or a task file's first N."""
+        m = env_cfg.math
+        if m.tasks == "generated":
+            tasks = generate(m.eval_tasks if held_out else m.num_tasks, seed=m.task_seed, held_out=held_out)
+            return [Prompt(t.task_id, t.question, t.answer, source=f"generated-L{t.level}") for t in tasks]
+        prompts = load_math_file(m.tasks)
+        return prompts[: m.eval_tasks] if held_out else prompts[: m.num_tasks]
+
+    @property
+    def warnings(self) -> list[str]:
+        """Sandbox protections this machine does not enforce."""
+        return list(self.sandbox.warnings)
 
     def initial_state(self, prompt: Prompt) -> tuple[str, ...]:
         return ()

@@ -264,15 +264,67 @@ class MathEnvConfig:
 
 
 @dataclass(frozen=True)
+class SearchEnvConfig:
+    """The search environment (envs/search): multi-hop QA with a BM25 ``search`` tool."""
+
+    tasks: str = "generated"
+    """'generated' (the built-in multi-hop world) or a question file (HotpotQA / 2Wiki JSON, Bamboogle CSV)."""
+    corpus: str | None = None
+    """A FlashRAG / Search-R1 JSONL corpus; needed with a question file (the generated world brings its own)."""
+    num_tasks: int = 256
+    """Training questions (generated: the training side of the split; file: the first N)."""
+    eval_tasks: int = 200
+    """Held-out questions for evaluation (never overlap training)."""
+    task_seed: int = 0
+    """Seed of the generated world and its questions."""
+    top_k: int = 3
+    """Passages a search returns."""
+    reward: str = "f1"
+    """'em' (exact match) or 'f1' (token F1 at or above f1_threshold counts as a success)."""
+    f1_threshold: float = 0.3
+    """F1 that counts as a success with reward=f1 (the paper uses 0.3)."""
+
+    def __post_init__(self) -> None:
+        _check(self.num_tasks >= 1 and self.eval_tasks >= 1, "env.search.num_tasks and eval_tasks must be >= 1")
+        _check(self.top_k >= 1, f"env.search.top_k must be >= 1 (got {self.top_k})")
+        _check(self.reward in ("em", "f1"), f"env.search.reward must be 'em' or 'f1' (got {self.reward!r})")
+        _check(0.0 <= self.f1_threshold <= 1.0, f"env.search.f1_threshold must be in [0, 1] (got {self.f1_threshold})")
+
+
+@dataclass(frozen=True)
+class BfclEnvConfig:
+    """The BFCL v4 multi-turn function-calling environment (envs/bfcl)."""
+
+    categories: list[str] = field(default_factory=lambda: ["base", "miss_func", "miss_param", "long_context"])
+    """Multi-turn categories to draw tasks from."""
+    num_tasks: int = 256
+    """Training tasks (from the training side of the split)."""
+    eval_tasks: int = 200
+    """Held-out tasks (from the test side of the split)."""
+    split_seed: int = 0
+    """Seed of the train/test split."""
+    test_fraction: float = 0.2
+    """Share of each category held out for evaluation."""
+
+    def __post_init__(self) -> None:
+        _check(self.num_tasks >= 1 and self.eval_tasks >= 1, "env.bfcl.num_tasks and eval_tasks must be >= 1")
+        _check(0.0 < self.test_fraction < 1.0, f"env.bfcl.test_fraction must be in (0, 1) (got {self.test_fraction})")
+
+
+@dataclass(frozen=True)
 class EnvConfig:
     """Which environment, and each environment's settings in its own section."""
 
     name: str = "simulator"
-    """Registered environment (simulator, math) or 'module:attr'."""
+    """Registered environment (simulator, math, search, bfcl) or 'module:attr'."""
     simulator: SimulatorConfig = field(default_factory=SimulatorConfig)
     """Settings of the simulator environment."""
     math: MathEnvConfig = field(default_factory=MathEnvConfig)
     """Settings of the math environment."""
+    search: SearchEnvConfig = field(default_factory=SearchEnvConfig)
+    """Settings of the search environment."""
+    bfcl: BfclEnvConfig = field(default_factory=BfclEnvConfig)
+    """Settings of the BFCL environment."""
 
 
 @dataclass(frozen=True)
@@ -395,6 +447,12 @@ def _lm_env() -> EnvConfig:
     return EnvConfig(name="math")
 
 
+def _check_tool_env(env: EnvConfig) -> None:
+    _check(env.name != "simulator",
+           "language-model workflows need a ReAct tool environment: set env.name to math, search, bfcl "
+           "or a 'module:attr' environment class (the simulator serves bench allocation)")
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
     """``tracerl rollout``: one allocation-and-rollout step of a language-model policy."""
@@ -414,7 +472,7 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, f"steps must be >= 1 (got {self.steps})")
-        _check(self.env.name == "math", f"tracerl rollout serves env.name=math for now (got {self.env.name!r})")
+        _check_tool_env(self.env)
 
 
 @dataclass(frozen=True)
@@ -443,7 +501,7 @@ class BenchRolloutConfig:
     def __post_init__(self) -> None:
         _check(self.steps >= 1 and self.seeds >= 1, "steps and seeds must be >= 1")
         _check(0.0 <= self.warmup_fraction < 1.0, "warmup_fraction must be in [0, 1)")
-        _check(self.env.name == "math", f"bench rollout runs on env.name=math (got {self.env.name!r})")
+        _check_tool_env(self.env)
 
 
 @dataclass(frozen=True)
@@ -654,7 +712,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, f"steps must be >= 1 (got {self.steps})")
-        _check(self.env.name == "math", f"tracerl train serves env.name=math for now (got {self.env.name!r})")
+        _check_tool_env(self.env)
         _check(self.eval_every >= 0 and self.log_trees_every >= 0, "eval_every and log_trees_every must be >= 0")
         _check(self.checkpoint_every >= 1 and self.keep_checkpoints >= 1,
                "checkpoint_every and keep_checkpoints must be >= 1")
@@ -683,7 +741,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         _check(self.samples >= 0, f"samples must be >= 0 (got {self.samples})")
         _check(self.temperature > 0, f"temperature must be > 0 for sampled pass@k (got {self.temperature})")
-        _check(self.env.name == "math", f"tracerl eval serves env.name=math for now (got {self.env.name!r})")
+        _check_tool_env(self.env)
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,7 @@ class RolloutWorker:
     def __init__(self, spec: dict[str, Any]) -> None:
         import torch
 
-        from envs.math.env import MathEnv
+        from envs.registry import env_class
         from tracerl.config import EnvConfig, ModelConfig, PoolConfig, SamplerConfig
         from tracerl.engine.react import TEMPLATES
         from tracerl.engine.rollout import TreeRolloutEngine
@@ -148,10 +148,10 @@ class RolloutWorker:
         env_cfg: EnvConfig = spec["env"]
         pools: PoolConfig = spec["pools"]
         self.kill_at_step, self.fault_dir = spec.get("kill_at_step", -1), spec.get("fault_dir")
-        m = env_cfg.math
+        cls = env_class(env_cfg.name)
 
-        def env_factory() -> MathEnv:
-            return MathEnv(m.sandbox, stateful=m.stateful_python)
+        def env_factory() -> Any:
+            return cls.from_config(env_cfg)
 
         if pools.env_workers > 0:
             env: Any = EnvPool(env_factory, pools.env_workers, pools.env_cpus, pools.max_retries,
@@ -171,7 +171,7 @@ class RolloutWorker:
 
     def warnings(self) -> list[str]:
         env = self.env.local if isinstance(self.env, EnvPool) else self.env
-        return list(env.sandbox.warnings)
+        return list(getattr(env, "warnings", []))
 
     def load_weights(self, state: dict[str, Any]) -> None:
         import torch
