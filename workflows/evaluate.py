@@ -16,6 +16,14 @@ from tracerl.engine.ledger import BudgetLedger
 from tracerl.tree import RolloutTree
 
 
+def leaf_score_means(trees: Sequence[RolloutTree]) -> dict[str, float]:
+    """Mean of each answer score (``Node.scores``: em, f1 for search) over every leaf; leaves without an answer
+    count 0. Empty when the environment reports no scores."""
+    leaves = [leaf for t in trees for leaf in t.leaves()]
+    keys = sorted({k for leaf in leaves for k in leaf.scores})
+    return {k: sum(leaf.scores.get(k, 0.0) for leaf in leaves) / len(leaves) for k in keys}
+
+
 def summarize(trees: Sequence[RolloutTree], ledger: BudgetLedger) -> dict[str, Any]:
     """pass@k, avg@k (k = leaves per tree), per-source accuracy, well-formed turns and ending statuses."""
     if not trees:
@@ -37,6 +45,7 @@ def summarize(trees: Sequence[RolloutTree], ledger: BudgetLedger) -> dict[str, A
         "well_formed_turns": 1 - ledger.invalid_actions / max(ledger.llm_calls, 1),
         "generated_tokens_per_rollout": ledger.generated_tokens / max(sum(len(r) for r in rewards), 1),
         "statuses": statuses,
+        "scores": leaf_score_means(trees),
     }
 
 
@@ -48,7 +57,7 @@ def task_traces(trees: Sequence[RolloutTree], label: str) -> list[dict[str, Any]
         for leaf in t.leaves():
             path = t.path(leaf.node_id)[1:]
             rollouts.append({"turns": [t.nodes[i].content for i in path], "status": leaf.status.value,
-                             "reward": leaf.reward})
+                             "reward": leaf.reward, **({"scores": leaf.scores} if leaf.scores else {})})
         out.append({"mode": label, "prompt_id": t.prompt.prompt_id, "source": t.prompt.source,
                     "question": t.prompt.text, "answer": t.prompt.answer, "rollouts": rollouts})
     return out

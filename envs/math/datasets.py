@@ -9,10 +9,10 @@ OlympiadBench's list-strings like "['$2^{1009}$']" are unwrapped), else the last
 from __future__ import annotations
 
 import ast
-import hashlib
 from pathlib import Path
 from typing import Any
 
+from envs.files import load_question_file
 from envs.math.reward import extract_boxed
 from tracerl.types import Prompt
 
@@ -43,27 +43,8 @@ def load_math_file(path: str | Path, limit: int | None = None) -> list[Prompt]:
         FileNotFoundError: the file does not exist.
         ValueError: unsupported extension, or records without a question or an answer field.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"math task file not found: {path}")
-    kind = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}.get(path.suffix)
-    if kind is None:
-        raise ValueError(f"{path}: unsupported extension {path.suffix!r}; use .json, .jsonl or .parquet")
-    import datasets
-
-    datasets.disable_progress_bars()
-    ds = datasets.load_dataset(kind, data_files=str(path), split="train")
-    qkey = next((k for k in QUESTION_KEYS if k in ds.column_names), None)
-    if qkey is None:
-        raise ValueError(f"{path}: no question field; expected one of {QUESTION_KEYS}, found {ds.column_names}")
-    out: list[Prompt] = []
-    for i, row in enumerate(ds):
-        if limit is not None and len(out) >= limit:
-            break
-        ans = _answer(row)
-        if ans is None:
-            raise ValueError(f"{path}: record {i} has no 'answer' (nor a \\boxed answer in 'solution')")
-        q = str(row[qkey])
-        pid = f"{path.stem}-{i}-" + hashlib.sha1(q.encode()).hexdigest()[:8]
-        out.append(Prompt(prompt_id=pid, text=q, answer=ans, source=path.name))
-    return out
+    return load_question_file(path, what="math task file", key="env.math.tasks",
+                              kinds={".json": "json", ".jsonl": "json", ".parquet": "parquet"},
+                              question_keys=QUESTION_KEYS, answer=_answer,
+                              no_answer="expected 'answer' (or a \\boxed answer in 'solution')",
+                              source=lambda row, p: p.name, limit=limit)

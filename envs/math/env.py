@@ -17,6 +17,7 @@ from envs.math.tasks import generate
 from envs.registry import ENVS
 from envs.sandbox import Sandbox
 from tracerl.config import SandboxConfig
+from tracerl.engine.gold import answer_turn_text, tool_turn_text
 from tracerl.engine.protocol import ToolResult
 from tracerl.engine.react import Action, ToolSpec
 from tracerl.types import Prompt
@@ -32,11 +33,34 @@ class MathEnv:
     def __init__(self, sandbox: SandboxConfig | None = None, stateful: bool = True) -> None:
         self.sandbox = Sandbox(sandbox or SandboxConfig())
         self.stateful = stateful
+        self.task_cfg: Any = None
+        """The env.math section this instance was built from (gold turns regenerate its tasks)."""
+        self._tasks: dict[str, Any] | None = None
 
     @classmethod
     def from_config(cls, env_cfg: Any) -> MathEnv:
         m = env_cfg.math
-        return cls(m.sandbox, stateful=m.stateful_python)
+        env = cls(m.sandbox, stateful=m.stateful_python)
+        env.task_cfg = m
+        return env
+
+    def gold_turns(self, prompt: Prompt, template: Any) -> list[str]:
+        """The reference solution of a generated task (its code cells, then the answer) in ``template``'s format.
+
+        Raises:
+            ValueError: the prompt is not one of the configured generated tasks (task files have no reference steps).
+        """
+        m = self.task_cfg
+        if self._tasks is None:
+            self._tasks = {} if m is None or m.tasks != "generated" else {
+                t.question: t for held in (False, True)
+                for t in generate(m.eval_tasks if held else m.num_tasks, seed=m.task_seed, held_out=held)}
+        task = self._tasks.get(prompt.text)
+        if task is None:
+            raise ValueError(f"no reference solution for {prompt.prompt_id!r}: gold turns exist only for the "
+                             "generated math tasks of this config (env.math.tasks=generated)")
+        turns = [tool_turn_text(template, s.thought, "python", {"code": s.code}) for s in task.steps]
+        return [*turns, answer_turn_text(template, task.final_thought, task.answer)]
 
     @staticmethod
     def prompts(env_cfg: Any, held_out: bool = False) -> list[Prompt]:

@@ -54,6 +54,8 @@ class Node:
     """Sampler log-probs of the model-generated tokens of this turn (may be empty)."""
     prefill_computed: int = 0
     """Context tokens the sampler encoded to generate this turn (the rest came from a KV cache)."""
+    scores: dict[str, float] = field(default_factory=dict)
+    """Answer scores on answered leaves from the environment's optional ``scores`` hook (search: em, f1)."""
 
     @property
     def is_leaf(self) -> bool:

@@ -31,8 +31,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tracerl.algos.allocators import Expansion
 from tracerl.engine.ledger import BudgetLedger
-from tracerl.engine.protocol import ToolResult
-from tracerl.engine.react import Action
+from tracerl.engine.protocol import AnswerResult, ToolResult, on_answer, tools_for
+from tracerl.engine.react import Action, ToolSpec
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt
 
@@ -100,6 +100,20 @@ class EnvPool:
     def reward(self, prompt: Prompt, answer: str | None) -> float:
         return float(self.local.reward(prompt, answer))
 
+    def tools_for(self, prompt: Prompt, state: Any) -> Sequence[ToolSpec]:
+        """The local environment's per-task tools (``tools`` where it has no ``tools_for``)."""
+        return tools_for(self.local, prompt, state)
+
+    def on_answer(self, prompt: Prompt, state: Any, action: Action) -> AnswerResult | None:
+        """The local environment's multi-turn hook (next user message or final reward), run here."""
+        return on_answer(self.local, prompt, state, action)
+
+    def __getattr__(self, name: str) -> Any:
+        # Optional hooks the local environment offers (scores, gold_turns) run locally, like reward.
+        if name in ("scores", "gold_turns"):
+            return getattr(self.local, name)
+        raise AttributeError(name)
+
     def execute(self, prompt: Prompt, state: Any, action: Action) -> ToolResult:
         return self.execute_batch([(prompt, state, action)])[0]
 
@@ -149,9 +163,11 @@ class RolloutWorker:
         pools: PoolConfig = spec["pools"]
         self.kill_at_step, self.fault_dir = spec.get("kill_at_step", -1), spec.get("fault_dir")
         cls = env_class(env_cfg.name)
+        services = spec.get("services") or {}
 
         def env_factory() -> Any:
-            return cls.from_config(env_cfg)
+            # Shared services (one actor per run, e.g. the search retriever) where the run started them.
+            return cls.from_config(env_cfg, services=services) if services else cls.from_config(env_cfg)
 
         if pools.env_workers > 0:
             env: Any = EnvPool(env_factory, pools.env_workers, pools.env_cpus, pools.max_retries,
@@ -239,6 +255,15 @@ class RolloutPool:
     """The step driver's ``TreeBackend`` over a pool of ``RolloutWorker`` actors."""
 
     def __init__(self, spec: dict[str, Any], size: int, cpus: float, gpus: float, max_retries: int, seed: int) -> None:
+        from envs.registry import env_class
+        from tracerl.actors.services import start_services
+
+        self.services: dict[str, Any] = {}
+        pools = spec.get("pools")
+        if pools is not None and pools.env_workers > 0 and "services" not in spec:
+            # One actor per shared service for the whole run; env_workers=0 keeps everything in-process.
+            self.services = start_services(env_class(spec["env"].name), spec["env"], pools.env_cpus)
+            spec = {**spec, "services": self.services}
         self.spec, self.cpus, self.gpus = spec, cpus, gpus
         self.max_retries, self.seed = max_retries, seed
         self.workers = [self._new() for _ in range(size)]
@@ -348,5 +373,8 @@ class RolloutPool:
         return [t for t in trees if t is not None], ledger
 
     def shutdown(self) -> None:
+        from tracerl.actors.services import stop_services
+
         for w in self.workers:
             ray.kill(w)
+        stop_services(self.services)

@@ -48,8 +48,39 @@ class ToolResult:
     """Times the call was re-submitted because the worker running it died."""
 
 
+@dataclass(frozen=True)
+class AnswerResult:
+    """What an environment does with a turn that ends without a tool call (``ToolEnv.on_answer``).
+
+    Either the episode ends (``observation`` is None) with ``reward``, or it goes on: ``observation`` is the
+    next user message (rendered by the template's ``user_message``) and ``state`` the state after it.
+    """
+
+    reward: float | None = None
+    """The episode's reward when it ends here (None: the engine asks ``reward(prompt, answer)``)."""
+    observation: str | None = None
+    """The next user message, or None to end the episode."""
+    state: Any = None
+    """The environment state after the user message (stored on the turn node, so continuations fork there)."""
+
+
 class ToolEnv(Protocol):
-    """A ReAct tool environment. States are immutable values: forking at a prefix re-uses its state."""
+    """A ReAct tool environment. States are immutable values: forking at a prefix re-uses its state.
+
+    Optional hooks the engine uses when an environment has them (``getattr``; without them an episode has
+    one user message, fixed tools and a reward from the final answer):
+
+    - ``tools_for(prompt, state) -> Sequence[ToolSpec]``: the tools available at ``state`` (per task, and
+      per user turn where tools are added mid-episode); used to render the prompt (at the initial state)
+      and to parse every turn. Default: ``tools``.
+    - ``on_answer(prompt, state, action) -> AnswerResult | None``: called for every ANSWER turn (a response
+      without calls). Multi-turn tasks return the next user message and state, and at the last user turn
+      the reward (computed from ``state``, e.g. by replaying its recorded calls). None: the default, the
+      episode ends with ``reward(prompt, action.answer)``.
+
+    A TOOL action may carry several calls (``action.calls``); ``execute`` runs them all and returns one
+    observation.
+    """
 
     tools: Sequence[ToolSpec]
     fork_mode: str
@@ -60,6 +91,18 @@ class ToolEnv(Protocol):
     def execute(self, prompt: Prompt, state: Any, action: Action) -> ToolResult: ...
 
     def reward(self, prompt: Prompt, answer: str | None) -> float: ...
+
+
+def tools_for(env: ToolEnv, prompt: Prompt, state: Any) -> Sequence[ToolSpec]:
+    """The tools available to ``prompt``'s episode at ``state`` (``env.tools_for`` where offered, else ``env.tools``)."""
+    hook = getattr(env, "tools_for", None)
+    return env.tools if hook is None else hook(prompt, state)
+
+
+def on_answer(env: ToolEnv, prompt: Prompt, state: Any, action: Action) -> AnswerResult | None:
+    """``env.on_answer`` where offered (a multi-turn environment's next user message, or its final reward)."""
+    hook = getattr(env, "on_answer", None)
+    return None if hook is None else hook(prompt, state, action)  # type: ignore[no-any-return]
 
 
 def execute_batch(env: ToolEnv, calls: Sequence[tuple[Prompt, Any, Action]]) -> list[ToolResult]:

@@ -18,17 +18,24 @@ Templates (registry ``TEMPLATES``):
       Final Answer: <answer>
 
   Generation stops at ``Observation:`` (the model never writes observations; if it tries, the text
-  from the forged marker on is dropped and flagged).
+  from the forged marker on is dropped and flagged). Several calls in one turn, python-style (BFCL's
+  format): ``Action: [cd(folder='docs'), ls()]`` (literal values only; positional arguments bind in the
+  tool's parameter order). Documented tools (``ToolSpec.schema``) are listed before the question.
 * ``chat``: the model's own chat template with native tool calls (Qwen3: ``<think>...</think>`` then
   ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; observations as ``tool`` messages).
+  Several ``<tool_call>`` blocks in one turn are several calls (any malformed block makes the turn invalid).
+
+A TOOL action carries its calls in ``Action.calls`` (the first also in ``tool``/``arguments``). A multi-turn
+environment's next user message is rendered by ``user_message`` (plain: a new ``Question:`` line).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Protocol
 
@@ -44,9 +51,18 @@ class ToolSpec:
     parameters: tuple[str, ...]
     """Argument names; the first is the one ``NAME[...]`` fills."""
     required: tuple[str, ...] = ()
+    schema: Mapping[str, Any] | None = field(default=None, compare=False)
+    """The JSON schema of the parameters (typed, documented) where the environment has one; None: all strings.
+    Tools with a schema are documented tools: the plain template lists them in the prompt."""
+    listed: bool = True
+    """Shown to the policy; an unlisted tool still parses and runs (BFCL's held-out functions before their turn
+    can be called, as in BFCL's own executor, but are not documented yet)."""
 
     def as_json_schema(self) -> dict[str, Any]:
         """OpenAI/Qwen-style function schema for chat templates."""
+        if self.schema is not None:
+            return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                     "parameters": dict(self.schema)}}
         props = {p: {"type": "string"} for p in self.parameters}
         return {"type": "function", "function": {"name": self.name, "description": self.description,
                                                  "parameters": {"type": "object", "properties": props,
@@ -60,8 +76,16 @@ class ActionKind(str, Enum):
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """One function call of a turn."""
+
+    tool: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Action:
-    """A parsed turn."""
+    """A parsed turn: a TOOL turn carries one or more calls (the first in ``tool``/``arguments``)."""
 
     kind: ActionKind
     text: str
@@ -71,6 +95,15 @@ class Action:
     answer: str | None = None
     error: str | None = None
     """For INVALID: the error observation shown to the agent."""
+    more_calls: tuple[ToolCall, ...] = ()
+    """Calls after the first one, in the order written (a turn may call several functions)."""
+
+    @property
+    def calls(self) -> tuple[ToolCall, ...]:
+        """Every call of a TOOL turn, in order (empty for other kinds)."""
+        if self.kind is not ActionKind.TOOL or self.tool is None:
+            return ()
+        return (ToolCall(self.tool, self.arguments), *self.more_calls)
 
 
 class TurnTemplate(Protocol):
@@ -83,6 +116,10 @@ class TurnTemplate(Protocol):
 
     def observation(self, text: str) -> str: ...
 
+    def user_message(self, text: str) -> str:
+        """The next user message of a multi-turn task (delivered by the environment), as context text."""
+        ...
+
 
 TEMPLATES: Registry = Registry("turn template")
 
@@ -90,14 +127,69 @@ TEMPLATES: Registry = Registry("turn template")
 def _check_tool(name: str, args: Mapping[str, Any], tools: Sequence[ToolSpec]) -> str | None:
     spec = next((t for t in tools if t.name == name), None)
     if spec is None:
-        return f"Error: unknown tool '{name}'; available: {', '.join(t.name for t in tools)}."
-    missing = [p for p in (spec.required or spec.parameters[:1]) if p not in args or args[p] in (None, "")]
+        return f"Error: unknown tool '{name}'; available: {', '.join(t.name for t in tools if t.listed)}."
+    # Undocumented tools require their first parameter unless told otherwise; documented ones say exactly.
+    required = spec.required if spec.schema is not None else (spec.required or spec.parameters[:1])
+    missing = [p for p in required if p not in args or (spec.schema is None and args[p] in (None, ""))]
     if missing:
         return f"Error: tool '{name}' needs argument(s) {', '.join(missing)}."
     unknown = [k for k in args if k not in spec.parameters]
     if unknown:
         return f"Error: tool '{name}' got unknown argument(s) {', '.join(unknown)}; it takes {', '.join(spec.parameters)}."
     return None
+
+
+def parse_call_list(source: str, tools: Sequence[ToolSpec]) -> tuple[list[ToolCall], str | None]:
+    """Python-style calls ``[f(a=1, b='x'), g(2)]`` (BFCL's format; a single call needs no brackets).
+
+    Argument values must be literals (strings, numbers, booleans, None, lists, dicts, tuples); positional
+    arguments take the tool's parameter names in order. Nothing is evaluated.
+
+    Returns:
+        The calls, and None; or the calls parsed so far and the error observation for the first bad one.
+    """
+    try:
+        tree = ast.parse(source.strip(), mode="eval").body
+    except SyntaxError as exc:
+        return [], f"Error: the function calls are not valid Python call syntax ({exc.msg})."
+    nodes = tree.elts if isinstance(tree, (ast.List, ast.Tuple)) else [tree]
+    calls: list[ToolCall] = []
+    for node in nodes:
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+            return calls, "Error: write each call as name(arg=value, ...) inside [...], separated by commas."
+        name = node.func.id
+        spec = next((t for t in tools if t.name == name), None)
+        if spec is None:
+            return calls, f"Error: unknown tool '{name}'; available: {', '.join(t.name for t in tools if t.listed)}."
+        if len(node.args) > len(spec.parameters):
+            return calls, f"Error: tool '{name}' takes at most {len(spec.parameters)} argument(s) ({', '.join(spec.parameters)})."
+        try:
+            args = {p: ast.literal_eval(v) for p, v in zip(spec.parameters, node.args)}
+            for kw in node.keywords:
+                if kw.arg is None:
+                    return calls, f"Error: tool '{name}': write arguments as name=value (no **kwargs)."
+                if kw.arg in args:
+                    return calls, f"Error: tool '{name}' got argument '{kw.arg}' twice."
+                args[kw.arg] = ast.literal_eval(kw.value)
+        except (ValueError, TypeError, SyntaxError, RecursionError):
+            return calls, (f"Error: tool '{name}': argument values must be literals "
+                           "(strings, numbers, True/False/None, lists, dicts).")
+        err = _check_tool(name, args, tools)
+        if err:
+            return calls, err
+        calls.append(ToolCall(name, args))
+    if not calls:
+        return calls, "Error: the call list is empty; call a function or give the final answer."
+    return calls, None
+
+
+def _documented(tools: Sequence[ToolSpec]) -> bool:
+    return any(t.schema is not None for t in tools)
+
+
+def _tool_action(kept: str, calls: Sequence[ToolCall]) -> Action:
+    first, *rest = calls
+    return Action(ActionKind.TOOL, kept, tool=first.tool, arguments=first.arguments, more_calls=tuple(rest))
 
 
 def _runaway(limit_note: str) -> str:
@@ -114,13 +206,30 @@ class PlainTemplate:
     def __init__(self, tokenizer: Any = None) -> None:
         self.tokenizer = tokenizer  # unused: the plain format is fixed
     _ACTION = re.compile(r"Action:\s*([A-Za-z_][\w\-]*)\s*([\[{])", re.S)
+    _CALLS = re.compile(r"Action:\s*\[", re.S)
     _ANSWER = re.compile(r"Final Answer:(.*)", re.S)
 
     def prompt(self, question: str, tools: Sequence[ToolSpec]) -> str:
-        return f"Question: {question.strip()}\n"
+        """``Question: ...``; documented tools (with a schema) are listed before it with the call format."""
+        if not _documented(tools):
+            return f"Question: {question.strip()}\n"
+        specs = "\n".join(json.dumps(t.as_json_schema()["function"]) for t in tools if t.listed)
+        return ("Functions (JSON schemas, one a line):\n" + specs + "\n"
+                "Call functions with 'Action: [name(arg=value, ...), name2(...)]'; the Observation shows the results. "
+                "When the request is done (or cannot be done), write 'Final Answer: ' and a short reply.\n"
+                f"Question: {question.strip()}\n")
 
     def observation(self, text: str) -> str:
         return f"Observation: {text.strip()}\n"
+
+    def user_message(self, text: str) -> str:
+        """The next user message: a new ``Question:`` line."""
+        return f"Question: {text.strip()}\n"
+
+    @staticmethod
+    def calls_turn(thought: str, calls: str) -> str:
+        """A well-formed turn calling python-style ``calls`` (``f(a=1), g()``)."""
+        return f"Thought: {thought}\nAction: [{calls}]\n"
 
     @staticmethod
     def tool_turn(thought: str, tool: str, argument: str) -> str:
@@ -141,6 +250,16 @@ class PlainTemplate:
             return Action(ActionKind.INVALID, kept, error=_runaway("per-turn limit"))
         m = self._ACTION.search(text)
         a = self._ANSWER.search(text)
+        c = self._CALLS.search(text)
+        if c and (not m or c.start() < m.start()) and (not a or c.start() < a.start()):
+            body = text[c.end() - 1:]
+            end = body.rfind("]")
+            if end < 0:
+                return Action(ActionKind.INVALID, kept, error="Error: the call list is not closed with ']'.")
+            calls, err = parse_call_list(body[: end + 1], tools)
+            if err:
+                return Action(ActionKind.INVALID, kept, error=err)
+            return _tool_action(kept, calls)
         if a and (not m or a.start() < m.start()):
             answer = a.group(1).strip().splitlines()[0].strip() if a.group(1).strip() else ""
             if not answer:
@@ -191,17 +310,36 @@ class ChatTemplate:
 
     def _render(self, messages: list[dict[str, str]], tools: Sequence[ToolSpec] = (), gen: bool = False) -> str:
         assert self.tokenizer is not None
+        tools = [t for t in tools if t.listed]
         schemas = [t.as_json_schema() for t in tools] or None
+        if schemas and "tools" not in str(self.tokenizer.chat_template):
+            # A chat template without tool support (SmolLM2's) would drop the schemas: put them in a system message.
+            messages = [{"role": "system", "content": _tools_system_text(tools)}, *messages]
+            schemas = None
         return str(self.tokenizer.apply_chat_template(messages, tools=schemas, add_generation_prompt=gen, tokenize=False))
 
     def prompt(self, question: str, tools: Sequence[ToolSpec]) -> str:
         if self.tokenizer is not None:
             return self._render([{"role": "user", "content": question.strip()}], tools, gen=True)
-        specs = "\n".join(json.dumps(t.as_json_schema()) for t in tools)
-        system = ("<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-                  f"<tools>\n{specs}\n</tools>\n\nFor each function call, return a json object with function name and "
-                  "arguments within <tool_call></tool_call> XML tags.<|im_end|>\n")
+        system = f"<|im_start|>system\n{_tools_system_text(tools)}<|im_end|>\n"
         return system + f"<|im_start|>user\n{question.strip()}<|im_end|>\n<|im_start|>assistant\n"
+
+    def user_message(self, text: str) -> str:
+        """The next user message, as the text between the assistant's turn and the next assistant turn."""
+        if self.tokenizer is not None:
+            marker = "\x00ASSISTANT\x00"
+            conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}]
+            before = self._render(conv)
+            after = self._render([*conv, {"role": "user", "content": text.strip()}], gen=True)
+            if after.startswith(before):
+                return before[before.index(marker) + len(marker):] + after[len(before):]
+        return f"<|im_end|>\n<|im_start|>user\n{text.strip()}<|im_end|>\n<|im_start|>assistant\n"
+
+    @staticmethod
+    def calls_turn(calls: Sequence[ToolCall]) -> str:
+        """A well-formed turn making ``calls`` (one ``<tool_call>`` block each)."""
+        return "\n".join(f"<tool_call>\n{json.dumps({'name': c.tool, 'arguments': dict(c.arguments)})}\n</tool_call>"
+                         for c in calls)
 
     def observation(self, text: str) -> str:
         if self.tokenizer is not None:
@@ -224,29 +362,50 @@ class ChatTemplate:
         if truncated:
             return Action(ActionKind.INVALID, kept, error=_runaway("per-turn limit"))
         visible = re.sub(r"<think>.*?(</think>|$)", "", kept, flags=re.S).strip()
-        m = self._CALL.search(visible)
-        if not m:
+        blocks = list(self._CALL.finditer(visible))
+        if not blocks:
             if not visible:
                 return Action(ActionKind.INVALID, kept, error="Error: empty response; call a tool or give the final answer.")
             from_boxed = re.findall(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}", visible)
             return Action(ActionKind.ANSWER, kept, answer=from_boxed[-1] if from_boxed else visible)
+        # Several <tool_call> blocks are several calls of one turn; any malformed block makes the turn invalid.
+        calls: list[ToolCall] = []
+        for m in blocks:
+            call, bad = self._parse_block(m, tools)
+            if bad is not None:
+                return replace(bad, text=kept)
+            assert call is not None
+            calls.append(call)
+        return _tool_action(kept, calls)
+
+    @staticmethod
+    def _parse_block(m: re.Match[str], tools: Sequence[ToolSpec]) -> tuple[ToolCall | None, Action | None]:
+        """One ``<tool_call>`` block: the call, or an INVALID action (text filled in by the caller)."""
         if not m.group(2):
-            return Action(ActionKind.INVALID, kept, error="Error: <tool_call> is not closed with </tool_call>.")
+            return None, Action(ActionKind.INVALID, "", error="Error: <tool_call> is not closed with </tool_call>.")
         try:
             call = json.loads(m.group(1))
         except json.JSONDecodeError as exc:
-            return Action(ActionKind.INVALID, kept, error=f"Error: the tool call is not valid JSON ({exc.msg}).")
+            return None, Action(ActionKind.INVALID, "", error=f"Error: the tool call is not valid JSON ({exc.msg}).")
         if not isinstance(call, dict) or "name" not in call:
-            return Action(ActionKind.INVALID, kept, error='Error: a tool call must be {"name": ..., "arguments": {...}}.')
+            return None, Action(ActionKind.INVALID, "", error='Error: a tool call must be {"name": ..., "arguments": {...}}.')
         args = call.get("arguments") or {}
         if isinstance(args, str):
             try:
                 args = json.loads(args)
             except json.JSONDecodeError:
-                return Action(ActionKind.INVALID, kept, error="Error: 'arguments' must be a JSON object.")
+                return None, Action(ActionKind.INVALID, "", error="Error: 'arguments' must be a JSON object.")
         if not isinstance(args, dict):
-            return Action(ActionKind.INVALID, kept, error="Error: 'arguments' must be a JSON object.")
+            return None, Action(ActionKind.INVALID, "", error="Error: 'arguments' must be a JSON object.")
         err = _check_tool(str(call["name"]), args, tools)
         if err:
-            return Action(ActionKind.INVALID, kept, tool=str(call["name"]), arguments=args, error=err)
-        return Action(ActionKind.TOOL, kept, tool=str(call["name"]), arguments=args)
+            return None, Action(ActionKind.INVALID, "", tool=str(call["name"]), arguments=args, error=err)
+        return ToolCall(str(call["name"]), args), None
+
+
+def _tools_system_text(tools: Sequence[ToolSpec]) -> str:
+    """The Qwen-style system text that lists tool schemas (for templates that cannot render tools)."""
+    specs = "\n".join(json.dumps(t.as_json_schema()) for t in tools if t.listed)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            f"<tools>\n{specs}\n</tools>\n\nFor each function call, return a json object with function name and "
+            "arguments within <tool_call></tool_call> XML tags.")

@@ -5,6 +5,8 @@ in one batch, the template parses each, the environment answers tool calls, and 
 a node (model tokens, then observation tokens masked as non-model). A continuation starts from a
 stored prefix node: its context (prompt + turns so far, tokens verbatim, observations included) and
 environment state are re-used; nothing before the prefix is regenerated or re-executed there.
+Multi-turn tasks (``ToolEnv.on_answer``): a turn without calls may get the next user message instead of
+ending the episode; tools may differ per task and per user turn (``ToolEnv.tools_for``).
 
 Limits (``SamplerConfig``) end episodes with a status: ``max_turns`` turns, ``max_episode_tokens``
 generated tokens, or the model's context window. The ledger counts generated tokens, prefill tokens computed vs re-used,
@@ -23,7 +25,7 @@ import numpy as np
 from tracerl.algos.allocators import Expansion
 from tracerl.config import SamplerConfig
 from tracerl.engine.ledger import BudgetLedger
-from tracerl.engine.protocol import ToolEnv, ToolResult, execute_batch
+from tracerl.engine.protocol import ToolEnv, ToolResult, execute_batch, on_answer, tools_for
 from tracerl.engine.react import Action, ActionKind, TurnTemplate
 from tracerl.samplers.base import Generation, Sampler
 from tracerl.tree import RolloutTree
@@ -73,9 +75,10 @@ class TreeRolloutEngine:
 
     def _start(self, tree: RolloutTree, bare: bool, node_id: int = 0) -> _Path:
         if node_id == 0 and 0 not in tree.fork_state:
-            prompt_ids = self._encode(self.template.prompt(tree.prompt.text, self.env.tools))
+            state = self.env.initial_state(tree.prompt)
+            prompt_ids = self._encode(self.template.prompt(tree.prompt.text, tools_for(self.env, tree.prompt, state)))
             tree.prompt_token_ids = prompt_ids
-            tree.fork_state[0] = ForkState(prompt_ids, self.env.initial_state(tree.prompt), 0)
+            tree.fork_state[0] = ForkState(prompt_ids, state, 0)
         ex = tree.fork_state[node_id]
         node = tree.nodes[node_id]
         cache = ex.cache
@@ -131,7 +134,8 @@ class TreeRolloutEngine:
             led.prefill_tokens_computed += sum(g.prefill_tokens for g in gens)
             led.prefill_tokens_reused += sum(g.reused_tokens for g in gens)
             led.phase_s["generate"] = led.phase_s.get("generate", 0.0) + time.perf_counter() - t0
-            actions = [self.template.parse(g.text, self.env.tools, truncated=g.finish == "length") for g in gens]
+            actions = [self.template.parse(g.text, tools_for(self.env, p.tree.prompt, p.state),
+                                           truncated=g.finish == "length") for p, g in zip(live, gens)]
             # Every tool call of the round in one batch (a pooled environment runs them in parallel).
             t0 = time.perf_counter()
             calls = [i for i, a in enumerate(actions) if a.kind is ActionKind.TOOL]
@@ -146,21 +150,26 @@ class TreeRolloutEngine:
         led.generated_tokens += len(g.token_ids)
         p.generated += len(g.token_ids)
         p.cache = g.cache
-        if action.kind is ActionKind.ANSWER:
-            reward = self.env.reward(p.tree.prompt, action.answer)
+        follow = on_answer(self.env, p.tree.prompt, p.state, action) if action.kind is ActionKind.ANSWER else None
+        if action.kind is ActionKind.ANSWER and (follow is None or follow.observation is None):
+            reward = self.env.reward(p.tree.prompt, action.answer) if follow is None or follow.reward is None \
+                else follow.reward
             leaf = self._add(p, g.token_ids, g.logprobs, g.text, [], Status.ANSWERED, reward, g.prefill_tokens)
+            self._score(p, leaf, action.answer)
             p.tree.fork_state[leaf.node_id] = ForkState(cache=p.cache)  # siblings forking above may re-use it
             return False
-        if res is not None:
-            obs, p.state = res.observation, res.state
+        if follow is not None and follow.observation is not None:  # a multi-turn task's next user message
+            obs_text, p.state = _user_message(self.template, follow.observation), follow.state
+        elif res is not None:
+            obs_text, p.state = self.template.observation(res.observation), res.state
             led.tool_calls += res.calls
             led.tool_calls_replayed += res.replayed
             led.retried += res.retried
         else:
-            obs = action.error or "Error: invalid action."
+            obs_text = self.template.observation(action.error or "Error: invalid action.")
             led.invalid_actions += 1
         sep = "" if g.text.endswith("\n") or not g.text else "\n"
-        obs_ids = self._encode(sep + self.template.observation(obs))
+        obs_ids = self._encode(sep + obs_text)
         p.turns += 1
         status = Status.TURN
         if p.turns >= lim.max_turns:
@@ -169,7 +178,7 @@ class TreeRolloutEngine:
             status = Status.MAX_TOKENS
         elif len(p.context) + len(g.token_ids) + len(obs_ids) >= lim.max_context_tokens:
             status = Status.CONTEXT_OVERFLOW
-        node = self._add(p, g.token_ids, g.logprobs, g.text + sep + self.template.observation(obs), obs_ids, status,
+        node = self._add(p, g.token_ids, g.logprobs, g.text + sep + obs_text, obs_ids, status,
                          0.0 if status.terminal else None, g.prefill_tokens)
         if status.terminal:
             p.tree.fork_state[node.node_id] = ForkState(cache=p.cache)
@@ -186,11 +195,25 @@ class TreeRolloutEngine:
             prefill_computed=prefill,
         )
         p.parent = node.node_id
+        if node.is_leaf and status is not Status.ANSWERED:
+            self._score(p, node, None)  # an episode that ended without an answer scores 0 on every metric
         return node
+
+    def _score(self, p: _Path, leaf: Any, answer: str | None) -> None:
+        """The environment's optional ``scores`` hook (answer metrics beyond the reward, e.g. em, f1) on ``leaf``."""
+        score_fn = getattr(self.env, "scores", None)
+        if score_fn is not None:
+            leaf.scores = {k: float(v) for k, v in score_fn(p.tree.prompt, answer).items()}
 
     def _leaf(self, p: _Path, ids: Sequence[int], lps: Sequence[float], text: str, status: Status, reward: float):  # type: ignore[no-untyped-def]
         return self._add(p, ids, lps, text, [], status, reward)
 
+
+
+def _user_message(template: TurnTemplate, text: str) -> str:
+    """``text`` as the next user message (a template without ``user_message`` shows it as an observation)."""
+    render = getattr(template, "user_message", None)
+    return str(render(text)) if render is not None else template.observation(text)
 
 
 def _cap(g: Generation, cap: int, tok: Any) -> Generation:

@@ -1,0 +1,1 @@
+"""BFCL v4 multi-turn function calling (needs the optional ``bfcl-eval`` package; imported lazily)."""

@@ -1,0 +1,148 @@
+"""``tracerl bench env [math|search|bfcl] [--gold]``: an environment's score on its held-out tasks.
+
+* ``--gold``: the environment's reference actions (``gold_turns(prompt, template)``: the generated math
+  tasks' code cells, the multi-hop world's correct queries and answers, BFCL's ground-truth calls) are
+  written as model text and replayed through the real ``TreeRolloutEngine`` by the ``scripted`` sampler:
+  the same template parser, environment and reward as a policy's rollouts, all rollouts advancing together
+  and each round's tool calls running concurrently (``workers`` threads). A byte tokenizer stands in for a
+  model's, so no model is needed. A correct environment scores 1.0.
+* without it: the configured policy (the tiny policy of the family) on the same tasks: pass@1 at the
+  sampler's temperature (0: greedy).
+
+JSON: ``{"env", "mode", "n", "score", "by_category", "scores", "time_s"}``; ``by_category`` is the mean
+reward per ``Prompt.source`` (level, hop count, BFCL category); ``scores`` the mean of each answer score
+the environment reports (search: em, f1).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+from envs.registry import env_class
+from tracerl.config import BenchEnvConfig
+from tracerl.engine import protocol
+from tracerl.engine.protocol import ToolResult
+from tracerl.engine.react import TEMPLATES, Action
+from tracerl.engine.rollout import TreeRolloutEngine
+from tracerl.samplers.scripted import ByteTokenizer, ScriptedSampler
+from tracerl.tree import RolloutTree
+from tracerl.types import Prompt
+
+
+class ConcurrentEnv:
+    """An environment whose round of tool calls runs in a thread pool; every other attribute is the wrapped one's."""
+
+    def __init__(self, env: Any, workers: int) -> None:
+        self.env, self.workers = env, workers
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+    def execute_batch(self, calls: Sequence[tuple[Prompt, Any, Action]]) -> list[ToolResult]:
+        if self.workers <= 1 or len(calls) <= 1:
+            return [self.env.execute(p, s, a) for p, s, a in calls]
+        with ThreadPoolExecutor(min(self.workers, len(calls))) as pool:
+            return list(pool.map(lambda c: self.env.execute(*c), calls))
+
+
+def _prompt_text(env: Any, template: Any, prompt: Prompt) -> str:
+    """The prompt as the engine renders it (with the tools of the task's initial state where the env has them)."""
+    tools_of = getattr(protocol, "tools_for", None)
+    tools = tools_of(env, prompt, env.initial_state(prompt)) if tools_of is not None else env.tools
+    return str(template.prompt(prompt.text, tools))
+
+
+def gold_engine(env: Any, prompts: Sequence[Prompt], template_name: str, limits: Any) -> TreeRolloutEngine:
+    """An engine whose scripted sampler replays each prompt's ``gold_turns``.
+
+    Raises:
+        SystemExit-free ValueError: the environment has no ``gold_turns``.
+    """
+    if not hasattr(env, "gold_turns"):
+        raise ValueError(f"{type(env).__name__} has no gold_turns(prompt, template): it cannot be replayed")
+    tok = ByteTokenizer()
+    template = TEMPLATES.get(template_name)(None)
+    sampler = ScriptedSampler(tok)
+    longest = 1
+    for p in prompts:
+        turns = env.gold_turns(p, template)
+        longest = max(longest, len(turns))
+        sampler.add_script(_prompt_text(env, template, p), turns)
+    # Byte tokens: lift the token limits; keep max_turns at least the longest script.
+    big = 10**8
+    limits = replace(limits, max_turns=max(limits.max_turns, longest), max_turn_tokens=big, max_episode_tokens=big,
+                     max_context_tokens=big, temperature=0.0)
+    return TreeRolloutEngine(sampler, env, template, tok, limits)
+
+
+def summarize(trees: Sequence[RolloutTree]) -> dict[str, Any]:
+    """Mean reward overall and per category, and the mean of each answer score (0 for unanswered)."""
+    rewards = [float(t.rewards()[0]) for t in trees]
+    by_cat: dict[str, list[float]] = {}
+    scores: dict[str, float] = {}
+    for t, r in zip(trees, rewards):
+        by_cat.setdefault(t.prompt.source or "all", []).append(r)
+        for k, v in t.leaves()[0].scores.items():
+            scores[k] = scores.get(k, 0.0) + v
+    n = max(len(trees), 1)
+    return {"n": len(trees), "score": sum(rewards) / n,
+            "by_category": {k: sum(v) / len(v) for k, v in sorted(by_cat.items())},
+            "scores": {k: v / n for k, v in sorted(scores.items())}}
+
+
+def _distinct_prompt_rounds(env: Any, template: Any, prompts: Sequence[Prompt]) -> list[list[Prompt]]:
+    """``prompts`` in rounds within which no two render the same prompt text (first fit, order kept)."""
+    rounds: list[tuple[set[str], list[Prompt]]] = []
+    for p in prompts:
+        text = _prompt_text(env, template, p)
+        slot = next((r for r in rounds if text not in r[0]), None)
+        if slot is None:
+            slot = (set(), [])
+            rounds.append(slot)
+        slot[0].add(text)
+        slot[1].append(p)
+    return [r[1] for r in rounds]
+
+
+def run_bench_env(cfg: BenchEnvConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Gold replay or policy pass@1 on the first ``cfg.tasks`` held-out tasks of ``cfg.env``."""
+    t0 = time.perf_counter()
+    cls = env_class(cfg.env.name)
+    prompts = list(cls.prompts(cfg.env, held_out=True))[: cfg.tasks]
+    env = ConcurrentEnv(cls.from_config(cfg.env), cfg.workers)
+    if cfg.gold:
+        engine = gold_engine(env, prompts, cfg.model.template, cfg.sampler)
+        mode = "gold"
+    else:
+        from workflows.lm_stack import build_stack
+
+        stack = build_stack(cfg.model, cfg.sampler, cfg.env, cfg.seed)
+        engine = stack.engine
+        engine.env = env
+        mode = "policy"
+    progress(f"bench env {cfg.env.name} ({mode}): {len(prompts)} held-out tasks")
+    trees: list[RolloutTree] = []
+    if mode == "gold":
+        # The scripted sampler tells scripts apart by prompt text: tasks that render the same prompt (BFCL's
+        # miss_param and long_context variants of a base task) replay in separate rounds, one engine each.
+        rounds = _distinct_prompt_rounds(env, engine.template, prompts)
+        batches = [(engine if len(rounds) == 1 else gold_engine(env, r, cfg.model.template, cfg.sampler), r)
+                   for r in rounds]
+    else:
+        batches = [(engine, prompts[i:i + 50]) for i in range(0, len(prompts), 50)]
+    for eng, batch in batches:
+        trees += eng.rollout(batch, [1] * len(batch))
+        progress(f"  {len(trees)}/{len(prompts)} rolled out ({time.perf_counter() - t0:.0f} s)")
+    engines = list({id(e): e for e, _ in batches}.values())
+    out = {"env": cfg.env.name, "mode": mode, **summarize(trees), "time_s": time.perf_counter() - t0,
+           "tool_calls": sum(e.ledger.tool_calls for e in engines),
+           "invalid_actions": sum(e.ledger.invalid_actions for e in engines)}
+    if mode == "gold":
+        out["unscripted_contexts"] = sum(e.sampler.misses for e in engines)  # type: ignore[attr-defined]
+    else:
+        out["temperature"] = cfg.sampler.temperature
+    return out

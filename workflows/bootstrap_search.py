@@ -1,0 +1,51 @@
+"""The search family of ``tracerl bootstrap``: supervised traces of the generated multi-hop world.
+
+Each training question's reference solution (one ``search[entity]`` per hop, the fact read from the
+top passage restated in the next thought, then ``Final Answer:``) is rendered in the plain template with
+the real retriever's observations, so the policy sees at training time exactly what the environment
+shows it at rollout time. Model turns (and the ``Observation:`` marker that ends a tool turn) are
+trainable; the question and the observations are not. Held-out questions come from the other side
+of the world's hash split.
+"""
+
+from __future__ import annotations
+
+from envs.search.env import SearchEnv
+from envs.search.index import BM25Retriever
+from envs.search.world import Question, build_world, generate
+from tracerl.config import BootstrapConfig, SamplerConfig
+from tracerl.engine.react import Action, ActionKind, PlainTemplate
+from tracerl.models.tiny import Segment
+from tracerl.types import Prompt
+
+SEARCH_LIMITS = SamplerConfig(max_turns=6, max_turn_tokens=96, max_episode_tokens=512, max_context_tokens=1024)
+"""Episode limits of the tiny search policy (4 hops and the answer fit with one turn to spare)."""
+
+
+def search_trace_segments(q: Question, env: SearchEnv) -> list[Segment]:
+    """The reference solution of ``q`` as plain-template segments, observations from ``env``'s retriever."""
+    t = PlainTemplate()
+    marker = t.stop[0]
+    segs = [Segment(t.prompt(q.question, []), False)]
+    state: tuple[str, ...] = ()
+    for hop in q.hops:
+        action = Action(ActionKind.TOOL, "", tool="search", arguments={"query": hop.query})
+        res = env.execute(Prompt(q.task_id, q.question, q.answer), state, action)
+        state = res.state
+        segs.append(Segment(t.tool_turn(hop.thought, "search", hop.query) + marker, True))
+        segs.append(Segment(t.observation(res.observation)[len(marker):], False))
+    segs.append(Segment(t.answer_turn(q.final_thought, q.answer), True))
+    return segs
+
+
+def search_family(cfg: BootstrapConfig) -> tuple[list[list[Segment]], list[Prompt], SearchEnv, SamplerConfig]:
+    """Training traces, held-out prompts, the environment and episode limits for the search policy."""
+    world = build_world(cfg.seed)
+    env = SearchEnv(BM25Retriever(world.passages), top_k=cfg.top_k, reward="em", world_seed=cfg.seed)
+    train = generate(world, cfg.train_tasks, held_out=False)
+    held = generate(world, cfg.eval_tasks, held_out=True)
+    assert not {q.question for q in train} & {q.question for q in held}
+    segments = [search_trace_segments(q, env) for q in train]
+    prompts = [Prompt(q.task_id, q.question, q.answer, source=f"generated-H{q.level}") for q in held]
+    return segments, prompts, env, SEARCH_LIMITS
+
