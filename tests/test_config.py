@@ -105,3 +105,16 @@ def test_config_is_frozen() -> None:
     cfg = compose(BenchAllocationConfig, BENCH)
     with pytest.raises(AttributeError):
         cfg.steps = 3  # type: ignore[misc]
+
+
+def test_token_mode_sets_leaves_from_the_token_budget_and_cost_per_leaf() -> None:
+    from tracerl.config import BudgetConfig
+
+    b = BudgetConfig(num_leaves=48, continuations=2, group_size=4, pool_factor=4, token_budget=2000)
+    # unit = lcm(1 + N, G) = 12 leaves; 2000 tokens / (30 tokens x 12) = 5 units
+    assert b.for_tokens(30.0).leaves == 60 and b.for_tokens(30.0).roots == 20
+    assert b.for_tokens(1000.0).leaves == 12  # at least one unit
+    assert b.for_tokens(30.0, max_candidates=48).leaves == 48  # pool 4 x 48 / 4 = 48 candidates fits
+    assert BudgetConfig(num_leaves=48, continuations=2, group_size=4).for_tokens(30.0).leaves == 48  # leaf mode
+    with pytest.raises(ValueError, match="token_budget must be >= 1"):
+        BudgetConfig(num_leaves=48, continuations=2, group_size=4, token_budget=0)

@@ -64,3 +64,17 @@ def test_bench_rollout_json(tiny: Path, tmp_path: Path) -> None:
         assert s[name]["leaves"] == 48
     assert s["trace"]["prefill_tokens_reused"] > 0
     assert s["trace"]["continuation_prefill_fraction"] <= 0.10  # continuations re-use their prefix's cache
+
+
+def test_habit_phase_traces_answer_without_the_tool_for_the_chosen_share() -> None:
+    from envs.math.tasks import generate
+    from workflows.bootstrap import DIRECT_THOUGHT, answers_directly, habit_segments, trace_segments
+
+    tasks = generate(400, seed=0)
+    share = sum(answers_directly(t, 0.5) for t in tasks) / len(tasks)
+    assert 0.4 < share < 0.6 and [answers_directly(t, 0.5) for t in tasks] == [answers_directly(t, 0.5) for t in tasks]
+    t = tasks[0]
+    assert habit_segments(t, 0.0) == trace_segments(t)
+    direct = habit_segments(t, 1.0)
+    assert len(direct) == 2 and not direct[0].trainable and direct[1].trainable
+    assert direct[1].text == f"Thought: {DIRECT_THOUGHT}\nFinal Answer: {t.answer}\n" and "Action:" not in direct[1].text

@@ -45,7 +45,7 @@ def test_smoke_sweep_logs_parent_and_children_to_a_server(tiny_policy: Path, mlf
     import mlflow
 
     args = ["sweep", "--config", str(ROOT / "conf" / "sweep" / "smoke.yaml"), f"model.path={tiny_policy}",
-            f"tracking.uri={mlflow_server}", f"out_dir={tmp_path}/runs", "--name", "smoke"]
+            f"tracking.uri={mlflow_server}", f"out_dir={tmp_path}/runs", "--name", "smoke", "budget.token_budget=400"]
     assert main(args) == 0
     assert "best (rollout/effective_ratio" in capsys.readouterr().out
     mlflow.set_tracking_uri(mlflow_server)
@@ -57,8 +57,18 @@ def test_smoke_sweep_logs_parent_and_children_to_a_server(tiny_policy: Path, mlf
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(children) == 2 and all(r.data.tags["tracerl.sweep"] == "smoke" for r in children)
     assert {r.data.params["budget.continuations"] for r in children} <= {"2", "4"}
+    from tracerl.config import BudgetConfig
+
     for r in children:  # every step of every trial reached the server
         assert len(client.get_metric_history(r.info.run_id, "rollout/effective_ratio")) == 3
+        # token mode: L starts at num_leaves, then follows 400 tokens / the trial's mean tokens per leaf so far
+        hist = {k: [m.value for m in sorted(client.get_metric_history(r.info.run_id, k), key=lambda m: m.step)]
+                for k in ("budget/leaf_budget", "budget/generated_tokens", "budget/leaves")}
+        budget = BudgetConfig(num_leaves=15, continuations=int(r.data.params["budget.continuations"]), group_size=3,
+                              pool_factor=2, token_budget=400)
+        expected = [15] + [budget.for_tokens(sum(hist["budget/generated_tokens"][:t]) / sum(hist["budget/leaves"][:t]),
+                                             max_candidates=64).leaves for t in (1, 2)]
+        assert hist["budget/leaf_budget"] == expected
     best = json.loads(parent.data.tags["tracerl.best_config"])
     assert set(best) == {"budget.continuations", "allocator.m_max"}
     # the same name again restores the finished experiment instead of starting new trials

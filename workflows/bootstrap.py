@@ -1,4 +1,5 @@
-"""``tracerl bootstrap``: build the built-in tiny policy for the math tasks.
+"""``tracerl bootstrap``: build the built-in tiny policy for the math tasks (or the search family,
+``family=search``: traces of the generated multi-hop world, see ``workflows.bootstrap_search``).
 
 1. generate training tasks (disjoint from the held-out split) and render their reference solutions
    as plain-template ReAct traces (model turns trainable; prompt and observations masked);
@@ -12,9 +13,11 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,27 +51,66 @@ def trace_segments(task: MathTask) -> list[Segment]:
     return segs
 
 
+DIRECT_THOUGHT = "I can answer this without Python."
+
+
+def answers_directly(task: MathTask, fraction: float) -> bool:
+    """Whether ``task``'s habit-phase trace answers without the tool (a fixed hash of the question)."""
+    h = int(hashlib.sha256(f"direct\x00{task.question}".encode()).hexdigest()[:8], 16) / 16**8
+    return h < fraction
+
+
+def habit_segments(task: MathTask, fraction: float) -> list[Segment]:
+    """The habit phase's trace: the reference solution, or (for ``fraction`` of the tasks) a final answer given at
+    once, without calling the tool."""
+    if not answers_directly(task, fraction):
+        return trace_segments(task)
+    t = PlainTemplate()
+    return [Segment(t.prompt(task.question, []), False), Segment(t.answer_turn(DIRECT_THOUGHT, task.answer), True)]
+
+
+def add_direct_answer_habit(model: Any, tokenizer: Any, train: list[MathTask], cfg: BootstrapConfig,
+                            on_step: Callable[[int, float], None] | None = None) -> list[float]:
+    """The habit phase: a short supervised run on traces where ``cfg.direct_answer_fraction`` of the answers come
+    without the tool. A pretrained LLM often answers from memory instead of calling its tool; this gives the tiny
+    policy that habit (right for small sums, mostly wrong for multi-digit products), so RL has a behaviour to
+    unlearn across every task, as it does on real models."""
+    examples = [encode_trace(tokenizer, habit_segments(t, cfg.direct_answer_fraction), cfg.max_positions) for t in train]
+    return supervised_finetune(model, examples, tokenizer.pad_token_id, cfg.habit_steps, cfg.batch_size, cfg.habit_lr,
+                               cfg.seed, None, on_step)
+
+
 def task_prompt(task: MathTask) -> Prompt:
     return Prompt(prompt_id=task.task_id, text=task.question, answer=task.answer, source=f"generated-L{task.level}")
 
 
 def evaluate(model: Any, tokenizer: Any, tasks: list[MathTask], temperature: float, seed: int) -> dict[str, Any]:
-    """One rollout per task through the real engine: accuracy overall and per level, action well-formedness."""
-    engine = TreeRolloutEngine(HFSampler(model, tokenizer), MathEnv(), PlainTemplate(), tokenizer, SamplerConfig(temperature=temperature), seed)
-    prompts = [task_prompt(t) for t in tasks]
+    """One rollout per math task through the real engine (see :func:`evaluate_prompts`)."""
+    return evaluate_prompts(model, tokenizer, [task_prompt(t) for t in tasks], MathEnv(), temperature, seed)
+
+
+def evaluate_prompts(model: Any, tokenizer: Any, prompts: list[Prompt], env: Any, temperature: float, seed: int,
+                     limits: SamplerConfig | None = None) -> dict[str, Any]:
+    """One rollout per prompt through the real engine: accuracy overall and per category (``Prompt.source``,
+    the level), action well-formedness, and the mean of each answer score the environment reports (em, f1)."""
+    limits = replace(limits or SamplerConfig(), temperature=temperature)
+    engine = TreeRolloutEngine(HFSampler(model, tokenizer), env, PlainTemplate(), tokenizer, limits, seed)
     trees = []
     for i in range(0, len(prompts), 50):
         trees += engine.rollout(prompts[i:i + 50], [1] * len(prompts[i:i + 50]))
     rewards = [t.rewards()[0] for t in trees]
     turns = engine.ledger.llm_calls
     by_level: dict[str, list[float]] = {}
-    for task, r in zip(tasks, rewards):
-        by_level.setdefault(f"L{task.level}", []).append(r)
+    for p, r in zip(prompts, rewards):
+        by_level.setdefault(p.source.removeprefix("generated-"), []).append(r)
     statuses: dict[str, int] = {}
+    scores: dict[str, list[float]] = {}
     for t in trees:
-        s = t.leaves()[0].status.value
-        statuses[s] = statuses.get(s, 0) + 1
-    return {
+        leaf = t.leaves()[0]
+        statuses[leaf.status.value] = statuses.get(leaf.status.value, 0) + 1
+        for k, v in leaf.scores.items():
+            scores.setdefault(k, []).append(v)
+    out = {
         "accuracy": sum(rewards) / len(rewards),
         "by_level": {k: sum(v) / len(v) for k, v in sorted(by_level.items())},
         "well_formed_turns": 1 - engine.ledger.invalid_actions / max(turns, 1),
@@ -77,6 +119,8 @@ def evaluate(model: Any, tokenizer: Any, tasks: list[MathTask], temperature: flo
         "statuses": statuses,
         "answered": statuses.get(Status.ANSWERED.value, 0) / len(trees),
     }
+    out.update({k: sum(v) / len(trees) for k, v in scores.items()})  # unanswered episodes score 0
+    return out
 
 
 def bootstrap(cfg: BootstrapConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
@@ -89,10 +133,18 @@ def bootstrap(cfg: BootstrapConfig, progress: Callable[[str], None] = lambda s: 
         return dict(json.loads((out / "bootstrap.json").read_text()))
     t0 = time.perf_counter()
     torch.manual_seed(cfg.seed)
-    train = generate(cfg.train_tasks, seed=cfg.seed, held_out=False)
-    held = generate(cfg.eval_tasks, seed=cfg.seed + 1, held_out=True)
-    assert not {t.question for t in train} & {t.question for t in held}
-    segments = [trace_segments(t) for t in train]
+    env: Any
+    if cfg.family == "search":
+        from workflows.bootstrap_search import search_family
+
+        segments, eval_prompts, env, limits = search_family(cfg)
+        progress(f"search family: {len(segments)} traces of the generated world (seed {cfg.seed})")
+    else:
+        train = generate(cfg.train_tasks, seed=cfg.seed, held_out=False)
+        held = generate(cfg.eval_tasks, seed=cfg.seed + 1, held_out=True)
+        assert not {t.question for t in train} & {t.question for t in held}
+        segments = [trace_segments(t) for t in train]
+        eval_prompts, env, limits = [task_prompt(t) for t in held], MathEnv(), SamplerConfig()
     tokenizer = build_tokenizer(["".join(s.text for s in segs) for segs in segments], cfg.vocab_size)
     model = build_model(tokenizer, cfg)
     examples = [encode_trace(tokenizer, segs, cfg.max_positions) for segs in segments]
@@ -105,20 +157,27 @@ def bootstrap(cfg: BootstrapConfig, progress: Callable[[str], None] = lambda s: 
 
     losses = supervised_finetune(model, examples, tokenizer.pad_token_id, cfg.steps, cfg.batch_size, cfg.lr, cfg.seed,
                                  cfg.time_budget_s, on_step)
+    habit: list[float] = []
+    if cfg.family == "math" and cfg.habit_steps > 0:
+        progress(f"habit phase: {cfg.habit_steps} steps on traces where {cfg.direct_answer_fraction:.0%} of the "
+                 "answers come without the tool")
+        habit = add_direct_answer_habit(model, tokenizer, train, cfg, on_step)
+        losses = losses + habit
     train_s = time.perf_counter() - t0
-    progress(f"trained {len(losses)} steps in {train_s:.0f} s, final loss {losses[-1]:.4f}; evaluating on {len(held)} held-out tasks")
-    if len(losses) < cfg.steps:
+    progress(f"trained {len(losses)} steps in {train_s:.0f} s, final loss {losses[-1]:.4f}; "
+             f"evaluating on {len(eval_prompts)} held-out tasks")
+    if len(losses) - len(habit) < cfg.steps:
         progress(f"warning: time_budget_s={cfg.time_budget_s:g} ran out after {len(losses)} of {cfg.steps} steps; "
                  "the checkpoint depends on this machine's speed (raise time_budget_s for a reproducible one)")
-    greedy = evaluate(model, tokenizer, held, 0.0, cfg.seed)
-    sampled = evaluate(model, tokenizer, held, cfg.eval_temperature, cfg.seed)
+    greedy = evaluate_prompts(model, tokenizer, eval_prompts, env, 0.0, cfg.seed, limits)
+    sampled = evaluate_prompts(model, tokenizer, eval_prompts, env, cfg.eval_temperature, cfg.seed, limits)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     metrics = {
         "config": dataclasses.asdict(cfg), "parameters": n_params, "train_steps": len(losses), "final_loss": losses[-1],
-        "stopped_by_time_budget": len(losses) < cfg.steps,
-        "train_s": train_s, "total_s": time.perf_counter() - t0, "eval_tasks": len(held),
+        "stopped_by_time_budget": len(losses) - len(habit) < cfg.steps, "habit_steps": len(habit),
+        "train_s": train_s, "total_s": time.perf_counter() - t0, "eval_tasks": len(eval_prompts),
         "greedy": greedy, "sampled": sampled,
     }
     (out / "bootstrap.json").write_text(json.dumps(metrics, indent=2))

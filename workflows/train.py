@@ -434,8 +434,11 @@ class _Driver:
         self.prompts = task_prompts(cfg.env)
         self.eval_prompts = task_prompts(cfg.env, held_out=True)
         self.rng = np.random.default_rng(cfg.seed)
+        # Token mode: generated tokens and leaves so far, for the mean cost of a leaf.
+        self.spent = [0.0, 0.0]
         if ckpt_dir is not None:
             self.rng.bit_generator.state = state["rng"]
+            self.spent = list(state.get("spent", self.spent))
             self.predictor.load_state_dict(torch.load(Path(ckpt_dir) / "predictor.pt", weights_only=False))
         self.phases: dict[str, float] = {}
         self.step_metrics: dict[str, float] = {}
@@ -470,6 +473,7 @@ class _Driver:
         out = {"eval/accuracy": m["accuracy"], "eval/well_formed_turns": m["greedy"]["well_formed_turns"]}
         for src, acc in m["greedy"]["by_source"].items():
             out[f"eval/accuracy/{src}"] = acc
+        out.update({f"eval/{k}": v for k, v in m["greedy"].get("scores", {}).items()})  # search: em, f1
         if step == 0:  # later evaluations are logged with their step's metrics
             self.log(out, step)
         self.phase("eval", time.perf_counter() - t0)
@@ -481,18 +485,24 @@ class _Driver:
         from tracerl.calibration import collect_calibration, summarize_calibration
         from tracerl.engine.step import run_step
         from tracerl.metrics import step_metrics
+        from workflows.evaluate import leaf_score_means
         from workflows.rollout import sample_pool
 
         self.phases, self.t_step = {}, time.perf_counter()
         t0 = time.perf_counter()
-        pool = sample_pool(self.prompts, self.cfg.budget.num_candidates, self.rng)
+        budget = self.cfg.budget
+        if budget.token_budget is not None and self.spent[1] > 0:
+            budget = budget.for_tokens(self.spent[0] / self.spent[1], max_candidates=len(self.prompts))
+        pool = sample_pool(self.prompts, budget.num_candidates, self.rng)
         self.pool.begin_step(step)
         self.phase("select", time.perf_counter() - t0)
-        out = run_step(pool, self.allocator, self.predictor, self.pool, self.cfg.budget, self.rng)
+        out = run_step(pool, self.allocator, self.predictor, self.pool, budget, self.rng)
         from workflows.rollout import merge_ledgers
 
         out.ledger = merge_ledgers(out.ledger, self.pool.ledger)
+        self.spent = [self.spent[0] + out.ledger.generated_tokens, self.spent[1] + out.ledger.leaves]
         m = step_metrics(out)
+        m["budget/leaf_budget"] = float(budget.leaves)
         if self.predictor.ready:
             for group, vals in summarize_calibration(collect_calibration(out)).items():
                 m.update({f"predictor/{group}/{k}": v for k, v in vals.items()})
@@ -508,6 +518,7 @@ class _Driver:
         m["train/reward_mean"] = sum(rewards) / len(rewards) if rewards else 0.0
         m["train/accuracy"] = sum(r > 0.5 for r in rewards) / len(rewards) if rewards else 0.0
         m["train/response_tokens"] = out.ledger.generated_tokens / leaves
+        m.update({f"rollout/{k}": v for k, v in leaf_score_means(out.trees).items()})  # search: em, f1
         m["train/sequences"] = float(len(batch))
         gen_s = out.ledger.phase_s.get("generate", 0.0)
         m["throughput/generated_tokens_per_s"] = out.ledger.generated_tokens / gen_s if gen_s else 0.0
@@ -559,7 +570,8 @@ class _Driver:
         model.save_pretrained(path / "policy")
         self.tok.save_pretrained(path / "policy")
         torch.save(self.predictor.state_dict(), path / "predictor.pt")
-        (path / STATE).write_text(json.dumps({"step": step, "run_id": self.run_id, "rng": self.rng.bit_generator.state}))
+        (path / STATE).write_text(json.dumps({"step": step, "run_id": self.run_id, "rng": self.rng.bit_generator.state,
+                                              "spent": self.spent}))
         (path / "config.yaml").write_text(to_yaml(self.cfg))
 
     def close(self) -> None:

@@ -8,7 +8,7 @@ before any work starts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -56,9 +56,15 @@ class BudgetConfig:
     """G: rollouts per prompt for the flat allocators (grpo, pcl, dapo)."""
     pool_factor: int = 4
     """The candidate pool holds pool_factor * L / G prompts, shared by every allocator that selects."""
+    token_budget: int | None = None
+    """Token mode (training): generated tokens per step. Each step's L is the largest multiple of
+    lcm(1 + N, G) whose expected cost, at the run's mean generated tokens per leaf so far, fits the budget
+    (at least one multiple); num_leaves sets the first step's L. Null: leaf mode, L fixed."""
 
     def __post_init__(self) -> None:
         n = self.continuations
+        _check(self.token_budget is None or self.token_budget >= 1,
+               f"budget.token_budget must be >= 1 or null (got {self.token_budget})")
         _check(n >= 0, f"budget.continuations must be >= 0 (got {n})")
         _check(self.group_size >= 2, f"budget.group_size must be >= 2 (got {self.group_size})")
         _check(self.pool_factor >= 1, f"budget.pool_factor must be >= 1 (got {self.pool_factor})")
@@ -106,6 +112,19 @@ class BudgetConfig:
     def num_candidates(self) -> int:
         """B, the shared candidate pool size."""
         return self.pool_factor * self.num_groups
+
+    def for_tokens(self, tokens_per_leaf: float, max_candidates: int | None = None) -> BudgetConfig:
+        """Token mode: this budget with L set so that L x ``tokens_per_leaf`` fits ``token_budget`` (and the
+        candidate pool, pool_factor L / G prompts, fits ``max_candidates`` where given)."""
+        import math
+
+        if self.token_budget is None or tokens_per_leaf <= 0:
+            return self
+        unit = math.lcm(1 + self.continuations, self.group_size)
+        units = int(self.token_budget // (tokens_per_leaf * unit))
+        if max_candidates is not None:
+            units = min(units, max_candidates * self.group_size // (self.pool_factor * unit))
+        return replace(self, num_leaves=max(1, units) * unit, num_roots=None)
 
 
 @dataclass(frozen=True)
@@ -283,9 +302,16 @@ class SearchEnvConfig:
     """'em' (exact match) or 'f1' (token F1 at or above f1_threshold counts as a success)."""
     f1_threshold: float = 0.3
     """F1 that counts as a success with reward=f1 (the paper uses 0.3)."""
+    held_out_fraction: float = 0.2
+    """Share of questions (by a stable hash of their text) on the held-out side; the rest are for training."""
 
     def __post_init__(self) -> None:
         _check(self.num_tasks >= 1 and self.eval_tasks >= 1, "env.search.num_tasks and eval_tasks must be >= 1")
+        _check(0.0 < self.held_out_fraction < 1.0,
+               f"env.search.held_out_fraction must be in (0, 1) (got {self.held_out_fraction})")
+        _check(self.tasks == "generated" or bool(self.corpus),
+               f"env.search.tasks={self.tasks!r} is a question file: set env.search.corpus to a FlashRAG/Search-R1 "
+               "JSONL corpus (the generated world brings its own)")
         _check(self.top_k >= 1, f"env.search.top_k must be >= 1 (got {self.top_k})")
         _check(self.reward in ("em", "f1"), f"env.search.reward must be 'em' or 'f1' (got {self.reward!r})")
         _check(0.0 <= self.f1_threshold <= 1.0, f"env.search.f1_threshold must be in [0, 1] (got {self.f1_threshold})")
@@ -305,10 +331,20 @@ class BfclEnvConfig:
     """Seed of the train/test split."""
     test_fraction: float = 0.2
     """Share of each category held out for evaluation."""
+    docs: str = "full"
+    """Function documentation shown to the policy: 'full' (BFCL's docs) or 'brief' (each function's own sentence,
+    parameter names and types; about a third of the tokens, for small models and context windows)."""
 
     def __post_init__(self) -> None:
         _check(self.num_tasks >= 1 and self.eval_tasks >= 1, "env.bfcl.num_tasks and eval_tasks must be >= 1")
+        _check(self.docs in ("full", "brief"), f"env.bfcl.docs must be 'full' or 'brief' (got {self.docs!r})")
         _check(0.0 < self.test_fraction < 1.0, f"env.bfcl.test_fraction must be in (0, 1) (got {self.test_fraction})")
+        known = ("base", "miss_func", "miss_param", "long_context")
+        bad = [c for c in self.categories if c not in known]
+        _check(bool(self.categories) and not bad,
+               f"env.bfcl.categories must be a non-empty list of {', '.join(known)} (got {list(self.categories)})")
+        _check(len(set(self.categories)) == len(self.categories),
+               f"env.bfcl.categories lists a category twice (got {list(self.categories)})")
 
 
 @dataclass(frozen=True)
@@ -406,10 +442,13 @@ class ClusterConfig:
 class BootstrapConfig:
     """``tracerl bootstrap``: build the tiny policy (tokenizer + small LM, supervised warm start)."""
 
+    family: str = "math"
+    """Task family the policy is built for: 'math' (generated math tasks, Python tool) or 'search' (the generated
+    multi-hop world, search tool; its world is the one of env.search.task_seed = seed)."""
     out_dir: str = "models/tiny-math"
     """Where the HF checkpoint directory goes."""
     seed: int = 0
-    """Seeds tasks, initialisation and training."""
+    """Seeds tasks, initialisation and training (search: also the generated world)."""
     train_tasks: int = 6000
     """Generated training tasks (deduplicated, disjoint from the held-out split)."""
     eval_tasks: int = 200
@@ -427,16 +466,31 @@ class BootstrapConfig:
     lr: float = 3e-3
     time_budget_s: float = 900.0
     """Safety cap: stop training after this many seconds even if steps remain (then the result depends on speed)."""
+    habit_steps: int = 0
+    """math: steps of a second supervised phase on traces where direct_answer_fraction of the answers come without
+    the tool (the habit of answering from memory that RL then unlearns); 0 skips it."""
+    habit_lr: float = 1e-3
+    """math: peak learning rate of the habit phase."""
+    direct_answer_fraction: float = 0.0
+    """math: share of the habit phase's traces that answer at once without calling the tool (chosen by a hash of
+    the question)."""
     eval_temperature: float = 1.0
     """Sampling temperature for sampled pass@1 (greedy accuracy is reported too)."""
     force: bool = False
     """Rebuild even if out_dir already holds a checkpoint."""
+    top_k: int = 3
+    """search family: passages per search in the rendered traces and the evaluation (match env.search.top_k)."""
 
     def __post_init__(self) -> None:
+        _check(self.family in ("math", "search"), f"family must be 'math' or 'search' (got {self.family!r})")
+        _check(self.top_k >= 1, f"top_k must be >= 1 (got {self.top_k})")
         _check(self.train_tasks >= 10 and self.eval_tasks >= 1, "bootstrap needs train_tasks >= 10 and eval_tasks >= 1")
         _check(self.hidden_size % self.num_heads == 0, "hidden_size must be a multiple of num_heads")
         _check(self.steps >= 1 and self.batch_size >= 1 and self.lr > 0, "steps, batch_size and lr must be positive")
         _check(self.time_budget_s > 0, "time_budget_s must be > 0")
+        _check(self.habit_steps >= 0 and self.habit_lr > 0, "habit_steps must be >= 0 and habit_lr > 0")
+        _check(0.0 <= self.direct_answer_fraction <= 1.0,
+               f"direct_answer_fraction must be in [0, 1] (got {self.direct_answer_fraction})")
 
 
 def _lm_budget() -> BudgetConfig:
@@ -451,6 +505,31 @@ def _check_tool_env(env: EnvConfig) -> None:
     _check(env.name != "simulator",
            "language-model workflows need a ReAct tool environment: set env.name to math, search, bfcl "
            "or a 'module:attr' environment class (the simulator serves bench allocation)")
+
+
+@dataclass(frozen=True)
+class BenchEnvConfig:
+    """``tracerl bench env``: gold replay, or the policy's pass@1, on an environment's held-out tasks."""
+
+    env: EnvConfig = field(default_factory=_lm_env)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy for the policy mode; its ``template`` is the format gold turns are written in."""
+    sampler: SamplerConfig = field(default_factory=lambda: SamplerConfig(temperature=0.0))
+    """Episode limits; ``temperature`` for the policy mode (0: greedy pass@1)."""
+    gold: bool = False
+    """Replay the environment's reference actions instead of running the policy."""
+    tasks: int = 200
+    """Held-out tasks to run (the first N of the environment's held-out prompts)."""
+    workers: int = 8
+    """Threads running each round's tool calls concurrently (1: one after another)."""
+    seed: int = 0
+    json_path: str | None = None
+    """Write the JSON summary here as well (``--json``)."""
+
+    def __post_init__(self) -> None:
+        _check_tool_env(self.env)
+        _check(self.tasks >= 1, f"tasks must be >= 1 (got {self.tasks})")
+        _check(self.workers >= 1, f"workers must be >= 1 (got {self.workers})")
 
 
 @dataclass(frozen=True)
@@ -768,8 +847,11 @@ class BenchTrainConfig(TrainConfig):
 class SweepConfig(TrainConfig):
     """``tracerl sweep``: Ray Tune + Optuna over the budget shape; every trial a full ``train`` run.
 
-    Leaf mode (the only mode for now): the total leaf budget ``budget.num_leaves`` = L stays fixed, a trial's
-    continuation multiplier N sets the bare-rollout budget M = L / (1 + N). Choices for N must divide L.
+    Leaf mode (default): the total leaf budget ``budget.num_leaves`` = L stays fixed, a trial's continuation
+    multiplier N sets the bare-rollout budget M = L / (1 + N). Choices for N must divide L.
+    Token mode (``budget.token_budget=T``): every trial spends about T generated tokens a step; its L is re-set
+    each step from T and its own mean tokens per leaf (``BudgetConfig.for_tokens``), so a shape whose leaves
+    are cheaper (continuations re-use prefixes) gets more of them; L = num_leaves on the first step.
     """
 
     space: dict[str, Any] = field(default_factory=lambda: {"budget.continuations": [1, 2, 3],
