@@ -26,10 +26,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## The main job on the embedded default: the tiny policy (committed in models/tiny-math; `tracerl bootstrap`
-## rebuilds it only if it is missing), then a short TRACE training run on local Ray with SQLite MLflow.
+## The main job on the embedded default: the tiny policy with its tool-skipping habit (committed in
+## models/tiny-math-habit; the bootstrap rebuilds it only if it is missing), then a short TRACE training run on
+## local Ray with SQLite MLflow.
 demo: install
-	$(VENV)/bin/tracerl bootstrap
+	$(VENV)/bin/tracerl bootstrap --config conf/bootstrap/math_habit.yaml
 	$(VENV)/bin/tracerl train --config conf/train/demo.yaml
 
 lint: install

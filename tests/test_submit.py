@@ -32,6 +32,10 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     ray_bin = str(Path(sys.executable).parent / "ray")
     proc = subprocess.Popen([ray_bin, "start", "--head", "--block", f"--port={gcs}", f"--dashboard-port={dash}",
                              "--dashboard-host=127.0.0.1", "--num-cpus=1", "--disable-usage-stats",
+                             # every port of its own: another Ray on the machine may hold the defaults (52365, ...)
+                             f"--dashboard-agent-listen-port={_free_port()}",
+                             f"--dashboard-agent-grpc-port={_free_port()}",
+                             f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}",
                              f"--temp-dir={tmp_path_factory.mktemp('rayhead')}"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{dash}"

@@ -39,20 +39,29 @@ def entrypoint(command: str, args: Sequence[str], python: str | None = None) -> 
 
 def submit(address: str, command: str, args: Sequence[str], working_dir: str = ".", python: str | None = None,
            follow: bool = True, env: dict[str, str] | None = None,
-           emit: Callable[[str], None] = lambda s: print(s, end="", flush=True)) -> tuple[str, str]:
-    """Submit; returns (job id, final status or 'PENDING' when not following)."""
+           emit: Callable[[str], None] = lambda s: print(s, end="", flush=True),
+           agent_wait_s: float = 120.0) -> tuple[str, str]:
+    """Submit; returns (job id, final status or 'PENDING' when not following). A head without a job agent is
+    retried for ``agent_wait_s`` seconds, then reported."""
     client = _client(address)
     runtime_env: dict[str, Any] = {"working_dir": str(Path(working_dir).resolve()), "excludes": EXCLUDES}
     if env:
         runtime_env["env_vars"] = dict(env)
     job_id = ""
-    for attempt in range(60):  # a head that just started answers before its job agent is up
+    deadline = time.monotonic() + agent_wait_s
+    while True:  # a head that just started answers before its job agent is up
         try:
             job_id = str(client.submit_job(entrypoint=entrypoint(command, args, python), runtime_env=runtime_env))
             break
         except RuntimeError as exc:
-            if "No available agent" not in str(exc) or attempt == 59:
+            if "No available agent" not in str(exc):
                 raise
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the Ray head at {address} has no job agent after {agent_wait_s:.0f} s; its dashboard agent "
+                    "may have failed to start (for example its port 52365 taken by another Ray on the machine: "
+                    "start the head with --dashboard-agent-listen-port=FREE_PORT); see dashboard_agent.log in the "
+                    "head's session logs") from exc
             time.sleep(1)
     emit(f"submitted job {job_id} to {address}\n")
     if not follow:
