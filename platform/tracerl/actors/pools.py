@@ -76,9 +76,6 @@ class EnvWorker:
             os._exit(1)
         return self.env.execute(prompt, state, action)  # type: ignore[no-any-return]
 
-    def warnings(self) -> list[str]:
-        return list(getattr(getattr(self.env, "sandbox", None), "warnings", []))
-
 
 class EnvPool:
     """A ``ToolEnv`` whose tool calls run on env actors; rewards and states are computed locally."""
