@@ -10,8 +10,10 @@ import torch
 
 from tracerl.algos.batch import TrainBatch, collate
 from tracerl.algos.losses import LossInputs, ppo_clip_loss, token_logprobs
-from tracerl.config import LossConfig, OptimConfig
+from tracerl.config import LossConfig, OptimConfig, TrainerConfig
 from tracerl.learner import PolicyLearner, denominator, lr_lambda
+from tracerl.models.hf import SetupError
+from tracerl.models.wrap import adapter_weights, apply_lora, fully_shard_model, gather_state, hf_weights
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt, Status
 
@@ -169,3 +171,76 @@ def test_a_batch_without_signal_leaves_the_weights_alone() -> None:
     stats = learner.update(flat, denominator(flat, "token_mean"))
     assert stats["train/update_skipped"] == 1.0 and stats["train/signal_tokens"] == 0
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+# --- LoRA (peft) and FSDP2: the update and the full weights the samplers and checkpoints get ----------------------
+
+LORA = TrainerConfig(lora_rank=4, lora_alpha=8, strategy="fsdp")
+
+
+def _lora_model():  # type: ignore[no-untyped-def]
+    """The small model with rank-4 adapters whose B is non-zero (a fresh adapter is the identity)."""
+    model = apply_lora(_model(), LORA)
+    g = torch.Generator().manual_seed(3)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            p.data = torch.randn(p.shape, generator=g) * 0.1
+    return model
+
+
+def test_lora_trains_only_adapters_and_merges_into_plain_weights() -> None:
+    model = _lora_model()
+    base = {k: v.clone() for k, v in _model().state_dict().items()}
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    _update(model, _batch(), _batch(), LossConfig(micro_batch_size=2))
+    assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if not p.requires_grad)
+    merged = hf_weights(gather_state(model), LORA)
+    assert sorted(merged) == sorted(base)  # the architecture's own names: samplers and from_pretrained read them
+    plain = _model()
+    plain.load_state_dict(merged)
+    ids = torch.randint(1, 32, (2, 9), generator=torch.Generator().manual_seed(5))
+    model.eval()
+    torch.testing.assert_close(plain(input_ids=ids).logits, model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])
+    assert torch.equal(merged["model.layers.0.mlp.up_proj.weight"], base["model.layers.0.mlp.up_proj.weight"])
+    assert len(adapter_weights(gather_state(model))) == 8  # A and B for q, k, v, o
+
+
+def test_lora_rejects_targets_the_model_lacks() -> None:
+    with pytest.raises(SetupError, match=r"lora_targets \['c_attn'\] name no linear layer.*q_proj"):
+        apply_lora(_model(), TrainerConfig(lora_rank=4, lora_targets=["q_proj", "c_attn"]))
+
+
+def _fsdp_worker(rank: int, port: int, path: str, lora: bool) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    model = fully_shard_model(_lora_model() if lora else _model())
+    batch = _batch()
+    stats = _update(model, batch.shard(rank, 2), batch, LossConfig(micro_batch_size=1))
+    weights = hf_weights(gather_state(model), LORA if lora else TrainerConfig())  # every rank joins the gather
+    if rank == 0:
+        torch.save({"params": weights, "stats": stats}, path)
+    else:
+        assert weights == {}
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_two_fsdp_workers_match_one_on_unequal_shards(tmp_path, lora: bool) -> None:  # type: ignore[no-untyped-def]
+    batch = _batch()
+    single = _lora_model() if lora else _model()
+    stats1 = _update(single, batch, batch, LossConfig(micro_batch_size=2))
+    want = hf_weights(gather_state(single), LORA if lora else TrainerConfig())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = str(tmp_path / "fsdp.pt")
+    torch.multiprocessing.spawn(_fsdp_worker, args=(port, path, lora), nprocs=2)
+    got = torch.load(path)
+    assert sorted(got["params"]) == sorted(want)
+    for k, v in want.items():
+        torch.testing.assert_close(got["params"][k], v, rtol=1e-5, atol=1e-6)
+    assert got["stats"]["train/loss"] == pytest.approx(stats1["train/loss"], rel=1e-5)
+    assert got["stats"]["train/grad_norm"] == pytest.approx(stats1["train/grad_norm"], rel=1e-4)

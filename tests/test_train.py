@@ -166,3 +166,44 @@ def test_ui_serves_the_store(run: dict[str, Any], capsys: pytest.CaptureFixture[
         port = s.getsockname()[1]
     assert main(["ui", "--check", "--port", str(port), "--tracking-uri", f"sqlite:///{run['tmp']}/mlruns.db"]) == 0
     assert f"http://127.0.0.1:{port}" in capsys.readouterr().out
+
+
+def test_lora_on_two_fsdp_ranks_trains_adapters_and_resumes(tmp_path: Path) -> None:
+    """trainer.strategy=fsdp (FSDP2 over 2 gloo ranks) with LoRA adapters: checkpoints hold the merged policy and
+    the adapters, and a resumed run continues from the saved adapters (not freshly initialised ones)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tracerl.config import TrackingConfig
+    from workflows.train import latest_checkpoint, metric_series, run_storage
+
+    habit = ROOT / "models" / "tiny-math-habit"  # succeeds often enough for mixed groups (a signal) in 2 steps
+    common = [*_common(habit, tmp_path), "trainer.num_workers=2", "trainer.cpus_per_worker=0.4",
+              "trainer.strategy=fsdp", "trainer.lora_rank=4", "trainer.lora_alpha=8", "checkpoint_every=1",
+              "eval_at_start=false", "env.math.eval_tasks=4"]
+    assert main(["train", "--config", SMOKE, *common, "--steps", "2"]) == 0
+    client = _client(tmp_path)
+    run_id = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])[0].info.run_id
+    assert client.get_run(run_id).data.params["trainer.strategy"] == "fsdp"
+    storage = run_storage(run_id, TrackingConfig(uri=f"sqlite:///{tmp_path}/mlruns.db"))
+    ckpt = latest_checkpoint(storage)
+    assert ckpt is not None and {"lora_adapters.pt", "trainer_rank0.pt", "trainer_rank1.pt"} <= {
+        p.name for p in ckpt.iterdir()}
+    adapters = torch.load(ckpt / "lora_adapters.pt", weights_only=True)
+    base = AutoModelForCausalLM.from_pretrained(habit).state_dict()
+    trained = AutoModelForCausalLM.from_pretrained(ckpt / "policy").state_dict()
+    assert sorted(trained) == sorted(base)
+    layers = sum(1 for k in base if k.endswith("self_attn.q_proj.weight"))
+    assert len(adapters) == 8 * layers  # A and B of q, k, v, o in every layer
+    assert all(torch.equal(trained[k], base[k]) for k in base if ".mlp." in k)  # no adapters there: untouched
+    skipped = metric_series(client, run_id, "train/update_skipped")
+    moved = any(bool(v.abs().sum() > 0) for k, v in adapters.items() if ".lora_B." in k)
+    assert moved == (min(skipped.values()) == 0.0)  # B starts at zero and moves with the first real update
+    assert moved == any(not torch.equal(trained[k], base[k]) for k in base if "self_attn" in k)
+
+    assert main(["train", *_common(habit, tmp_path), f"resume={run_id}", "--steps", "3"]) == 0
+    after = latest_checkpoint(storage)
+    assert after is not None and json.loads((after / "state.json").read_text())["step"] == 3
+    resumed = torch.load(after / "lora_adapters.pt", weights_only=True)
+    # one more small step from the saved adapters; re-initialised A matrices would differ by far more
+    assert max(float((resumed[k] - v).abs().max()) for k, v in adapters.items()) < 1e-2

@@ -35,6 +35,7 @@ from tracerl.config import TrainConfig
 from tracerl.config_loader import to_flat_dict, to_yaml
 
 STATE = "state.json"
+ADAPTERS = "lora_adapters.pt"  # a LoRA run's checkpoint: its adapters (peft names) beside the merged policy
 
 
 # -- driver side ------------------------------------------------------------------------------------
@@ -304,6 +305,34 @@ def _unwrap(model: Any) -> Any:
     return getattr(model, "module", model)
 
 
+def _parallelize(model: Any, cfg: TrainConfig, world: int) -> Any:
+    """Place the policy on this rank's device: plain (one worker), DDP, or FSDP2 (``trainer.strategy``)."""
+    import ray.train.torch
+
+    if world == 1 or cfg.trainer.strategy == "ddp":
+        kwargs = {"broadcast_buffers": False} if world > 1 else None
+        return ray.train.torch.prepare_model(model, parallel_strategy="ddp" if world > 1 else None,
+                                             parallel_strategy_kwargs=kwargs)
+    from tracerl.models.wrap import fully_shard_model
+
+    return fully_shard_model(model.to(ray.train.torch.get_device()))
+
+
+def _gather(model: Any, cfg: TrainConfig, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The policy's HF-named full weights (LoRA adapters merged) and the LoRA adapters alone, on rank 0.
+
+    Under FSDP every rank takes part in the gather (the others get empty dicts); DDP ranks hold full replicas, so
+    only rank 0 reads its own."""
+    from tracerl.models.wrap import adapter_weights, gather_state, hf_weights
+
+    if cfg.trainer.strategy != "fsdp" and rank != 0:
+        return {}, {}
+    state = gather_state(model)
+    if rank != 0:
+        return {}, {}
+    return hf_weights(state, cfg.trainer), adapter_weights(state)
+
+
 def _restore_dir(ckpt: Any, storage: Path) -> str | None:
     """The newest checkpoint: Ray's (after a restart or resume_from_checkpoint) or a newer one in storage.
 
@@ -328,6 +357,7 @@ def train_loop(config: dict[str, Any]) -> None:
     import ray.train.torch
     import torch
 
+    from tracerl.models.wrap import adapter_weights, apply_lora
     from workflows.lm_stack import load_policy
 
     cfg: TrainConfig = config["cfg"]
@@ -338,22 +368,31 @@ def train_loop(config: dict[str, Any]) -> None:
     tok, model = load_policy(cfg.model)
     ckpt_dir = _restore_dir(ray.train.get_checkpoint(), storage)
     state: dict[str, Any] = {"step": 0}
+    lora = cfg.trainer.lora_rank > 0
     if ckpt_dir is not None:
         state = json.loads((Path(ckpt_dir) / STATE).read_text())
         if rank == 0:
             _say(f"restoring from {ckpt_dir} (step {state['step']})")
-        from transformers import AutoModelForCausalLM
+        if not lora:  # a LoRA run restores its adapters onto the base policy below
+            from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(Path(ckpt_dir) / "policy", dtype=model.dtype, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(Path(ckpt_dir) / "policy", dtype=model.dtype,
+                                                         local_files_only=True)
     if cfg.trainer.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+    model = apply_lora(model, cfg.trainer)
+    if lora and ckpt_dir is not None:
+        saved = torch.load(Path(ckpt_dir) / ADAPTERS, weights_only=True)
+        missing = set(adapter_weights(model.state_dict())) - set(saved)
+        if missing:
+            raise RuntimeError(f"checkpoint {ckpt_dir} lacks LoRA adapters {sorted(missing)[:3]}: was it saved with "
+                               f"the same trainer.lora_rank and lora_targets?")
+        model.load_state_dict(saved, strict=False)
     ref_model = None
     if cfg.loss.kl_coef > 0:
         ref_model, _ = load_policy(cfg.model)  # the initial policy
         ref_model.requires_grad_(False)
-    kwargs = {"broadcast_buffers": False} if cfg.trainer.strategy == "ddp" and world > 1 else None
-    model = ray.train.torch.prepare_model(model, parallel_strategy=cfg.trainer.strategy if world > 1 else None,
-                                          parallel_strategy_kwargs=kwargs)
+    model = _parallelize(model, cfg, world)
     if ref_model is not None:
         ref_model = ref_model.to(next(model.parameters()).device)
     from tracerl.learner import PolicyLearner, denominator
@@ -365,7 +404,8 @@ def train_loop(config: dict[str, Any]) -> None:
         learner.load_state_dict(torch.load(Path(ckpt_dir) / f"trainer_rank{rank}.pt", weights_only=False)
                                 if (Path(ckpt_dir) / f"trainer_rank{rank}.pt").exists()
                                 else torch.load(Path(ckpt_dir) / "trainer_rank0.pt", weights_only=False))
-    driver = _Driver(cfg, run_id, storage, tok, _unwrap(model), state, ckpt_dir) if rank == 0 else None
+    weights, adapters = _gather(model, cfg, rank)
+    driver = _Driver(cfg, run_id, storage, tok, _unwrap(model), state, ckpt_dir, weights) if rank == 0 else None
     start = int(state["step"])
     if driver is not None and start == 0 and cfg.eval_at_start:
         driver.evaluate(0)
@@ -380,13 +420,15 @@ def train_loop(config: dict[str, Any]) -> None:
         if driver is not None:
             driver.phase("broadcast", t1 - t0)
             driver.phase("update_policy", t2 - t1)
-            metrics = driver.after_update(step, stats, _unwrap(model))
+        weights, adapters = _gather(model, cfg, rank)  # a collective under FSDP
+        if driver is not None:
+            metrics = driver.after_update(step, stats, weights)
         done = step + 1
         if done % cfg.checkpoint_every == 0 or done == cfg.steps:
             with tempfile.TemporaryDirectory() as tmp:
                 torch.save(learner.state_dict(), Path(tmp) / f"trainer_rank{rank}.pt")
                 if driver is not None:
-                    driver.save(Path(tmp), done, _unwrap(model))
+                    driver.save(Path(tmp), done, weights, adapters)
                 ray.train.report({"step": done, **metrics}, checkpoint=ray.train.Checkpoint.from_directory(tmp),
                                  checkpoint_dir_name=f"checkpoint_{done:06d}")
         else:  # every step reports (a sweep's scheduler sees the curve); checkpoints every checkpoint_every
@@ -405,7 +447,7 @@ class _Driver:
     """Rank 0's part of the loop: pools, predictor, allocator, candidate pools, evaluation and logging."""
 
     def __init__(self, cfg: TrainConfig, run_id: str, storage: Path, tok: Any, model: Any,
-                 state: dict[str, Any], ckpt_dir: str | None) -> None:
+                 state: dict[str, Any], ckpt_dir: str | None, weights: dict[str, Any]) -> None:
         import mlflow
         import numpy as np
         import torch
@@ -417,6 +459,8 @@ class _Driver:
         from workflows.lm_stack import make_text_predictor, task_prompts
 
         self.cfg, self.run_id, self.storage, self.tok = cfg, run_id, storage, tok
+        # The HF model class and config that checkpoints are written with (a LoRA run's base model).
+        self.export = model.get_base_model() if hasattr(model, "get_base_model") else model
         mlflow.set_tracking_uri(cfg.tracking.uri)
         self.client = mlflow.MlflowClient()
         spec = {"model": cfg.model, "sampler": cfg.sampler, "env": cfg.env, "pools": cfg.pools,
@@ -444,14 +488,15 @@ class _Driver:
         self.step_metrics: dict[str, float] = {}
         self.last_out: Any = None
         self.t_step = time.perf_counter()
-        self.sync(model)
+        self.sync(weights)
 
     def phase(self, name: str, seconds: float) -> None:
         self.phases[name] = self.phases.get(name, 0.0) + seconds
 
-    def sync(self, model: Any) -> None:
+    def sync(self, weights: dict[str, Any]) -> None:
+        """Push the policy's full HF-named weights (from ``_gather``) to every sampler."""
         t0 = time.perf_counter()
-        self.pool.load_weights({k: v.detach().to("cpu") for k, v in model.state_dict().items()})
+        self.pool.load_weights(weights)
         self.phase("sync_weights", time.perf_counter() - t0)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -525,8 +570,8 @@ class _Driver:
         self.step_metrics, self.last_out = m, out
         return batch
 
-    def after_update(self, step: int, stats: dict[str, float], model: Any) -> dict[str, float]:
-        self.sync(model)
+    def after_update(self, step: int, stats: dict[str, float], weights: dict[str, Any]) -> dict[str, float]:
+        self.sync(weights)
         done = step + 1
         m = dict(self.step_metrics)
         m.update(stats)
@@ -548,7 +593,7 @@ class _Driver:
         _say(f"step {done}/{self.cfg.steps}  ER {m['rollout/effective_ratio']:.2f}  reward {m['train/reward_mean']:.2f}"
               f"  loss {m['train/loss']:+.4f}  clip {m['train/clip_fraction']:.3f}  {m['time/step_s']:.1f} s"
               + (f"  held-out {m['eval/accuracy']:.3f}" if "eval/accuracy" in m else ""))
-        return {k: v for k, v in m.items() if k in ("rollout/effective_ratio", "train/reward_mean", "eval/accuracy")}
+        return m  # every step's metrics reach Ray Train's report (and a sweep's scheduler)
 
     def _log_trees(self, step: int) -> None:
         from workflows.rollout import outcome_records
@@ -564,10 +609,12 @@ class _Driver:
             (Path(tmp) / "trees.html").write_text(render_html(records[:16], f"{self.cfg.run_name}: step {step}"))
             self.client.log_artifacts(self.run_id, tmp, f"trees/step_{step:05d}")
 
-    def save(self, path: Path, step: int, model: Any) -> None:
+    def save(self, path: Path, step: int, weights: dict[str, Any], adapters: dict[str, Any]) -> None:
         import torch
 
-        model.save_pretrained(path / "policy")
+        self.export.save_pretrained(path / "policy", state_dict=weights)
+        if adapters:
+            torch.save(adapters, path / ADAPTERS)
         self.tok.save_pretrained(path / "policy")
         torch.save(self.predictor.state_dict(), path / "predictor.pt")
         (path / STATE).write_text(json.dumps({"step": step, "run_id": self.run_id, "rng": self.rng.bit_generator.state,

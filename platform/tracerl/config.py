@@ -705,18 +705,24 @@ class TrainerConfig:
     use_gpu: bool = False
     """One GPU per worker, NCCL; CPU workers use gloo."""
     strategy: str = "ddp"
-    """'ddp' (small models) or 'fsdp' (sharded; large models)."""
+    """'ddp' (full replica per rank; small models) or 'fsdp' (FSDP2 ``fully_shard`` per decoder block: weights, grads
+    and optimizer state sharded over the ranks; large models; runs on CPU with gloo too)."""
     gradient_checkpointing: bool = False
     lora_rank: int = 0
-    """> 0 trains LoRA adapters of this rank through peft (pip install peft) instead of all weights."""
+    """> 0 trains LoRA adapters of this rank through peft instead of all weights (base frozen); samplers and
+    checkpoints get the merged weights, and a checkpoint also keeps the adapters (lora_adapters.pt) for resume."""
     lora_alpha: int = 16
+    """LoRA scaling numerator: the update is (lora_alpha / lora_rank) * B A."""
     lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Names of the linear layers that get adapters (checked against the model at start)."""
 
     def __post_init__(self) -> None:
         _check(self.num_workers >= 1, f"trainer.num_workers must be >= 1 (got {self.num_workers})")
         _check(self.cpus_per_worker > 0, "trainer.cpus_per_worker must be > 0")
         _check(self.strategy in ("ddp", "fsdp"), f"trainer.strategy must be ddp or fsdp (got {self.strategy!r})")
         _check(self.lora_rank >= 0, "trainer.lora_rank must be >= 0")
+        _check(self.lora_rank == 0 or (self.lora_alpha > 0 and len(self.lora_targets) > 0),
+               "trainer.lora_alpha must be > 0 and trainer.lora_targets non-empty when trainer.lora_rank > 0")
 
 
 @dataclass(frozen=True)
@@ -797,6 +803,9 @@ class TrainConfig:
                "checkpoint_every and keep_checkpoints must be >= 1")
         _check(self.max_failures >= 0, "max_failures must be >= 0")
         _check(self.allocator.name != "dapo" or self.budget.num_leaves is not None, "dapo needs budget.num_leaves")
+        _check(not (self.trainer.strategy == "fsdp" and self.trainer.num_workers > 1 and self.predictor.features == "policy"),
+               "predictor.features=policy reads the trainer's policy on rank 0 alone, which FSDP shards over every "
+               "rank: use predictor.features=hashed with trainer.strategy=fsdp")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,120 @@
+"""The trainer's view of the policy: LoRA adapters (peft) and full, HF-named weights from any wrapping.
+
+Samplers, checkpoints and the registry always get a plain HF state dict (the architecture's own key names):
+``full_weights`` gathers it from a plain, DDP- or FSDP-wrapped model, with LoRA adapters merged into the base
+weights (W + alpha/r * B A). Gathering an FSDP model is a collective: every rank calls it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tracerl.config import TrainerConfig
+from tracerl.models.hf import SetupError
+
+_PEFT_PREFIX = "base_model.model."
+
+
+def apply_lora(model: torch.nn.Module, cfg: TrainerConfig) -> torch.nn.Module:
+    """Wrap ``model`` with trainable LoRA adapters (base weights frozen) when ``trainer.lora_rank > 0``."""
+    if cfg.lora_rank <= 0:
+        return model
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as e:  # pragma: no cover - peft is in the dev and lora extras
+        raise SetupError("trainer.lora_rank > 0 needs peft: pip install -e '.[lora]' (or set trainer.lora_rank=0)") from e
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+             if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"}  # Conv1D: GPT-2's linear layers
+    missing = sorted(set(cfg.lora_targets) - names)
+    if missing:
+        raise SetupError(f"trainer.lora_targets {missing} name no linear layer of this model; its linear layers are "
+                         f"{sorted(names)}")
+    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=list(cfg.lora_targets),
+                      lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+    wrapped = get_peft_model(model, lora)  # peft also prepares a checkpointed model (inputs require grad)
+    return wrapped
+
+
+def lora_scaling(cfg: TrainerConfig) -> float:
+    return cfg.lora_alpha / cfg.lora_rank
+
+
+def merge_lora(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+    """A peft LoRA state dict (``...q_proj.base_layer.weight``, ``...q_proj.lora_A.default.weight``, ...) as the
+    plain architecture's state dict with every adapter merged: ``W + scaling * B @ A``."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if ".lora_A." in key or ".lora_B." in key or ".lora_embedding_" in key or ".lora_magnitude" in key:
+            continue
+        name = key[len(_PEFT_PREFIX):] if key.startswith(_PEFT_PREFIX) else key
+        if ".base_layer." in name:
+            module, _, leaf = name.replace(".base_layer.", ".\0").partition("\0")
+            name = module + leaf
+            if leaf == "weight":
+                stem = key.rsplit(".base_layer.", 1)[0]
+                a, b = state.get(f"{stem}.lora_A.default.weight"), state.get(f"{stem}.lora_B.default.weight")
+                if a is not None and b is not None:
+                    value = (value.float() + scaling * (b.float() @ a.float())).to(value.dtype)
+        out[name] = value
+    return out
+
+
+def _is_fsdp(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return isinstance(model, FullyShardedDataParallel) or any(
+        type(m).__name__.startswith("FSDP") for m in model.modules())
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside a DDP/FSDP wrapper."""
+    return getattr(model, "module", model)
+
+
+def gather_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The trainer model's whole state dict on CPU under its own names (peft names for a LoRA model).
+
+    A collective for FSDP (call on every rank; rank 0 gets the weights, the others an empty dict)."""
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state: dict[str, Any] = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                                    cpu_offload=True))
+    else:
+        state = unwrap(model).state_dict()
+    return {k.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", ""): v.detach().to("cpu")
+            for k, v in state.items()}
+
+
+def hf_weights(state: dict[str, torch.Tensor], cfg: TrainerConfig) -> dict[str, torch.Tensor]:
+    """``gather_state``'s dict as the architecture's own state dict (adapters merged for a LoRA run)."""
+    if cfg.lora_rank > 0:
+        state = merge_lora(state, lora_scaling(cfg))
+    return {k: v.clone() for k, v in state.items()}
+
+
+def adapter_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The LoRA adapters alone, under peft names (what a LoRA run's checkpoint adds to the base policy)."""
+    return {k: v.clone() for k, v in state.items() if ".lora_" in k}
+
+
+def fully_shard_model(model: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``): each decoder block its own unit, then the root.
+
+    FSDP2 runs on CPU with gloo as well as on GPUs with NCCL (FSDP1 needs an accelerator). Blocks are the classes
+    the HF model lists in ``_no_split_modules``; the model must already be on the rank's device."""
+    from torch.distributed.fsdp import fully_shard
+
+    names: set[str] = set()
+    for m in model.modules():
+        names.update(getattr(m, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise SetupError(f"trainer.strategy=fsdp found no decoder blocks to shard in {type(unwrap(model)).__name__} "
+                         "(no _no_split_modules); use trainer.strategy=ddp")
+    for block in blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return model
