@@ -118,3 +118,17 @@ def test_token_mode_sets_leaves_from_the_token_budget_and_cost_per_leaf() -> Non
     assert BudgetConfig(num_leaves=48, continuations=2, group_size=4).for_tokens(30.0).leaves == 48  # leaf mode
     with pytest.raises(ValueError, match="token_budget must be >= 1"):
         BudgetConfig(num_leaves=48, continuations=2, group_size=4, token_budget=0)
+
+
+def test_a_sweep_file_space_replaces_the_default_space(tmp_path: Path) -> None:
+    from tracerl.config import SweepConfig
+
+    f = tmp_path / "sweep.yaml"
+    f.write_text("defaults: {model: tiny, env: math, budget: lm_small}\nspace:\n  allocator.m_max: [4, 8]\n"
+                 "first_trials: [{allocator.m_max: 8}]\n")
+    cfg = compose(SweepConfig, f)
+    assert cfg.space == {"allocator.m_max": [4, 8]}  # not merged with the schema's default keys
+    assert cfg.first_trials == [{"allocator.m_max": 8}]
+    f.write_text("space:\n  allocator.m_max: [4, 8]\nfirst_trials: [{budget.continuations: 2}]\n")
+    with pytest.raises(ConfigError, match=r"first_trials entries must map keys of space \(\['allocator.m_max'\]\)"):
+        compose(SweepConfig, f)

@@ -75,3 +75,33 @@ def test_smoke_sweep_logs_parent_and_children_to_a_server(tiny_policy: Path, mlf
     assert main(args) == 0
     runs = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])
     assert len([r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]) == 2
+
+
+def test_asha_stops_a_trailing_trial(tiny_policy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """ASHA at rung 1: the first trial (15 leaves a step) sets the bar; the second (6 leaves) trails it and is stopped
+    after its first step. Its MLflow child run keeps what it logged and is marked killed."""
+    import mlflow
+    import yaml
+
+    conf = yaml.safe_load((ROOT / "conf" / "sweep" / "smoke.yaml").read_text())
+    conf.update(space={"budget.num_leaves": [15, 6]}, first_trials=[{"budget.num_leaves": 15}, {"budget.num_leaves": 6}],
+                scheduler="asha", grace_period=1, metric="budget/leaves", scope="last")
+    (tmp_path / "asha.yaml").write_text(yaml.safe_dump(conf))
+    uri = f"sqlite:///{tmp_path}/mlruns.db"
+    args = ["sweep", "--config", str(tmp_path / "asha.yaml"), f"model.path={tiny_policy}", f"tracking.uri={uri}",
+            f"out_dir={tmp_path}/runs", "--name", "asha"]
+    assert main(args) == 0
+    summary = json.loads((tmp_path / "runs" / "sweeps" / "asha.summary.json").read_text())
+    by_leaves = {t["config"]["budget.num_leaves"]: t for t in summary["trials"]}
+    assert by_leaves[15]["steps"] == 3 and by_leaves[6]["steps"] == 1 and by_leaves[6]["stopped_early"]
+    assert summary["best_config"] == {"budget.num_leaves": 15}
+    mlflow.set_tracking_uri(uri)
+    client = mlflow.MlflowClient()
+    runs = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])
+    children = {r.data.params["budget.num_leaves"]: r for r in runs if "mlflow.parentRunId" in r.data.tags}
+    assert sorted(children) == ["15", "6"]
+    stopped = children["6"]
+    assert [m.step for m in client.get_metric_history(stopped.info.run_id, "budget/leaves")] == [1]
+    assert stopped.info.status == "KILLED" and stopped.data.tags["tracerl.stopped_early"] == "asha"
+    assert children["15"].info.status == "FINISHED"
+    assert "stopped early" in capsys.readouterr().out

@@ -36,7 +36,8 @@ def run(tiny_policy: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     tmp = tmp_path_factory.mktemp("train")
     # Two DDP ranks (gloo): rank 0 drives the pools and broadcasts each batch; both update on their shards.
     args = ["train", "--config", SMOKE, *_common(tiny_policy, tmp), "trainer.num_workers=2", "trainer.cpus_per_worker=0.4",
-            "faults.kill_rollout_worker_at_step=0", "faults.kill_env_worker_at_step=1", "faults.kill_trainer_at_step=1"]
+            "faults.kill_rollout_worker_at_step=0", "faults.kill_env_worker_at_step=1", "faults.kill_trainer_at_step=1",
+            "max_failures=3"]  # one restart is the drill; spare ones absorb a health check lost to a loaded machine
     assert main(args) == 0
     client = _client(tmp)
     exp = client.get_experiment_by_name("tracerl")

@@ -188,7 +188,9 @@ def _sweep(cfg: SweepConfig) -> int:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
     for t in s["trials"]:
-        print(f"{t['trial']}: {t['config']}  {cfg.metric} (last) = {t['metric_last']}" + (f"  ERROR {t['error']}" if t["error"] else ""))
+        print(f"{t['trial']}: {t['config']}  {cfg.metric} (last) = {t['metric_last']}"
+              + (f"  stopped early by {cfg.scheduler} after {t['steps']} steps" if t["stopped_early"] else "")
+              + (f"  ERROR {t['error']}" if t["error"] else ""))
     if "best_config" in s:
         print(f"best ({cfg.metric}, {cfg.mode}, scope {cfg.scope}): {s['best_config']}")
     print(f"MLflow parent run {s['parent_run_id']} ({s['tracking_uri']}); {s['wall_s']:.0f} s; "

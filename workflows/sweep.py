@@ -94,14 +94,17 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     if tune.Tuner.can_restore(str(sweep_dir)):
         tuner = tune.Tuner.restore(str(sweep_dir), trainable, resume_unfinished=True, resume_errored=True)
     else:
-        scheduler = (tune.schedulers.ASHAScheduler(time_attr="step", grace_period=cfg.grace_period, max_t=cfg.steps)
+        # max_t one past the last step: ASHA stops a trial that reaches max_t, which would cut a finished trial's
+        # run short before it closes its MLflow run.
+        scheduler = (tune.schedulers.ASHAScheduler(time_attr="step", grace_period=cfg.grace_period, max_t=cfg.steps + 1)
                      if cfg.scheduler == "asha" else tune.schedulers.FIFOScheduler())
         tuner = tune.Tuner(
             trainable,
             param_space=search_space(cfg.space),
             tune_config=tune.TuneConfig(metric=cfg.metric, mode=cfg.mode, num_samples=cfg.num_samples,
                                         max_concurrent_trials=cfg.max_concurrent_trials, scheduler=scheduler,
-                                        search_alg=OptunaSearch(seed=cfg.seed)),
+                                        search_alg=OptunaSearch(seed=cfg.seed, points_to_evaluate=[
+                                            dict(p) for p in cfg.first_trials] or None)),
             run_config=tune.RunConfig(name=name, storage_path=str(root)),
         )
     t0 = time.perf_counter()
@@ -114,11 +117,22 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     results = [grid[i] for i in range(len(grid))]
     ok = [r for r in results if r.error is None and r.metrics]
     best = grid.get_best_result(metric=cfg.metric, mode=cfg.mode, scope=cfg.scope) if ok else None
+    children = {r.data.tags.get("tracerl.trial", ""): r.info for r in client.search_runs(
+        [exp_id], filter_string=f"tags.`tracerl.sweep` = '{name}' and tags.`mlflow.parentRunId` = '{parent}'")}
     trials = []
     for r in results:
+        steps = int((r.metrics or {}).get("step", 0))
+        stopped = r.error is None and steps < cfg.steps
         trials.append({"trial": Path(r.path).name if r.path else "?", "config": r.config,
                        "error": None if r.error is None else str(r.error)[:300],
-                       "metric_last": (r.metrics or {}).get(cfg.metric)})
+                       "metric_last": (r.metrics or {}).get(cfg.metric), "steps": steps, "stopped_early": stopped})
+        run = next((info for t, info in children.items() if t and t.endswith(str((r.metrics or {}).get("trial_id")))),
+                   None)
+        if stopped and run is not None:  # the scheduler ended it: what it logged stays, the run says why it ended
+            client.set_tag(run.run_id, "tracerl.stopped_early", cfg.scheduler)
+            if run.status in ("RUNNING", "FAILED"):  # stopped from outside mid-step: not a failure of its own
+                client.set_terminated(run.run_id, status="KILLED")
+            progress(f"trial {trials[-1]['trial']} stopped early by {cfg.scheduler} after {steps} of {cfg.steps} steps")
     summary: dict[str, Any] = {"sweep": name, "parent_run_id": parent, "trials": trials,
                                "wall_s": time.perf_counter() - t0, "tracking_uri": base.tracking.uri}
     if best is not None:

@@ -883,6 +883,9 @@ class SweepConfig(TrainConfig):
     """CPUs the trial's driver holds (its Ray Train workers and actor pools reserve their own)."""
     sweep_name: str | None = None
     """Names the Tune experiment under out_dir/sweeps/; running again with the same name resumes it."""
+    first_trials: list[dict[str, Any]] = field(default_factory=list)
+    """Configurations tried first, before Optuna samples (Optuna's points_to_evaluate), e.g. a known-good shape;
+    each maps space keys to values and counts toward num_samples."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -894,6 +897,10 @@ class SweepConfig(TrainConfig):
         for key, dom in self.space.items():
             _check(isinstance(dom, list) and len(dom) >= 1 or isinstance(dom, dict) and {"low", "high"} <= set(dom),
                    f"space.{key} must be a list of choices or {{low, high, log}} (got {dom!r})")
+        for point in self.first_trials:
+            _check(isinstance(point, dict) and set(point) <= set(self.space),
+                   f"first_trials entries must map keys of space ({sorted(self.space)}) to values (got {point!r})")
+        _check(len(self.first_trials) <= self.num_samples, "first_trials must not hold more entries than num_samples")
         leaves = self.budget.num_leaves
         for n in self.space.get("budget.continuations", []) if isinstance(self.space.get("budget.continuations"), list) else []:
             _check(leaves is not None and leaves % (1 + int(n)) == 0,

@@ -18,7 +18,7 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import yaml
 from omegaconf import OmegaConf
@@ -133,7 +133,12 @@ def compose(
     try:
         for key, value in sets:
             layers.append(OmegaConf.create(_nested(schema, key, value)))
-        cfg = OmegaConf.merge(OmegaConf.structured(schema), *layers)
+        base = OmegaConf.structured(schema)
+        for f in dataclasses.fields(cast(Any, schema)):  # a mapping field (a sweep's space) given by a file replaces the default
+            if str(f.type).startswith("dict[") and any(f.name in layer for layer in layers):
+                OmegaConf.set_readonly(base, False)
+                base[f.name] = {}
+        cfg = OmegaConf.merge(base, *layers)
         obj = OmegaConf.to_object(cfg)
     except ConfigError:
         raise
