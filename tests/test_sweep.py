@@ -105,3 +105,53 @@ def test_asha_stops_a_trailing_trial(tiny_policy: Path, tmp_path: Path, capsys: 
     assert stopped.info.status == "KILLED" and stopped.data.tags["tracerl.stopped_early"] == "asha"
     assert children["15"].info.status == "FINISHED"
     assert "stopped early" in capsys.readouterr().out
+
+
+def test_a_restored_trial_resumes_its_own_unfinished_run(tmp_path: Path) -> None:
+    """After an interruption, Tune restores a trial under the same name: it continues the MLflow run that has a
+    saved config (resume), and a run killed before it saved anything is closed as KILLED for a fresh start."""
+    import mlflow
+
+    from tracerl.config import TrackingConfig, TrainConfig
+    from workflows.sweep import _unfinished_child
+
+    uri = f"sqlite:///{tmp_path}/mlruns.db"
+    cfg = TrainConfig(tracking=TrackingConfig(uri=uri))
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("tracerl")
+
+    def child(trial: str, status: str, saved: bool) -> str:
+        storage = tmp_path / f"runs-{trial}-{status}"
+        storage.mkdir()
+        if saved:
+            (storage / "config.yaml").write_text("steps: 4\n")
+        run = client.create_run(exp, tags={"mlflow.parentRunId": "P", "tracerl.trial": trial,
+                                           "tracerl.storage": str(storage)}).info.run_id
+        if status != "RUNNING":
+            client.set_terminated(run, status=status)
+        return run
+
+    child("t0", "FINISHED", True)
+    assert _unfinished_child(cfg, "P", "t0") is None  # a finished trial is never re-entered
+    cut = child("t1", "RUNNING", True)
+    assert _unfinished_child(cfg, "P", "t1") == cut
+    assert _unfinished_child(cfg, "other-parent", "t1") is None
+    early = child("t2", "RUNNING", False)
+    assert _unfinished_child(cfg, "P", "t2") is None
+    assert client.get_run(early).info.status == "KILLED"
+
+
+def test_an_interrupted_sweep_is_told_from_a_finished_one(tmp_path: Path) -> None:
+    """Tune keeps one state file per session; the newest says whether trials were cut short by Ctrl-C."""
+    from workflows.sweep import _interrupted
+
+    def state(name: str, statuses: list[str]) -> None:
+        trials = [[json.dumps({"status": s, "trial_id": f"t{i}"}), "{}"] for i, s in enumerate(statuses)]
+        (tmp_path / f"experiment_state-{name}.json").write_text(json.dumps({"trial_data": trials}))
+
+    state("2026-11-29_20-01-58", ["TERMINATED", "RUNNING"])  # the interrupted session
+    assert _interrupted(tmp_path, None)
+    state("2026-11-29_20-06-56", ["TERMINATED", "TERMINATED"])  # the resumed one finished both
+    assert not _interrupted(tmp_path, None)
+    state("2026-11-29_20-09-00", ["TERMINATED", "ERROR", "PENDING"])
+    assert _interrupted(tmp_path, None)

@@ -187,6 +187,8 @@ def _sweep(cfg: SweepConfig) -> int:
     except (SetupError, FileNotFoundError, ValueError) as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
+    if s.get("interrupted"):
+        return 130  # like a shell's Ctrl-C
     for t in s["trials"]:
         print(f"{t['trial']}: {t['config']}  {cfg.metric} (last) = {t['metric_last']}"
               + (f"  stopped early by {cfg.scheduler} after {t['steps']} steps" if t["stopped_early"] else "")

@@ -47,9 +47,42 @@ def _trial(config: dict[str, Any], base_yaml: str, parent_run_id: str, sweep: st
     trial = ray.tune.get_context().get_trial_name()
     overrides = [f"{k}={v}" for k, v in sorted(config.items())] + [f"run_name={sweep}-{trial}"]
     cfg = compose(TrainConfig, base_yaml, overrides)
+    # A trial restored after the sweep was interrupted continues its own MLflow run from its last checkpoint.
+    earlier = _unfinished_child(cfg, parent_run_id, trial)
+    if earlier is not None:
+        cfg = dataclasses.replace(cfg, resume=earlier)
     # Every step's metrics reach Tune through the callback; the run's summary lives in its MLflow child run.
     train(cfg, tags={"mlflow.parentRunId": parent_run_id, "tracerl.sweep": sweep, "tracerl.trial": trial},
           callbacks=[TuneReportCallback()])
+
+
+def _interrupted(sweep_dir: Path, grid: Any) -> bool:
+    """Whether ``Tuner.fit`` returned because of Ctrl-C (SIGINT): Tune then saves its state with the trials it cut
+    short still pending or running, while its in-memory results may already call them terminated."""
+    states = sorted(sweep_dir.glob("experiment_state-*.json"))  # one per session, named by its start time
+    try:
+        trials = json.loads(states[-1].read_text())["trial_data"]
+        return any(json.loads(t[0])["status"] not in ("TERMINATED", "ERROR") for t in trials)
+    except (IndexError, KeyError, TypeError, ValueError):  # no or another state format: the in-memory view
+        return bool(grid.num_terminated + grid.num_errors < len(grid))
+
+
+def _unfinished_child(cfg: TrainConfig, parent_run_id: str, trial: str) -> str | None:
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=cfg.tracking.uri)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    if exp is None:
+        return None
+    runs = client.search_runs([exp.experiment_id], filter_string=(
+        f"tags.`mlflow.parentRunId` = '{parent_run_id}' and tags.`tracerl.trial` = '{trial}'"))
+    for r in runs:
+        storage = r.data.tags.get("tracerl.storage")
+        if r.info.status != "FINISHED" and storage and (Path(storage) / "config.yaml").is_file():
+            return str(r.info.run_id)
+        if r.info.status == "RUNNING":  # killed before it saved anything: a fresh run replaces it
+            client.set_terminated(r.info.run_id, status="KILLED")
+    return None
 
 
 def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
@@ -111,9 +144,16 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     status = "FAILED"
     try:
         grid = tuner.fit()
-        status = "FINISHED"
+        interrupted = _interrupted(sweep_dir, grid)
+        status = "KILLED" if interrupted else "FINISHED"
     finally:
         client.set_terminated(parent, status=status)
+    if interrupted:
+        client.set_tag(parent, "tracerl.interrupted", time.strftime("%Y-%m-%d %H:%M:%S"))
+        progress(f"sweep {name} interrupted: run the same command (--name {name}) to resume it; finished trials "
+                 "are kept and an interrupted trial continues its MLflow run from its last checkpoint")
+        return {"sweep": name, "parent_run_id": parent, "interrupted": True, "trials": [],
+                "wall_s": time.perf_counter() - t0, "tracking_uri": base.tracking.uri}
     results = [grid[i] for i in range(len(grid))]
     ok = [r for r in results if r.error is None and r.metrics]
     best = grid.get_best_result(metric=cfg.metric, mode=cfg.mode, scope=cfg.scope) if ok else None
