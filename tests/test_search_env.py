@@ -216,3 +216,68 @@ def test_an_episode_without_an_answer_scores_zero(env: SearchEnv) -> None:
     limits = SamplerConfig(max_turns=2, max_turn_tokens=10**6, max_episode_tokens=10**7, max_context_tokens=10**8)
     leaf = TreeRolloutEngine(sampler, env, t, ByteTokenizer(), limits).rollout([p], [1])[0].leaves()[0]
     assert leaf.status is Status.MAX_TURNS and leaf.reward == 0.0 and leaf.scores == {"em": 0.0, "f1": 0.0}
+
+
+def test_query_space_gives_the_query_the_name_tokens_of_the_question(env: SearchEnv) -> None:
+    from tracerl.models.tiny import build_tokenizer
+    from workflows.bootstrap_search import search_trace_segments
+
+    q = generate(build_world(0), 1, held_out=False)[0]
+    plain, spaced = search_trace_segments(q, env), search_trace_segments(q, env, query_space=True)
+    assert f"search[ {q.hops[0].query}]" in spaced[1].text and f"search[{q.hops[0].query}]" in plain[1].text
+    tok = build_tokenizer(["".join(s.text for s in segs) for segs in (plain, spaced)] * 10, 400)
+    name = tok.tokenize(" " + q.hops[0].query)
+    for segs, copies in ((spaced, 2), (plain, 1)):  # in the question's thought, and (with the space) in the query
+        ids = tok.tokenize(segs[1].text)
+        assert sum(ids[i:i + len(name)] == name for i in range(len(ids))) == copies
+    # the parser and the environment strip the space: the same search
+    action = PlainTemplate().parse(spaced[1].text, env.tools)
+    assert action.kind is ActionKind.TOOL and action.arguments == {"query": q.hops[0].query}
+
+
+def test_search_habit_traces_answer_without_searching_for_the_chosen_share(env: SearchEnv) -> None:
+    from workflows.bootstrap import question_answers_directly
+    from workflows.bootstrap_search import DIRECT_SEARCH_THOUGHT, search_habit_segments, search_trace_segments
+
+    env2 = SearchEnv(env.retriever, top_k=2, reward="em")
+    qs = generate(build_world(0), 300, held_out=False)
+    direct = [question_answers_directly(q.question, 0.5) for q in qs]
+    assert 0.4 < sum(direct) / len(qs) < 0.6 and direct == [question_answers_directly(q.question, 0.5) for q in qs]
+    q = qs[direct.index(True)]
+    assert search_habit_segments(q, env2, 0.0) == search_trace_segments(q, env2)
+    segs = search_habit_segments(q, env2, 0.5)
+    assert len(segs) == 2 and not segs[0].trainable and segs[1].trainable
+    assert segs[1].text == f"Thought: {DIRECT_SEARCH_THOUGHT}\nFinal Answer: {q.answer}\n" and "search[" not in segs[1].text
+    full = search_trace_segments(q, env2)
+    assert len(full) == 2 + 2 * q.level and sum("Action: search[" in s.text for s in full if s.trainable) == q.level
+
+
+def test_bootstrap_search_habit_phase_starts_from_a_checkpoint(tmp_path: Path) -> None:
+    import json
+
+    from tracerl.config import BootstrapConfig
+    from workflows.bootstrap import bootstrap
+
+    small = dict(family="search", train_tasks=40, eval_tasks=3, vocab_size=400, hidden_size=32, num_layers=1,
+                 num_heads=2, intermediate_size=64, max_positions=768, batch_size=4, top_k=2, query_space=True,
+                 time_budget_s=None, force=True)
+    base = bootstrap(BootstrapConfig(out_dir=str(tmp_path / "base"), steps=3, **small))  # type: ignore[arg-type]
+    assert base["train_steps"] == 3 and not base["stopped_by_time_budget"] and base["habit_steps"] == 0
+    assert base["eval_tasks"] == 3 and {"em", "f1", "well_formed_turns"} <= set(base["greedy"])
+    habit = bootstrap(BootstrapConfig(out_dir=str(tmp_path / "habit"), init_from=str(tmp_path / "base"), steps=1,
+                                      habit_steps=2, direct_answer_fraction=0.5, **small))  # type: ignore[arg-type]
+    assert habit["train_steps"] == 2 and habit["habit_steps"] == 2 and habit["parameters"] == base["parameters"]
+    saved = json.loads((tmp_path / "habit" / "bootstrap.json").read_text())
+    assert saved["config"]["init_from"] == str(tmp_path / "base")
+    base_tok = json.loads((tmp_path / "base" / "tokenizer.json").read_text())
+    assert json.loads((tmp_path / "habit" / "tokenizer.json").read_text())["model"] == base_tok["model"]
+
+
+def test_bootstrap_config_checks_init_from_and_time_budget() -> None:
+    from tracerl.config import BootstrapConfig
+
+    with pytest.raises(ValueError, match="init_from"):
+        BootstrapConfig(init_from="models/tiny-search")
+    with pytest.raises(ValueError, match="time_budget_s"):
+        BootstrapConfig(time_budget_s=0)
+    assert BootstrapConfig(time_budget_s=None).time_budget_s is None

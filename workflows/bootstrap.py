@@ -54,10 +54,15 @@ def trace_segments(task: MathTask) -> list[Segment]:
 DIRECT_THOUGHT = "I can answer this without Python."
 
 
+def question_answers_directly(question: str, fraction: float) -> bool:
+    """Whether the habit-phase trace of ``question`` answers without the tool (a fixed hash of its text)."""
+    h = int(hashlib.sha256(f"direct\x00{question}".encode()).hexdigest()[:8], 16) / 16**8
+    return h < fraction
+
+
 def answers_directly(task: MathTask, fraction: float) -> bool:
     """Whether ``task``'s habit-phase trace answers without the tool (a fixed hash of the question)."""
-    h = int(hashlib.sha256(f"direct\x00{task.question}".encode()).hexdigest()[:8], 16) / 16**8
-    return h < fraction
+    return question_answers_directly(task.question, fraction)
 
 
 def habit_segments(task: MathTask, fraction: float) -> list[Segment]:
@@ -69,13 +74,14 @@ def habit_segments(task: MathTask, fraction: float) -> list[Segment]:
     return [Segment(t.prompt(task.question, []), False), Segment(t.answer_turn(DIRECT_THOUGHT, task.answer), True)]
 
 
-def add_direct_answer_habit(model: Any, tokenizer: Any, train: list[MathTask], cfg: BootstrapConfig,
-                            on_step: Callable[[int, float], None] | None = None) -> list[float]:
-    """The habit phase: a short supervised run on traces where ``cfg.direct_answer_fraction`` of the answers come
-    without the tool. A pretrained LLM often answers from memory instead of calling its tool; this gives the tiny
-    policy that habit (right for small sums, mostly wrong for multi-digit products), so RL has a behaviour to
-    unlearn across every task, as it does on real models."""
-    examples = [encode_trace(tokenizer, habit_segments(t, cfg.direct_answer_fraction), cfg.max_positions) for t in train]
+def habit_finetune(model: Any, tokenizer: Any, traces: list[list[Segment]], cfg: BootstrapConfig,
+                   on_step: Callable[[int, float], None] | None = None) -> list[float]:
+    """The habit phase: ``cfg.habit_steps`` supervised steps (peak lr ``cfg.habit_lr``, no time cap) on traces where
+    ``cfg.direct_answer_fraction`` of the answers come without the tool. A pretrained LLM often answers from memory
+    instead of using its tool; this gives the tiny policy that habit (math: right for small sums, mostly wrong for
+    multi-digit products; search: a guessed name, almost always wrong), so RL has a behaviour to unlearn across every
+    task, as it does on real models."""
+    examples = [encode_trace(tokenizer, segs, cfg.max_positions) for segs in traces]
     return supervised_finetune(model, examples, tokenizer.pad_token_id, cfg.habit_steps, cfg.batch_size, cfg.habit_lr,
                                cfg.seed, None, on_step)
 
@@ -131,42 +137,54 @@ def bootstrap(cfg: BootstrapConfig, progress: Callable[[str], None] = lambda s: 
     if (out / "bootstrap.json").is_file() and not cfg.force:
         progress(f"{out} already holds a tiny policy (force=true rebuilds it)")
         return dict(json.loads((out / "bootstrap.json").read_text()))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     torch.manual_seed(cfg.seed)
     env: Any
     if cfg.family == "search":
         from workflows.bootstrap_search import search_family
 
-        segments, eval_prompts, env, limits = search_family(cfg)
+        segments, habit_traces, eval_prompts, env, limits = search_family(cfg)
         progress(f"search family: {len(segments)} traces of the generated world (seed {cfg.seed})")
     else:
         train = generate(cfg.train_tasks, seed=cfg.seed, held_out=False)
         held = generate(cfg.eval_tasks, seed=cfg.seed + 1, held_out=True)
         assert not {t.question for t in train} & {t.question for t in held}
         segments = [trace_segments(t) for t in train]
+        habit_traces = [habit_segments(t, cfg.direct_answer_fraction) for t in train] if cfg.habit_steps > 0 else []
         eval_prompts, env, limits = [task_prompt(t) for t in held], MathEnv(), SamplerConfig()
-    tokenizer = build_tokenizer(["".join(s.text for s in segs) for segs in segments], cfg.vocab_size)
-    model = build_model(tokenizer, cfg)
-    examples = [encode_trace(tokenizer, segs, cfg.max_positions) for segs in segments]
-    n_params = sum(p.numel() for p in model.parameters())
-    progress(f"tiny policy: {n_params / 1e6:.2f} M parameters, vocab {len(tokenizer)}, {len(examples)} traces")
 
     def on_step(step: int, loss: float) -> None:
         if step % 100 == 0:
-            progress(f"  sft step {step:5d}  loss {loss:.4f}  ({time.perf_counter() - t0:.0f} s)")
+            progress(f"  sft step {step:5d}  loss {loss:.4f}  ({time.perf_counter() - t0:.0f} s, "
+                     f"{time.process_time() - c0:.0f} CPU s)")
 
-    losses = supervised_finetune(model, examples, tokenizer.pad_token_id, cfg.steps, cfg.batch_size, cfg.lr, cfg.seed,
-                                 cfg.time_budget_s, on_step)
+    losses: list[float] = []
+    if cfg.init_from:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.init_from)
+        model = AutoModelForCausalLM.from_pretrained(cfg.init_from)
+        n_params = sum(p.numel() for p in model.parameters())
+        progress(f"starting from {cfg.init_from} ({n_params / 1e6:.2f} M parameters); no supervised phase")
+    else:
+        tokenizer = build_tokenizer(["".join(s.text for s in segs) for segs in segments], cfg.vocab_size)
+        model = build_model(tokenizer, cfg)
+        examples = [encode_trace(tokenizer, segs, cfg.max_positions) for segs in segments]
+        n_params = sum(p.numel() for p in model.parameters())
+        progress(f"tiny policy: {n_params / 1e6:.2f} M parameters, vocab {len(tokenizer)}, {len(examples)} traces")
+        losses = supervised_finetune(model, examples, tokenizer.pad_token_id, cfg.steps, cfg.batch_size, cfg.lr,
+                                     cfg.seed, cfg.time_budget_s, on_step)
     habit: list[float] = []
-    if cfg.family == "math" and cfg.habit_steps > 0:
+    if cfg.habit_steps > 0:
         progress(f"habit phase: {cfg.habit_steps} steps on traces where {cfg.direct_answer_fraction:.0%} of the "
                  "answers come without the tool")
-        habit = add_direct_answer_habit(model, tokenizer, train, cfg, on_step)
+        habit = habit_finetune(model, tokenizer, habit_traces, cfg, on_step)
         losses = losses + habit
-    train_s = time.perf_counter() - t0
+    train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     progress(f"trained {len(losses)} steps in {train_s:.0f} s, final loss {losses[-1]:.4f}; "
              f"evaluating on {len(eval_prompts)} held-out tasks")
-    if len(losses) - len(habit) < cfg.steps:
+    cut = not cfg.init_from and len(losses) - len(habit) < cfg.steps
+    if cut:
         progress(f"warning: time_budget_s={cfg.time_budget_s:g} ran out after {len(losses)} of {cfg.steps} steps; "
                  "the checkpoint depends on this machine's speed (raise time_budget_s for a reproducible one)")
     greedy = evaluate_prompts(model, tokenizer, eval_prompts, env, 0.0, cfg.seed, limits)
@@ -176,8 +194,9 @@ def bootstrap(cfg: BootstrapConfig, progress: Callable[[str], None] = lambda s: 
     tokenizer.save_pretrained(out)
     metrics = {
         "config": dataclasses.asdict(cfg), "parameters": n_params, "train_steps": len(losses), "final_loss": losses[-1],
-        "stopped_by_time_budget": len(losses) - len(habit) < cfg.steps, "habit_steps": len(habit),
+        "stopped_by_time_budget": cut, "habit_steps": len(habit),
         "train_s": train_s, "total_s": time.perf_counter() - t0, "eval_tasks": len(eval_prompts),
+        "train_cpu_s": train_cpu_s, "total_cpu_s": time.process_time() - c0,
         "greedy": greedy, "sampled": sampled,
     }
     (out / "bootstrap.json").write_text(json.dumps(metrics, indent=2))

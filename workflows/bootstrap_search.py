@@ -22,8 +22,10 @@ SEARCH_LIMITS = SamplerConfig(max_turns=6, max_turn_tokens=96, max_episode_token
 """Episode limits of the tiny search policy (4 hops and the answer fit with one turn to spare)."""
 
 
-def search_trace_segments(q: Question, env: SearchEnv) -> list[Segment]:
-    """The reference solution of ``q`` as plain-template segments, observations from ``env``'s retriever."""
+def search_trace_segments(q: Question, env: SearchEnv, query_space: bool = False) -> list[Segment]:
+    """The reference solution of ``q`` as plain-template segments, observations from ``env``'s retriever;
+    ``query_space`` writes each query with a leading space (``search[ Name]``), so a name is the same tokens in the
+    query as in the question and the passages (the parser and the environment strip it)."""
     t = PlainTemplate()
     marker = t.stop[0]
     segs = [Segment(t.prompt(q.question, []), False)]
@@ -32,20 +34,39 @@ def search_trace_segments(q: Question, env: SearchEnv) -> list[Segment]:
         action = Action(ActionKind.TOOL, "", tool="search", arguments={"query": hop.query})
         res = env.execute(Prompt(q.task_id, q.question, q.answer), state, action)
         state = res.state
-        segs.append(Segment(t.tool_turn(hop.thought, "search", hop.query) + marker, True))
+        query = " " + hop.query if query_space else hop.query
+        segs.append(Segment(t.tool_turn(hop.thought, "search", query) + marker, True))
         segs.append(Segment(t.observation(res.observation)[len(marker):], False))
     segs.append(Segment(t.answer_turn(q.final_thought, q.answer), True))
     return segs
 
 
-def search_family(cfg: BootstrapConfig) -> tuple[list[list[Segment]], list[Prompt], SearchEnv, SamplerConfig]:
-    """Training traces, held-out prompts, the environment and episode limits for the search policy."""
+DIRECT_SEARCH_THOUGHT = "I can answer this without searching."
+
+
+def search_habit_segments(q: Question, env: SearchEnv, fraction: float, query_space: bool = False) -> list[Segment]:
+    """The habit phase's trace of ``q``: the reference solution, or (for ``fraction`` of the questions, a fixed
+    hash of the question text) a final answer given at once, without searching."""
+    from workflows.bootstrap import question_answers_directly
+
+    if not question_answers_directly(q.question, fraction):
+        return search_trace_segments(q, env, query_space)
+    t = PlainTemplate()
+    return [Segment(t.prompt(q.question, []), False), Segment(t.answer_turn(DIRECT_SEARCH_THOUGHT, q.answer), True)]
+
+
+def search_family(cfg: BootstrapConfig) -> tuple[list[list[Segment]], list[list[Segment]], list[Prompt], SearchEnv,
+                                                  SamplerConfig]:
+    """Training traces, the habit phase's traces (empty when ``cfg.habit_steps`` is 0), held-out prompts, the
+    environment and episode limits for the search policy."""
     world = build_world(cfg.seed)
     env = SearchEnv(BM25Retriever(world.passages), top_k=cfg.top_k, reward="em", world_seed=cfg.seed)
     train = generate(world, cfg.train_tasks, held_out=False)
     held = generate(world, cfg.eval_tasks, held_out=True)
     assert not {q.question for q in train} & {q.question for q in held}
-    segments = [search_trace_segments(q, env) for q in train]
+    segments = [search_trace_segments(q, env, cfg.query_space) for q in train]
+    habit = ([search_habit_segments(q, env, cfg.direct_answer_fraction, cfg.query_space) for q in train]
+             if cfg.habit_steps > 0 else [])
     prompts = [Prompt(q.task_id, q.question, q.answer, source=f"generated-H{q.level}") for q in held]
-    return segments, prompts, env, SEARCH_LIMITS
+    return segments, habit, prompts, env, SEARCH_LIMITS
 

@@ -464,16 +464,25 @@ class BootstrapConfig:
     """Optimiser steps (the schedule's length); fixed, so the policy is reproducible from the seed."""
     batch_size: int = 32
     lr: float = 3e-3
-    time_budget_s: float = 900.0
-    """Safety cap: stop training after this many seconds even if steps remain (then the result depends on speed)."""
+    time_budget_s: float | None = 900.0
+    """Safety cap: stop training after this many seconds even if steps remain (then the result depends on speed);
+    null: no cap (the recipe always runs its fixed number of steps)."""
     habit_steps: int = 0
-    """math: steps of a second supervised phase on traces where direct_answer_fraction of the answers come without
-    the tool (the habit of answering from memory that RL then unlearns); 0 skips it."""
+    """Steps of a second supervised phase on traces where direct_answer_fraction of the answers come without the
+    tool (the habit of answering from memory that RL then unlearns); 0 skips it."""
     habit_lr: float = 1e-3
-    """math: peak learning rate of the habit phase."""
+    """Peak learning rate of the habit phase."""
     direct_answer_fraction: float = 0.0
-    """math: share of the habit phase's traces that answer at once without calling the tool (chosen by a hash of
-    the question)."""
+    """Share of the habit phase's traces that answer at once without calling the tool (chosen by a hash of the
+    question)."""
+    init_from: str | None = None
+    """A tiny-policy checkpoint directory to start from (its tokenizer and weights) instead of building and
+    supervised-training a new one: only the habit phase and the evaluation run (e.g. models/tiny-search, itself
+    rebuilt from its seed by its own config)."""
+    query_space: bool = False
+    """search family: the traces write each query with a leading space (``search[ Name]``; the parser strips it), so
+    a name is the same tokens in the query as in the question and the passages (byte-level BPE tokenizes ``" Name"``
+    and ``"Name"`` differently, and a tiny model then slips when it copies the name into the query)."""
     eval_temperature: float = 1.0
     """Sampling temperature for sampled pass@1 (greedy accuracy is reported too)."""
     force: bool = False
@@ -487,8 +496,10 @@ class BootstrapConfig:
         _check(self.train_tasks >= 10 and self.eval_tasks >= 1, "bootstrap needs train_tasks >= 10 and eval_tasks >= 1")
         _check(self.hidden_size % self.num_heads == 0, "hidden_size must be a multiple of num_heads")
         _check(self.steps >= 1 and self.batch_size >= 1 and self.lr > 0, "steps, batch_size and lr must be positive")
-        _check(self.time_budget_s > 0, "time_budget_s must be > 0")
+        _check(self.time_budget_s is None or self.time_budget_s > 0, "time_budget_s must be > 0 or null")
         _check(self.habit_steps >= 0 and self.habit_lr > 0, "habit_steps must be >= 0 and habit_lr > 0")
+        _check(self.init_from is None or self.habit_steps > 0,
+               "init_from re-uses a trained checkpoint: set habit_steps > 0 (otherwise there is nothing to train)")
         _check(0.0 <= self.direct_answer_fraction <= 1.0,
                f"direct_answer_fraction must be in [0, 1] (got {self.direct_answer_fraction})")
 
