@@ -208,3 +208,13 @@ def test_lora_on_two_fsdp_ranks_trains_adapters_and_resumes(tmp_path: Path) -> N
     resumed = torch.load(after / "lora_adapters.pt", weights_only=True)
     # one more small step from the saved adapters; re-initialised A matrices would differ by far more
     assert max(float((resumed[k] - v).abs().max()) for k, v in adapters.items()) < 1e-2
+
+
+def test_lora_targets_the_model_lacks_stop_before_a_run(tiny_policy: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["train", "--config", SMOKE, *_common(tiny_policy, tmp_path), "trainer.lora_rank=4",
+            "trainer.lora_targets=[q_proj, c_attn]"]
+    assert main(args) == 2
+    assert "trainer.lora_targets ['c_attn'] name no linear layer" in capsys.readouterr().err
+    assert not (tmp_path / "mlruns.db").exists() or not _client(tmp_path).search_runs(
+        [e.experiment_id for e in _client(tmp_path).search_experiments()])  # no run was created

@@ -159,6 +159,10 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
     if not Path(cfg.model.path).is_dir():
         raise SetupError(f"model.path={cfg.model.path!r} is not a checkpoint directory; build the tiny policy with "
                          "`tracerl bootstrap` or point model.path at an HF checkpoint")
+    if cfg.trainer.lora_rank > 0:  # before any run is created: a bad target list is the user's to fix
+        from tracerl.models.wrap import check_lora
+
+        check_lora(cfg.model.path, cfg.trainer)
     exp_id = trk.setup(cfg.tracking)
     client = mlflow.MlflowClient()
     if not cfg.resume:

@@ -17,12 +17,9 @@ from tracerl.models.hf import SetupError
 _PEFT_PREFIX = "base_model.model."
 
 
-def apply_lora(model: torch.nn.Module, cfg: TrainerConfig) -> torch.nn.Module:
-    """Wrap ``model`` with trainable LoRA adapters (base weights frozen) when ``trainer.lora_rank > 0``."""
-    if cfg.lora_rank <= 0:
-        return model
+def _check_targets(model: torch.nn.Module, cfg: TrainerConfig) -> None:
     try:
-        from peft import LoraConfig, get_peft_model
+        import peft  # noqa: F401
     except ImportError as e:  # pragma: no cover - peft is in the dev and lora extras
         raise SetupError("trainer.lora_rank > 0 needs peft: pip install -e '.[lora]' (or set trainer.lora_rank=0)") from e
     names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules()
@@ -31,6 +28,24 @@ def apply_lora(model: torch.nn.Module, cfg: TrainerConfig) -> torch.nn.Module:
     if missing:
         raise SetupError(f"trainer.lora_targets {missing} name no linear layer of this model; its linear layers are "
                          f"{sorted(names)}")
+
+
+def check_lora(model_path: str, cfg: TrainerConfig) -> None:
+    """Check ``trainer.lora_*`` against the checkpoint's architecture before a run starts (no weights loaded)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path, local_files_only=True))
+    _check_targets(model, cfg)
+
+
+def apply_lora(model: torch.nn.Module, cfg: TrainerConfig) -> torch.nn.Module:
+    """Wrap ``model`` with trainable LoRA adapters (base weights frozen) when ``trainer.lora_rank > 0``."""
+    if cfg.lora_rank <= 0:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    _check_targets(model, cfg)
     lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=list(cfg.lora_targets),
                       lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
     wrapped = get_peft_model(model, lora)  # peft also prepares a checkpointed model (inputs require grad)
