@@ -252,11 +252,15 @@ def test_search_habit_traces_answer_without_searching_for_the_chosen_share(env: 
     assert len(full) == 2 + 2 * q.level and sum("Action: search[" in s.text for s in full if s.trainable) == q.level
 
 
-def test_bootstrap_search_habit_phase_starts_from_a_checkpoint(tmp_path: Path) -> None:
+def test_bootstrap_search_habit_phase_starts_from_a_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
     from tracerl.config import BootstrapConfig
     from workflows.bootstrap import bootstrap
+
+    # short episodes: an untrained model would otherwise babble to the policy's real limits in the evaluation
+    monkeypatch.setattr("workflows.bootstrap_search.SEARCH_LIMITS",
+                        SamplerConfig(max_turns=2, max_turn_tokens=16, max_episode_tokens=32, max_context_tokens=1024))
 
     small = dict(family="search", train_tasks=40, eval_tasks=3, vocab_size=400, hidden_size=32, num_layers=1,
                  num_heads=2, intermediate_size=64, max_positions=768, batch_size=4, top_k=2, query_space=True,

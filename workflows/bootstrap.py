@@ -3,8 +3,9 @@
 
 1. generate training tasks (disjoint from the held-out split) and render their reference solutions
    as plain-template ReAct traces (model turns trainable; prompt and observations masked);
-2. train a byte-level BPE tokenizer on them and initialise a small Llama-architecture LM;
-3. supervised fine-tuning within a time budget;
+2. train a byte-level BPE tokenizer on them and initialise a small Llama-architecture LM (or load ``init_from``);
+3. supervised fine-tuning for a fixed number of steps (``time_budget_s`` optionally caps it), then an optional
+   habit phase (answers without the tool, for RL to unlearn);
 4. evaluate on held-out generated tasks with the real rollout engine, sandbox and verifier:
    greedy accuracy, sampled pass@1 and the share of well-formed actions;
 5. save a standard HF checkpoint directory with ``bootstrap.json`` (config and metrics).
