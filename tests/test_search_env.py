@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -285,3 +286,21 @@ def test_bootstrap_config_checks_init_from_and_time_budget() -> None:
     with pytest.raises(ValueError, match="time_budget_s"):
         BootstrapConfig(time_budget_s=0)
     assert BootstrapConfig(time_budget_s=None).time_budget_s is None
+
+
+def test_loader_reads_a_2wiki_record(tmp_path: Path) -> None:
+    """2WikiMultihopQA (not available offline): its published dev.json record layout, written by hand."""
+    record = {"_id": "8813f87c0bdd11eba7f7acde48001122", "type": "compositional",
+              "question": "Who is the mother of the director of film Polish-Russian War (Film)?",
+              "context": [["Polish-Russian War (film)", ["Polish-Russian War is a 2009 Polish film directed by Xawery "
+                                                         "Żuławski."]]],
+              "supporting_facts": [["Polish-Russian War (film)", 1]],
+              "evidences": [["Polish-Russian War", "director", "Xawery Żuławski"]],
+              "answer": "Małgorzata Braunek"}
+    (tmp_path / "dev.json").write_text(json.dumps([record, {**record, "_id": "x2", "type": "comparison",
+                                                            "question": "Which film came out first?",
+                                                            "answer": "Polish-Russian War"}]))
+    got = load_qa_file(tmp_path / "dev.json")
+    assert [(p.source, p.answer) for p in got] == [("compositional", "Małgorzata Braunek"),
+                                                   ("comparison", "Polish-Russian War")]
+    assert got[0].text.startswith("Who is the mother of the director")
