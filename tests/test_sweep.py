@@ -90,7 +90,14 @@ def test_asha_stops_a_trailing_trial(tiny_policy: Path, tmp_path: Path, capsys: 
     uri = f"sqlite:///{tmp_path}/mlruns.db"
     args = ["sweep", "--config", str(tmp_path / "asha.yaml"), f"model.path={tiny_policy}", f"tracking.uri={uri}",
             f"out_dir={tmp_path}/runs", "--name", "asha"]
-    assert main(args) == 0
+    try:
+        assert main(args) == 0
+    finally:
+        # A stopped trial's Ray Train run can leave its worker placement group behind (Train's cleaner could not
+        # reach the State API here): a fresh Ray for the next test, as a sweep's own process exit gives it.
+        import ray
+
+        ray.shutdown()
     summary = json.loads((tmp_path / "runs" / "sweeps" / "asha.summary.json").read_text())
     by_leaves = {t["config"]["budget.num_leaves"]: t for t in summary["trials"]}
     assert by_leaves[15]["steps"] == 3 and by_leaves[6]["steps"] == 1 and by_leaves[6]["stopped_early"]
@@ -101,7 +108,8 @@ def test_asha_stops_a_trailing_trial(tiny_policy: Path, tmp_path: Path, capsys: 
     children = {r.data.params["budget.num_leaves"]: r for r in runs if "mlflow.parentRunId" in r.data.tags}
     assert sorted(children) == ["15", "6"]
     stopped = children["6"]
-    assert [m.step for m in client.get_metric_history(stopped.info.run_id, "budget/leaves")] == [1]
+    # stopped after step 1; its Train run may log the step it was in before the trial's actor is gone
+    assert [m.step for m in client.get_metric_history(stopped.info.run_id, "budget/leaves")] in ([1], [1, 2])
     assert stopped.info.status == "KILLED" and stopped.data.tags["tracerl.stopped_early"] == "asha"
     assert children["15"].info.status == "FINISHED"
     assert "stopped early" in capsys.readouterr().out
