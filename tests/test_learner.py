@@ -108,6 +108,16 @@ def _update(model, batch: TrainBatch, world_batch: TrainBatch, loss: LossConfig)
     return learner.update(batch, denominator(world_batch, loss.aggregation))
 
 
+def _two_ranks(worker, tmp_path, arg):  # type: ignore[no-untyped-def]
+    """Run ``worker(rank, port, path, arg)`` on two gloo ranks; what rank 0 saved at ``path``."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = str(tmp_path / "rank0.pt")
+    torch.multiprocessing.spawn(worker, args=(port, path, arg), nprocs=2)
+    return torch.load(path)
+
+
 def _ddp_worker(rank: int, port: int, path: str, aggregation: str) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
@@ -129,12 +139,7 @@ def test_two_ddp_workers_match_one_on_unequal_shards(tmp_path, aggregation: str)
     single = _model()
     before = {k: v.clone() for k, v in single.state_dict().items()}
     stats1 = _update(single, batch, batch, LossConfig(micro_batch_size=2, aggregation=aggregation))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    path = str(tmp_path / "ddp.pt")
-    torch.multiprocessing.spawn(_ddp_worker, args=(port, path, aggregation), nprocs=2)
-    got = torch.load(path)
+    got = _two_ranks(_ddp_worker, tmp_path, aggregation)
     changed = 0
     for k, v in single.state_dict().items():
         torch.testing.assert_close(got["params"][k], v, rtol=1e-5, atol=1e-6)
@@ -233,12 +238,7 @@ def test_two_fsdp_workers_match_one_on_unequal_shards(tmp_path, lora: bool) -> N
     single = _lora_model() if lora else _model()
     stats1 = _update(single, batch, batch, LossConfig(micro_batch_size=2))
     want = hf_weights(gather_state(single), LORA if lora else TrainerConfig())
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    path = str(tmp_path / "fsdp.pt")
-    torch.multiprocessing.spawn(_fsdp_worker, args=(port, path, lora), nprocs=2)
-    got = torch.load(path)
+    got = _two_ranks(_fsdp_worker, tmp_path, lora)
     assert sorted(got["params"]) == sorted(want)
     for k, v in want.items():
         torch.testing.assert_close(got["params"][k], v, rtol=1e-5, atol=1e-6)

@@ -216,5 +216,4 @@ def test_lora_targets_the_model_lacks_stop_before_a_run(tiny_policy: Path, tmp_p
             "trainer.lora_targets=[q_proj, c_attn]"]
     assert main(args) == 2
     assert "trainer.lora_targets ['c_attn'] name no linear layer" in capsys.readouterr().err
-    assert not (tmp_path / "mlruns.db").exists() or not _client(tmp_path).search_runs(
-        [e.experiment_id for e in _client(tmp_path).search_experiments()])  # no run was created
+    assert not (tmp_path / "mlruns.db").exists()  # checked before the tracking store (and a run) was created

@@ -305,10 +305,6 @@ def _broadcast(obj: Any, world: int) -> Any:
     return box[0]
 
 
-def _unwrap(model: Any) -> Any:
-    return getattr(model, "module", model)
-
-
 def _parallelize(model: Any, cfg: TrainConfig, world: int) -> Any:
     """Place the policy on this rank's device: plain (one worker), DDP, or FSDP2 (``trainer.strategy``)."""
     import ray.train.torch
@@ -361,7 +357,7 @@ def train_loop(config: dict[str, Any]) -> None:
     import ray.train.torch
     import torch
 
-    from tracerl.models.wrap import adapter_weights, apply_lora
+    from tracerl.models.wrap import adapter_weights, apply_lora, unwrap
     from workflows.lm_stack import load_policy
 
     cfg: TrainConfig = config["cfg"]
@@ -409,7 +405,7 @@ def train_loop(config: dict[str, Any]) -> None:
                                 if (Path(ckpt_dir) / f"trainer_rank{rank}.pt").exists()
                                 else torch.load(Path(ckpt_dir) / "trainer_rank0.pt", weights_only=False))
     weights, adapters = _gather(model, cfg, rank)
-    driver = _Driver(cfg, run_id, storage, tok, _unwrap(model), state, ckpt_dir, weights) if rank == 0 else None
+    driver = _Driver(cfg, run_id, storage, tok, unwrap(model), state, ckpt_dir, weights) if rank == 0 else None
     start = int(state["step"])
     if driver is not None and start == 0 and cfg.eval_at_start:
         driver.evaluate(0)

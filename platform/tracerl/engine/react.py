@@ -324,15 +324,25 @@ class ChatTemplate:
         system = f"<|im_start|>system\n{_tools_system_text(tools)}<|im_end|>\n"
         return system + f"<|im_start|>user\n{question.strip()}<|im_end|>\n<|im_start|>assistant\n"
 
+    def _after_assistant(self, message: dict[str, str]) -> str | None:
+        """The chat template's text between an assistant turn's content and the next assistant turn, with
+        ``message`` in between (None without a tokenizer, or when the template does not render by appending).
+        The sampler stops before the assistant's end-of-turn marker, so the text starts with it."""
+        if self.tokenizer is None:
+            return None
+        marker = "\x00ASSISTANT\x00"
+        conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}]
+        before = self._render(conv)
+        after = self._render([*conv, message], gen=True)
+        if not after.startswith(before):
+            return None
+        return before[before.index(marker) + len(marker):] + after[len(before):]
+
     def user_message(self, text: str) -> str:
         """The next user message, as the text between the assistant's turn and the next assistant turn."""
-        if self.tokenizer is not None:
-            marker = "\x00ASSISTANT\x00"
-            conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}]
-            before = self._render(conv)
-            after = self._render([*conv, {"role": "user", "content": text.strip()}], gen=True)
-            if after.startswith(before):
-                return before[before.index(marker) + len(marker):] + after[len(before):]
+        delta = self._after_assistant({"role": "user", "content": text.strip()})
+        if delta is not None:
+            return delta
         return f"<|im_end|>\n<|im_start|>user\n{text.strip()}<|im_end|>\n<|im_start|>assistant\n"
 
     @staticmethod
@@ -342,14 +352,9 @@ class ChatTemplate:
                          for c in calls)
 
     def observation(self, text: str) -> str:
-        if self.tokenizer is not None:
-            marker = "\x00ASSISTANT\x00"
-            conv = [{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}]
-            before = self._render(conv)
-            after = self._render([*conv, {"role": "tool", "content": text.strip()}], gen=True)
-            if after.startswith(before):
-                # The sampler stops before the assistant's end-of-turn marker, so the delta starts with it.
-                return before[before.index(marker) + len(marker):] + after[len(before):]
+        delta = self._after_assistant({"role": "tool", "content": text.strip()})
+        if delta is not None:
+            return delta
         return (f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{text.strip()}\n</tool_response><|im_end|>\n"
                 "<|im_start|>assistant\n")
 

@@ -77,10 +77,9 @@ def merge_lora(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torc
 
 
 def _is_fsdp(model: torch.nn.Module) -> bool:
-    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp import FSDPModule
 
-    return isinstance(model, FullyShardedDataParallel) or any(
-        type(m).__name__.startswith("FSDP") for m in model.modules())
+    return isinstance(model, FSDPModule)  # what fully_shard_model returns
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -99,8 +98,7 @@ def gather_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
                                                                                     cpu_offload=True))
     else:
         state = unwrap(model).state_dict()
-    return {k.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", ""): v.detach().to("cpu")
-            for k, v in state.items()}
+    return {k: v.detach().to("cpu") for k, v in state.items()}  # FSDP2 keeps the module's own names
 
 
 def hf_weights(state: dict[str, torch.Tensor], cfg: TrainerConfig) -> dict[str, torch.Tensor]:
