@@ -208,6 +208,8 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
         trainer.fit()
         status = "FINISHED"
     finally:
+        if status == "FAILED" and "tracerl.stopped_early" in client.get_run(run_id).data.tags:
+            status = "KILLED"  # a sweep's scheduler stopped this trial (and said so) before its Train run ended
         client.set_terminated(run_id, status=status)
         if status == "FAILED":
             progress(f"training failed; the run and its checkpoints are kept: `tracerl train resume={run_id}`")
