@@ -81,6 +81,23 @@ def test_bad_config_fails_with_a_message_naming_the_key(override: str, message: 
         compose(BenchAllocationConfig, BENCH, [override])
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.master_dtype=float64"], "trainer.master_dtype must be float32, bfloat16 or float16 (got 'float64')"),
+        (["trainer.master_dtype=bfloat16"], "trainer.master_dtype=bfloat16 must be float32 or model.dtype (float32)"),
+        (["trainer.strategy=zero3"], "trainer.strategy must be ddp or fsdp (got 'zero3')"),
+    ],
+)
+def test_bad_trainer_config_names_the_key(overrides: list[str], message: str) -> None:
+    from tracerl.config import TrainConfig
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        compose(TrainConfig, conf_dir() / "train/smoke.yaml", overrides)
+    assert compose(TrainConfig, conf_dir() / "train/smoke.yaml",
+                   ["model.dtype=bfloat16", "trainer.master_dtype=bfloat16"]).trainer.master_dtype == "bfloat16"
+
+
 def test_missing_and_malformed_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="config file not found"):
         compose(BenchAllocationConfig, tmp_path / "none.yaml")

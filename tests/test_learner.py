@@ -218,10 +218,10 @@ def test_lora_rejects_targets_the_model_lacks() -> None:
         apply_lora(_model(), TrainerConfig(lora_rank=4, lora_targets=["q_proj", "c_attn"]))
 
 
-def _fsdp_worker(rank: int, port: int, path: str, lora: bool) -> None:
+def _fsdp_worker(rank: int, port: int, path: str, lora: bool, compute: torch.dtype | None = None) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
-    model = fully_shard_model(_lora_model() if lora else _model())
+    model = fully_shard_model(_lora_model() if lora else _model(), compute_dtype=compute)
     batch = _batch()
     stats = _update(model, batch.shard(rank, 2), batch, LossConfig(micro_batch_size=1))
     weights = hf_weights(gather_state(model), LORA if lora else TrainerConfig())  # every rank joins the gather
@@ -244,3 +244,41 @@ def test_two_fsdp_workers_match_one_on_unequal_shards(tmp_path, lora: bool) -> N
         torch.testing.assert_close(got["params"][k], v, rtol=1e-5, atol=1e-6)
     assert got["stats"]["train/loss"] == pytest.approx(stats1["train/loss"], rel=1e-5)
     assert got["stats"]["train/grad_norm"] == pytest.approx(stats1["train/grad_norm"], rel=1e-4)
+
+
+def _bf16_fsdp_worker(rank: int, port: int, path: str, _: None) -> None:
+    _fsdp_worker(rank, port, path, False, torch.bfloat16)
+
+
+def test_mixed_precision_keeps_small_updates_that_bf16_weights_round_away() -> None:
+    """float32 master weights with bfloat16 compute (autocast): an update at an 8B model's learning rate lands
+    on nearly every weight; the same update on bfloat16 weights is mostly rounded away."""
+    changed = {}
+    for master in ("float32", "bfloat16"):
+        model = _model().to(getattr(torch, master))
+        seen: list[torch.dtype] = []
+        model.model.layers[0].mlp.up_proj.register_forward_hook(lambda m, i, o, seen=seen: seen.append(o.dtype))
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        learner = PolicyLearner(model, OptimConfig(lr=1e-6, warmup_steps=0), LossConfig(), total_steps=1, pad_id=0,
+                                autocast=torch.bfloat16 if master == "float32" else None)
+        b = _batch()
+        learner.update(b, denominator(b, "token_mean"))
+        assert set(seen) == {torch.bfloat16} and next(model.parameters()).dtype == getattr(torch, master)
+        n = sum(int((v != before[k]).sum()) for k, v in model.state_dict().items())
+        changed[master] = n / sum(v.numel() for v in before.values())
+    assert changed["float32"] > 0.9 and changed["bfloat16"] < 0.1, changed
+
+
+def test_two_fsdp_workers_in_mixed_precision_keep_float32_weights(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """FSDP2's MixedPrecisionPolicy (bfloat16 compute, float32 master weights and reductions) gives one
+    autocast worker's update on the whole batch, to bfloat16 accuracy."""
+    batch = _batch()
+    single = _model()
+    learner = PolicyLearner(single, OptimConfig(lr=0.05, warmup_steps=0), LossConfig(micro_batch_size=2),
+                            total_steps=1, pad_id=0, autocast=torch.bfloat16)
+    stats1 = learner.update(batch, denominator(batch, "token_mean"))
+    got = _two_ranks(_bf16_fsdp_worker, tmp_path, None)
+    assert {v.dtype for v in got["params"].values()} == {torch.float32}
+    close = sum(int(torch.isclose(got["params"][k], v, rtol=0, atol=1e-3).sum()) for k, v in single.state_dict().items())
+    assert close / sum(v.numel() for v in single.state_dict().values()) > 0.95
+    assert got["stats"]["train/grad_norm"] == pytest.approx(stats1["train/grad_norm"], rel=2e-2)

@@ -719,6 +719,12 @@ class TrainerConfig:
     """'ddp' (full replica per rank; small models) or 'fsdp' (FSDP2 ``fully_shard`` per decoder block: weights, grads
     and optimizer state sharded over the ranks; large models; runs on CPU with gloo too)."""
     gradient_checkpointing: bool = False
+    master_dtype: str = "float32"
+    """Dtype of the trainer's parameters, gradients and optimizer state; the forward and backward run in
+    ``model.dtype`` (what the samplers run). float32 master weights with model.dtype=bfloat16 is mixed precision
+    (FSDP2's MixedPrecisionPolicy, autocast under DDP): an update smaller than about |w|/256, which bfloat16
+    weights round away (most of them at an 8B model's lr of 1e-6), still lands. Set it to model.dtype for pure
+    low-precision training (half the trainer memory, at that cost)."""
     lora_rank: int = 0
     """> 0 trains LoRA adapters of this rank through peft instead of all weights (base frozen); samplers and
     checkpoints get the merged weights, and a checkpoint also keeps the adapters (lora_adapters.pt) for resume."""
@@ -731,6 +737,8 @@ class TrainerConfig:
         _check(self.num_workers >= 1, f"trainer.num_workers must be >= 1 (got {self.num_workers})")
         _check(self.cpus_per_worker > 0, "trainer.cpus_per_worker must be > 0")
         _check(self.strategy in ("ddp", "fsdp"), f"trainer.strategy must be ddp or fsdp (got {self.strategy!r})")
+        _check(self.master_dtype in ("float32", "bfloat16", "float16"),
+               f"trainer.master_dtype must be float32, bfloat16 or float16 (got {self.master_dtype!r})")
         _check(self.lora_rank >= 0, "trainer.lora_rank must be >= 0")
         _check(self.lora_rank == 0 or (self.lora_alpha > 0 and len(self.lora_targets) > 0),
                "trainer.lora_alpha must be > 0 and trainer.lora_targets non-empty when trainer.lora_rank > 0")
@@ -814,6 +822,9 @@ class TrainConfig:
                "checkpoint_every and keep_checkpoints must be >= 1")
         _check(self.max_failures >= 0, "max_failures must be >= 0")
         _check(self.allocator.name != "dapo" or self.budget.num_leaves is not None, "dapo needs budget.num_leaves")
+        _check(self.trainer.master_dtype in ("float32", self.model.dtype),
+               f"trainer.master_dtype={self.trainer.master_dtype} must be float32 or model.dtype "
+               f"({self.model.dtype}): master weights at least as precise as the compute")
         _check(not (self.trainer.strategy == "fsdp" and self.trainer.num_workers > 1 and self.predictor.features == "policy"),
                "predictor.features=policy reads the trainer's policy on rank 0 alone, which FSDP shards over every "
                "rank: use predictor.features=hashed with trainer.strategy=fsdp")

@@ -61,8 +61,9 @@ class PolicyLearner:
 
     def __init__(self, model: torch.nn.Module, optim: OptimConfig, loss: LossConfig, total_steps: int,
                  pad_id: int, temperature: float = 1.0, importance_sampling: bool = False,
-                 ref_model: torch.nn.Module | None = None) -> None:
+                 ref_model: torch.nn.Module | None = None, autocast: torch.dtype | None = None) -> None:
         self.model = model
+        self.autocast = autocast  # compute dtype of an unsharded model whose (master) weights are more precise
         self.cfg, self.loss_cfg = optim, loss
         self.pad_id = pad_id
         self.temperature = temperature if temperature > 0 else 1.0
@@ -90,15 +91,21 @@ class PolicyLearner:
         return [{k: v.to(self.device) for k, v in shard.select(range(i, min(i + mb, n))).pad(self.pad_id).items()}
                 for i in range(0, n, mb)]
 
+    def _forward(self, model: torch.nn.Module, **inputs: torch.Tensor) -> Any:
+        if self.autocast is None:
+            return model(**inputs)
+        with torch.autocast(self.device.type, dtype=self.autocast):
+            return model(**inputs)
+
     def _logprobs(self, model: torch.nn.Module, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        out = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"])
+        out = self._forward(model, input_ids=mb["input_ids"], attention_mask=mb["attention_mask"])
         return token_logprobs(out.logits, mb["input_ids"], self.temperature)
 
     @torch.no_grad()
     def _frozen_logprobs(self, model: torch.nn.Module, mbs: list[dict[str, torch.Tensor]], rounds: int) -> list[torch.Tensor]:
         out = [self._logprobs(model, mb)[0] for mb in mbs]
         for _ in range(rounds - len(mbs)):  # sharded models gather parameters in every forward: same count on all ranks
-            model(input_ids=self._dummy_ids())
+            self._forward(model, input_ids=self._dummy_ids())
         return out
 
     def _dummy_ids(self) -> torch.Tensor:
@@ -131,7 +138,7 @@ class PolicyLearner:
                 ctx = contextlib.nullcontext() if sync or no_sync is None else no_sync()
                 with ctx:
                     if i >= len(mbs):
-                        (self.model(input_ids=self._dummy_ids()).logits.sum() * 0.0).backward()
+                        (self._forward(self.model, input_ids=self._dummy_ids()).logits.sum() * 0.0).backward()
                         continue
                     mb = mbs[i]
                     logp, ent = self._logprobs(self.model, mb)

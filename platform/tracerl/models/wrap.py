@@ -76,7 +76,7 @@ def merge_lora(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torc
     return out
 
 
-def _is_fsdp(model: torch.nn.Module) -> bool:
+def is_fsdp(model: torch.nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)  # what fully_shard_model returns
@@ -91,7 +91,7 @@ def gather_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The trainer model's whole state dict on CPU under its own names (peft names for a LoRA model).
 
     A collective for FSDP (call on every rank; rank 0 gets the weights, the others an empty dict)."""
-    if _is_fsdp(model):
+    if is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         state: dict[str, Any] = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
@@ -113,12 +113,15 @@ def adapter_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in state.items() if ".lora_" in k}
 
 
-def fully_shard_model(model: torch.nn.Module) -> torch.nn.Module:
+def fully_shard_model(model: torch.nn.Module, compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
     """FSDP2 (``torch.distributed.fsdp.fully_shard``): each decoder block its own unit, then the root.
 
     FSDP2 runs on CPU with gloo as well as on GPUs with NCCL (FSDP1 needs an accelerator). Blocks are the classes
-    the HF model lists in ``_no_split_modules``; the model must already be on the rank's device."""
-    from torch.distributed.fsdp import fully_shard
+    the HF model lists in ``_no_split_modules``; the model must already be on the rank's device. A
+    ``compute_dtype`` other than the parameters' is mixed precision: the sharded (master) parameters, their
+    gradients and the optimizer state keep the parameters' dtype, each unit's forward and backward run on
+    parameters gathered in ``compute_dtype``, and gradients are reduced in float32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     names: set[str] = set()
     for m in model.modules():
@@ -127,7 +130,10 @@ def fully_shard_model(model: torch.nn.Module) -> torch.nn.Module:
     if not blocks:
         raise SetupError(f"trainer.strategy=fsdp found no decoder blocks to shard in {type(unwrap(model)).__name__} "
                          "(no _no_split_modules); use trainer.strategy=ddp")
+    dtype = next(model.parameters()).dtype
+    mp = MixedPrecisionPolicy() if compute_dtype in (None, dtype) else \
+        MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for block in blocks:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
     return model
