@@ -80,3 +80,37 @@ def test_prefix_reuse_on_cuda(parts) -> None:  # type: ignore[no-untyped-def]
     (b,) = HFSampler(model, tok, device="cuda", reuse_prefix=False).generate([nxt], 8, [], temperature=0.0, seed=7)
     assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
     model.to("cpu")
+
+
+class FakeEngineSampler:
+    """A fake engine backend that records how it was started (the real one is vLLM, tests/test_vllm.py)."""
+
+    started: dict[str, object] = {}
+
+    @classmethod
+    def from_pretrained(cls, path: str, dtype: str, **engine: object) -> "FakeEngineSampler":
+        cls.started = {"path": path, "dtype": dtype, **engine}
+        return cls()
+
+
+def test_an_engine_backend_is_sized_from_the_sampler_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracerl.config import ModelConfig, SamplerConfig
+    from tracerl.samplers import SAMPLERS, make_sampler
+
+    monkeypatch.setitem(SAMPLERS._items, "fake_engine", FakeEngineSampler)
+    cfg = SamplerConfig(backend="fake_engine", max_context_tokens=24576)
+    make_sampler(ModelConfig(path="/m", dtype="bfloat16"), cfg, None, None, gpus=0.5)
+    assert FakeEngineSampler.started == {"path": "/m", "dtype": "bfloat16", "max_model_len": 24576,
+                                         "gpu_memory_utilization": 0.45}  # half a GPU: half its memory
+    make_sampler(ModelConfig(path="/m"), cfg, None, None, gpus=1.0)
+    assert "gpu_memory_utilization" not in FakeEngineSampler.started
+
+
+def test_an_engine_backend_must_fit_the_model_window(tiny_policy) -> None:  # type: ignore[no-untyped-def]
+    from tracerl.config import SamplerConfig
+    from tracerl.models.hf import SetupError, check_window
+
+    check_window(str(tiny_policy), SamplerConfig(backend="hf", max_context_tokens=16384))  # hf runs past it
+    with pytest.raises(SetupError, match=r"sampler.max_context_tokens=16384 is beyond the position window .*"
+                                         r"\(max_position_embeddings=1024\).*set sampler.max_context_tokens=1024"):
+        check_window(str(tiny_policy), SamplerConfig(backend="vllm", max_context_tokens=16384))

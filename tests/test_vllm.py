@@ -43,6 +43,9 @@ def test_generation_and_stop_strings(samplers) -> None:  # type: ignore[no-untyp
     gens = v.generate([ctx] * 3, 40, ["Observation:"], temperature=1.0, seed=0)
     assert all(g.token_ids and len(g.logprobs) == len(g.token_ids) for g in gens)
     assert all("Observation:" not in g.text for g in gens)
+    # the tokens are cut like the text (the next turn's context is built from tokens): no stop-string tokens
+    assert all(tok.decode(g.token_ids) == g.text for g in gens if g.finish == "stop")
+    assert any(g.finish == "stop" for g in gens)
 
 
 def test_logprobs_agree_with_the_hf_backend(samplers) -> None:  # type: ignore[no-untyped-def]

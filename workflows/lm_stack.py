@@ -13,8 +13,8 @@ from predictors.text import HashedNgramFeaturizer, PolicyHiddenFeaturizer
 from tracerl.config import EnvConfig, ModelConfig, PredictorConfig, SamplerConfig
 from tracerl.engine.react import TEMPLATES
 from tracerl.engine.rollout import TreeRolloutEngine
-from tracerl.models.hf import SetupError, load_policy
-from tracerl.samplers import SAMPLERS
+from tracerl.models.hf import SetupError, check_window, load_policy
+from tracerl.samplers import make_sampler
 from tracerl.types import Prompt
 
 __all__ = ["SetupError", "load_policy", "task_prompts", "make_env", "build_stack", "make_text_predictor", "LMStack"]
@@ -39,11 +39,9 @@ class LMStack:
 
 
 def build_stack(model_cfg: ModelConfig, sampler_cfg: SamplerConfig, env_cfg: EnvConfig, seed: int) -> LMStack:
+    check_window(model_cfg.path, sampler_cfg)
     tok, model = load_policy(model_cfg)
-    if sampler_cfg.backend != "hf":
-        sampler = SAMPLERS.get(sampler_cfg.backend).from_pretrained(model_cfg.path, model_cfg.dtype)
-    else:
-        sampler = SAMPLERS.get("hf")(model, tok, reuse_prefix=sampler_cfg.reuse_prefix)
+    sampler = make_sampler(model_cfg, sampler_cfg, model, tok)
     env = make_env(env_cfg)
     template = TEMPLATES.get(model_cfg.template)(tok)
     engine = TreeRolloutEngine(sampler, env, template, tok, sampler_cfg, seed=seed)

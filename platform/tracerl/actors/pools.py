@@ -151,7 +151,7 @@ class RolloutWorker:
         from tracerl.engine.react import TEMPLATES
         from tracerl.engine.rollout import TreeRolloutEngine
         from tracerl.models.hf import load_policy
-        from tracerl.samplers import SAMPLERS
+        from tracerl.samplers import make_sampler
 
         torch.set_num_threads(max(1, int(spec.get("threads", 1))))
         model_cfg: ModelConfig = spec["model"]
@@ -173,10 +173,7 @@ class RolloutWorker:
             env = env_factory()
         self.env = env
         self.tok, self.model = load_policy(model_cfg)
-        if sampler_cfg.backend == "hf":
-            self.sampler = SAMPLERS.get("hf")(self.model, self.tok, reuse_prefix=sampler_cfg.reuse_prefix)
-        else:
-            self.sampler = SAMPLERS.get(sampler_cfg.backend).from_pretrained(model_cfg.path, model_cfg.dtype)
+        self.sampler = make_sampler(model_cfg, sampler_cfg, self.model, self.tok, pools.rollout_gpus)
         self.engine = TreeRolloutEngine(self.sampler, env, TEMPLATES.get(model_cfg.template)(self.tok), self.tok,
                                         sampler_cfg)
         self.sampler_cfg = sampler_cfg

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tracerl.config import ModelConfig
+from tracerl.config import ModelConfig, SamplerConfig
 
 
 class SetupError(RuntimeError):
@@ -27,3 +27,18 @@ def load_policy(cfg: ModelConfig) -> tuple[Any, Any]:
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok, model
+
+
+def check_window(path: str, cfg: SamplerConfig) -> None:
+    """An engine backend (vLLM) is started with room for ``sampler.max_context_tokens``, which must lie within the
+    checkpoint's position window (reads its config only). The hf backend runs a RoPE model past its window
+    (degrading, not failing), so it is not held to it."""
+    from transformers import AutoConfig
+
+    if cfg.backend == "hf" or not Path(path).is_dir():
+        return  # load_policy says what is wrong with a path
+    window = getattr(AutoConfig.from_pretrained(path, local_files_only=True), "max_position_embeddings", None)
+    if isinstance(window, int) and cfg.max_context_tokens > window:
+        raise SetupError(f"sampler.max_context_tokens={cfg.max_context_tokens} is beyond the position window of "
+                         f"{path} (max_position_embeddings={window}), which sampler.backend={cfg.backend} cannot "
+                         f"exceed: set sampler.max_context_tokens={window} or less")

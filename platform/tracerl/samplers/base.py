@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from tracerl.registry import Registry
 
@@ -29,6 +29,30 @@ class Generation:
     cache: object | None = None
     """Opaque handle to the backend's KV cache of context + kept tokens; pass it back with a longer context
     that starts with them (the next turn, or every continuation from this turn) to skip re-encoding."""
+
+
+def cut_at_stop(tokenizer: Any, new: list[int], stop: Sequence[str]) -> tuple[list[int], str, str]:
+    """The ``Generation`` contract from a backend's raw new tokens: drop a pad/EOS tail, cut before the first stop
+    string (a backend that stops at one still returns the tokens that spell it). Returns (tokens, text, finish)."""
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    finish = "length"
+    for i, t in enumerate(new):
+        if t in (eos, pad):
+            new, finish = new[: i + (t == eos)], "eos" if t == eos else "length"
+            break
+    body = new[:-1] if finish == "eos" else new  # EOS is kept as a model token but not as text
+    text = tokenizer.decode(body)
+    hits = [text.find(s) for s in stop if s in text]
+    if not hits:
+        return new, text, finish
+    pos = min(hits)
+    keep = 0  # largest token prefix whose text ends at or before the stop string
+    for k in range(len(body) + 1):
+        if len(tokenizer.decode(body[:k])) <= pos:
+            keep = k
+        else:
+            break
+    return body[:keep], tokenizer.decode(body[:keep]), "stop"
 
 
 class Sampler(Protocol):

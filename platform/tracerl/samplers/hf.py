@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tracerl.samplers.base import SAMPLERS, Generation
+from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop
 
 
 @dataclass(frozen=True)
@@ -40,29 +40,6 @@ class HFSampler:
         self.tokenizer = tokenizer
         self.device = device
         self.reuse_prefix = reuse_prefix
-
-    def _cut(self, new: list[int], stop: Sequence[str]) -> tuple[list[int], str, str]:
-        """Drop the pad/EOS tail; cut before the first stop string. Returns (tokens, text, finish)."""
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        finish = "length"
-        for i, t in enumerate(new):
-            if t in (eos, pad):
-                new, finish = new[: i + (t == eos)], "eos" if t == eos else "length"
-                break
-        body = new[:-1] if finish == "eos" else new  # EOS is kept as a model token but not as text
-        text = self.tokenizer.decode(body)
-        hits = [text.find(s) for s in stop if s in text]
-        if not hits:
-            return new, text, finish
-        new = body
-        pos = min(hits)
-        keep = 0  # largest token prefix whose text ends at or before the stop string
-        for k in range(len(new) + 1):
-            if len(self.tokenizer.decode(new[:k])) <= pos:
-                keep = k
-            else:
-                break
-        return new[:keep], self.tokenizer.decode(new[:keep]), "stop"
 
     def _usable(self, context: list[int], cache: object | None) -> tuple[_KV, int] | None:
         """The handle and how many of its leading tokens match ``context`` (at least one token is left to feed).
@@ -120,7 +97,7 @@ class HFSampler:
         logp = torch.log_softmax(torch.stack(out.logits, dim=1).float().cpu() / (temperature if sample else 1.0), dim=-1)
         gens = []
         for r in range(b):
-            kept, text, finish = self._cut(seqs[r].tolist(), stop)
+            kept, text, finish = cut_at_stop(self.tokenizer, seqs[r].tolist(), stop)
             lp = logp[r, torch.arange(len(kept)), torch.tensor(kept, dtype=torch.long)].tolist() if kept else []
             handle = self._row_cache(out.past_key_values, mask[r], r, list(contexts[r]) + kept) if self.reuse_prefix else None
             gens.append(Generation(kept, lp, text, finish, prefill_tokens=len(suffix[r]), reused_tokens=cached[r], cache=handle))

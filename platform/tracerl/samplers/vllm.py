@@ -13,7 +13,7 @@ import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from tracerl.samplers.base import SAMPLERS, Generation
+from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop
 
 
 @SAMPLERS.register("vllm")
@@ -69,12 +69,15 @@ class VLLMSampler:
         gens = []
         for ctx, out in zip(contexts, outs):
             o = out.outputs[0]
-            ids = list(o.token_ids)
+            raw = list(o.token_ids)
+            # vLLM cuts the text at a stop string but returns the tokens that spell it: the next turn's context
+            # is built from tokens, so they are cut as the hf backend cuts them.
+            ids, text, finish = cut_at_stop(self.tokenizer, raw, stop)
+            if finish == "length" and o.finish_reason == "stop":  # stopped on a token it did not return
+                finish = "stop" if isinstance(o.stop_reason, str) else "eos"
             lps = [float(step[t].logprob) for step, t in zip(o.logprobs or [], ids)]
-            finish = "stop" if o.finish_reason == "stop" and o.stop_reason is not None else (
-                "eos" if o.finish_reason == "stop" else "length")
             cached = int(getattr(out, "num_cached_tokens", 0) or 0)
-            gens.append(Generation(ids, lps, o.text, finish, prefill_tokens=len(ctx) - cached, reused_tokens=cached))
+            gens.append(Generation(ids, lps, text, finish, prefill_tokens=len(ctx) - cached, reused_tokens=cached))
         return gens
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
