@@ -170,8 +170,9 @@ def test_ui_serves_the_store(run: dict[str, Any], capsys: pytest.CaptureFixture[
 
 
 def test_lora_on_two_fsdp_ranks_trains_adapters_and_resumes(tmp_path: Path) -> None:
-    """trainer.strategy=fsdp (FSDP2 over 2 gloo ranks) with LoRA adapters: checkpoints hold the merged policy and
-    the adapters, and a resumed run continues from the saved adapters (not freshly initialised ones)."""
+    """trainer.strategy=fsdp (FSDP2 over 2 gloo ranks) with LoRA adapters, bfloat16 compute and activation
+    checkpointing: checkpoints hold the merged float32 policy and the adapters, and a resumed run continues from the
+    saved adapters (not freshly initialised ones)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -181,7 +182,9 @@ def test_lora_on_two_fsdp_ranks_trains_adapters_and_resumes(tmp_path: Path) -> N
     habit = ROOT / "models" / "tiny-math-habit"  # succeeds often enough for mixed groups (a signal) in 2 steps
     common = [*_common(habit, tmp_path), "trainer.num_workers=2", "trainer.cpus_per_worker=0.4",
               "trainer.strategy=fsdp", "trainer.lora_rank=4", "trainer.lora_alpha=8", "checkpoint_every=1",
-              "eval_at_start=false", "env.math.eval_tasks=4"]
+              "eval_at_start=false", "env.math.eval_tasks=4",
+              # the GPU recipe on CPU: bfloat16 compute over float32 master weights, activation checkpointing
+              "model.dtype=bfloat16", "trainer.gradient_checkpointing=true"]
     assert main(["train", "--config", SMOKE, *common, "--steps", "2"]) == 0
     client = _client(tmp_path)
     run_id = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])[0].info.run_id
@@ -192,8 +195,9 @@ def test_lora_on_two_fsdp_ranks_trains_adapters_and_resumes(tmp_path: Path) -> N
         p.name for p in ckpt.iterdir()}
     adapters = torch.load(ckpt / "lora_adapters.pt", weights_only=True)
     base = AutoModelForCausalLM.from_pretrained(habit).state_dict()
-    trained = AutoModelForCausalLM.from_pretrained(ckpt / "policy").state_dict()
+    trained = AutoModelForCausalLM.from_pretrained(ckpt / "policy", dtype="auto").state_dict()
     assert sorted(trained) == sorted(base)
+    assert {v.dtype for v in trained.values()} == {torch.float32}  # the master weights, not the bf16 compute copy
     layers = sum(1 for k in base if k.endswith("self_attn.q_proj.weight"))
     assert len(adapters) == 8 * layers  # A and B of q, k, v, o in every layer
     assert all(torch.equal(trained[k], base[k]) for k in base if ".mlp." in k)  # no adapters there: untouched
@@ -217,3 +221,17 @@ def test_lora_targets_the_model_lacks_stop_before_a_run(tiny_policy: Path, tmp_p
     assert main(args) == 2
     assert "trainer.lora_targets ['c_attn'] name no linear layer" in capsys.readouterr().err
     assert not (tmp_path / "mlruns.db").exists()  # checked before the tracking store (and a run) was created
+
+
+def test_a_run_too_big_for_the_embedded_ray_stops_before_it_starts(tiny_policy: Path, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Actors that cannot all fit would leave Ray waiting for ever (found with 2 trainer workers of 0.5 CPU beside
+    the smoke config's pools on 2 cores): the run is refused with the shares and the keys that set them."""
+    args = ["train", "--config", SMOKE, *_common(tiny_policy, tmp_path), "trainer.num_workers=64",
+            "trainer.cpus_per_worker=1"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert ("needs 65.1 CPUs at once (trainer 64 x 1, samplers 2 x 0.5, environments 2 x 0.05) but the embedded Ray "
+            "has") in err
+    assert "lower trainer.num_workers / trainer.cpus_per_worker" in err and "cluster.num_cpus" in err
+    assert not (tmp_path / "mlruns.db").exists()  # refused before the tracking store (and a run) was created

@@ -91,8 +91,8 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     from ray.tune.search.optuna import OptunaSearch
 
     from workflows import tracking as trk
-    from workflows.ray_utils import init_ray
-    from workflows.train import resolve_paths
+    from workflows.ray_utils import check_resources, init_ray
+    from workflows.train import RESOURCE_KNOBS, resolve_paths, resource_demand
 
     if not cfg.tracking.enabled:
         raise ValueError("tracerl sweep needs MLflow tracking (tracking.enabled=true)")
@@ -103,6 +103,12 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     root.mkdir(parents=True, exist_ok=True)
     sweep_dir = root / name
     meta_path = root / f"{name}.json"
+    init_ray(cfg.cluster)  # before the parent run exists: a sweep that cannot fit leaves no run behind
+    # Concurrent trials each hold a Tune slot plus a whole training run's actors (space values that change the
+    # pools are not counted: the base config's shares are).
+    n = cfg.max_concurrent_trials
+    demand = [(what, n * k, c, g) for what, k, c, g in [("trials", 1, cfg.trial_cpus, 0.0), *resource_demand(base)]]
+    check_resources(demand, cfg.cluster, "max_concurrent_trials, trial_cpus, " + RESOURCE_KNOBS, progress)
     exp_id = trk.setup(base.tracking)
     client = mlflow.MlflowClient()
     if meta_path.is_file():
@@ -120,7 +126,6 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
         meta_path.write_text(json.dumps(meta))
     base_yaml = root / f"{name}.base.yaml"
     base_yaml.write_text(to_yaml(base))
-    init_ray(cfg.cluster)
     trainable = tune.with_resources(
         tune.with_parameters(_trial, base_yaml=str(base_yaml), parent_run_id=parent, sweep=name),
         {"cpu": cfg.trial_cpus})

@@ -135,7 +135,7 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
     from ray.train.torch import TorchTrainer
 
     from workflows import tracking as trk
-    from workflows.ray_utils import init_ray
+    from workflows.ray_utils import check_resources, init_ray
 
     if not cfg.tracking.enabled:
         raise ValueError("tracerl train needs MLflow tracking (tracking.enabled=true): runs resume and register "
@@ -159,10 +159,18 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
     if not Path(cfg.model.path).is_dir():
         raise SetupError(f"model.path={cfg.model.path!r} is not a checkpoint directory; build the tiny policy with "
                          "`tracerl bootstrap` or point model.path at an HF checkpoint")
+    from tracerl.models.hf import check_window
+
+    check_window(cfg.model.path, cfg.sampler)
     if cfg.trainer.lora_rank > 0:  # before any run is created: a bad target list is the user's to fix
         from tracerl.models.wrap import check_lora
 
         check_lora(cfg.model.path, cfg.trainer)
+    # Quiet workers: no per-load progress bars (the workers inherit these when this process starts Ray).
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    init_ray(cfg.cluster)  # before the run exists: a job that cannot fit leaves no empty run behind
+    check_resources(resource_demand(cfg), cfg.cluster, RESOURCE_KNOBS, progress)
     exp_id = trk.setup(cfg.tracking)
     client = mlflow.MlflowClient()
     if not cfg.resume:
@@ -187,10 +195,6 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
         client.update_run(run_id, status="RUNNING")
         (storage / "config.yaml").write_text(to_yaml(dataclasses.replace(cfg, resume=None)))
     progress(f"MLflow run {run_id} ({cfg.tracking.uri}); checkpoints in {storage}")
-    # Quiet workers: no per-load progress bars (the workers inherit these when this process starts Ray).
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    init_ray(cfg.cluster)
     t = cfg.trainer
     trainer = TorchTrainer(
         train_loop,
@@ -218,6 +222,27 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
                    tracking_uri=cfg.tracking.uri)
     (storage / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+RESOURCE_KNOBS = ("trainer.num_workers / trainer.cpus_per_worker, pools.rollout_workers / pools.rollout_cpus / "
+                  "pools.rollout_gpus or pools.env_workers / pools.env_cpus")
+
+
+def resource_demand(cfg: TrainConfig) -> list[tuple[str, int, float, float]]:
+    """(what, how many, CPUs each, GPUs each) of every actor a training run holds at once: Train workers,
+    samplers, their environment actors and the run's shared services (e.g. the search retriever)."""
+    from envs.registry import env_class
+    from tracerl.actors.services import service_factories
+
+    t, p = cfg.trainer, cfg.pools
+    rows = [("trainer", t.num_workers, t.cpus_per_worker, 1.0 if t.use_gpu else 0.0),
+            ("samplers", p.rollout_workers, p.rollout_cpus, p.rollout_gpus)]
+    if p.env_workers > 0:
+        rows.append(("environments", p.rollout_workers * p.env_workers, p.env_cpus, 0.0))
+        n = len(service_factories(env_class(cfg.env.name), cfg.env))
+        if n:
+            rows.append(("services", n, p.env_cpus, 0.0))
+    return rows
 
 
 def metric_series(client: Any, run_id: str, key: str) -> dict[int, float]:
@@ -315,9 +340,11 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int) -> Any:
         kwargs = {"broadcast_buffers": False} if world > 1 else None
         return ray.train.torch.prepare_model(model, parallel_strategy="ddp" if world > 1 else None,
                                              parallel_strategy_kwargs=kwargs)
+    import torch
+
     from tracerl.models.wrap import fully_shard_model
 
-    return fully_shard_model(model.to(ray.train.torch.get_device()))
+    return fully_shard_model(model.to(ray.train.torch.get_device()), compute_dtype=getattr(torch, cfg.model.dtype))
 
 
 def _gather(model: Any, cfg: TrainConfig, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -353,6 +380,18 @@ def _restore_dir(ckpt: Any, storage: Path) -> str | None:
     return best[1] if best else None
 
 
+def _quiet_train_reports() -> None:
+    """Ray Train V2 logs every ``ray.train.report`` with its whole metrics dict at INFO from each rank (a 3 kB line
+    a step), through a logger named after its source file; our own progress line already says the step."""
+    import logging
+
+    try:
+        from ray.train.v2._internal.execution import context
+    except ImportError:  # pragma: no cover - another Ray layout: leave its logging alone
+        return
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
 def train_loop(config: dict[str, Any]) -> None:
     """The Ray Train worker function (every rank)."""
     import ray.train
@@ -364,10 +403,12 @@ def train_loop(config: dict[str, Any]) -> None:
 
     cfg: TrainConfig = config["cfg"]
     run_id, storage = config["run_id"], Path(config["storage"])
+    _quiet_train_reports()
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.manual_seed(cfg.seed + rank)
-    tok, model = load_policy(cfg.model)
+    master = dataclasses.replace(cfg.model, dtype=cfg.trainer.master_dtype)  # the trainer's weights (mixed precision)
+    tok, model = load_policy(master)
     ckpt_dir = _restore_dir(ray.train.get_checkpoint(), storage)
     state: dict[str, Any] = {"step": 0}
     lora = cfg.trainer.lora_rank > 0
@@ -380,8 +421,8 @@ def train_loop(config: dict[str, Any]) -> None:
 
             model = AutoModelForCausalLM.from_pretrained(Path(ckpt_dir) / "policy", dtype=model.dtype,
                                                          local_files_only=True)
-    if cfg.trainer.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    if cfg.trainer.gradient_checkpointing:  # transformers 5.x renamed it; older versions have only the first
+        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     model = apply_lora(model, cfg.trainer)
     if lora and ckpt_dir is not None:
         saved = torch.load(Path(ckpt_dir) / ADAPTERS, weights_only=True)
@@ -398,10 +439,16 @@ def train_loop(config: dict[str, Any]) -> None:
     if ref_model is not None:
         ref_model = ref_model.to(next(model.parameters()).device)
     from tracerl.learner import PolicyLearner, denominator
+    from tracerl.models.wrap import is_fsdp
+
+    compute = getattr(torch, cfg.model.dtype)
+    # FSDP2 casts the gathered parameters itself (its MixedPrecisionPolicy); a replica computes under autocast.
+    autocast = compute if compute != getattr(torch, cfg.trainer.master_dtype) and not is_fsdp(model) else None
 
     use_is = cfg.loss.importance_sampling == "on" or (cfg.loss.importance_sampling == "auto" and cfg.sampler.backend == "vllm")
     learner = PolicyLearner(model, cfg.optim, cfg.loss, cfg.steps, pad_id=tok.pad_token_id,
-                            temperature=cfg.sampler.temperature, importance_sampling=use_is, ref_model=ref_model)
+                            temperature=cfg.sampler.temperature, importance_sampling=use_is, ref_model=ref_model,
+                            autocast=autocast)
     if ckpt_dir is not None:
         learner.load_state_dict(torch.load(Path(ckpt_dir) / f"trainer_rank{rank}.pt", weights_only=False)
                                 if (Path(ckpt_dir) / f"trainer_rank{rank}.pt").exists()
@@ -490,15 +537,19 @@ class _Driver:
         self.step_metrics: dict[str, float] = {}
         self.last_out: Any = None
         self.t_step = time.perf_counter()
-        self.sync(weights)
+        if ckpt_dir is not None:  # a fresh run's samplers loaded these very weights from model.path
+            self.sync(weights)
 
     def phase(self, name: str, seconds: float) -> None:
         self.phases[name] = self.phases.get(name, 0.0) + seconds
 
     def sync(self, weights: dict[str, Any]) -> None:
         """Push the policy's full HF-named weights (from ``_gather``) to every sampler."""
+        import torch
+
         t0 = time.perf_counter()
-        self.pool.load_weights(weights)
+        dtype = getattr(torch, self.cfg.model.dtype)  # the samplers' (master weights may be more precise)
+        self.pool.load_weights({k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()})
         self.phase("sync_weights", time.perf_counter() - t0)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
