@@ -184,7 +184,8 @@ def test_lora_on_two_fsdp_ranks_trains_adapters_and_resumes(tmp_path: Path) -> N
               "trainer.strategy=fsdp", "trainer.lora_rank=4", "trainer.lora_alpha=8", "checkpoint_every=1",
               "eval_at_start=false", "env.math.eval_tasks=4",
               # the GPU recipe on CPU: bfloat16 compute over float32 master weights, activation checkpointing
-              "model.dtype=bfloat16", "trainer.gradient_checkpointing=true"]
+              "model.dtype=bfloat16", "trainer.gradient_checkpointing=true",
+              "loss.kl_coef=0.05"]  # a reference model, sharded like the policy
     assert main(["train", "--config", SMOKE, *common, "--steps", "2"]) == 0
     client = _client(tmp_path)
     run_id = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])[0].info.run_id
@@ -202,6 +203,7 @@ def test_lora_on_two_fsdp_ranks_trains_adapters_and_resumes(tmp_path: Path) -> N
     assert len(adapters) == 8 * layers  # A and B of q, k, v, o in every layer
     assert all(torch.equal(trained[k], base[k]) for k in base if ".mlp." in k)  # no adapters there: untouched
     skipped = metric_series(client, run_id, "train/update_skipped")
+    assert sorted(metric_series(client, run_id, "train/kl_ref")) == [1, 2]
     moved = any(bool(v.abs().sum() > 0) for k, v in adapters.items() if ".lora_B." in k)
     assert moved == (min(skipped.values()) == 0.0)  # B starts at zero and moves with the first real update
     assert moved == any(not torch.equal(trained[k], base[k]) for k in base if "self_attn" in k)

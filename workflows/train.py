@@ -433,13 +433,15 @@ def train_loop(config: dict[str, Any]) -> None:
         model.load_state_dict(saved, strict=False)
     ref_model = None
     if cfg.loss.kl_coef > 0:
-        ref_model, _ = load_policy(cfg.model)  # the initial policy
+        _, ref_model = load_policy(cfg.model)  # the initial policy
         ref_model.requires_grad_(False)
     model = _parallelize(model, cfg, world)
-    if ref_model is not None:
-        ref_model = ref_model.to(next(model.parameters()).device)
     from tracerl.learner import PolicyLearner, denominator
-    from tracerl.models.wrap import is_fsdp
+    from tracerl.models.wrap import fully_shard_model, is_fsdp
+
+    if ref_model is not None:  # sharded like the policy under FSDP (a full frozen replica per GPU otherwise)
+        ref_model = ref_model.to(next(model.parameters()).device)
+        ref_model = fully_shard_model(ref_model) if is_fsdp(model) else ref_model
 
     compute = getattr(torch, cfg.model.dtype)
     # FSDP2 casts the gathered parameters itself (its MixedPrecisionPolicy); a replica computes under autocast.

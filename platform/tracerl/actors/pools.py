@@ -56,6 +56,28 @@ def _fault_once(fault_dir: str | None, name: str) -> bool:
     return True
 
 
+def call_with_retries(n: int, submit: Callable[[int], Any], on_dead: Callable[[int], None], max_retries: int
+                      ) -> tuple[list[Any], list[int]]:
+    """Run calls ``0 .. n-1`` in parallel (``submit(i)`` starts call i on some actor and returns its ref); a call
+    whose actor died gets ``on_dead(i)`` (which replaces the actor) and runs again, at most ``max_retries`` times.
+    Returns the results and how many times each call was retried."""
+    out: list[Any] = [None] * n
+    tries = [0] * n
+    pending = {submit(i): i for i in range(n)}
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        i = pending.pop(done[0])
+        try:
+            out[i] = ray.get(done[0])
+        except DEAD:
+            if tries[i] >= max_retries:
+                raise
+            tries[i] += 1
+            on_dead(i)
+            pending[submit(i)] = i
+    return out, tries
+
+
 def strip_caches(tree: RolloutTree) -> RolloutTree:
     """A shallow copy of ``tree`` whose fork states hold no KV-cache handles (for transport)."""
     out = copy.copy(tree)
@@ -115,29 +137,18 @@ class EnvPool:
         return self.execute_batch([(prompt, state, action)])[0]
 
     def execute_batch(self, calls: Sequence[tuple[Prompt, Any, Action]]) -> list[ToolResult]:
-        results: list[ToolResult | None] = [None] * len(calls)
-        retried = [0] * len(calls)
-        pending: dict[Any, tuple[int, int]] = {}  # ref -> (call index, actor index)
+        actor = [0] * len(calls)  # the actor each call last ran on
 
-        def submit(i: int) -> None:
-            a = self._next % len(self.actors)
+        def submit(i: int) -> Any:
+            actor[i] = self._next % len(self.actors)
             self._next += 1
-            pending[self.actors[a].execute.remote(self.step, *calls[i])] = (i, a)  # type: ignore[attr-defined]
+            return self.actors[actor[i]].execute.remote(self.step, *calls[i])  # type: ignore[attr-defined]
 
-        for i in range(len(calls)):
-            submit(i)
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            i, a = pending.pop(done[0])
-            try:
-                results[i] = ray.get(done[0])
-            except DEAD:
-                if retried[i] >= self.max_retries:
-                    raise
-                retried[i] += 1
-                self.actors[a] = self._new()
-                submit(i)
-        return [replace(r, retried=r.retried + n) for r, n in zip(results, retried) if r is not None]
+        def on_dead(i: int) -> None:
+            self.actors[actor[i]] = self._new()
+
+        results, retried = call_with_retries(len(calls), submit, on_dead, self.max_retries)
+        return [replace(r, retried=r.retried + n) for r, n in zip(results, retried)]
 
 
 class RolloutWorker:
@@ -289,22 +300,13 @@ class RolloutPool:
 
     def _call_all(self, calls: list[tuple[int, str, tuple]]) -> list[Any]:  # type: ignore[type-arg]
         """Run ``(worker, method, args)`` calls in parallel; a call whose worker died is retried on a fresh one."""
-        out: list[Any] = [None] * len(calls)
-        tries = [0] * len(calls)
-        pending = {getattr(self.workers[w], m).remote(*a): i for i, (w, m, a) in enumerate(calls)}
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            i = pending.pop(done[0])
-            try:
-                out[i] = ray.get(done[0])
-            except DEAD:
-                if tries[i] >= self.max_retries:
-                    raise
-                tries[i] += 1
-                self.ledger.retried += 1
-                w, m, a = calls[i]
-                self._replace(w)
-                pending[getattr(self.workers[w], m).remote(*a)] = i
+
+        def on_dead(i: int) -> None:
+            self.ledger.retried += 1
+            self._replace(calls[i][0])
+
+        out, _ = call_with_retries(len(calls), lambda i: getattr(self.workers[calls[i][0]], calls[i][1]).remote(
+            *calls[i][2]), on_dead, self.max_retries)
         return out
 
     def _merge(self, ledgers: Sequence[BudgetLedger]) -> None:
