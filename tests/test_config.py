@@ -149,3 +149,14 @@ def test_a_sweep_file_space_replaces_the_default_space(tmp_path: Path) -> None:
     f.write_text("space:\n  allocator.m_max: [4, 8]\nfirst_trials: [{budget.continuations: 2}]\n")
     with pytest.raises(ConfigError, match=r"first_trials entries must map keys of space \(\['allocator.m_max'\]\)"):
         compose(SweepConfig, f)
+
+
+def test_on_and_off_stay_words_for_string_keys_and_are_booleans_for_boolean_keys() -> None:
+    """YAML 1.1 read `on` as True, so loss.importance_sampling=on failed with "must be auto, on or off (got 'True')"."""
+    from tracerl.config import TrainConfig
+
+    cfg = compose(TrainConfig, conf_dir() / "train/smoke.yaml",
+                  ["loss.importance_sampling=on", "cluster.include_dashboard=off", "eval_at_start=yes"])
+    assert (cfg.loss.importance_sampling, cfg.cluster.include_dashboard, cfg.eval_at_start) == ("on", False, True)
+    assert compose(TrainConfig, conf_dir() / "train/smoke.yaml",
+                   ["loss.importance_sampling=off"]).loss.importance_sampling == "off"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -39,11 +40,29 @@ def conf_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "conf"
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML with YAML 1.2 booleans: only true/false. PyYAML's 1.1 rules read on/off/yes/no as booleans, so
+    ``loss.importance_sampling=on`` reached a string field as 'True'; boolean fields still take on/off/yes/no
+    (the schema converts them)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
+
+
+def _load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = _load(path.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
     if data is None:
@@ -95,7 +114,7 @@ def _parse_override(item: str) -> tuple[str, Any]:
     if not key:
         raise ConfigError(f"override {item!r} has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = _load(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
     return key, value
