@@ -87,6 +87,8 @@ def test_bad_config_fails_with_a_message_naming_the_key(override: str, message: 
         (["trainer.master_dtype=float64"], "trainer.master_dtype must be float32, bfloat16 or float16 (got 'float64')"),
         (["trainer.master_dtype=bfloat16"], "trainer.master_dtype=bfloat16 must be float32 or model.dtype (float32)"),
         (["trainer.strategy=zero3"], "trainer.strategy must be ddp or fsdp (got 'zero3')"),
+        (["allocator=oracle_trace"], "the oracle predictor (allocator=oracle_trace or predictor=oracle) needs the true"),
+        (["predictor=oracle"], "only the simulator has: with a language model use allocator=trace"),
     ],
 )
 def test_bad_trainer_config_names_the_key(overrides: list[str], message: str) -> None:

@@ -8,6 +8,7 @@ before any work starts.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -512,10 +513,13 @@ def _lm_env() -> EnvConfig:
     return EnvConfig(name="math")
 
 
-def _check_tool_env(env: EnvConfig) -> None:
+def _check_tool_env(env: EnvConfig, allocators: Sequence[str] = (), predictor: PredictorConfig | None = None) -> None:
     _check(env.name != "simulator",
            "language-model workflows need a ReAct tool environment: set env.name to math, search, bfcl "
            "or a 'module:attr' environment class (the simulator serves bench allocation)")
+    _check("oracle_trace" not in allocators and (predictor is None or predictor.name != "oracle"),
+           "the oracle predictor (allocator=oracle_trace or predictor=oracle) needs the true success probabilities "
+           "only the simulator has: with a language model use allocator=trace and predictor=learned_text")
 
 
 @dataclass(frozen=True)
@@ -562,7 +566,7 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, f"steps must be >= 1 (got {self.steps})")
-        _check_tool_env(self.env)
+        _check_tool_env(self.env, [self.allocator.name], self.predictor)
 
 
 @dataclass(frozen=True)
@@ -591,7 +595,7 @@ class BenchRolloutConfig:
     def __post_init__(self) -> None:
         _check(self.steps >= 1 and self.seeds >= 1, "steps and seeds must be >= 1")
         _check(0.0 <= self.warmup_fraction < 1.0, "warmup_fraction must be in [0, 1)")
-        _check_tool_env(self.env)
+        _check_tool_env(self.env, [self.allocator.name, *self.allocators], self.predictor)
 
 
 @dataclass(frozen=True)
@@ -816,7 +820,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, f"steps must be >= 1 (got {self.steps})")
-        _check_tool_env(self.env)
+        _check_tool_env(self.env, [self.allocator.name], self.predictor)
         _check(self.eval_every >= 0 and self.log_trees_every >= 0, "eval_every and log_trees_every must be >= 0")
         _check(self.checkpoint_every >= 1 and self.keep_checkpoints >= 1,
                "checkpoint_every and keep_checkpoints must be >= 1")
