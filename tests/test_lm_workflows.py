@@ -78,3 +78,15 @@ def test_habit_phase_traces_answer_without_the_tool_for_the_chosen_share() -> No
     direct = habit_segments(t, 1.0)
     assert len(direct) == 2 and not direct[0].trainable and direct[1].trainable
     assert direct[1].text == f"Thought: {DIRECT_THOUGHT}\nFinal Answer: {t.answer}\n" and "Action:" not in direct[1].text
+
+
+def test_an_unknown_registered_model_names_what_the_registry_holds(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    from tracerl.config import TrackingConfig
+    from workflows.registry import resolve_model_path
+
+    tracking = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlruns.db", artifact_location=str(tmp_path / "art"))
+    with pytest.raises(FileNotFoundError, match=r"models:/nope@champion is not in the registry .*registered models: "
+                                                r"none \(`tracerl register"):
+        resolve_model_path("models:/nope@champion", tracking)

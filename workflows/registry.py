@@ -102,7 +102,13 @@ def resolve_model_path(path: str, tracking: Any) -> str:
         from workflows import tracking as trk
 
         trk.setup(tracking)
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=path))
+        try:
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=path))
+        except mlflow.exceptions.MlflowException as exc:
+            names = sorted(m.name for m in mlflow.MlflowClient().search_registered_models())
+            raise FileNotFoundError(f"{path} is not in the registry at {tracking.uri} ({exc.message}); registered "
+                                    f"models: {', '.join(names) or 'none'} (`tracerl register RUN_ID --name NAME "
+                                    f"--alias ALIAS` adds one)") from exc
         # pyfunc models keep their artifacts under artifacts/<source directory name>
         for cand in [local, *sorted(local.glob("artifacts/*")), *sorted(local.glob("*"))]:
             if (cand / "config.json").is_file() and any(cand.glob("*.safetensors")) | any(cand.glob("*.bin")):
