@@ -266,6 +266,7 @@ def test_mixed_precision_keeps_small_updates_that_bf16_weights_round_away() -> N
         assert set(seen) == {torch.bfloat16} and next(model.parameters()).dtype == getattr(torch, master)
         n = sum(int((v != before[k]).sum()) for k, v in model.state_dict().items())
         changed[master] = n / sum(v.numel() for v in before.values())
+    print(f"weights changed by one update at lr 1e-6: {changed}")  # pytest -s shows the README's numbers
     assert changed["float32"] > 0.9 and changed["bfloat16"] < 0.1, changed
 
 
@@ -279,6 +280,10 @@ def test_two_fsdp_workers_in_mixed_precision_keep_float32_weights(tmp_path) -> N
     stats1 = learner.update(batch, denominator(batch, "token_mean"))
     got = _two_ranks(_bf16_fsdp_worker, tmp_path, None)
     assert {v.dtype for v in got["params"].values()} == {torch.float32}
-    close = sum(int(torch.isclose(got["params"][k], v, rtol=0, atol=1e-3).sum()) for k, v in single.state_dict().items())
-    assert close / sum(v.numel() for v in single.state_dict().values()) > 0.95
+    total = sum(v.numel() for v in single.state_dict().values())
+    close = {atol: sum(int(torch.isclose(got["params"][k], v, rtol=0, atol=atol).sum())
+                       for k, v in single.state_dict().items()) / total for atol in (1e-4, 1e-3)}
+    print(f"share of weights within atol of one worker: {close}; grad norm {got['stats']['train/grad_norm']} vs "
+          f"{stats1['train/grad_norm']}")  # pytest -s shows the README's numbers
+    assert close[1e-3] > 0.95
     assert got["stats"]["train/grad_norm"] == pytest.approx(stats1["train/grad_norm"], rel=2e-2)

@@ -455,8 +455,10 @@ def train_loop(config: dict[str, Any]) -> None:
         learner.load_state_dict(torch.load(Path(ckpt_dir) / f"trainer_rank{rank}.pt", weights_only=False)
                                 if (Path(ckpt_dir) / f"trainer_rank{rank}.pt").exists()
                                 else torch.load(Path(ckpt_dir) / "trainer_rank0.pt", weights_only=False))
-    weights, adapters = _gather(model, cfg, rank)
-    driver = _Driver(cfg, run_id, storage, tok, unwrap(model), state, ckpt_dir, weights) if rank == 0 else None
+    # A restored policy is pushed to the samplers; a fresh run's samplers loaded these very weights from model.path,
+    # so nothing is gathered for them (under FSDP a gather is a full-model collective).
+    restored = _gather(model, cfg, rank)[0] if ckpt_dir is not None else None
+    driver = _Driver(cfg, run_id, storage, tok, unwrap(model), state, ckpt_dir, restored) if rank == 0 else None
     start = int(state["step"])
     if driver is not None and start == 0 and cfg.eval_at_start:
         driver.evaluate(0)
@@ -498,7 +500,7 @@ class _Driver:
     """Rank 0's part of the loop: pools, predictor, allocator, candidate pools, evaluation and logging."""
 
     def __init__(self, cfg: TrainConfig, run_id: str, storage: Path, tok: Any, model: Any,
-                 state: dict[str, Any], ckpt_dir: str | None, weights: dict[str, Any]) -> None:
+                 state: dict[str, Any], ckpt_dir: str | None, restored: dict[str, Any] | None) -> None:
         import mlflow
         import numpy as np
         import torch
@@ -539,8 +541,8 @@ class _Driver:
         self.step_metrics: dict[str, float] = {}
         self.last_out: Any = None
         self.t_step = time.perf_counter()
-        if ckpt_dir is not None:  # a fresh run's samplers loaded these very weights from model.path
-            self.sync(weights)
+        if restored is not None:
+            self.sync(restored)
 
     def phase(self, name: str, seconds: float) -> None:
         self.phases[name] = self.phases.get(name, 0.0) + seconds

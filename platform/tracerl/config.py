@@ -513,7 +513,8 @@ def _lm_env() -> EnvConfig:
     return EnvConfig(name="math")
 
 
-def _check_tool_env(env: EnvConfig, allocators: Sequence[str] = (), predictor: PredictorConfig | None = None) -> None:
+def _check_lm_setup(env: EnvConfig, allocators: Sequence[str] = (), predictor: PredictorConfig | None = None) -> None:
+    """What a language-model workflow cannot run with: the simulator, or a predictor that needs its truth."""
     _check(env.name != "simulator",
            "language-model workflows need a ReAct tool environment: set env.name to math, search, bfcl "
            "or a 'module:attr' environment class (the simulator serves bench allocation)")
@@ -542,7 +543,7 @@ class BenchEnvConfig:
     """Write the JSON summary here as well (``--json``)."""
 
     def __post_init__(self) -> None:
-        _check_tool_env(self.env)
+        _check_lm_setup(self.env)
         _check(self.tasks >= 1, f"tasks must be >= 1 (got {self.tasks})")
         _check(self.workers >= 1, f"workers must be >= 1 (got {self.workers})")
 
@@ -566,7 +567,7 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, f"steps must be >= 1 (got {self.steps})")
-        _check_tool_env(self.env, [self.allocator.name], self.predictor)
+        _check_lm_setup(self.env, [self.allocator.name], self.predictor)
 
 
 @dataclass(frozen=True)
@@ -595,7 +596,7 @@ class BenchRolloutConfig:
     def __post_init__(self) -> None:
         _check(self.steps >= 1 and self.seeds >= 1, "steps and seeds must be >= 1")
         _check(0.0 <= self.warmup_fraction < 1.0, "warmup_fraction must be in [0, 1)")
-        _check_tool_env(self.env, [self.allocator.name, *self.allocators], self.predictor)
+        _check_lm_setup(self.env, [self.allocator.name, *self.allocators], self.predictor)
 
 
 @dataclass(frozen=True)
@@ -820,7 +821,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, f"steps must be >= 1 (got {self.steps})")
-        _check_tool_env(self.env, [self.allocator.name], self.predictor)
+        _check_lm_setup(self.env, [self.allocator.name], self.predictor)
         _check(self.eval_every >= 0 and self.log_trees_every >= 0, "eval_every and log_trees_every must be >= 0")
         _check(self.checkpoint_every >= 1 and self.keep_checkpoints >= 1,
                "checkpoint_every and keep_checkpoints must be >= 1")
@@ -855,7 +856,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         _check(self.samples >= 0, f"samples must be >= 0 (got {self.samples})")
         _check(self.temperature > 0, f"temperature must be > 0 for sampled pass@k (got {self.temperature})")
-        _check_tool_env(self.env)
+        _check_lm_setup(self.env)
 
 
 @dataclass(frozen=True)

@@ -69,10 +69,9 @@ class VLLMSampler:
         gens = []
         for ctx, out in zip(contexts, outs):
             o = out.outputs[0]
-            raw = list(o.token_ids)
             # vLLM cuts the text at a stop string but returns the tokens that spell it: the next turn's context
             # is built from tokens, so they are cut as the hf backend cuts them.
-            ids, text, finish = cut_at_stop(self.tokenizer, raw, stop)
+            ids, text, finish = cut_at_stop(self.tokenizer, list(o.token_ids), stop)
             if finish == "length" and o.finish_reason == "stop":  # stopped on a token it did not return
                 finish = "stop" if isinstance(o.stop_reason, str) else "eos"
             lps = [float(step[t].logprob) for step, t in zip(o.logprobs or [], ids)]
