@@ -8,10 +8,13 @@ import pytest
 from envs.sandbox import Sandbox
 from tracerl.config import SandboxConfig
 
+# A uid range of this test process's own: other processes' sandbox calls (the default range) are not its leftovers.
+UID_BASE = 1_000_000 + 65536 * (os.getpid() % 4096)
+
 
 @pytest.fixture(scope="module")
 def sandbox() -> Sandbox:
-    return Sandbox(SandboxConfig(timeout_s=2.0, cpu_s=2, memory_mb=256, max_output_chars=300, max_file_mb=2))
+    return Sandbox(SandboxConfig(timeout_s=2.0, cpu_s=2, memory_mb=256, max_output_chars=300, max_file_mb=2, uid_base=UID_BASE))
 
 
 def leftover_uids(base: int) -> set[int]:
