@@ -7,10 +7,11 @@ Layers, each used where the machine allows it (``Sandbox.protections`` says whic
   the captured output: stdout/stderr go to files in the scratch directory), open files;
 * an unprivileged random uid (when started as root), so the code can write nowhere but its scratch
   directory and cannot signal anything of ours, and every process it left behind can be killed by uid;
-* bubblewrap (when installed and working): read-only root filesystem, private /tmp, the scratch
-  directory as the only writable place, a new network namespace (no network, not even loopback) and
-  a new PID namespace (everything dies with the call); without bubblewrap but as root, a network
-  namespace is still created with unshare(2);
+* bubblewrap (when installed and working): a read-only root holding only the interpreter, its libraries
+  and a minimal /dev and /proc (envs/sandbox_fs.py: the project tree, /etc, /root and home are not
+  there), a private /tmp, the scratch directory as the only writable place, a new network namespace (no
+  network, not even loopback) and a new PID namespace (everything dies with the call); without
+  bubblewrap but as root, a network namespace is still created with unshare(2);
 * a wall-clock timeout; the whole process group is killed on expiry and leftovers are killed by uid.
 
 A crash, timeout, memory blow-up or flood is an observation (``ExecResult``), never an exception.
@@ -50,9 +51,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from envs.sandbox_fs import ReadOnlyView, interpreter_view
 from tracerl.config import SandboxConfig
 
 _CLONE_NEWNET = 0x40000000
+# bubblewrap's namespaces and minimal /dev, /proc and private /tmp (the read-only view and scratch come after).
+_NAMESPACES = ("--unshare-net", "--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session",
+               "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp")
 _STATUS = ".cell-status.json"  # the runner's report on the last cell, in the scratch directory
 # Runs in the child (as root, before dropping privileges), then execs the sandboxed command.
 _LAUNCHER = r'''
@@ -195,13 +200,23 @@ class ExecResult:
         return "\n".join(parts) if parts else "(no output)"
 
 
-def _bwrap_works(bwrap: str) -> bool:
+def _bwrap_problem(bwrap: str, python: str) -> tuple[ReadOnlyView | None, str]:
+    """The interpreter's read-only view, and why bubblewrap cannot run it there ('' when it can): the probe
+    runs the stdlib modules the math tool needs inside the same namespaces and view as a call, as an
+    unprivileged uid when we are root."""
     try:
-        r = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--die-with-parent", "true"],
-                           capture_output=True, timeout=10, preexec_fn=_drop_probe)
-        return r.returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+        view = interpreter_view(python)
+    except RuntimeError as exc:
+        return None, str(exc)
+    command = [bwrap, *_NAMESPACES, *view.bwrap_args(), "--remount-ro", "/", python, "-I", "-c",
+               "import math, json, fractions, re, decimal; print(math.gcd(12, 18))"]
+    try:
+        r = subprocess.run(command, capture_output=True, text=True, timeout=30, preexec_fn=_drop_probe)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"bubblewrap failed to start: {exc}"
+    if r.returncode != 0 or r.stdout.strip() != "6":
+        return None, f"bubblewrap could not run {python} with only its libraries visible: {r.stderr.strip()[-300:]}"
+    return view, ""
 
 
 def _drop_probe() -> None:  # pragma: no cover - runs in the child
@@ -231,14 +246,17 @@ class Sandbox:
     def __init__(self, cfg: SandboxConfig) -> None:
         self.cfg = cfg
         self.as_root = os.geteuid() == 0
-        bwrap = shutil.which("bwrap") if cfg.use_bwrap else None
-        self.bwrap = bwrap if bwrap and _bwrap_works(bwrap) else None
         self.python = _python(cfg, self.as_root)
+        bwrap = shutil.which("bwrap") if cfg.use_bwrap else None
+        self.view, self.bwrap_problem = _bwrap_problem(bwrap, self.python) if bwrap else (None, "")
+        """What a call can read (None without bubblewrap), and why bubblewrap was not usable if it was found."""
+        self.bwrap = bwrap if self.view is not None else None
         self.protections = {
             "rlimits": True,
             "unprivileged_user": self.as_root,
             "network_isolated": self.bwrap is not None or self.as_root,
             "read_only_filesystem": self.bwrap is not None,
+            "limited_reads": self.bwrap is not None,
             "private_tmp": self.bwrap is not None,
             "pid_namespace": self.bwrap is not None,
         }
@@ -246,12 +264,15 @@ class Sandbox:
     @property
     def warnings(self) -> list[str]:
         """One line per protection that is not enforced on this machine."""
+        no_bwrap = "no working bubblewrap"
         why = {
             "unprivileged_user": "not started as root, so calls keep our uid",
             "network_isolated": "no bubblewrap and not root: calls can reach the network",
-            "read_only_filesystem": "no working bubblewrap (apt-get install bubblewrap): calls can write wherever the uid may",
-            "private_tmp": "no working bubblewrap: calls share /tmp",
-            "pid_namespace": "no working bubblewrap: leftover processes are killed by uid/process group instead",
+            "read_only_filesystem": (f"bubblewrap unusable: {self.bwrap_problem}" if self.bwrap_problem else
+                                     f"{no_bwrap} (apt-get install bubblewrap)") + ": calls can write wherever the uid may",
+            "limited_reads": f"{no_bwrap}: calls can read every file the uid may, the project tree and /etc included",
+            "private_tmp": f"{no_bwrap}: calls share /tmp",
+            "pid_namespace": f"{no_bwrap}: leftover processes are killed by uid/process group instead",
         }
         return [f"sandbox: {k} not enforced ({why[k]})" for k, on in self.protections.items() if not on]
 
@@ -288,14 +309,12 @@ class Sandbox:
         # private: the call has a uid (root) or a PID namespace (bwrap) of its own, so every other process the
         # runner sees under it is one the cell left running.
         runner = [self.python, "-I", "runner.py", "cells.json", _STATUS, "1" if self.as_root or self.bwrap else "0"]
-        if self.bwrap is None:
+        if self.bwrap is None or self.view is None:
             return runner
-        return [
-            self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-            # The scratch directory lives under /tmp: it is mounted back at its own path over the private /tmp.
-            "--bind", str(scratch), str(scratch), "--chdir", str(scratch), "--unshare-net", "--unshare-pid",
-            "--unshare-ipc", "--die-with-parent", "--new-session", *runner,
-        ]
+        # The root is an empty tmpfs holding only the view, made read-only; the scratch directory lives under
+        # /tmp and is mounted back at its own path over the private /tmp.
+        return [self.bwrap, *_NAMESPACES, *self.view.bwrap_args(), "--remount-ro", "/",
+                "--bind", str(scratch), str(scratch), "--chdir", str(scratch), *runner]
 
     def _limits(self, uid: int) -> dict[str, object]:
         """What the launcher applies in the child before exec: session, namespaces, rlimits, uid."""
