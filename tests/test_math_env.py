@@ -4,6 +4,8 @@ A cell that did not finish normally (timeout, kill, crash, limit, leftover threa
 state and says so; every bad cell below first sets ``x = -1``, so a later ``42`` proves its effects were dropped.
 """
 
+import dataclasses
+
 import pytest
 
 from envs.math.env import DISCARDED, MathEnv
@@ -77,3 +79,13 @@ def test_without_state_a_bad_cell_is_not_followed_by_a_note(env: MathEnv) -> Non
     stateless = MathEnv(env.sandbox.cfg, stateful=False)
     result = stateless.execute(PROMPT, (), call("import os\nos._exit(0)"))
     assert result.state == () and DISCARDED not in result.observation
+
+
+@pytest.mark.parametrize("name", ["leftover thread", "leftover process", "exit before the report", "crash"])
+def test_without_bubblewrap_bad_cells_are_dropped_too(env: MathEnv, name: str) -> None:
+    """Without bubblewrap the runner finds leftover processes by the call's uid (as root) or session."""
+    plain = MathEnv(dataclasses.replace(env.sandbox.cfg, use_bwrap=False))
+    code, expected = next((c, e) for n, c, e in BAD_CELLS if n == name)
+    bad = plain.execute(PROMPT, BEFORE, call("x = -1\n" + code))
+    assert expected in bad.observation and bad.state == BEFORE, bad.observation
+    assert plain.execute(PROMPT, bad.state, call("x += 2\nprint(x)")).observation == "42"
