@@ -200,7 +200,7 @@ class ExecResult:
         return "\n".join(parts) if parts else "(no output)"
 
 
-def _bwrap_problem(bwrap: str, python: str) -> tuple[ReadOnlyView | None, str]:
+def _bwrap_view(bwrap: str, python: str) -> tuple[ReadOnlyView | None, str]:
     """The interpreter's read-only view, and why bubblewrap cannot run it there ('' when it can): the probe
     runs the stdlib modules the math tool needs inside the same namespaces and view as a call, as an
     unprivileged uid when we are root."""
@@ -248,7 +248,7 @@ class Sandbox:
         self.as_root = os.geteuid() == 0
         self.python = _python(cfg, self.as_root)
         bwrap = shutil.which("bwrap") if cfg.use_bwrap else None
-        self.view, self.bwrap_problem = _bwrap_problem(bwrap, self.python) if bwrap else (None, "")
+        self.view, self.bwrap_problem = _bwrap_view(bwrap, self.python) if bwrap else (None, "")
         """What a call can read (None without bubblewrap), and why bubblewrap was not usable if it was found."""
         self.bwrap = bwrap if self.view is not None else None
         self.protections = {

@@ -119,7 +119,10 @@ def interpreter_view(python: str, timeout_s: float = 30.0) -> ReadOnlyView:
         raise RuntimeError(f"could not run the sandbox's interpreter {python!r}: {exc}") from exc
     if probe.returncode != 0:
         raise RuntimeError(f"the sandbox's interpreter {python!r} failed: {probe.stderr.strip()[-300:]}")
-    info = json.loads(probe.stdout.strip().splitlines()[-1])
+    try:
+        info = json.loads(probe.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError) as exc:
+        raise RuntimeError(f"the sandbox's interpreter {python!r} printed no report: {probe.stdout[-300:]!r}") from exc
     prefixes = {os.path.realpath(p) for p in info["prefixes"]} | {p for p in info["prefixes"]}
     b = _Builder()
     b.expose(python)

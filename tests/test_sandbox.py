@@ -134,3 +134,11 @@ def test_a_venv_inside_a_project_exposes_its_libraries_not_the_project() -> None
         assert sandbox.run(code).observation() == "ModuleNotFoundError\n7 ['.venv'] False"
     finally:
         shutil.rmtree(project, ignore_errors=True)
+
+
+def test_an_interpreter_bubblewrap_cannot_run_is_named_in_the_warnings() -> None:
+    if shutil.which("bwrap") is None:
+        pytest.skip("needs bubblewrap")
+    sandbox = Sandbox(SandboxConfig(python="/nonexistent/python3"))
+    assert sandbox.bwrap is None and not sandbox.protections["limited_reads"]
+    assert any("could not run the sandbox's interpreter '/nonexistent/python3'" in w for w in sandbox.warnings), sandbox.warnings
