@@ -6,11 +6,16 @@ state and says so; every bad cell below first sets ``x = -1``, so a later ``42``
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from envs.math.env import DISCARDED, MathEnv
-from tracerl.config import SandboxConfig
-from tracerl.engine.react import Action, ActionKind
+from tracerl.algos.allocators import Expansion
+from tracerl.config import SamplerConfig, SandboxConfig
+from tracerl.engine.react import Action, ActionKind, PlainTemplate
+from tracerl.engine.rollout import TreeRolloutEngine
+from tracerl.models.tiny import build_tokenizer
+from tracerl.samplers.base import Generation
 from tracerl.types import Prompt
 
 PROMPT = Prompt("p0", "What is 40 + 2?", "42")
@@ -89,3 +94,39 @@ def test_without_bubblewrap_bad_cells_are_dropped_too(env: MathEnv, name: str) -
     bad = plain.execute(PROMPT, BEFORE, call("x = -1\n" + code))
     assert expected in bad.observation and bad.state == BEFORE, bad.observation
     assert plain.execute(PROMPT, bad.state, call("x += 2\nprint(x)")).observation == "42"
+
+
+class StatefulScript:
+    """Fake sampler (the unit under test is the engine with the real environment): sets x, runs a cell that leaves
+    a thread (after setting x = -1), adds 2, then answers with the first line of the last observation."""
+
+    TURNS = ("x = 40", "x = -1; import threading, time; threading.Thread(target=time.sleep, args=(60,)).start()",
+             "x += 2; print(x)")
+
+    def __init__(self, tokenizer) -> None:  # type: ignore[no-untyped-def]
+        self.tok = tokenizer
+
+    def generate(self, contexts, max_new_tokens, stop, temperature, seed, caches=None):  # type: ignore[no-untyped-def]
+        out = []
+        for ctx in contexts:
+            text = self.tok.decode(ctx)
+            done = text.count("Observation:")
+            if done < len(self.TURNS):
+                turn = PlainTemplate.tool_turn("next step", "python", self.TURNS[done])
+            else:
+                turn = PlainTemplate.answer_turn("as computed", text.rsplit("Observation:", 1)[1].strip().splitlines()[0])
+            ids = self.tok(turn, add_special_tokens=False)["input_ids"][:max_new_tokens]
+            out.append(Generation(ids, [-0.1] * len(ids), self.tok.decode(ids), "stop", prefill_tokens=len(ctx)))
+        return out
+
+
+def test_engine_forks_after_a_bad_cell_continue_from_the_state_before_it(env: MathEnv) -> None:
+    tokenizer = build_tokenizer([PROMPT.text, *StatefulScript.TURNS, DISCARDED], vocab_size=300)
+    engine = TreeRolloutEngine(StatefulScript(tokenizer), env, PlainTemplate(), tokenizer,
+                               SamplerConfig(max_turn_tokens=200, max_episode_tokens=1200), seed=0)
+    (tree,) = engine.rollout([PROMPT], [1])
+    assert tree.rewards().tolist() == [1.0]  # the answer is the observation "42": the bad cell's x = -1 was dropped
+    after_bad = tree.bare_prefixes()[1]  # the node after the second tool call, the bad cell
+    assert DISCARDED in tokenizer.decode(tree.nodes[after_bad].token_ids)
+    engine.expand([tree], [Expansion(np.array([after_bad]), np.array([2]), extra_bare=0)])
+    assert tree.num_paths == 3 and tree.rewards().tolist() == [1.0, 1.0, 1.0]
