@@ -5,6 +5,8 @@ state and says so; every bad cell below first sets ``x = -1``, so a later ``42``
 """
 
 import dataclasses
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -103,10 +105,11 @@ class StatefulScript:
     TURNS = ("x = 40", "x = -1; import threading, time; threading.Thread(target=time.sleep, args=(60,)).start()",
              "x += 2; print(x)")
 
-    def __init__(self, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, tokenizer: Any) -> None:
         self.tok = tokenizer
 
-    def generate(self, contexts, max_new_tokens, stop, temperature, seed, caches=None):  # type: ignore[no-untyped-def]
+    def generate(self, contexts: Sequence[list[int]], max_new_tokens: int, stop: Sequence[str], temperature: float,
+                 seed: int, caches: Sequence[object | None] | None = None) -> list[Generation]:
         out = []
         for ctx in contexts:
             text = self.tok.decode(ctx)
