@@ -7,20 +7,37 @@ Layers, each used where the machine allows it (``Sandbox.protections`` says whic
   the captured output: stdout/stderr go to files in the scratch directory), open files;
 * an unprivileged random uid (when started as root), so the code can write nowhere but its scratch
   directory and cannot signal anything of ours, and every process it left behind can be killed by uid;
-* bubblewrap (when installed and working): read-only root filesystem, private /tmp, the scratch
-  directory as the only writable place, a new network namespace (no network, not even loopback) and
-  a new PID namespace (everything dies with the call); without bubblewrap but as root, a network
-  namespace is still created with unshare(2);
+* bubblewrap (when installed and working): a read-only root holding only the interpreter, its libraries
+  and a minimal /dev and /proc (envs/sandbox_fs.py: the project tree, /etc, /root and home are not
+  there), a private /tmp, the scratch directory as the only writable place, a new network namespace (no
+  network, not even loopback) and a new PID namespace (everything dies with the call); without
+  bubblewrap but as root, a network namespace is still created with unshare(2);
 * a wall-clock timeout; the whole process group is killed on expiry and leftovers are killed by uid.
 
 A crash, timeout, memory blow-up or flood is an observation (``ExecResult``), never an exception.
 [choice] Calls are stateless; ``run_cells`` rebuilds state by replaying earlier cells with their
 output discarded (how the math environment offers a notebook-like tool).
+
+[choice] All-or-nothing cells. ``ExecResult.completed`` says whether the last cell *finished normally*, the
+condition for a caller to keep it in the replayed state (the math environment drops the others, so one bad
+cell cannot make every later call of its episode fail the same way). A cell finished normally when the
+runner saw it return, or raise an ordinary exception, and then found no thread or process of it still
+running. Not normal, hence ``completed=False``: the wall-clock timeout; a kill by a signal (CPU or memory
+limit, a crash); the process ending before the runner's report (``os._exit``, a fork that fell through); the
+output or file-size limit; a resource-limit error raised into Python (``MemoryError``, or an ``OSError``
+meaning a limit was hit: EAGAIN from ``fork``, EFBIG, EMFILE, ENFILE, ENOMEM, ENOSPC, EDQUOT), since
+replaying it would spend the limit again; a thread or child process left running when the cell returned
+(replayed, it would run beside every later cell). An ordinary exception (``NameError``, ``ZeroDivisionError``,
+``SystemExit``...) is normal, with REPL semantics: the statements before it ran, and replay re-runs them and
+swallows the same exception. The invariant: a kept state replayed within the limits at least once (when its
+last cell was accepted). The runner's report is a file in the scratch directory, so code that forges it can
+keep a bad cell, which harms only its own episode.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import resource
@@ -34,9 +51,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from envs.sandbox_fs import ReadOnlyView, interpreter_view
 from tracerl.config import SandboxConfig
 
 _CLONE_NEWNET = 0x40000000
+# bubblewrap's namespaces and minimal /dev, /proc and private /tmp (the read-only view and scratch come after).
+_NAMESPACES = ("--unshare-net", "--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session",
+               "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp")
+_STATUS = ".cell-status.json"  # the runner's report on the last cell, in the scratch directory
 # Runs in the child (as root, before dropping privileges), then execs the sandboxed command.
 _LAUNCHER = r'''
 import ctypes, json, os, resource, sys
@@ -53,15 +75,86 @@ if spec["uid"] is not None:
 os.execv(sys.argv[2], sys.argv[2:])
 '''
 _RUNNER = r'''
-import contextlib, io, json, sys
-cells = json.load(open(sys.argv[1]))
-for cell in cells[:-1]:  # replay earlier cells for their state; their output was already shown
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+import errno, json, os, sys, traceback
+
+LIMIT_ERRNOS = {errno.EAGAIN, errno.EFBIG, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC, errno.EDQUOT}
+
+
+def main():
+    # Everything the report needs is bound here, before any cell runs, so a cell that rebinds a name or
+    # patches a module cannot break it. Cells run in their own namespace, not this module's.
+    _exit, _open, _write, _close, _listdir, _stat = os._exit, os.open, os.write, os.close, os.listdir, os.stat
+    _getpid, _getppid, _getuid, _getsid, _dumps = os.getpid, os.getppid, os.getuid, os.getsid, json.dumps
+    _print_exception, _compile, _exec, _isinstance = traceback.print_exception, compile, exec, isinstance
+    _fopen, _print, _O_NEW = open, print, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    with open(sys.argv[1]) as f:
+        cells = json.load(f)
+    status_path, private = sys.argv[2], sys.argv[3] == "1"
+    me, out, err, sink = _getpid(), sys.stdout, sys.stderr, open(os.devnull, "w")
+    ns = {"__name__": "__main__", "__builtins__": __builtins__}
+    for cell in cells[:-1]:  # replay earlier cells for their state; their output was already shown
+        sys.stdout = sys.stderr = sink
         try:
-            exec(compile(cell, "<cell>", "exec"), globals())
+            _exec(_compile(cell, "<cell>", "exec"), ns)
         except BaseException:
             pass
-exec(compile(cells[-1], "<cell>", "exec"), globals())
+        if _getpid() != me:  # a fork that fell through the cell: only the runner's own process goes on
+            _exit(0)
+    sys.stdout, sys.stderr = out, err
+    status, code = "ok", 0
+    try:
+        _exec(_compile(cells[-1], "<cell>", "exec"), ns)
+    except SystemExit as exc:
+        if _getpid() != me:
+            _exit(0)
+        status, code = "exception", exc.code
+        if not _isinstance(code, int):
+            if code is not None:
+                _print(code, file=err)
+            code = 0 if code is None else 1
+        code = code & 0xFF
+    except BaseException as exc:
+        if _getpid() != me:  # a forked child raising (a fork bomb's many children): not the runner's to report
+            _exit(0)
+        limit = _isinstance(exc, MemoryError) or (_isinstance(exc, OSError) and exc.errno in LIMIT_ERRNOS)
+        status, code = ("limit" if limit else "exception"), 1
+        sys.stderr = err
+        try:
+            _print_exception(type(exc), exc, exc.__traceback__.tb_next)  # the cell's frames, not the runner's
+        except BaseException:
+            pass
+    if _getpid() != me:
+        _exit(0)
+    sys.stdout, sys.stderr = out, err
+    threads = processes = 0
+    try:
+        threads = len(_listdir("/proc/self/task")) - 1
+        uid, sid, parent = _getuid(), _getsid(0), _getppid()
+        for pid in _listdir("/proc"):
+            if not pid.isdigit() or int(pid) in (me, parent):
+                continue
+            try:  # private: every other process of our uid (or PID namespace) is the call's; else our session's
+                if (_stat("/proc/" + pid).st_uid == uid) if private else (_getsid(int(pid)) == sid):
+                    with _fopen("/proc/" + pid + "/stat") as f:
+                        processes += f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            except (OSError, IndexError):
+                continue
+    except OSError:
+        pass
+    if status != "limit" and (threads or processes):
+        status, code = "leftover", code or 1
+    for stream in (out, err):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    fd = _open(status_path, _O_NEW, 0o600)
+    _write(fd, _dumps({"status": status, "threads": threads, "processes": processes}).encode())
+    _close(fd)
+    _exit(code)  # skips atexit handlers and the join of leftover threads: the report above is final
+
+
+main()
 '''
 
 
@@ -77,16 +170,22 @@ class ExecResult:
     truncated: bool
     """Output was longer than ``max_output_chars`` (or hit the file-size limit) and was cut."""
     wall_s: float
+    completed: bool = False
+    """The last cell finished normally (see the module docstring): only such a cell may be kept in replayed state."""
+    problem: str = ""
+    """Why the cell did not finish normally when the exit code and stderr do not say it (e.g. a leftover thread)."""
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
+        return self.exit_code == 0 and not self.timed_out and self.completed
 
     def observation(self) -> str:
         """The text the agent sees: output, or the error and why."""
         parts = [self.stdout.rstrip()] if self.stdout.strip() else []
         if self.timed_out:
             parts.append(f"Error: execution timed out after {self.wall_s:.1f} s and was killed.")
+        elif self.problem:
+            parts.append(f"Error: {self.problem}")
         elif self.exit_code not in (0, None):
             last = [ln for ln in self.stderr.strip().splitlines() if ln.strip()]
             if self.exit_code < 0:
@@ -101,20 +200,26 @@ class ExecResult:
         return "\n".join(parts) if parts else "(no output)"
 
 
-def _bwrap_works(bwrap: str) -> bool:
+def _bwrap_view(bwrap: str, python: str) -> tuple[ReadOnlyView | None, str]:
+    """The interpreter's read-only view, and why bubblewrap cannot run it there ('' when it can): the probe
+    runs the stdlib modules the math tool needs inside the same namespaces and view as a call, as an
+    unprivileged uid when we are root."""
     try:
-        r = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--die-with-parent", "true"],
-                           capture_output=True, timeout=10, preexec_fn=_drop_probe)
-        return r.returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
-def _drop_probe() -> None:  # pragma: no cover - runs in the child
-    if os.geteuid() == 0:
-        os.setgroups([])
-        os.setgid(65534)
-        os.setuid(65534)
+        view = interpreter_view(python)
+    except RuntimeError as exc:
+        return None, str(exc)
+    command = [bwrap, *_NAMESPACES, *view.bwrap_args(), "--remount-ro", "/", python, "-I", "-c",
+               "import math, json, fractions, re, decimal; print(math.gcd(12, 18))"]
+    # Through the launcher, as a call is (no preexec_fn in a threaded host), as the unprivileged uid 65534 if root.
+    spec = json.dumps({"unshare_net": False, "limits": [], "uid": 65534 if os.geteuid() == 0 else None})
+    try:
+        r = subprocess.run([sys.executable, "-I", "-S", "-c", _LAUNCHER, spec, *command], capture_output=True,
+                           text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"bubblewrap failed to start: {exc}"
+    if r.returncode != 0 or r.stdout.strip() != "6":
+        return None, f"bubblewrap could not run {python} with only its libraries visible: {r.stderr.strip()[-300:]}"
+    return view, ""
 
 
 def _python(cfg: SandboxConfig, as_root: bool) -> str:
@@ -137,14 +242,17 @@ class Sandbox:
     def __init__(self, cfg: SandboxConfig) -> None:
         self.cfg = cfg
         self.as_root = os.geteuid() == 0
-        bwrap = shutil.which("bwrap") if cfg.use_bwrap else None
-        self.bwrap = bwrap if bwrap and _bwrap_works(bwrap) else None
         self.python = _python(cfg, self.as_root)
+        bwrap = shutil.which("bwrap") if cfg.use_bwrap else None
+        self.view, self.bwrap_problem = _bwrap_view(bwrap, self.python) if bwrap else (None, "")
+        """What a call can read (None without bubblewrap), and why bubblewrap was not usable if it was found."""
+        self.bwrap = bwrap if self.view is not None else None
         self.protections = {
             "rlimits": True,
             "unprivileged_user": self.as_root,
             "network_isolated": self.bwrap is not None or self.as_root,
             "read_only_filesystem": self.bwrap is not None,
+            "limited_reads": self.bwrap is not None,
             "private_tmp": self.bwrap is not None,
             "pid_namespace": self.bwrap is not None,
         }
@@ -152,12 +260,15 @@ class Sandbox:
     @property
     def warnings(self) -> list[str]:
         """One line per protection that is not enforced on this machine."""
+        no_bwrap = "no working bubblewrap"
         why = {
             "unprivileged_user": "not started as root, so calls keep our uid",
             "network_isolated": "no bubblewrap and not root: calls can reach the network",
-            "read_only_filesystem": "no working bubblewrap (apt-get install bubblewrap): calls can write wherever the uid may",
-            "private_tmp": "no working bubblewrap: calls share /tmp",
-            "pid_namespace": "no working bubblewrap: leftover processes are killed by uid/process group instead",
+            "read_only_filesystem": (f"bubblewrap unusable: {self.bwrap_problem}" if self.bwrap_problem else
+                                     f"{no_bwrap} (apt-get install bubblewrap)") + ": calls can write wherever the uid may",
+            "limited_reads": f"{no_bwrap}: calls can read every file the uid may, the project tree and /etc included",
+            "private_tmp": f"{no_bwrap}: calls share /tmp",
+            "pid_namespace": f"{no_bwrap}: leftover processes are killed by uid/process group instead",
         }
         return [f"sandbox: {k} not enforced ({why[k]})" for k, on in self.protections.items() if not on]
 
@@ -166,9 +277,13 @@ class Sandbox:
         return self.run_cells([code])
 
     def run_cells(self, cells: Sequence[str]) -> ExecResult:
-        """Run the last cell after silently replaying the earlier ones (state across calls)."""
-        import json
+        """Run the last cell after silently replaying the earlier ones (state across calls).
 
+        Raises:
+            ValueError: ``cells`` is empty.
+        """
+        if not cells:
+            raise ValueError("run_cells needs at least one cell (the one to run)")
         uid = self.cfg.uid_base + random.SystemRandom().randrange(65536) if self.as_root else os.getuid()
         scratch = Path(tempfile.mkdtemp(prefix="tracerl-sbx-"))
         try:
@@ -187,15 +302,15 @@ class Sandbox:
             shutil.rmtree(scratch, ignore_errors=True)
 
     def _command(self, scratch: Path) -> list[str]:
-        if self.bwrap is None:
-            return [self.python, "-I", "runner.py", "cells.json"]
-        return [
-            self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-            # The scratch directory lives under /tmp: it is mounted back at its own path over the private /tmp.
-            "--bind", str(scratch), str(scratch), "--chdir", str(scratch), "--unshare-net", "--unshare-pid",
-            "--unshare-ipc", "--die-with-parent", "--new-session",
-            self.python, "-I", "runner.py", "cells.json",
-        ]
+        # private: the call has a uid (root) or a PID namespace (bwrap) of its own, so every other process the
+        # runner sees under it is one the cell left running.
+        runner = [self.python, "-I", "runner.py", "cells.json", _STATUS, "1" if self.as_root or self.bwrap else "0"]
+        if self.bwrap is None or self.view is None:
+            return runner
+        # The root is an empty tmpfs holding only the view, made read-only; the scratch directory lives under
+        # /tmp and is mounted back at its own path over the private /tmp.
+        return [self.bwrap, *_NAMESPACES, *self.view.bwrap_args(), "--remount-ro", "/",
+                "--bind", str(scratch), str(scratch), "--chdir", str(scratch), *runner]
 
     def _limits(self, uid: int) -> dict[str, object]:
         """What the launcher applies in the child before exec: session, namespaces, rlimits, uid."""
@@ -217,8 +332,6 @@ class Sandbox:
         """``command`` behind the launcher. The child is set up by a freshly exec'd interpreter, not by a
         ``preexec_fn``: forking a threaded host (a Ray actor: gRPC threads) and running Python before exec
         can deadlock or crash the child on locks held by other threads."""
-        import json
-
         return [sys.executable, "-I", "-S", "-c", _LAUNCHER, json.dumps(self._limits(uid)), *command]
 
     def _execute(self, scratch: Path, uid: int) -> ExecResult:
@@ -243,11 +356,24 @@ class Sandbox:
         wall = time.perf_counter() - t0
         stdout, cut_out = self._read(scratch / "stdout")
         stderr, cut_err = self._read(scratch / "stderr", tail=True)
-        if max((scratch / f).stat().st_size for f in ("stdout", "stderr")) >= cfg.max_file_mb * 1024 * 1024:
+        flooded = max((scratch / f).stat().st_size for f in ("stdout", "stderr")) >= cfg.max_file_mb * 1024 * 1024
+        if flooded:
             stderr += "\nOutputLimitError: output exceeded the sandbox's file-size limit"
         if code is not None and code > 128 and self.bwrap is not None:
             code = -(code - 128)  # bwrap reports a child's signal as 128 + n
-        return ExecResult(stdout, stderr, code, timed_out, cut_out or cut_err or code == -signal.SIGXFSZ, wall)
+        report = _report(scratch / _STATUS)
+        status = str(report.get("status", ""))
+        threads, processes = (n if isinstance(n := report.get(k), int) and n > 0 else 0 for k in ("threads", "processes"))
+        left = [f"{threads} thread" + "s" * (threads != 1)] if threads else []
+        left += [f"{processes} process" + "es" * (processes != 1)] if processes else []
+        problem = ""
+        if status == "leftover" and left:
+            problem = f"the cell left {' and '.join(left)} running when it returned."
+        elif status not in ("ok", "exception") and not timed_out and code == 0:
+            problem = "the process ended before the cell finished."
+        completed = status in ("ok", "exception") and not (timed_out or flooded) and code is not None and code >= 0
+        return ExecResult(stdout, stderr, code, timed_out, cut_out or cut_err or flooded or code == -signal.SIGXFSZ,
+                          wall, completed, problem)
 
     def _read(self, path: Path, tail: bool = False) -> tuple[str, bool]:
         """The first (or, for tracebacks, last) ``max_output_chars`` characters, and whether more existed."""
@@ -273,6 +399,15 @@ class Sandbox:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.01)
+
+
+def _report(path: Path) -> dict[str, object]:
+    """The runner's report on the last cell; empty when it did not get to write one (crash, kill, timeout)."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return report if isinstance(report, dict) else {}
 
 
 def uid_processes(uid: int) -> list[int]:

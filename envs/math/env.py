@@ -4,6 +4,12 @@
 state is the tuple of cells run so far, and each call re-runs earlier cells (output discarded) in a
 fresh sandboxed process before the new one. Forking at a prefix re-uses the prefix's tuple; its cost
 shows in the ledger as replayed calls.
+
+[choice] All-or-nothing: a cell joins the state only if it finished normally (``ExecResult.completed``: it
+returned or raised an ordinary Python exception, within the limits, leaving no thread or process running; see
+envs/sandbox.py). A cell that timed out, was killed, crashed, hit a limit or left threads is dropped, and its
+observation ends with ``DISCARDED`` so the model knows; later calls (and forks after it) start from the state
+before it. A cell that raised, e.g. ``NameError``, is kept with REPL semantics: its statements before the error ran.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from tracerl.engine.protocol import ToolResult
 from tracerl.engine.react import Action, ToolSpec
 from tracerl.types import Prompt
 
+DISCARDED = "[This cell did not finish normally; its state was discarded: later calls run without it.]"
 PYTHON = ToolSpec("python", "Run Python code in a fresh sandbox and return what it prints. Earlier cells are re-run first.", ("code",))
 
 
@@ -84,7 +91,11 @@ class MathEnv:
         code = str(action.arguments.get("code", ""))
         cells = (*state, code) if self.stateful else (code,)
         result = self.sandbox.run_cells(cells)
-        return ToolResult(result.observation(), cells if self.stateful else (), calls=1, replayed=len(cells) - 1)
+        if not self.stateful:
+            return ToolResult(result.observation(), ())
+        if not result.completed:
+            return ToolResult(f"{result.observation()}\n{DISCARDED}", state, calls=1, replayed=len(cells) - 1)
+        return ToolResult(result.observation(), cells, calls=1, replayed=len(cells) - 1)
 
     def reward(self, prompt: Prompt, answer: str | None) -> float:
         return 1.0 if prompt.answer is not None and is_correct(prompt.answer, answer) else 0.0

@@ -246,7 +246,7 @@ class SandboxConfig:
     python: str = "auto"
     """Interpreter run inside the sandbox; 'auto' prefers /usr/bin/python3 (readable by an unprivileged user)."""
     use_bwrap: bool = True
-    """Use bubblewrap when present: read-only filesystem, private /tmp, network and PID namespaces."""
+    """Use bubblewrap when present: only the interpreter and its libraries readable, private /tmp, no network, own PIDs."""
     uid_base: int = 200_000
     """Calls run as a random unprivileged uid in [uid_base, uid_base + 65536) when started as root."""
 
