@@ -166,7 +166,7 @@ _OVERRIDES: list[str] = []  # the positional overrides of this invocation (train
 
 
 def _train(cfg: TrainConfig) -> int:
-    from workflows.lm_stack import SetupError
+    from tracerl.models.hf import SetupError  # not workflows.lm_stack: a bad input fails before torch loads
     from workflows.train import format_summary, train
 
     try:
@@ -215,8 +215,8 @@ def _bench_train(cfg: BenchTrainConfig) -> int:
 
 
 def _eval(cfg: EvalConfig) -> int:
+    from tracerl.models.hf import SetupError  # not workflows.lm_stack: a bad input fails before torch loads
     from workflows.evaluate import run_eval
-    from workflows.lm_stack import SetupError
 
     try:
         m = run_eval(cfg, progress=_progress)

@@ -108,7 +108,9 @@ def run_eval(cfg: Any, progress: Callable[[str], None] = lambda s: None) -> dict
     """``tracerl eval``: resolve the model, evaluate, write summary.json and traces.jsonl under ``cfg.out_dir``."""
     from dataclasses import replace
 
-    from envs.registry import env_section
+    from envs.registry import check_data, env_section
+
+    check_data(cfg.env)  # first: before the model is resolved (which may read MLflow) or loaded
     from workflows.lm_stack import task_prompts
     from workflows.registry import resolve_model_path
 

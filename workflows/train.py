@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from envs.registry import resolve_env_paths
+from envs.registry import check_data, resolve_env_paths
 from tracerl.config import TrainConfig
 from tracerl.config_loader import to_flat_dict, to_yaml
 
@@ -130,13 +130,6 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
     ``tags`` go on a new MLflow run (a sweep passes its parent run and trial); ``callbacks`` are Ray Train
     user callbacks (a sweep forwards every report to Tune).
     """
-    import mlflow
-    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    from workflows import tracking as trk
-    from workflows.ray_utils import check_resources, init_ray
-
     if not cfg.tracking.enabled:
         raise ValueError("tracerl train needs MLflow tracking (tracking.enabled=true): runs resume and register "
                          "through it; use tracking.uri=sqlite:///PATH for a local store")
@@ -153,6 +146,14 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
         cfg = compose(TrainConfig, saved, keep + [f"resume={cfg.resume}"])
         resume_ckpt = latest_checkpoint(storage)
         progress(f"resuming MLflow run {run_id} from {resume_ckpt or 'its start (no checkpoint yet)'}")
+    check_data(cfg.env)  # a bad data file is the user's to fix: before Ray starts or a run exists
+    import mlflow
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from workflows import tracking as trk
+    from workflows.ray_utils import check_resources, init_ray
+
     cfg = resolve_paths(cfg)
     from workflows.lm_stack import SetupError
 
