@@ -98,6 +98,7 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     if not cfg.tracking.enabled:
         raise ValueError("tracerl sweep needs MLflow tracking (tracking.enabled=true)")
     check_data(cfg.env)  # before Ray starts or the parent run exists
+    progress(trk.where(cfg.tracking))
     name = cfg.sweep_name or f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     base = TrainConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainConfig)})
     base = resolve_paths(base)
