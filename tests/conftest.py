@@ -25,6 +25,12 @@ ROOT = Path(__file__).resolve().parents[1]
 settings.register_profile("tracerl", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("tracerl")
 
+# Ray's own start-up limits, generous for the Rays the tests start (the workers inherit them): on a loaded machine a
+# Train worker group (Train V2 default: 60 s) or a worker process registering with its raylet (Ray core default:
+# 60 s) can take longer, and Train then fails or retries the start.
+os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "600")
+os.environ.setdefault("RAY_worker_register_timeout_seconds", "600")
+
 WAIT_LIMIT_S = 300.0
 """How long a test waits for a condition (a server up, a process gone) before it fails: generous, since a loaded
 machine is slow, and only reached when something is really wrong."""
