@@ -175,3 +175,10 @@ def test_train_and_eval_refuse_bad_search_files_before_anything_starts(
     paths = list(_write(nothing_starts.parent, files).values())
     _cli_refuses([command, "env=search", f"env.search.tasks={paths[0]}", f"env.search.corpus={paths[1]}"],
                  nothing_starts, expected, capsys)
+
+
+def test_sweep_refuses_a_bad_task_file_before_anything_starts(nothing_starts: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(nothing_starts.parent, {"tasks.jsonl": lambda p: p.write_text(_jsonl([GOOD[0], {"question": "q"}]))})
+    _cli_refuses(["sweep", "env=math", f"env.math.tasks={path['tasks.jsonl']}"], nothing_starts,
+                 ["tasks.jsonl line 2: no answer", "(have: question)"], capsys)
