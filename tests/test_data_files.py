@@ -150,9 +150,11 @@ def nothing_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return tmp_path / "m.db"
 
 
-def _cli_refuses(argv: list[str], store: Path, expected: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+def _cli_refuses(argv: list[str], store: Path, expected: list[str], capsys: pytest.CaptureFixture[str],
+                 tracking: bool = True) -> None:
     capsys.readouterr()
-    assert main([*argv, f"tracking.uri=sqlite:///{store}", f"tracking.artifact_location={store.parent}/art"]) == 2
+    keys = [f"tracking.uri=sqlite:///{store}", f"tracking.artifact_location={store.parent}/art"] if tracking else []
+    assert main([*argv, *keys]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("tracerl: ") and all(p in err[0] for p in expected), err
     assert not store.exists() and not (store.parent / "mlruns.db").exists() and not (store.parent / "art").exists()
@@ -182,3 +184,16 @@ def test_sweep_refuses_a_bad_task_file_before_anything_starts(nothing_starts: Pa
     path = _write(nothing_starts.parent, {"tasks.jsonl": lambda p: p.write_text(_jsonl([GOOD[0], {"question": "q"}]))})
     _cli_refuses(["sweep", "env=math", f"env.math.tasks={path['tasks.jsonl']}"], nothing_starts,
                  ["tasks.jsonl line 2: no answer", "(have: question)"], capsys)
+
+
+@pytest.mark.parametrize(("command", "extra"), [(["rollout"], ["--out"]), (["bench", "rollout"], ["--out"]),
+                                               (["bench", "env"], [])])
+def test_rollout_and_benches_refuse_a_bad_task_file_before_a_model_loads(
+        nothing_starts: Path, capsys: pytest.CaptureFixture[str], command: list[str], extra: list[str]) -> None:
+    path = _write(nothing_starts.parent, {"tasks.json": lambda p: p.write_text('[{"question": "q", "answer": [{}]}]')})
+    out = nothing_starts.parent / "out"
+    _cli_refuses([*command, "env=math", f"env.math.tasks={path['tasks.json']}", "model.path=/nonexistent",
+                  *([*extra, str(out)] if extra else [])], nothing_starts,
+                 ["tasks.json record 1: 'answer' is a list; expected text, a number or a list of them"], capsys,
+                 tracking=command == ["bench", "rollout"])
+    assert not out.exists()

@@ -152,9 +152,8 @@ def _bench_rollout(cfg: BenchRolloutConfig) -> int:
     from workflows.lm_stack import SetupError
 
     try:
-        _progress(where(cfg.tracking))
         summary = run_bench(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    except (SetupError, FileNotFoundError) as exc:
+    except (SetupError, FileNotFoundError, ValueError) as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
     print(format_table(cfg, summary))
