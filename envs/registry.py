@@ -13,6 +13,9 @@ A ReAct tool environment class (see ``tracerl.engine.protocol.ToolEnv`` for the 
   services={name: proxy})``, and ``from_config(env_cfg)`` without them builds its own;
 - ``scores(prompt, answer) -> {metric: value}`` (optional, on instances): answer metrics beyond the reward (search:
   em, f1), kept on every leaf (``Node.scores``) and logged as ``rollout/<metric>`` and ``eval/<metric>``;
+- ``check_data(env_cfg)`` (optional, static): read the configured data files (task files, corpora) and raise a clear
+  error (``FileNotFoundError``, ``envs.files.DataFileError``) naming the file and the record; workflows call it
+  through ``check_data`` before they start Ray or open an MLflow run;
 - ``gold_turns(prompt, template) -> list[str]`` (optional, on instances): the reference turns as model text in the
   template's format (``tracerl.engine.gold``), replayed by ``tracerl bench env --gold``.
 
@@ -48,6 +51,18 @@ def env_class(name: str) -> Any:
 def env_section(env_cfg: Any) -> Any:
     """The config section of the chosen environment (``env.<name>``), or None for a user environment without one."""
     return getattr(env_cfg, env_cfg.name, None)
+
+
+def check_data(env_cfg: Any) -> None:
+    """Check the chosen environment's data files now (its optional ``check_data``), before anything is started.
+
+    Raises:
+        FileNotFoundError: a configured file does not exist.
+        ValueError: a file cannot be used (``envs.files.DataFileError``: the message names the file and the record).
+    """
+    check = getattr(env_class(env_cfg.name), "check_data", None)
+    if check is not None:
+        check(env_cfg)
 
 
 _PATH_FIELDS = ("tasks", "corpus")

@@ -1,16 +1,69 @@
-"""Shared test helpers: small hand-built trees and the repository paths."""
+"""Shared test helpers: small hand-built trees, the repository paths, and waits that do not depend on speed.
+
+No test may depend on wall-clock speed (the suite runs beside other work on 2 cores): hypothesis runs without
+deadlines or its too-slow health check, and waits poll for a condition with generous limits.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt, Status
 
 ROOT = Path(__file__).resolve().parents[1]
+
+settings.register_profile("tracerl", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("tracerl")
+
+# Ray's own start-up limits, generous for the Rays the tests start (the workers inherit them): on a loaded machine a
+# Train worker group (Train V2 default: 60 s) or a worker process registering with its raylet (Ray core default:
+# 60 s) can take longer, and Train then fails or retries the start.
+os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "600")
+os.environ.setdefault("RAY_worker_register_timeout_seconds", "600")
+
+WAIT_LIMIT_S = 300.0
+"""How long a test waits for a condition (a server up, a process gone) before it fails: generous, since a loaded
+machine is slow, and only reached when something is really wrong."""
+
+
+TOOL_TIMEOUT_S = 120.0
+"""Sandbox wall-clock limit for tests whose cells must finish (a default 5 s can run out on a busy machine)."""
+
+
+def wait_for(condition: Callable[[], bool], what: str, limit_s: float = WAIT_LIMIT_S, every_s: float = 0.5) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``limit_s`` seconds."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not happen within {limit_s:g} s"
+        time.sleep(every_s)
+
+
+def stop_process(proc: subprocess.Popen[bytes], group: bool = False, limit_s: float = WAIT_LIMIT_S) -> None:
+    """Stop a server a test started: SIGTERM (to its process group with ``group``), poll for its exit for up to
+    ``limit_s`` seconds, then SIGKILL whatever is left. Never raises: a slow shutdown is not a test failure."""
+    def send(sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            if group:
+                os.killpg(proc.pid, sig)
+            else:
+                proc.send_signal(sig)
+
+    send(signal.SIGTERM)
+    deadline = time.monotonic() + limit_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    send(signal.SIGKILL)  # the process if it is still up, and with ``group`` any child it left behind
+    proc.wait()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -41,13 +94,14 @@ def chain(tree: RolloutTree, parent: int, rewards_depths: Sequence[tuple[float, 
 
 @pytest.fixture(scope="session")
 def tiny_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A briefly trained tiny policy (real tokenizer, LlamaForCausalLM, SFT on rendered traces), built once."""
+    """A briefly trained tiny policy (real tokenizer, LlamaForCausalLM, SFT on rendered traces), built once.
+    No time budget: the steps are fixed, however busy the machine."""
     from tracerl.config import BootstrapConfig
     from workflows.bootstrap import bootstrap
 
     out = tmp_path_factory.mktemp("tiny") / "policy"
     cfg = BootstrapConfig(out_dir=str(out), train_tasks=80, eval_tasks=6, hidden_size=48, num_layers=2, num_heads=4,
-                          intermediate_size=96, steps=40, batch_size=8, time_budget_s=60, force=True)
+                          intermediate_size=96, steps=40, batch_size=8, time_budget_s=None, force=True)
     metrics = bootstrap(cfg)
     assert metrics["train_steps"] == 40 and metrics["final_loss"] < 4.5  # it learned something (from ln(vocab) ~ 6)
     assert {"accuracy", "by_level", "well_formed_turns"} <= set(metrics["sampled"])

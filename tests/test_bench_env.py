@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tracerl.config import EnvConfig, MathEnvConfig, SamplerConfig
+from tests.conftest import TOOL_TIMEOUT_S
+from tracerl.config import EnvConfig, MathEnvConfig, SamplerConfig, SandboxConfig
 from tracerl.engine.react import ChatTemplate, PlainTemplate
 from tracerl.samplers import SAMPLERS
 from tracerl.samplers.scripted import ByteTokenizer, ScriptedSampler
@@ -31,7 +32,8 @@ def test_scripted_sampler_follows_each_context_and_flags_unknown_ones() -> None:
 def test_math_gold_replay_scores_1() -> None:
     from envs.math.env import MathEnv
 
-    cfg = EnvConfig(name="math", math=MathEnvConfig(num_tasks=10, eval_tasks=10))
+    # a generous tool time limit: a replayed cell must not time out on a busy machine
+    cfg = EnvConfig(name="math", math=MathEnvConfig(num_tasks=10, eval_tasks=10, sandbox=SandboxConfig(timeout_s=TOOL_TIMEOUT_S)))
     env = MathEnv.from_config(cfg)
     prompts = MathEnv.prompts(cfg, held_out=True)
     engine = gold_engine(env, prompts, "plain", SamplerConfig())

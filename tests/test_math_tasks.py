@@ -7,14 +7,14 @@ from envs.math.datasets import load_math_file
 from envs.math.reward import extract_boxed, is_correct
 from envs.math.tasks import LEVELS, generate, is_held_out, make_task
 from envs.sandbox import Sandbox
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TOOL_TIMEOUT_S
 from tracerl.config import SandboxConfig
 
 DATA = ROOT.parent / "shared" / "data" / "math"
 
 
 def test_reference_solutions_run_in_the_sandbox_and_reach_the_answer() -> None:
-    sandbox = Sandbox(SandboxConfig())
+    sandbox = Sandbox(SandboxConfig(timeout_s=TOOL_TIMEOUT_S))
     for level in LEVELS:
         task = make_task(7, level, level)
         assert task.level == level and 1 <= len(task.steps) <= 3

@@ -25,8 +25,9 @@ def ray_local() -> Any:
 
 def _math_env():  # type: ignore[no-untyped-def]
     from envs.math.env import MathEnv
+    from tracerl.config import SandboxConfig
 
-    return MathEnv()
+    return MathEnv(SandboxConfig(timeout_s=120.0))  # conftest.TOOL_TIMEOUT_S (this runs in an actor, not pytest)
 
 
 def test_balanced_shards_are_deterministic_and_even() -> None:

@@ -12,8 +12,9 @@ import pytest
 
 from envs.math.env import MathEnv
 from envs.math.tasks import MathTask, generate
+from tests.conftest import TOOL_TIMEOUT_S
 from tracerl.algos.allocators import Expansion
-from tracerl.config import BootstrapConfig, SamplerConfig
+from tracerl.config import BootstrapConfig, SamplerConfig, SandboxConfig
 from tracerl.engine.react import PlainTemplate
 from tracerl.engine.rollout import TreeRolloutEngine
 from tracerl.models.tiny import build_model, build_tokenizer
@@ -54,7 +55,7 @@ class ScriptedSampler:
 
 
 def engine(tokenizer, sampler, **limits):  # type: ignore[no-untyped-def]
-    return TreeRolloutEngine(sampler, MathEnv(), PlainTemplate(), tokenizer, SamplerConfig(**limits), seed=0)
+    return TreeRolloutEngine(sampler, MathEnv(SandboxConfig(timeout_s=TOOL_TIMEOUT_S)), PlainTemplate(), tokenizer, SamplerConfig(**limits), seed=0)
 
 
 def test_bare_rollouts_follow_the_reference_and_are_rewarded(tokenizer) -> None:  # type: ignore[no-untyped-def]

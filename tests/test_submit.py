@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, stop_process
 from workflows.cli import main
 
 
@@ -50,8 +50,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             assert proc.poll() is None and time.monotonic() < deadline, "ray head did not come up"
             time.sleep(1)
     yield url
-    os.killpg(proc.pid, 15)
-    proc.wait(timeout=60)
+    stop_process(proc, group=True)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

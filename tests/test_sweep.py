@@ -6,14 +6,13 @@ import json
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, stop_process, wait_for
 from workflows.cli import main
 
 
@@ -27,17 +26,18 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                              "--default-artifact-root", str(tmp / "art"), "--host", "127.0.0.1", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
+
+    def up() -> bool:
+        assert proc.poll() is None, f"mlflow server exited with code {proc.returncode}"
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2):
-                break
+            with urllib.request.urlopen(f"{url}/health", timeout=10):
+                return True
         except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, "mlflow server did not come up"
-            time.sleep(0.5)
+            return False
+
+    wait_for(up, "the mlflow server answering /health")
     yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    stop_process(proc)
 
 
 def test_smoke_sweep_logs_parent_and_children_to_a_server(tiny_policy: Path, mlflow_server: str, tmp_path: Path,

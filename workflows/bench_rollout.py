@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.registry import env_section
+from envs.registry import check_data, env_section
 from tracerl import metrics as M
 from tracerl.algos.allocators import build_allocator
 from tracerl.calibration import CalibrationData, collect_calibration, mean_calibration, summarize_calibration
@@ -81,6 +81,8 @@ def _continuation_prefill(out) -> dict[str, float]:  # type: ignore[no-untyped-d
 
 
 def run_bench(cfg: BenchRolloutConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    check_data(cfg.env)  # a bad data file fails before any model loads
+    progress(tracking.where(cfg.tracking))
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(to_yaml(cfg))

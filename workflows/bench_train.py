@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.config import BenchTrainConfig, TrainConfig
+from workflows.tracking import resolve_uri
 
 
 def run_configs(cfg: BenchTrainConfig) -> list[tuple[str, int, TrainConfig]]:
@@ -57,7 +58,7 @@ def run_bench(cfg: BenchTrainConfig, progress: Callable[[str], None] = lambda s:
             "alloc_predictor_fraction_of_rollout": statistics.fmean(s["alloc_predictor_fraction_of_rollout"] for s in ss),
             "seeds": len(ss),
         }
-    summary = {"runs": runs, "tracking_uri": cfg.tracking.uri, "steps": cfg.steps,
+    summary = {"runs": runs, "tracking_uri": resolve_uri(cfg.tracking.uri), "steps": cfg.steps,
                "budget": dataclasses.asdict(cfg.budget)}
     out = Path(cfg.bench_out)
     out.mkdir(parents=True, exist_ok=True)

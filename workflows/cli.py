@@ -27,6 +27,7 @@ from tracerl.config import (
     TrainConfig,
 )
 from tracerl.config_loader import ConfigError, compose, conf_dir, to_yaml
+from workflows.tracking import DEFAULT_URI, ENV_VAR, resolve_uri, where
 
 
 @dataclass(frozen=True)
@@ -63,14 +64,16 @@ def _bench_allocation(cfg: BenchAllocationConfig) -> int:
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    progress(where(cfg.tracking))
     summary = run_bench(cfg, progress=progress)
     from workflows.bench_allocation import format_table
 
     print(format_table(cfg, summary))
     print(f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else ""))
     if cfg.tracking.enabled:
-        print(f"MLflow: {len(summary['run_ids'])} runs in experiment '{cfg.tracking.experiment}' at {cfg.tracking.uri}")
-        print(f"  open with: mlflow ui --backend-store-uri {cfg.tracking.uri}")
+        uri = resolve_uri(cfg.tracking.uri)
+        print(f"MLflow: {len(summary['run_ids'])} runs in experiment '{cfg.tracking.experiment}' at {uri}")
+        print(f"  open with: mlflow ui --backend-store-uri {uri}")
     return 0
 
 
@@ -150,7 +153,7 @@ def _bench_rollout(cfg: BenchRolloutConfig) -> int:
 
     try:
         summary = run_bench(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    except (SetupError, FileNotFoundError) as exc:
+    except (SetupError, FileNotFoundError, ValueError) as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
     print(format_table(cfg, summary))
@@ -166,7 +169,7 @@ _OVERRIDES: list[str] = []  # the positional overrides of this invocation (train
 
 
 def _train(cfg: TrainConfig) -> int:
-    from workflows.lm_stack import SetupError
+    from tracerl.models.hf import SetupError  # not workflows.lm_stack: a bad input fails before torch loads
     from workflows.train import format_summary, train
 
     try:
@@ -215,8 +218,8 @@ def _bench_train(cfg: BenchTrainConfig) -> int:
 
 
 def _eval(cfg: EvalConfig) -> int:
+    from tracerl.models.hf import SetupError  # not workflows.lm_stack: a bad input fails before torch loads
     from workflows.evaluate import run_eval
-    from workflows.lm_stack import SetupError
 
     try:
         m = run_eval(cfg, progress=_progress)
@@ -401,6 +404,9 @@ def load(name: str, args: argparse.Namespace) -> Any:
     return compose(cmd.schema, args.config or conf_dir() / cmd.config, overrides)
 
 
+URI_HELP = f"MLflow tracking URI (default: ${ENV_VAR} when set, else {DEFAULT_URI})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tracerl", description="TRACE rollout allocation for agentic RL.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -428,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     reg.add_argument("run_id", help="MLflow run id of a `tracerl train` run")
     reg.add_argument("--name", required=True, help="registered model name")
     reg.add_argument("--alias", help="alias to point at the new version (e.g. champion)")
-    reg.add_argument("--tracking-uri", default="sqlite:///mlruns.db", help="MLflow tracking URI (default: %(default)s)")
+    reg.add_argument("--tracking-uri", help=URI_HELP)
     _add_job_args(sub.add_parser("sweep", help="Ray Tune + Optuna over the budget shape; each trial a train run"),
                   COMMANDS["sweep"])
     sm = sub.add_parser("submit", help="send train, sweep or eval to a Ray cluster (Ray Jobs); or --status/--logs/--stop")
@@ -443,11 +449,11 @@ def build_parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="training runs side by side: table and plots, also logged to MLflow")
     cmp.add_argument("run_ids", nargs="*", help="MLflow run ids (default: every training run of the experiment)")
     cmp.add_argument("--experiment", help="MLflow experiment (default: tracerl)")
-    cmp.add_argument("--tracking-uri", default="sqlite:///mlruns.db", help="MLflow tracking URI (default: %(default)s)")
+    cmp.add_argument("--tracking-uri", help=URI_HELP)
     cmp.add_argument("--out", default="bench_out/compare", help="output directory (default: %(default)s)")
     cmp.add_argument("--no-log", action="store_true", help="do not log the report to MLflow")
     ui = sub.add_parser("ui", help="start the MLflow UI on the tracking store and print its URL")
-    ui.add_argument("--tracking-uri", default="sqlite:///mlruns.db", help="MLflow tracking URI (default: %(default)s)")
+    ui.add_argument("--tracking-uri", help=URI_HELP)
     ui.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     ui.add_argument("--port", type=int, default=5000)
     ui.add_argument("--check", action="store_true", help="start, wait until it answers, print the URL and stop")
@@ -467,6 +473,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(bad or extra)}")
     if extra:
         args.overrides = list(args.overrides) + extra
+    if hasattr(args, "tracking_uri"):
+        args.tracking_uri = resolve_uri(args.tracking_uri)
     try:
         if args.command == "config":
             name = args.job.replace("-", " ")

@@ -108,11 +108,15 @@ def run_eval(cfg: Any, progress: Callable[[str], None] = lambda s: None) -> dict
     """``tracerl eval``: resolve the model, evaluate, write summary.json and traces.jsonl under ``cfg.out_dir``."""
     from dataclasses import replace
 
-    from envs.registry import env_section
+    from envs.registry import check_data, env_section
+
+    check_data(cfg.env)  # first: before the model is resolved (which may read MLflow) or loaded
+    from workflows import tracking as trk
     from workflows.lm_stack import task_prompts
     from workflows.registry import resolve_model_path
 
-    path = resolve_model_path(cfg.model.path, cfg.tracking)
+    progress(trk.where(cfg.tracking))  # where runs:/ and models:/ paths are looked up
+    path = resolve_model_path(cfg.model.path, trk.resolved(cfg.tracking))
     model_cfg = replace(cfg.model, path=path)
     prompts = task_prompts(cfg.env, held_out=True)
     task_set = f"{cfg.env.name}:{getattr(env_section(cfg.env), 'tasks', 'tasks')}"

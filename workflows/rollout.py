@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from envs.registry import check_data
 from predictors.base import Predictor
 from tracerl.algos.allocators import Allocator, build_allocator
 from tracerl.config import BudgetConfig, RolloutConfig
@@ -61,6 +62,7 @@ def lm_step(stack: LMStack, allocator: Allocator, predictor: Predictor, prompts:
 
 
 def run_rollout(cfg: RolloutConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    check_data(cfg.env)  # a bad data file fails before any model loads
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.yaml").write_text(to_yaml(cfg))

@@ -90,12 +90,15 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     from ray import tune
     from ray.tune.search.optuna import OptunaSearch
 
+    from envs.registry import check_data
     from workflows import tracking as trk
     from workflows.ray_utils import check_resources, init_ray
     from workflows.train import RESOURCE_KNOBS, resolve_paths, resource_demand
 
     if not cfg.tracking.enabled:
         raise ValueError("tracerl sweep needs MLflow tracking (tracking.enabled=true)")
+    check_data(cfg.env)  # before Ray starts or the parent run exists
+    progress(trk.where(cfg.tracking))
     name = cfg.sweep_name or f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     base = TrainConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainConfig)})
     base = resolve_paths(base)

@@ -1,9 +1,16 @@
-"""MLflow wiring: one place that knows how runs are opened, tagged and logged."""
+"""MLflow wiring: one place that knows where runs go and how they are opened, tagged and logged.
+
+Where runs go: ``tracking.uri`` when a config sets it; else ``$MLFLOW_TRACKING_URI`` (MLflow's own convention, set by
+the k8s manifests); else ``sqlite:///mlruns.db`` in the working directory. Workflows resolve it once at start and
+save the resolved URI with a run (its config.yaml and params), so a resume reads the same store.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,17 +24,47 @@ def _artifact_uri(location: str) -> str:
     return Path(location).resolve().as_uri()
 
 
+DEFAULT_URI = "sqlite:///mlruns.db"
+ENV_VAR = "MLFLOW_TRACKING_URI"
+
+
+def resolve_uri(uri: str | None) -> str:
+    """``uri`` when set; else ``$MLFLOW_TRACKING_URI`` when set and not empty; else ``sqlite:///mlruns.db``."""
+    if uri:
+        return uri
+    return os.environ.get(ENV_VAR, "").strip() or DEFAULT_URI
+
+
+def resolved(cfg: TrackingConfig) -> TrackingConfig:
+    """``cfg`` with its URI resolved (``resolve_uri``)."""
+    return cfg if cfg.uri else dataclasses.replace(cfg, uri=resolve_uri(cfg.uri))
+
+
+def where(cfg: TrackingConfig) -> str:
+    """One line saying where runs go and which setting chose it (commands print it at start)."""
+    if not cfg.enabled:
+        return "MLflow tracking is off (tracking.enabled=false)"
+    if cfg.uri:
+        source = "tracking.uri"
+    elif os.environ.get(ENV_VAR, "").strip():
+        source = f"${ENV_VAR}"
+    else:
+        source = f"the default; set tracking.uri or ${ENV_VAR} to change it"
+    return f"MLflow tracking at {resolve_uri(cfg.uri)} (from {source})"
+
+
 def setup(cfg: TrackingConfig, experiment: str | None = None) -> str:
-    """Point MLflow at ``cfg.uri`` and make sure the experiment exists; returns its id."""
+    """Point MLflow at ``cfg.uri`` (resolved) and make sure the experiment exists; returns its id."""
     import mlflow
 
-    mlflow.set_tracking_uri(cfg.uri)
+    uri = resolve_uri(cfg.uri)
+    mlflow.set_tracking_uri(uri)
     name = experiment or cfg.experiment
     client = mlflow.MlflowClient()
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return str(exp.experiment_id)
-    location = None if cfg.uri.startswith(("http://", "https://")) else _artifact_uri(cfg.artifact_location)
+    location = None if uri.startswith(("http://", "https://")) else _artifact_uri(cfg.artifact_location)
     return str(client.create_experiment(name, artifact_location=location))
 
 

@@ -30,9 +30,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from envs.registry import resolve_env_paths
+from envs.registry import check_data, resolve_env_paths
 from tracerl.config import TrainConfig
 from tracerl.config_loader import to_flat_dict, to_yaml
+from workflows.tracking import resolve_uri, where
 
 STATE = "state.json"
 ADAPTERS = "lora_adapters.pt"  # a LoRA run's checkpoint: its adapters (peft names) beside the merged policy
@@ -47,7 +48,8 @@ def _abs_uri(uri: str) -> str:
 
 
 def resolve_paths(cfg: TrainConfig) -> TrainConfig:
-    """Absolute paths and URIs, so Ray workers (whatever their cwd) see the same files."""
+    """Absolute paths and URIs, so Ray workers (whatever their cwd) see the same files; the tracking URI resolved
+    (``workflows.tracking.resolve_uri``), so the config saved with a run names the store it went to."""
     model_path = cfg.model.path
     if not model_path.startswith(("models:/", "runs:/")) and Path(model_path).exists():
         model_path = str(Path(model_path).resolve())
@@ -58,7 +60,7 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
         cfg,
         model=dataclasses.replace(cfg.model, path=model_path),
         env=resolve_env_paths(cfg.env),
-        tracking=dataclasses.replace(cfg.tracking, uri=_abs_uri(cfg.tracking.uri), artifact_location=art),
+        tracking=dataclasses.replace(cfg.tracking, uri=_abs_uri(resolve_uri(cfg.tracking.uri)), artifact_location=art),
         out_dir=str(Path(cfg.out_dir).resolve()),
     )
 
@@ -115,7 +117,7 @@ def run_storage(run_id: str, tracking: Any) -> Path:
     try:
         run = mlflow.MlflowClient().get_run(run_id)
     except Exception as e:  # noqa: BLE001 - MLflow raises its own exception types per store
-        raise LookupError(f"no MLflow run {run_id!r} at {tracking.uri} ({e.__class__.__name__})") from None
+        raise LookupError(f"no MLflow run {run_id!r} at {resolve_uri(tracking.uri)} ({e.__class__.__name__})") from None
     storage = run.data.tags.get("tracerl.storage")
     if not storage:
         raise LookupError(f"MLflow run {run_id} was not made by `tracerl train` (no tracerl.storage tag)")
@@ -130,13 +132,6 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
     ``tags`` go on a new MLflow run (a sweep passes its parent run and trial); ``callbacks`` are Ray Train
     user callbacks (a sweep forwards every report to Tune).
     """
-    import mlflow
-    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    from workflows import tracking as trk
-    from workflows.ray_utils import check_resources, init_ray
-
     if not cfg.tracking.enabled:
         raise ValueError("tracerl train needs MLflow tracking (tracking.enabled=true): runs resume and register "
                          "through it; use tracking.uri=sqlite:///PATH for a local store")
@@ -153,6 +148,15 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
         cfg = compose(TrainConfig, saved, keep + [f"resume={cfg.resume}"])
         resume_ckpt = latest_checkpoint(storage)
         progress(f"resuming MLflow run {run_id} from {resume_ckpt or 'its start (no checkpoint yet)'}")
+    check_data(cfg.env)  # a bad data file is the user's to fix: before Ray starts or a run exists
+    progress(where(cfg.tracking))
+    import mlflow
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from workflows import tracking as trk
+    from workflows.ray_utils import check_resources, init_ray
+
     cfg = resolve_paths(cfg)
     from workflows.lm_stack import SetupError
 
@@ -514,7 +518,7 @@ class _Driver:
         self.cfg, self.run_id, self.storage, self.tok = cfg, run_id, storage, tok
         # The HF model class and config that checkpoints are written with (a LoRA run's base model).
         self.export = model.get_base_model() if hasattr(model, "get_base_model") else model
-        mlflow.set_tracking_uri(cfg.tracking.uri)
+        mlflow.set_tracking_uri(resolve_uri(cfg.tracking.uri))
         self.client = mlflow.MlflowClient()
         spec = {"model": cfg.model, "sampler": cfg.sampler, "env": cfg.env, "pools": cfg.pools,
                 "kill_at_step": cfg.faults.kill_rollout_worker_at_step,

@@ -1,6 +1,6 @@
-"""Loaders for real math task files (MATH-500, AIME, AMC, DeepScaleR, ...) through HF datasets.
+"""Loaders for real math task files (MATH-500, AIME, AMC, DeepScaleR, ...).
 
-Accepts JSON (a list of records), JSONL and parquet. The question field is the first of
+Accepts JSON (a list of records), JSONL and parquet (read and checked by ``envs.files``). The question field is the first of
 ``problem``/``question``/``prompt`` present; the answer is ``answer`` (numbers become strings;
 OlympiadBench's list-strings like "['$2^{1009}$']" are unwrapped), else the last \\boxed{} of
 ``solution``.
@@ -41,10 +41,11 @@ def load_math_file(path: str | Path, limit: int | None = None) -> list[Prompt]:
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: unsupported extension, or records without a question or an answer field.
+        DataFileError: unsupported extension, an empty or malformed file, or a record without a question or an
+            answer (the message names the file and the record).
     """
     return load_question_file(path, what="math task file", key="env.math.tasks",
-                              kinds={".json": "json", ".jsonl": "json", ".parquet": "parquet"},
+                              kinds={".json": "json", ".jsonl": "jsonl", ".parquet": "parquet"},
                               question_keys=QUESTION_KEYS, answer=_answer,
                               no_answer="expected 'answer' (or a \\boxed answer in 'solution')",
                               source=lambda row, p: p.name, limit=limit)

@@ -79,6 +79,12 @@ class MathEnv:
         prompts = load_math_file(m.tasks)
         return prompts[: m.eval_tasks] if held_out else prompts[: m.num_tasks]
 
+    @staticmethod
+    def check_data(env_cfg: Any) -> None:
+        """Read the task file (if one is configured) so a bad one fails before anything starts (``envs.files``)."""
+        if env_cfg.math.tasks != "generated":
+            load_math_file(env_cfg.math.tasks)
+
     @property
     def warnings(self) -> list[str]:
         """Sandbox protections this machine does not enforce."""

@@ -1,4 +1,4 @@
-"""Loaders for real multi-hop QA question files through HF datasets: HotpotQA and 2WikiMultihopQA JSON
+"""Loaders for real multi-hop QA question files (read and checked by ``envs.files``): HotpotQA and 2WikiMultihopQA JSON
 (a list of records, or JSONL), Bamboogle CSV, and FlashRAG JSONL.
 
 The question field is the first of ``question``/``Question`` present; the gold answer(s) come from
@@ -41,9 +41,10 @@ def load_qa_file(path: str | Path, limit: int | None = None) -> list[Prompt]:
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: unsupported extension, or records without a question or an answer.
+        DataFileError: unsupported extension, an empty or malformed file, or a record without a question or an
+            answer (the message names the file and the record).
     """
     return load_question_file(path, what="search question file", key="env.search.tasks",
-                              kinds={".json": "json", ".jsonl": "json", ".csv": "csv"}, question_keys=QUESTION_KEYS,
-                              answer=_answer, no_answer=f"expected one of {ANSWER_KEYS}",
+                              kinds={".json": "json", ".jsonl": "jsonl", ".csv": "csv"}, question_keys=QUESTION_KEYS,
+                              answer=_answer, no_answer=f"expected one of {ANSWER_KEYS}", answer_keys=ANSWER_KEYS,
                               source=lambda row, p: str(row.get("type") or p.stem), limit=limit)

@@ -33,6 +33,8 @@ from tracerl.types import Prompt
 
 SEARCH = ToolSpec("search", "Search the corpus (BM25) and return the best-matching passages.", ("query",))
 MAX_PASSAGE_CHARS = 400
+CORPUS_CHECK_LINES = 1000
+"""Corpus passages read before a run starts (``check_data``); the whole corpus is read when the index is built."""
 
 
 def build_retriever(search_cfg: Any) -> BM25Retriever:
@@ -110,6 +112,17 @@ class SearchEnv:
             raise ValueError(f"{s.tasks}: no {'held-out' if held_out else 'training'} questions at "
                              f"env.search.held_out_fraction={s.held_out_fraction}; change the fraction")
         return side[:n]
+
+    @staticmethod
+    def check_data(env_cfg: Any) -> None:
+        """Read the question file (both sides of the split) and the head of the corpus, if configured, so a bad
+        one fails before anything starts; a bad line further into a large corpus fails when the index is built."""
+        s = env_cfg.search
+        if s.tasks != "generated":
+            SearchEnv.prompts(env_cfg)
+            SearchEnv.prompts(env_cfg, held_out=True)
+        if s.corpus:
+            read_corpus(s.corpus, limit=CORPUS_CHECK_LINES)
 
     def initial_state(self, prompt: Prompt) -> tuple[str, ...]:
         return ()

@@ -38,33 +38,36 @@ class Passage:
         return f"{self.title}: {self.text}"
 
 
-def read_corpus(path: str | Path) -> list[Passage]:
-    """Passages of a FlashRAG / Search-R1 JSONL corpus (``contents`` = "Title\\ntext", or title/text fields).
+CORPUS_FORMAT = 'one {"id": ..., "contents": "Title\\ntext"} a line'
+
+
+def read_corpus(path: str | Path, limit: int | None = None) -> list[Passage]:
+    """Passages of a FlashRAG / Search-R1 JSONL corpus (``contents`` = "Title\\ntext", or title/text fields);
+    the first ``limit`` only when given (a quick check of a large corpus).
 
     Raises:
         FileNotFoundError: the corpus file does not exist.
-        ValueError: a record has neither ``contents`` nor ``text``.
+        DataFileError: the file is empty or not JSON Lines, or a record has neither a text ``contents`` nor a text
+            ``text`` (the message names the file and the line).
     """
+    from envs.files import DataFileError, describe_fields, read_records
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
-            f"search corpus not found: {path}; set env.search.corpus to a FlashRAG/Search-R1 JSONL file "
-            '(one {"id": ..., "contents": "Title\\ntext"} a line)')
-    import datasets
-
-    datasets.disable_progress_bars()
-    ds = datasets.load_dataset("json", data_files=str(path), split="train")
-    cols = set(ds.column_names)
-    if "contents" not in cols and "text" not in cols:
-        raise ValueError(f"{path}: corpus records need a 'contents' (\"Title\\ntext\") or a 'text' field; "
-                         f"found {sorted(cols)}")
+            f"search corpus not found: {path}; set env.search.corpus to a FlashRAG/Search-R1 JSONL file ({CORPUS_FORMAT})")
     out = []
-    for i, row in enumerate(ds):
-        if row.get("contents") is not None:
-            title, _, text = str(row["contents"]).partition("\n")
+    for i, (where, row) in enumerate(read_records(path, "jsonl", "search corpus", CORPUS_FORMAT, limit)):
+        field = "contents" if row.get("contents") is not None else "text"
+        if not isinstance(row.get(field), str):
+            got = "no 'contents' or 'text' field" if row.get(field) is None else f"'{field}' is not text"
+            raise DataFileError(f"{path} {where}: {got} (have: {describe_fields(row)}); "
+                                f"a corpus passage needs a 'contents' (\"Title\\ntext\") or a 'text' field")
+        if field == "contents":
+            title, _, text = row["contents"].partition("\n")
             title, text = title.strip().strip('"'), text.strip()
         else:
-            title, text = str(row.get("title") or "").strip(), str(row["text"]).strip()
+            title, text = str(row.get("title") or "").strip(), row["text"].strip()
         out.append(Passage(str(row.get("id", i)), title, text))
     return out
 

@@ -413,8 +413,8 @@ class TrackingConfig:
 
     enabled: bool = True
     """Log to MLflow at all."""
-    uri: str = "sqlite:///mlruns.db"
-    """MLflow tracking URI: a SQLite file (embedded default), a server URL, or a file store."""
+    uri: str | None = None
+    """MLflow tracking URI (a SQLite file, a server URL, a file store); null: $MLFLOW_TRACKING_URI, else sqlite:///mlruns.db."""
     artifact_location: str = "mlartifacts"
     """Artifact root for experiments created here (a local directory or an object-store URI)."""
     experiment: str = "tracerl"
