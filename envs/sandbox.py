@@ -304,7 +304,8 @@ class Sandbox:
     def _command(self, scratch: Path) -> list[str]:
         # private: the call has a uid (root) or a PID namespace (bwrap) of its own, so every other process the
         # runner sees under it is one the cell left running.
-        runner = [self.python, "-I", "runner.py", "cells.json", _STATUS, "1" if self.as_root or self.bwrap else "0"]
+        runner = [self.python, "-I", "runner.py", "cells.json", str(scratch / _STATUS),  # absolute: cells may chdir
+                  "1" if self.as_root or self.bwrap else "0"]
         if self.bwrap is None or self.view is None:
             return runner
         # The root is an empty tmpfs holding only the view, made read-only; the scratch directory lives under

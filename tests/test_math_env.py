@@ -73,6 +73,12 @@ def test_forks_after_a_bad_cell_start_from_the_state_before_it(env: MathEnv) -> 
     assert again.state == plus.state and env.execute(PROMPT, again.state, call("print(x + 1)")).observation == "43"
 
 
+def test_a_cell_that_changes_directory_is_kept(env: MathEnv) -> None:
+    moved = env.execute(PROMPT, BEFORE, call("import os\nos.chdir('/tmp')\nx += 1"))
+    assert moved.observation == "(no output)" and moved.state == (*BEFORE, "import os\nos.chdir('/tmp')\nx += 1")
+    assert env.execute(PROMPT, moved.state, call("print(x, os.getcwd())")).observation == "41 /tmp"
+
+
 def test_an_exception_keeps_the_statements_before_it(env: MathEnv) -> None:
     """[choice] REPL semantics: an ordinary exception finished the cell normally; what ran before it stays."""
     cell = "y = 5\nprint(undefined_name)\ny = 6"
