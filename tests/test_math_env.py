@@ -36,6 +36,7 @@ BAD_CELLS = [
      "threading.Thread(target=spin, daemon=True).start()", "the cell left 1 thread running"),
     ("leftover process", "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])",
      "the cell left 1 process running"),
+    ("pending timer", "import signal\nsignal.alarm(30)", "the cell left 1 timer running"),
     ("exit before the report", "import os\nos._exit(0)", "the process ended before the cell finished"),
     ("forged report", "open('.cell-status.json', 'w').write('{\"status\": \"leftover\", \"threads\": \"x\"}')\n"
      "import os\nos._exit(0)", "the process ended before the cell finished"),
