@@ -26,8 +26,8 @@ running. Not normal, hence ``completed=False``: the wall-clock timeout; a kill b
 limit, a crash); the process ending before the runner's report (``os._exit``, a fork that fell through); the
 output or file-size limit; a resource-limit error raised into Python (``MemoryError``, or an ``OSError``
 meaning a limit was hit: EAGAIN from ``fork``, EFBIG, EMFILE, ENFILE, ENOMEM, ENOSPC, EDQUOT), since
-replaying it would spend the limit again; a thread or child process left running when the cell returned
-(replayed, it would run beside every later cell). An ordinary exception (``NameError``, ``ZeroDivisionError``,
+replaying it would spend the limit again; a thread, child process or timer (``signal.alarm``, ``setitimer``)
+left running when the cell returned (replayed, it would run beside every later cell). An ordinary exception (``NameError``, ``ZeroDivisionError``,
 ``SystemExit``...) is normal, with REPL semantics: the statements before it ran, and replay re-runs them and
 swallows the same exception. The invariant: a kept state replayed within the limits at least once (when its
 last cell was accepted). The runner's report is a file in the scratch directory, so code that forges it can
@@ -75,7 +75,7 @@ if spec["uid"] is not None:
 os.execv(sys.argv[2], sys.argv[2:])
 '''
 _RUNNER = r'''
-import errno, json, os, sys, traceback
+import errno, json, os, signal, sys, traceback
 
 LIMIT_ERRNOS = {errno.EAGAIN, errno.EFBIG, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC, errno.EDQUOT}
 
@@ -87,6 +87,7 @@ def main():
     _getpid, _getppid, _getuid, _getsid, _dumps = os.getpid, os.getppid, os.getuid, os.getsid, json.dumps
     _print_exception, _compile, _exec, _isinstance = traceback.print_exception, compile, exec, isinstance
     _fopen, _print, _O_NEW = open, print, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    _getitimer, _itimers = signal.getitimer, (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
     with open(sys.argv[1]) as f:
         cells = json.load(f)
     status_path, private = sys.argv[2], sys.argv[3] == "1"
@@ -127,6 +128,7 @@ def main():
         _exit(0)
     sys.stdout, sys.stderr = out, err
     threads = processes = 0
+    timers = sum(_getitimer(t)[0] > 0 for t in _itimers)  # signal.alarm / setitimer: would fire in later calls
     try:
         threads = len(_listdir("/proc/self/task")) - 1
         uid, sid, parent = _getuid(), _getsid(0), _getppid()
@@ -141,7 +143,7 @@ def main():
                 continue
     except OSError:
         pass
-    if status != "limit" and (threads or processes):
+    if status != "limit" and (threads or processes or timers):
         status, code = "leftover", code or 1
     for stream in (out, err):
         try:
@@ -149,7 +151,7 @@ def main():
         except BaseException:
             pass
     fd = _open(status_path, _O_NEW, 0o600)
-    _write(fd, _dumps({"status": status, "threads": threads, "processes": processes}).encode())
+    _write(fd, _dumps({"status": status, "threads": threads, "processes": processes, "timers": timers}).encode())
     _close(fd)
     _exit(code)  # skips atexit handlers and the join of leftover threads: the report above is final
 
@@ -304,7 +306,8 @@ class Sandbox:
     def _command(self, scratch: Path) -> list[str]:
         # private: the call has a uid (root) or a PID namespace (bwrap) of its own, so every other process the
         # runner sees under it is one the cell left running.
-        runner = [self.python, "-I", "runner.py", "cells.json", _STATUS, "1" if self.as_root or self.bwrap else "0"]
+        runner = [self.python, "-I", "runner.py", "cells.json", str(scratch / _STATUS),  # absolute: cells may chdir
+                  "1" if self.as_root or self.bwrap else "0"]
         if self.bwrap is None or self.view is None:
             return runner
         # The root is an empty tmpfs holding only the view, made read-only; the scratch directory lives under
@@ -363,9 +366,11 @@ class Sandbox:
             code = -(code - 128)  # bwrap reports a child's signal as 128 + n
         report = _report(scratch / _STATUS)
         status = str(report.get("status", ""))
-        threads, processes = (n if isinstance(n := report.get(k), int) and n > 0 else 0 for k in ("threads", "processes"))
+        threads, processes, timers = (n if isinstance(n := report.get(k), int) and n > 0 else 0
+                                      for k in ("threads", "processes", "timers"))
         left = [f"{threads} thread" + "s" * (threads != 1)] if threads else []
         left += [f"{processes} process" + "es" * (processes != 1)] if processes else []
+        left += [f"{timers} timer" + "s" * (timers != 1)] if timers else []
         problem = ""
         if status == "leftover" and left:
             problem = f"the cell left {' and '.join(left)} running when it returned."

@@ -36,6 +36,7 @@ BAD_CELLS = [
      "threading.Thread(target=spin, daemon=True).start()", "the cell left 1 thread running"),
     ("leftover process", "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])",
      "the cell left 1 process running"),
+    ("pending timer", "import signal\nsignal.alarm(30)", "the cell left 1 timer running"),
     ("exit before the report", "import os\nos._exit(0)", "the process ended before the cell finished"),
     ("forged report", "open('.cell-status.json', 'w').write('{\"status\": \"leftover\", \"threads\": \"x\"}')\n"
      "import os\nos._exit(0)", "the process ended before the cell finished"),
@@ -71,6 +72,12 @@ def test_forks_after_a_bad_cell_start_from_the_state_before_it(env: MathEnv) -> 
     assert env.execute(PROMPT, plus.state, call("print(x)")).observation == "42"
     again = env.execute(PROMPT, plus.state, call("x = -1\nimport os\nos._exit(0)"))
     assert again.state == plus.state and env.execute(PROMPT, again.state, call("print(x + 1)")).observation == "43"
+
+
+def test_a_cell_that_changes_directory_is_kept(env: MathEnv) -> None:
+    moved = env.execute(PROMPT, BEFORE, call("import os\nos.chdir('/tmp')\nx += 1"))
+    assert moved.observation == "(no output)" and moved.state == (*BEFORE, "import os\nos.chdir('/tmp')\nx += 1")
+    assert env.execute(PROMPT, moved.state, call("print(x, os.getcwd())")).observation == "41 /tmp"
 
 
 def test_an_exception_keeps_the_statements_before_it(env: MathEnv) -> None:

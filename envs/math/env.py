@@ -6,8 +6,8 @@ fresh sandboxed process before the new one. Forking at a prefix re-uses the pref
 shows in the ledger as replayed calls.
 
 [choice] All-or-nothing: a cell joins the state only if it finished normally (``ExecResult.completed``: it
-returned or raised an ordinary Python exception, within the limits, leaving no thread or process running; see
-envs/sandbox.py). A cell that timed out, was killed, crashed, hit a limit or left threads is dropped, and its
+returned or raised an ordinary Python exception, within the limits, leaving no thread, process or timer running; see
+envs/sandbox.py). A cell that timed out, was killed, crashed, hit a limit or left something running is dropped, and its
 observation ends with ``DISCARDED`` so the model knows; later calls (and forks after it) start from the state
 before it. A cell that raised, e.g. ``NameError``, is kept with REPL semantics: its statements before the error ran.
 """
