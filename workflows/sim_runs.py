@@ -34,7 +34,7 @@ def run_allocator(cfg: BenchAllocationConfig, name: str, seed: int, noise_scale:
     """
     allocator = build_allocator(dataclasses.replace(cfg.allocator, name=name))
     env = Simulator(with_noise_scale(cfg.env.simulator, noise_scale), seed=seed)
-    predictor = build_predictor(cfg.predictor, seed=seed, name=allocator.predictor)
+    predictor = build_predictor(cfg.predictor, seed=seed, name=allocator.predictor, targets=allocator.targets)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
     warm = int(cfg.steps * cfg.warmup_fraction)
     steps, calib = [], CalibrationData()
