@@ -94,9 +94,9 @@ def tree_subgroup_advantages(tree: RolloutTree, normalize_std: bool = False, deb
     if not r.size:
         return TreeAdvantages([], [])
     groups = _subgroups(paths)
-    d = _values(tree, True) if debiased else None
-    means = {key: r[idx].mean() if d is None else d[key[1]] for key, idx in groups.items() if len(idx) >= 2}
-    base = r.mean() if d is None else d[0]
+    vals = _values(tree, True) if debiased else None
+    means = {key: r[idx].mean() if vals is None else vals[key[1]] for key, idx in groups.items() if len(idx) >= 2}
+    base = r.mean() if vals is None else vals[0]
     out = np.empty(len(leaves))
     for i, p in enumerate(paths):
         terms = [r[i] - base]
