@@ -3,7 +3,8 @@
 Training targets are the recursive targets V^ of every non-leaf node of the trees just built
 (section 6), weighted by the node's leaf count n_y where a predictor supports weights; with
 ``predictor.targets=debiased`` (forced by allocator ``trace_debiased``) they are the debiased targets D,
-weighted by the node's number of children (platform/tracerl/tree.py derives why). Predictors only
+weighted by the node's number of children, split into examples that are each unbiased
+(platform/tracerl/tree.py derives why). Predictors only
 steer allocation; they never enter the policy loss.
 """
 
@@ -39,16 +40,24 @@ TARGETS = ("recursive", "debiased")
 def tree_targets(trees: Sequence[RolloutTree], kind: str = "recursive") -> Targets:
     """Every non-leaf node with at least one leaf below, with its target and fit weight.
 
-    ``kind``: 'recursive' (V^, weight n_y) or 'debiased' (D, weight = number of children).
+    ``kind``: 'recursive' (V^, weight n_y) or 'debiased' (``RolloutTree.debiased_examples``: the root's D with
+    weight = number of bare rollouts; per other node its path's reward, weight 1, and where continuations
+    started there their mean, weight K; together the node's D with weight = number of children).
     """
     if kind not in TARGETS:
         raise ValueError(f"predictor targets must be one of {', '.join(TARGETS)} (got {kind!r})")
     anchors, values, weights = [], [], []
     for tree in trees:
-        v, n = tree.debiased_targets() if kind == "debiased" else (tree.targets(), tree.leaf_counts())
         history: list[tuple[Node, ...]] = [()]  # node id -> turns from the root (parents come first)
         for node in tree.nodes[1:]:
             history.append(history[node.parent or 0] + (node,))
+        if kind == "debiased":  # up to two examples per node, each unbiased on its own (tree.py, point 4)
+            ids, v, w = tree.debiased_examples()
+            anchors += [Anchor(tree.prompt, history[i]) for i in ids]
+            values += v.tolist()
+            weights += w.tolist()
+            continue
+        v, n = tree.targets(), tree.leaf_counts()
         for node in tree.nodes:
             if not node.is_leaf and n[node.node_id] > 0:
                 anchors.append(Anchor(tree.prompt, history[node.node_id]))

@@ -133,8 +133,11 @@ def test_debiased_fit_targets_and_weights() -> None:
     t = nested_tree()  # non-leaf nodes 0, 1, 2, 4, 8
     old = tree_targets([t])
     assert old.values.tolist() == pytest.approx([4 / 6, 0.5, 2 / 3, 1, 0]) and old.weights.tolist() == [6, 4, 3, 2, 1]
+    # Debiased: the root's D; per other node its path's reward (weight 1), then its continuations' mean (weight K).
     new = tree_targets([t], "debiased")
-    assert new.values.tolist() == pytest.approx([0.5, 0, 2 / 3, 1, 0]) and new.weights.tolist() == [2, 2, 3, 2, 1]
+    assert [len(a.history) for a in new.anchors] == [0, 1, 1, 2, 2, 1, 1, 2]  # nodes 0, 1, 1, 2, 2, 4, 4, 8
+    assert new.values.tolist() == pytest.approx([0.5, 0, 0, 0, 1, 1, 1, 0])
+    assert new.weights.tolist() == [2, 1, 1, 1, 2, 1, 1, 1]
     with pytest.raises(ValueError, match="predictor targets must be one of recursive, debiased"):
         tree_targets([t], "mean")
     # trace_debiased forces the predictor's targets; the learned fit stores them in its replay.

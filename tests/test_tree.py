@@ -80,6 +80,15 @@ def test_debiased_targets_golden() -> None:
     np.testing.assert_allclose(d, [0.5, 0, 2 / 3, 0, 1, 1, 1, 1, 0, 0, 1])
     np.testing.assert_array_equal(w, [2, 2, 3, 1, 2, 1, 1, 1, 1, 1, 1])
     np.testing.assert_array_equal(t.continuation_counts(), [0, 1, 2, 0, 1, 0, 0, 0, 0, 0, 0])
+    # The fit's examples: per node its path's reward (weight 1), then its continuations' mean (weight K);
+    # together they are the node's (D, W).
+    ids, vals, wts = t.debiased_examples()
+    assert ids.tolist() == [0, 1, 1, 2, 2, 4, 4, 8]
+    np.testing.assert_allclose(vals, [0.5, 0, 0, 0, 1, 1, 1, 0])
+    np.testing.assert_array_equal(wts, [2, 1, 1, 1, 2, 1, 1, 1])
+    for node in set(ids.tolist()):
+        sel = ids == node
+        assert np.sum(wts[sel] * vals[sel]) / np.sum(wts[sel]) == pytest.approx(d[node]) and np.sum(wts[sel]) == w[node]
 
 
 def test_debiased_targets_are_unbiased_under_outcome_dependent_expansion() -> None:
@@ -91,11 +100,13 @@ def test_debiased_targets_are_unbiased_under_outcome_dependent_expansion() -> No
     E[sum of leaves - n/2] = 0.1 (1 + 0.6 - 2) + 0.4 (0 - 0.5) + 0.4 (1 - 0.5) + 0.1 (0 - 0.5) = -0.09,
     E[n] = 0.1 * 4 + 0.9 = 1.3: bias -0.09 / 1.3. Debiased root = r0: bias 0. At y, the plain mean of its
     children has E[D(y) - V(y)] = 1/2 (0.2 * 0.8 / 4 - 0.8 * 0.2) = -0.06, but weighted by its number of
-    children the bias is exactly 0.
+    children the bias is exactly 0. Only over expanded y (K > 0), W (D - V) has expectation
+    0.1 * (1 - 0.2) = 0.08 (the original path's success that triggered the expansion); the continuation
+    example alone, K (mean - V), has 0.
     """
     import itertools
 
-    acc = {"old": 0.0, "n": 0.0, "root": 0.0, "y_plain": 0.0, "y_weighted": 0.0, "y_w": 0.0}
+    acc = {"old": 0.0, "n": 0.0, "root": 0.0, "y_plain": 0.0, "y_weighted": 0.0, "expanded_d": 0.0, "expanded_cont": 0.0}
     for v, r0 in itertools.product([0.2, 0.8], [0.0, 1.0]):
         k = 3 if (v, r0) == (0.2, 1.0) else 0
         for conts in itertools.product([0.0, 1.0], repeat=k):
@@ -110,10 +121,16 @@ def test_debiased_targets_are_unbiased_under_outcome_dependent_expansion() -> No
             acc["root"] += prob * w[0] * (d[0] - 0.5)
             acc["y_plain"] += prob * (d[1] - v)
             acc["y_weighted"] += prob * w[1] * (d[1] - v)
+            if k:
+                ids, vals, wts = tree.debiased_examples()
+                acc["expanded_d"] += prob * w[1] * (d[1] - v)
+                acc["expanded_cont"] += prob * wts[-1] * (vals[-1] - v)  # node 1's second example
     assert acc["old"] / acc["n"] == pytest.approx(-0.09 / 1.3)
     assert acc["root"] == pytest.approx(0.0, abs=1e-12)
     assert acc["y_plain"] == pytest.approx(-0.06)
     assert acc["y_weighted"] == pytest.approx(0.0, abs=1e-12)
+    assert acc["expanded_d"] == pytest.approx(0.08)
+    assert acc["expanded_cont"] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_prefix_group_effective_ratio() -> None:

@@ -6,8 +6,10 @@ and records, for every tree's root and every prefix that received continuations,
 and both fit targets with the weights the fit gives them:
 
 * ``recursive``: V^, the mean of the leaves below, weight n_y (leaf count);
-* ``debiased``: D, the mean over the node's children of each child's path reward, weight = number of
-  children (platform/tracerl/tree.py derives why this is unbiased and V^ is not).
+* ``debiased``: the fit's debiased example (platform/tracerl/tree.py derives why it is unbiased and V^
+  is not): at a root D, the mean of its bare rollouts' rewards, weight = their number; at an expanded
+  prefix the continuations' mean reward, weight K (its other example, the original path's reward with
+  weight 1, exists at every prefix whether expanded or not).
 
 Per bin of the true V (width 1 / ``BINS``) the bias is sum w (target - V) / sum w, with a standard error
 sqrt(sum w^2 (target - V - bias)^2) / sum w (nodes taken as independent). A bin is judged when it holds at
@@ -41,7 +43,7 @@ V, OLD, N, DEB, W = range(5)
 
 
 def target_records(trees: Sequence[RolloutTree]) -> dict[str, list[tuple[float, float, float, float, float]]]:
-    """(true V, V^, n_y, D, W) of every root and of every prefix that received continuations."""
+    """(true V, V^, n_y, debiased value, weight) of every root and every prefix that received continuations."""
     out: dict[str, list[tuple[float, float, float, float, float]]] = {level: [] for level in LEVELS}
     for tree in trees:
         old, n = tree.targets(), tree.leaf_counts()
@@ -50,10 +52,12 @@ def target_records(trees: Sequence[RolloutTree]) -> dict[str, list[tuple[float, 
         if tree.prompt.true_value is None:
             raise ValueError("bench targets needs true success probabilities, which only the simulator provides")
         out["roots"].append((float(tree.prompt.true_value), old[0], float(n[0]), deb[0], w[0]))
+        rewards = tree.path_rewards()
         for node in tree.nodes[1:]:
             if k[node.node_id] > 0 and node.true_value is not None:
                 i = node.node_id
-                out["prefixes"].append((float(node.true_value), old[i], float(n[i]), deb[i], w[i]))
+                conts = [rewards[p] for p in (tree.nodes[c].path_id for c in node.children) if p != node.path_id]
+                out["prefixes"].append((float(node.true_value), old[i], float(n[i]), float(np.mean(conts)), float(len(conts))))
     return out
 
 

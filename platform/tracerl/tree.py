@@ -35,6 +35,14 @@ starts or continues exactly one path, ``path_id``, whose leaf carries its reward
 
 Hence D(leaf) = r, W(leaf) = 1; D(y) = mean over children c of r(c), W(y) = number of children
 (the root: its bare rollouts). W never grows with expansion below y, as n_y did.
+
+4. The fit takes (D, W) apart into examples that are each unbiased given that they exist
+   (``debiased_examples``): the root's (D, W); for every other non-leaf node n, its own path's reward
+   with weight 1 (every such node is in the tree whatever that reward is); and, where continuations
+   started at n, their mean reward with weight K_n (whether they exist was decided without them). In the
+   squared loss the two examples at n are exactly (D(n), 1 + K_n). Taken alone, an expanded prefix's
+   D is not unbiased: E[r_0 - V | K > 0] != 0, since the expansion was chosen after seeing r_0; its
+   continuation example is.
 """
 
 from __future__ import annotations
@@ -232,6 +240,32 @@ class RolloutTree:
             if samples:
                 d[node.node_id], w[node.node_id] = float(np.mean(samples)), float(len(samples))
         return d, w
+
+    def debiased_examples(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The fit's examples for debiased targets (module docstring, point 4): (node ids, values, weights).
+
+        Per non-leaf node, in node-id order: the root gets (D, W); any other node (own path's reward, 1), then,
+        if continuations started there, (their mean reward, K). Nodes with no finished path below are skipped.
+        """
+        rewards = self.path_rewards()
+        ids: list[int] = []
+        vals: list[float] = []
+        wts: list[float] = []
+        for node in self.nodes:
+            if node.is_leaf:
+                continue
+            kids = [self.nodes[c].path_id for c in node.children]
+            if node.parent is None:
+                groups = [[rewards[p] for p in kids if p in rewards]]
+            else:
+                own = [rewards[node.path_id]] if node.path_id in rewards else []
+                groups = [own, [rewards[p] for p in kids if p != node.path_id and p in rewards]]
+            for g in groups:
+                if g:
+                    ids.append(node.node_id)
+                    vals.append(float(np.mean(g)))
+                    wts.append(float(len(g)))
+        return np.asarray(ids, dtype=np.int64), np.asarray(vals, dtype=float), np.asarray(wts, dtype=float)
 
     def prefix_groups(self) -> list[tuple[int, bool]]:
         """(depth, mixed) of every prefix that received continuations: are the leaves below it mixed?"""
