@@ -39,10 +39,10 @@ Hence D(leaf) = r, W(leaf) = 1; D(y) = mean over children c of r(c), W(y) = numb
 4. The fit takes (D, W) apart into examples that are each unbiased given that they exist
    (``debiased_examples``): the root's (D, W); for every other non-leaf node n, its own path's reward
    with weight 1 (every such node is in the tree whatever that reward is); and, where continuations
-   started at n, their mean reward with weight K_n (whether they exist was decided without them). In the
-   squared loss the two examples at n are exactly (D(n), 1 + K_n). Taken alone, an expanded prefix's
-   D is not unbiased: E[r_0 - V | K > 0] != 0, since the expansion was chosen after seeing r_0; its
-   continuation example is.
+   started at n, their mean reward with weight K_n (whether they exist was decided without them). In
+   the squared loss the two examples at n have the gradient of one example (D(n), 1 + K_n). Taken
+   alone, an expanded prefix's D is not unbiased: E[r_0 - V | K > 0] != 0, since the expansion was
+   chosen after seeing r_0; its continuation example is.
 """
 
 from __future__ import annotations
