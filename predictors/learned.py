@@ -12,7 +12,9 @@
 
 Trained online each RL step by MSE on the recursive targets V^ of the step's trees (section 6),
 weighted by leaf counts n_y (normalised to mean 1) if ``weight_by_leaves``, for ``fit_steps`` Adam
-steps on minibatches from a replay window of the last ``replay_steps`` steps.
+steps on minibatches from a replay window of the last ``replay_steps`` steps. With
+``targets=debiased`` the targets are D and the weights each node's number of children
+(platform/tracerl/tree.py).
 
 [choice] Architecture: 2-layer tanh MLP of width ``hidden_size``; 4-dim identity embedding plus
 bias; cold start is uniform allocation until ``warmup_steps`` fits (predictor.ready).
@@ -93,7 +95,7 @@ class LearnedPredictor(Predictor):
         return torch.sigmoid(logits).numpy().astype(float)
 
     def _fit(self, trees: Sequence[RolloutTree]) -> dict[str, float]:
-        data = tree_targets(trees)
+        data = tree_targets(trees, self.cfg.targets)
         x, ids = self._inputs(data.anchors)  # history as it was when these anchors were scored
         self.history.update(trees)
         if not data.anchors:

@@ -92,3 +92,25 @@ def test_statuses_mark_leaves() -> None:
     tree = RolloutTree(Prompt("x"))
     n = tree.add_node(0, tree.new_path(True), status=Status.MAX_TURNS, reward=0.0)
     assert n.is_leaf and tree.num_leaves == 1 and Status.MAX_TURNS.terminal and not Status.TURN.terminal
+
+
+def test_debiased_values_golden(small_tree: RolloutTree) -> None:
+    # Debiased targets D (each child counted once, as its path's reward): node 1 -> paths 0, 2, 3 = (0 + 1 + 1) / 3;
+    # node 3 -> 1; root -> bare paths 0 and 1 = 1/2 (the recursive V^(root) is 3/4).
+    assert small_tree.debiased_targets()[0] == pytest.approx([0.5, 2 / 3, 0, 1, 1, 1, 1])
+    g = adv("grpo", small_tree, debiased=True)
+    assert flat(g) == pytest.approx([-0.5, -0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
+    a = adv("tree_subgroup", small_tree, debiased=True)
+    assert a[2] == pytest.approx([-(0.5 + 2 / 3) / 2] * 2)
+    assert a[4] == pytest.approx([0.5, 0.5])
+    assert a[5] == pytest.approx([(0.5 + 1 / 3) / 2] * 2) and a[6] == a[5]
+    mc = adv("node_mc", small_tree, debiased=True)
+    assert mc[2] == pytest.approx([2 / 3 - 0.5, -2 / 3])
+    assert mc[4] == pytest.approx([0.5, 0.0])
+    assert mc[5] == pytest.approx([2 / 3 - 0.5, 1 / 3])
+    z = (np.array([0, 1, 1, 1]) - 0.5) / np.std([0, 1, 1, 1])
+    tg = adv("tree_grpo", small_tree, debiased=True)
+    assert tg[2][0] == pytest.approx(z[0] + (0 - 2 / 3) / np.std([0, 1, 1]), rel=1e-5)
+    assert tg[4][0] == pytest.approx(z[1], rel=1e-5)
+    # The flag off is the recursive estimator, unchanged.
+    assert adv("tree_subgroup", small_tree, debiased=False) == adv("tree_subgroup", small_tree)

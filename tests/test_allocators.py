@@ -9,7 +9,7 @@ from tracerl.algos.allocators import ALLOCATORS, PrefixCandidates, build_allocat
 from tracerl.config import AllocatorConfig, BudgetConfig, PredictorConfig, SimulatorConfig
 from tracerl.engine.step import run_step
 
-ALL = ["grpo", "pcl", "treepo", "trace", "trace_root_only", "trace_prefix_only", "oracle_trace", "dapo"]
+ALL = ["grpo", "pcl", "treepo", "trace", "trace_debiased", "trace_root_only", "trace_prefix_only", "oracle_trace", "dapo"]
 BUDGET = BudgetConfig()  # L = 288, M = 96, N = 2, G = 8, B = 144
 
 

@@ -44,6 +44,15 @@ def test_collate_masks_tool_tokens_and_broadcasts_turn_advantages() -> None:
     assert mc.advantages[0] == [0, 0, 0, 0, 0, 0.5] and mc.advantages[1][-2:] == [-0.5, -0.5]
 
 
+def test_collate_with_debiased_values() -> None:
+    # Debiased targets: the root's one bare rollout succeeded, D(root) = 1 (the continuation samples V(n1), not the
+    # root's value); D(n1) = mean(1, 0) = 0.5. grpo: r - D(root); node_mc: D(child) - D(parent).
+    b = collate([_tree_with_tokens()], "grpo", debiased=True)
+    assert b.advantages[0] == [0, 0, 0, 0, 0, 0] and b.advantages[1] == [0, 0, -1, -1, 0, -1, -1]
+    mc = collate([_tree_with_tokens()], "node_mc", debiased=True)
+    assert mc.advantages[0] == [0, 0, -0.5, -0.5, 0, 0.5] and mc.advantages[1] == [0, 0, -0.5, -0.5, 0, -0.5, -0.5]
+
+
 def test_collate_rejects_trees_without_tokens(small_tree: RolloutTree) -> None:
     with pytest.raises(ValueError, match="no prompt tokens"):
         collate([small_tree])

@@ -122,3 +122,32 @@ def test_learned_predictor_over_text_separates_failing_histories() -> None:
     good, bad = tree(999, True), tree(998, False)
     s = p.score([good.anchor(1), bad.anchor(1)])
     assert s[0] > 0.7 and s[1] < 0.3
+
+
+def test_debiased_fit_targets_and_weights() -> None:
+    from predictors.base import tree_targets
+    from tests.test_tree import nested_tree
+    from tracerl.algos.allocators import build_allocator
+    from tracerl.config import AllocatorConfig
+
+    t = nested_tree()  # non-leaf nodes 0, 1, 2, 4, 8
+    old = tree_targets([t])
+    assert old.values.tolist() == pytest.approx([4 / 6, 0.5, 2 / 3, 1, 0]) and old.weights.tolist() == [6, 4, 3, 2, 1]
+    # Debiased: the root's D; per other node its path's reward (weight 1), then its continuations' mean (weight K).
+    new = tree_targets([t], "debiased")
+    assert [len(a.history) for a in new.anchors] == [0, 1, 1, 2, 2, 1, 1, 2]  # nodes 0, 1, 1, 2, 2, 4, 4, 8
+    assert new.values.tolist() == pytest.approx([0.5, 0, 0, 0, 1, 1, 1, 0])
+    assert new.weights.tolist() == [2, 1, 1, 1, 2, 1, 1, 1]
+    with pytest.raises(ValueError, match="predictor targets must be one of recursive, debiased"):
+        tree_targets([t], "mean")
+    # trace_debiased forces the predictor's targets; the learned fit stores them in its replay.
+    alloc = build_allocator(AllocatorConfig(name="trace_debiased"))
+    pred = build_predictor(PredictorConfig(name="learned", embedding_buckets=0), name=alloc.predictor, targets=alloc.targets)
+    assert pred.cfg.targets == "debiased"
+    env = Simulator(SimulatorConfig(num_prompts=8), seed=0)
+    t_sim = env.rollout([env.prompt(0)], [1])[0]  # one chain: every node's D is its reward, with weight 1
+    pred.fit([t_sim])
+    x, _, y, w = pred.replay[-1]
+    assert y.tolist() == [float(t_sim.leaves()[0].reward)] * len(y) and w.tolist() == [1.0] * len(w)
+    with pytest.raises(ValueError, match="predictor.targets must be recursive or debiased"):
+        PredictorConfig(targets="mean")

@@ -102,9 +102,7 @@ def _summarize(cfg: BenchAllocationConfig, runs: Sequence[RunResult]) -> dict[st
 
 
 def _per_step_mean(runs: Sequence[RunResult]) -> list[dict[str, float]]:
-    steps = len(runs[0].steps)
-    keys = runs[0].steps[0].keys()
-    return [{k: float(np.mean([r.steps[s][k] for r in runs])) for k in keys} for s in range(steps)]
+    return [M.mean_metrics([r.steps[s] for r in runs]) for s in range(len(runs[0].steps))]
 
 
 def format_table(cfg: BenchAllocationConfig, summary: dict[str, Any]) -> str:

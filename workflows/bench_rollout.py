@@ -44,7 +44,7 @@ def run_one(cfg: BenchRolloutConfig, name: str, seed: int, progress: Callable[[s
     """One allocator x seed: per-step metrics and the predictor's post-warm-up calibration."""
     stack = build_stack(cfg.model, cfg.sampler, cfg.env, seed)
     allocator = build_allocator(dataclasses.replace(cfg.allocator, name=name))
-    predictor = build_text_predictor(cfg.predictor, stack, seed, name=allocator.predictor)
+    predictor = build_text_predictor(cfg.predictor, stack, seed, name=allocator.predictor, targets=allocator.targets)
     prompts = task_prompts(cfg.env)
     rng = np.random.default_rng([seed, 17])
     steps = []
@@ -101,7 +101,7 @@ def run_bench(cfg: BenchRolloutConfig, progress: Callable[[str], None] = lambda 
         s["effective_ratio_per_seed"] = [float(np.mean([st[M.EFFECTIVE_RATIO] for st in r[warm:]])) for r in runs]
         s["calibration"] = mean_calibration([r[1] for r in results])
         summary["allocators"][name] = s
-        series[name] = [{k: float(np.mean([r[i][k] for r in runs])) for k in runs[0][i]} for i in range(cfg.steps)]
+        series[name] = [M.mean_metrics([r[i] for r in runs]) for i in range(cfg.steps)]
         progress(f"{name}: effective ratio {s['effective_ratio']:.3f}, {s['generated_tokens']} tokens/step")
     (out / "results.json").write_text(json.dumps(summary, indent=2))
     if cfg.json_path:

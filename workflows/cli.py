@@ -50,6 +50,14 @@ BENCH_ALLOCATION_FLAGS = (
 )
 
 
+BENCH_TARGETS_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--seeds", ("seeds",), "seeds per allocator"),
+    Shorthand("--steps", ("steps",), "RL steps per run"),
+    Shorthand("--out", ("out_dir",), "output directory", str),
+)
+
+
 @dataclass(frozen=True)
 class Command:
     schema: type
@@ -74,6 +82,15 @@ def _bench_allocation(cfg: BenchAllocationConfig) -> int:
         uri = resolve_uri(cfg.tracking.uri)
         print(f"MLflow: {len(summary['run_ids'])} runs in experiment '{cfg.tracking.experiment}' at {uri}")
         print(f"  open with: mlflow ui --backend-store-uri {uri}")
+    return 0
+
+
+def _bench_targets(cfg: BenchAllocationConfig) -> int:
+    from workflows.bench_targets import format_targets_table, run_targets
+
+    summary = run_targets(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(format_targets_table(summary))
+    print(f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else ""))
     return 0
 
 
@@ -375,6 +392,7 @@ BOOTSTRAP_FLAGS = (
 COMMANDS: dict[str, Command] = {
     "bench allocation": Command(BenchAllocationConfig, "bench/allocation.yaml", BENCH_ALLOCATION_FLAGS, _bench_allocation),
     "bench env": Command(BenchEnvConfig, "bench/env.yaml", BENCH_ENV_FLAGS, _bench_env),
+    "bench targets": Command(BenchAllocationConfig, "bench/targets.yaml", BENCH_TARGETS_FLAGS, _bench_targets),
     "bootstrap": Command(BootstrapConfig, "bootstrap/math.yaml", BOOTSTRAP_FLAGS, _bootstrap),
     "rollout": Command(RolloutConfig, "rollout/math.yaml", ROLLOUT_FLAGS, _rollout),
     "bench rollout": Command(BenchRolloutConfig, "bench/rollout.yaml", BENCH_ROLLOUT_FLAGS, _bench_rollout),
@@ -414,6 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     _add_job_args(bench_sub.add_parser("allocation", help="every allocator at equal leaf budget on the simulator"),
                   COMMANDS["bench allocation"])
+    _add_job_args(bench_sub.add_parser("targets", help="bias of the predictor's fit targets vs the true V (simulator)"),
+                  COMMANDS["bench targets"])
     _add_job_args(bench_sub.add_parser("rollout", help="allocators at equal leaves with the frozen tiny policy"),
                   COMMANDS["bench rollout"])
     _add_job_args(bench_sub.add_parser("train", help="training runs of TRACE and GRPO at equal leaves, several seeds"),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from envs.registry import env_class
@@ -48,18 +48,22 @@ def build_stack(model_cfg: ModelConfig, sampler_cfg: SamplerConfig, env_cfg: Env
     return LMStack(tok, model, env, engine)
 
 
-def build_text_predictor(cfg: PredictorConfig, stack: LMStack, seed: int, name: str | None = None) -> Predictor:
+def build_text_predictor(cfg: PredictorConfig, stack: LMStack, seed: int, name: str | None = None,
+                         targets: str | None = None) -> Predictor:
     """The configured predictor, with a text featurizer for the learned one."""
     template = stack.engine.template
     return make_text_predictor(cfg, seed, stack.model, stack.tokenizer,
-                               lambda q: template.prompt(q, stack.env.tools), name=name)
+                               lambda q: template.prompt(q, stack.env.tools), name=name, targets=targets)
 
 
 def make_text_predictor(cfg: PredictorConfig, seed: int, model: Any, tokenizer: Any, render: Any,
-                        name: str | None = None) -> Predictor:
+                        name: str | None = None, targets: str | None = None) -> Predictor:
     """The configured predictor; the learned one gets a text featurizer (hashed n-grams, or ``model``'s hidden
-    states over histories rendered by ``render(question)`` for features=policy)."""
+    states over histories rendered by ``render(question)`` for features=policy). ``targets`` overrides
+    ``cfg.targets`` (an allocator's forced fit targets)."""
     name = name or cfg.name
+    if targets is not None:
+        cfg = replace(cfg, targets=targets)
     if name != "learned":
         return build_predictor(cfg, seed, name=name)
     if cfg.features == "policy":

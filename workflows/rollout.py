@@ -70,7 +70,7 @@ def run_rollout(cfg: RolloutConfig, progress: Callable[[str], None] = lambda s: 
     for w in stack.env.sandbox.warnings:
         progress(w)
     allocator = build_allocator(cfg.allocator)
-    predictor = build_text_predictor(cfg.predictor, stack, cfg.seed, name=allocator.predictor)
+    predictor = build_text_predictor(cfg.predictor, stack, cfg.seed, name=allocator.predictor, targets=allocator.targets)
     prompts = task_prompts(cfg.env)
     rng = np.random.default_rng(cfg.seed)
     metrics: dict[str, float] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,7 +13,7 @@ from predictors import build_predictor
 from tracerl.algos.allocators import build_allocator
 from tracerl.calibration import CalibrationData, collect_calibration, summarize_calibration
 from tracerl.config import BenchAllocationConfig
-from tracerl.engine.step import run_step
+from tracerl.engine.step import StepOutcome, run_step
 from tracerl.metrics import step_metrics
 
 
@@ -27,14 +28,16 @@ class RunResult:
     calibration: dict[str, dict[str, float]]
 
 
-def run_allocator(cfg: BenchAllocationConfig, name: str, seed: int, noise_scale: float = 1.0) -> RunResult:
+def run_allocator(cfg: BenchAllocationConfig, name: str, seed: int, noise_scale: float = 1.0,
+                  on_step: Callable[[int, StepOutcome], None] | None = None) -> RunResult:
     """S steps of allocator ``name`` on a fresh simulator and predictor, the predictor learning online.
 
     The simulator's pools and drift depend on the seed only, so every allocator sees the same prompts.
+    ``on_step(step, outcome)`` sees each step's finished trees before the predictor fits on them.
     """
     allocator = build_allocator(dataclasses.replace(cfg.allocator, name=name))
     env = Simulator(with_noise_scale(cfg.env.simulator, noise_scale), seed=seed)
-    predictor = build_predictor(cfg.predictor, seed=seed, name=allocator.predictor)
+    predictor = build_predictor(cfg.predictor, seed=seed, name=allocator.predictor, targets=allocator.targets)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
     warm = int(cfg.steps * cfg.warmup_fraction)
     steps, calib = [], CalibrationData()
@@ -42,6 +45,8 @@ def run_allocator(cfg: BenchAllocationConfig, name: str, seed: int, noise_scale:
         pool = env.sample_pool(cfg.budget.num_candidates)
         out = run_step(pool, allocator, predictor, env, cfg.budget, rng)
         metrics = step_metrics(out)
+        if on_step is not None:
+            on_step(s, out)
         if s >= warm:
             collect_calibration(out, calib)
         predictor.fit(out.sampled_trees)

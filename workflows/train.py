@@ -531,7 +531,7 @@ class _Driver:
         template = TEMPLATES.get(cfg.model.template)(tok)
         tools = list(env_class(cfg.env.name).tools)
         self.predictor = make_text_predictor(cfg.predictor, cfg.seed, model, tok, lambda q: template.prompt(q, tools),
-                                             name=self.allocator.predictor)
+                                             name=self.allocator.predictor, targets=self.allocator.targets)
         self.prompts = task_prompts(cfg.env)
         self.eval_prompts = task_prompts(cfg.env, held_out=True)
         self.rng = np.random.default_rng(cfg.seed)
@@ -617,7 +617,7 @@ class _Driver:
         m.update({f"predictor/fit_{k}": v for k, v in fit.items()})
         self.phase("fit_predictor", time.perf_counter() - t0)
         t0 = time.perf_counter()
-        batch = collate(out.trees, self.cfg.loss.advantage, self.cfg.loss.normalize_std)
+        batch = collate(out.trees, self.cfg.loss.advantage, self.cfg.loss.normalize_std, self.cfg.loss.debiased_values)
         self.phase("collate", time.perf_counter() - t0)
         leaves = max(out.ledger.leaves, 1)
         rewards = batch.rewards

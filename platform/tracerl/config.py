@@ -23,7 +23,7 @@ class AllocatorConfig:
     """How the rollout budget is placed on prompts and prefixes (docs/TRACE.md sections 4, 5, 9)."""
 
     name: str = "trace"
-    """Registered allocator (grpo, pcl, treepo, trace, trace_root_only, trace_prefix_only, oracle_trace, dapo) or 'module:attr'."""
+    """Registered allocator (grpo, pcl, treepo, trace, trace_debiased, trace_root_only, trace_prefix_only, oracle_trace, dapo) or 'module:attr'."""
     m_min: int = 2
     """Smallest non-zero number of bare rollouts per selected prompt (a single rollout has no contrast)."""
     m_max: int = 16
@@ -159,7 +159,9 @@ class PredictorConfig:
     replay_steps: int = 8
     """learned: the replay window, in RL steps."""
     weight_by_leaves: bool = True
-    """learned: weight each anchor's squared error by its leaf count n_y."""
+    """learned: weight each anchor's squared error by its leaf count n_y (debiased targets: its number of children)."""
+    targets: str = "recursive"
+    """learned: fit targets, 'recursive' (V^, the mean of the leaves below) or 'debiased' (allocator trace_debiased forces it)."""
     seed: int = 0
     """learned: initialisation and minibatch seed (offset by the run seed)."""
     features: str = "numeric"
@@ -167,6 +169,8 @@ class PredictorConfig:
     question and history) or 'policy' (the policy's last hidden state, stop-gradient)."""
 
     def __post_init__(self) -> None:
+        _check(self.targets in ("recursive", "debiased"),
+               f"predictor.targets must be recursive or debiased (got {self.targets!r})")
         _check(self.features in ("numeric", "hashed", "policy"),
                f"predictor.features must be numeric, hashed or policy (got {self.features!r})")
         _check(self.warmup_steps >= 0, f"predictor.warmup_steps must be >= 0 (got {self.warmup_steps})")
@@ -685,6 +689,8 @@ class LossConfig:
     """Registered advantage estimator: grpo, tree_subgroup, node_mc, tree_grpo."""
     normalize_std: bool = False
     """Divide advantages by the group's reward std (GRPO-style); off = mean-centred (Dr. GRPO)."""
+    debiased_values: bool = False
+    """The estimator's node values (baselines) are the debiased targets D instead of leaf means V^ (tree.py)."""
     eps_low: float = 0.2
     eps_high: float = 0.28
     aggregation: str = "token_mean"

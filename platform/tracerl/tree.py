@@ -9,6 +9,40 @@ every bottom-up quantity.
 Recursive targets (section 6):
     V^(leaf) = r,    V^(y) = sum_{c in children(y)} n_c * V^(c) / n_y
 which is the mean reward of the leaves below y; n_y is the number of leaves below y.
+
+Debiased targets (allocator ``trace_debiased``; ``RolloutTree.debiased_targets``). V^ is biased: the
+allocator chose where continuations go after seeing the bare rollouts' rewards, so the leaves below y
+over-represent prefixes expanded because a flip was predicted, and a continuation from a prefix y'
+below y samples V(y'), not V(y). What is unbiased, given how a tree is recorded (every child c of y
+starts or continues exactly one path, ``path_id``, whose leaf carries its reward r(c)):
+
+1. Each child gives one unbiased sample of V(y): E[r(c) | H_c] = V(c) and E[V(c) | H_y] = V(y). After
+   c the path is the policy's; nothing about its future decided that c exists (bare rollouts are placed
+   before any reward is seen; a continuation's start and the count K_y are chosen from the bare
+   rollouts, which given H_y are independent of the continuation).
+2. The number of children is not: K_y depends on the reward r_0 of the original path through y (V_pref
+   expands failed paths that were predicted on track, successful ones predicted lost). So the plain
+   mean D(y) = (r_0 + sum_k r_k) / (1 + K_y) is biased, E[D(y) - V(y)] = E[(r_0 - V(y)) / (1 + K_y)],
+   but weighting y by its number of children W(y) = 1 + K_y removes it:
+       E[W (D - V)] = E[r_0 - V(y)] + E[sum_{k <= K_y} (r_k - V(y))] = 0 + 0,
+   since r_0 has weight 1 whatever K_y is and each r_k is independent of K_y given H_y. This is the
+   sense the MSE fit needs: among anchors with the same history, the W-weighted mean target is V.
+3. A child therefore enters its parent as its path's reward r(c), not as its own mean D(c): D(c) is
+   unbiased only under W(c), which was chosen after seeing r(c) (at low V a success gets the
+   continuations and is diluted towards V, a failure keeps 0: D(c) is low). No unbiased estimate of
+   V(c) can use continuations whose number depends on the outcome, so a continuation refines only the
+   value of the prefix it started from and is not an extra sample of that prefix's ancestors.
+
+Hence D(leaf) = r, W(leaf) = 1; D(y) = mean over children c of r(c), W(y) = number of children
+(the root: its bare rollouts). W never grows with expansion below y, as n_y did.
+
+4. The fit takes (D, W) apart into examples that are each unbiased given that they exist
+   (``debiased_examples``): the root's (D, W); for every other non-leaf node n, its own path's reward
+   with weight 1 (every such node is in the tree whatever that reward is); and, where continuations
+   started at n, their mean reward with weight K_n (whether they exist was decided without them). In
+   the squared loss the two examples at n have the gradient of one example (D(n), 1 + K_n). Taken
+   alone, an expanded prefix's D is not unbiased: E[r_0 - V | K > 0] != 0, since the expansion was
+   chosen after seeing r_0; its continuation example is.
 """
 
 from __future__ import annotations
@@ -176,6 +210,77 @@ class RolloutTree:
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(n > 0, total / np.maximum(n, 1), np.nan)
 
+    def continuation_counts(self) -> np.ndarray:
+        """K_y: continuations started at each node (children on another path than the node's), shape (num_nodes,).
+
+        The root's children are bare rollouts, not continuations, so K is 0 there.
+        """
+        k = np.zeros(len(self.nodes), dtype=np.int64)
+        for node in self.nodes[1:]:
+            par = self.nodes[node.parent or 0]
+            if par.node_id != 0 and node.path_id != par.path_id:
+                k[par.node_id] += 1
+        return k
+
+    def debiased_targets(self) -> tuple[np.ndarray, np.ndarray]:
+        """Debiased targets D and their fit weights W per node (module docstring), each shape (num_nodes,).
+
+        D(leaf) = r; D(y) = mean over y's children of the reward of each child's path; W = the number of
+        children whose path has finished (1 on a leaf). NaN / 0 where no child's path has a reward.
+        """
+        rewards = self.path_rewards()
+        d, w = np.full(len(self.nodes), np.nan), np.zeros(len(self.nodes))
+        for node in self.nodes:
+            if node.is_leaf:
+                if node.reward is None:
+                    raise ValueError(f"leaf {node.node_id} has no reward")
+                d[node.node_id], w[node.node_id] = node.reward, 1.0
+                continue
+            samples = [rewards[p] for p in (self.nodes[c].path_id for c in node.children) if p in rewards]
+            if samples:
+                d[node.node_id], w[node.node_id] = float(np.mean(samples)), float(len(samples))
+        return d, w
+
+    def debiased_examples(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The fit's examples for debiased targets (module docstring, point 4): (node ids, values, weights).
+
+        Per non-leaf node, in node-id order: the root gets (D, W); any other node (own path's reward, 1), then,
+        if continuations started there, (their mean reward, K). Nodes with no finished path below are skipped.
+        """
+        rewards = self.path_rewards()
+        ids: list[int] = []
+        vals: list[float] = []
+        wts: list[float] = []
+        for node in self.nodes:
+            if node.is_leaf:
+                continue
+            kids = [self.nodes[c].path_id for c in node.children]
+            if node.parent is None:
+                groups = [[rewards[p] for p in kids if p in rewards]]
+            else:
+                own = [rewards[node.path_id]] if node.path_id in rewards else []
+                groups = [own, [rewards[p] for p in kids if p != node.path_id and p in rewards]]
+            for g in groups:
+                if g:
+                    ids.append(node.node_id)
+                    vals.append(float(np.mean(g)))
+                    wts.append(float(len(g)))
+        return np.asarray(ids, dtype=np.int64), np.asarray(vals, dtype=float), np.asarray(wts, dtype=float)
+
+    def prefix_groups(self) -> list[tuple[int, bool]]:
+        """(depth, mixed) of every prefix that received continuations: are the leaves below it mixed?"""
+        succ = np.zeros(len(self.nodes), dtype=bool)
+        fail = np.zeros(len(self.nodes), dtype=bool)
+        for node in reversed(self.nodes):
+            if node.is_leaf:
+                succ[node.node_id] = (node.reward or 0.0) > 0.5
+                fail[node.node_id] = not succ[node.node_id]
+            if node.parent is not None:
+                succ[node.parent] |= succ[node.node_id]
+                fail[node.parent] |= fail[node.node_id]
+        k = self.continuation_counts()
+        return [(n.depth, bool(succ[n.node_id] and fail[n.node_id])) for n in self.nodes if k[n.node_id] > 0]
+
     @property
     def num_leaves(self) -> int:
         return len(self._leaf_ids)
@@ -227,3 +332,17 @@ def leaf_effective_ratio(trees: Sequence[RolloutTree]) -> float:
 
 def total_contrast_pairs(trees: Sequence[RolloutTree]) -> int:
     return sum(sum(t.contrast_pairs().values()) for t in trees)
+
+
+def prefix_group_effective_ratio(trees: Sequence[RolloutTree]) -> tuple[float, int, dict[int, float]]:
+    """Of the prefixes that received continuations, the share whose leaves below are mixed.
+
+    Returns (ratio over all depths, number of such prefixes, {depth: ratio}); the ratio is NaN when no
+    prefix received a continuation (flat allocators).
+    """
+    groups = [g for t in trees for g in t.prefix_groups()]
+    by_depth: dict[int, list[bool]] = {}
+    for depth, mixed in groups:
+        by_depth.setdefault(depth, []).append(mixed)
+    ratio = sum(m for _, m in groups) / len(groups) if groups else float("nan")
+    return ratio, len(groups), {d: sum(v) / len(v) for d, v in sorted(by_depth.items())}

@@ -16,6 +16,11 @@ turn's advantage to that turn's model-generated tokens only (tool / observation 
   z(x; S) = (x - mean S) / (std S + eps); the second term is 0 where no such subgroup exists.
 
 All per-leaf estimators (grpo, tree_subgroup, tree_grpo) give every turn of a leaf the same value.
+
+``debiased=True`` (``loss.debiased_values``): every node value an estimator uses (the prompt's mean,
+a subgroup's mean, V^) is the node's debiased target D instead (platform/tracerl/tree.py): the mean,
+over the node's children, of each child's path reward, free of the allocator's selection of where
+continuations went. Group membership and std normalisation are unchanged.
 """
 
 from __future__ import annotations
@@ -58,11 +63,16 @@ def _broadcast(leaves: list[int], paths: list[list[int]], values: np.ndarray) ->
     return TreeAdvantages(leaves, [np.full(len(p) - 1, v) for p, v in zip(paths, values)])
 
 
+def _values(tree: RolloutTree, debiased: bool) -> np.ndarray:
+    """Node values: debiased targets D or recursive targets V^ (the mean of the leaves below)."""
+    return tree.debiased_targets()[0] if debiased else tree.targets()
+
+
 @ADVANTAGES.register("grpo")
-def grpo_advantages(tree: RolloutTree, normalize_std: bool = False) -> TreeAdvantages:
+def grpo_advantages(tree: RolloutTree, normalize_std: bool = False, debiased: bool = False) -> TreeAdvantages:
     """Group-relative advantage over all leaves of the prompt (mean-centred; std optional)."""
     leaves, paths, r = _leaf_paths(tree)
-    a = r - r.mean() if r.size else r
+    a = r - (_values(tree, True)[0] if debiased else r.mean()) if r.size else r
     if normalize_std and r.size:
         a = a / (r.std() + EPS)
     return _broadcast(leaves, paths, a)
@@ -78,16 +88,18 @@ def _subgroups(paths: list[list[int]]) -> dict[tuple[int, int], list[int]]:
 
 
 @ADVANTAGES.register("tree_subgroup")
-def tree_subgroup_advantages(tree: RolloutTree, normalize_std: bool = False) -> TreeAdvantages:
+def tree_subgroup_advantages(tree: RolloutTree, normalize_std: bool = False, debiased: bool = False) -> TreeAdvantages:
     """TreePO-style: mean over depths of r minus the mean of the leaves sharing the first d turns."""
     leaves, paths, r = _leaf_paths(tree)
     if not r.size:
         return TreeAdvantages([], [])
     groups = _subgroups(paths)
-    means = {key: r[idx].mean() for key, idx in groups.items() if len(idx) >= 2}
+    vals = _values(tree, True) if debiased else None
+    means = {key: r[idx].mean() if vals is None else vals[key[1]] for key, idx in groups.items() if len(idx) >= 2}
+    base = r.mean() if vals is None else vals[0]
     out = np.empty(len(leaves))
     for i, p in enumerate(paths):
-        terms = [r[i] - r.mean()]
+        terms = [r[i] - base]
         terms += [r[i] - means[(d, p[d])] for d in range(1, len(p) - 1) if (d, p[d]) in means]
         out[i] = np.mean(terms)
     if normalize_std:
@@ -96,10 +108,10 @@ def tree_subgroup_advantages(tree: RolloutTree, normalize_std: bool = False) -> 
 
 
 @ADVANTAGES.register("node_mc")
-def node_mc_advantages(tree: RolloutTree, normalize_std: bool = False) -> TreeAdvantages:
-    """Per-turn Monte-Carlo credit V^(child) - V^(parent) from the recursive targets."""
+def node_mc_advantages(tree: RolloutTree, normalize_std: bool = False, debiased: bool = False) -> TreeAdvantages:
+    """Per-turn Monte-Carlo credit V^(child) - V^(parent) from the recursive (or debiased) targets."""
     leaves, paths, r = _leaf_paths(tree)
-    v = tree.targets()
+    v = _values(tree, debiased)
     per_turn = [np.diff(v[p]) for p in paths]
     if normalize_std and r.size:
         per_turn = [a / (r.std() + EPS) for a in per_turn]
@@ -107,12 +119,13 @@ def node_mc_advantages(tree: RolloutTree, normalize_std: bool = False) -> TreeAd
 
 
 @ADVANTAGES.register("tree_grpo")
-def tree_grpo_advantages(tree: RolloutTree, normalize_std: bool = True) -> TreeAdvantages:
+def tree_grpo_advantages(tree: RolloutTree, normalize_std: bool = True, debiased: bool = False) -> TreeAdvantages:
     """Two-level (prompt + deepest sibling subgroup) std-normalised advantages; always normalised."""
     leaves, paths, r = _leaf_paths(tree)
     if not r.size:
         return TreeAdvantages([], [])
-    z_global = (r - r.mean()) / (r.std() + EPS)
+    vals = _values(tree, True) if debiased else None
+    z_global = (r - (r.mean() if vals is None else vals[0])) / (r.std() + EPS)
     groups = _subgroups(paths)
     out = z_global.copy()
     for i, p in enumerate(paths):
@@ -120,6 +133,6 @@ def tree_grpo_advantages(tree: RolloutTree, normalize_std: bool = True) -> TreeA
             idx = groups.get((d, p[d]), [])
             if len(idx) >= 2:
                 sub = r[idx]
-                out[i] += (r[i] - sub.mean()) / (sub.std() + EPS)
+                out[i] += (r[i] - (sub.mean() if vals is None else vals[p[d]])) / (sub.std() + EPS)
                 break
     return _broadcast(leaves, paths, out)

@@ -17,6 +17,7 @@ cases (docs/TRACE.md sections 4, 5, 9):
 | trace_root_only    | exact V_root solver                   | uniformly random     |
 | trace_prefix_only  | M/g random prompts x g                | exact V_pref solver  |
 | trace              | exact V_root solver                   | exact V_pref solver  |
+| trace_debiased     | trace; the predictor fits debiased targets (tree.py)         |
 | oracle_trace       | trace with the simulator's true probabilities (the ceiling)  |
 
 Leaves are equal for all but dapo: flat allocators spend L = (L/G) G leaves at the roots; tree
@@ -78,6 +79,8 @@ class Allocator:
     """Dynamic sampling (dapo): the driver re-samples groups until enough are mixed."""
     predictor: str | None = None
     """Force this predictor (oracle_trace uses the simulator's oracle)."""
+    targets: str | None = None
+    """Force the predictor's fit targets (predictor.targets); trace_debiased uses 'debiased'."""
 
     def __init__(self, cfg: AllocatorConfig) -> None:
         self.cfg = cfg
@@ -215,6 +218,18 @@ class TraceAllocator(TreeAllocator):
     """TRACE: exact V_root allocation over the pool, exact V_pref expansion per prompt."""
 
     name = "trace"
+
+
+@ALLOCATORS.register("trace_debiased")
+class TraceDebiasedAllocator(TraceAllocator):
+    """TRACE whose predictor fits targets without selection bias: each policy-sampled child counts once.
+
+    Allocation is trace's; what changes is what the predictor learns from the finished trees: the
+    debiased targets D with weights = number of children (platform/tracerl/tree.py derives them).
+    """
+
+    name = "trace_debiased"
+    targets = "debiased"
 
 
 @ALLOCATORS.register("trace_root_only")

@@ -67,15 +67,20 @@ class TrainBatch:
         }
 
 
-def collate(trees: Sequence[RolloutTree], estimator: str = "tree_subgroup", normalize_std: bool = False) -> TrainBatch:
-    """One sequence per leaf of every tree, with per-token advantages from ``estimator`` (ADVANTAGES)."""
+def collate(trees: Sequence[RolloutTree], estimator: str = "tree_subgroup", normalize_std: bool = False,
+            debiased: bool = False) -> TrainBatch:
+    """One sequence per leaf of every tree, with per-token advantages from ``estimator`` (ADVANTAGES).
+
+    ``debiased``: the estimator's node values are the debiased targets (``loss.debiased_values``).
+    """
     fn = ADVANTAGES.get(estimator)
+    opts = {"debiased": True} if debiased else {}  # estimators registered by users need not take the flag
     batch = TrainBatch()
     for tree in trees:
         if not tree.prompt_token_ids:
             raise ValueError(f"tree of prompt {tree.prompt.prompt_id!r} has no prompt tokens; only trees rolled out "
                              "by a language-model engine can be collated")
-        adv = fn(tree, normalize_std=normalize_std)
+        adv = fn(tree, normalize_std=normalize_std, **opts)
         for leaf_id, per_turn in zip(adv.leaf_ids, adv.per_turn):
             ids, mask, turn = tree.sequence(leaf_id)
             a = [float(per_turn[t - 1]) if m else 0.0 for m, t in zip(mask, turn)]
