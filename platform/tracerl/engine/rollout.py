@@ -10,7 +10,8 @@ ending the episode; tools may differ per task and per user turn (``ToolEnv.tools
 
 Limits (``SamplerConfig``) end episodes with a status: ``max_turns`` turns, ``max_episode_tokens``
 generated tokens, or the model's context window. The ledger counts generated tokens, prefill tokens computed vs re-used,
-LLM calls, tool calls and replayed tool calls. Same seed, same calls, same trees.
+LLM calls, tool calls and replayed tool calls. Observations are made encodable (lone surrogates replaced) before
+they are tokenized. Same seed, same calls, same trees.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from tracerl.algos.allocators import Expansion
 from tracerl.config import SamplerConfig
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.protocol import ToolEnv, ToolResult, execute_batch, on_answer, tools_for
-from tracerl.engine.react import Action, ActionKind, TurnTemplate
+from tracerl.engine.react import Action, ActionKind, TurnTemplate, encodable
 from tracerl.samplers.base import Generation, Sampler
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt, Status
@@ -71,7 +72,7 @@ class TreeRolloutEngine:
         self.ledger = BudgetLedger()
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+        return list(self.tok(encodable(text), add_special_tokens=False)["input_ids"])
 
     def _start(self, tree: RolloutTree, bare: bool, node_id: int = 0) -> _Path:
         if node_id == 0 and 0 not in tree.fork_state:
@@ -168,6 +169,7 @@ class TreeRolloutEngine:
         else:
             obs_text = self.template.observation(action.error or "Error: invalid action.")
             led.invalid_actions += 1
+        obs_text = encodable(obs_text)  # an environment may echo what the model wrote (lone surrogates included)
         sep = "" if g.text.endswith("\n") or not g.text else "\n"
         obs_ids = self._encode(sep + obs_text)
         p.turns += 1
