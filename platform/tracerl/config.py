@@ -362,6 +362,11 @@ class EnvConfig:
     """Settings of the search environment."""
     bfcl: BfclEnvConfig = field(default_factory=BfclEnvConfig)
     """Settings of the BFCL environment."""
+    reward_timeout_s: float = 10.0
+    """Wall-clock limit on grading one answer (math-verify, search F1, the BFCL checker); past it: reward 0, flagged."""
+
+    def __post_init__(self) -> None:
+        _check(self.reward_timeout_s > 0, f"env.reward_timeout_s must be > 0 (got {self.reward_timeout_s})")
 
 
 @dataclass(frozen=True)
