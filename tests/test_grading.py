@@ -187,3 +187,25 @@ def test_the_tower_times_out_inside_a_ray_actor(ray_local: Any) -> None:
     assert kind == "GradeTimeout" and took < ENDS_WITHIN
     assert ray.get(actor.grade.remote("3.0"), timeout=300)[0] == "1.0"  # the replacement worker grades
     ray.kill(actor)
+
+
+def test_a_pathological_bfcl_tool_call_is_stopped_and_not_recorded() -> None:
+    try:
+        from envs.bfcl.data import import_bfcl
+
+        import_bfcl()
+    except ImportError as exc:
+        pytest.skip(f"bfcl-eval is not installed ({exc})")
+    from envs.bfcl.env import BfclEnv, task_prompt
+    from tracerl.engine.react import Action, ActionKind
+
+    env = BfclEnv(("base",), call_timeout_s=LIMIT)
+    task = next(t for t in env.tasks.values() if "MathAPI" in t.entry["involved_classes"])
+    prompt = task_prompt(task)
+    state = env.initial_state(prompt)
+    huge = Action(ActionKind.TOOL, "", tool="power", arguments={"base": 9, "exponent": 387420489})
+    out, took = _timed(env.execute, prompt, state, huge)  # unbounded: minutes in BFCL's MathAPI
+    assert "ran past 2 s and were stopped; nothing was recorded" in out.observation and took < ENDS_WITHIN
+    assert out.state == state
+    fine = env.execute(prompt, state, Action(ActionKind.TOOL, "", tool="add", arguments={"a": 1, "b": 2}))
+    assert "3" in fine.observation and fine.state.num_calls == 1

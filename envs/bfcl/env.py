@@ -6,6 +6,8 @@ turn without calls. Then the environment delivers the next user message (``on_an
 user turn the official ``multi_turn_checker`` scores the recorded calls (reward 1 or 0). In miss_func tasks
 the held-out functions are added at their turn: that turn's user message lists their schemas. The checker
 re-executes the episode's calls; it runs in a grading worker under ``env.reward_timeout_s`` (``tracerl.grading``).
+Tool calls run in a worker of their own under ``env.bfcl.call_timeout_s``: calls past it are an error observation
+and are not recorded.
 
 [choice] Forking by deterministic replay: the state is the calls recorded so far (per user turn, per
 response); each execution rebuilds the backends from the task's initial configuration and re-runs the
@@ -34,7 +36,7 @@ from envs.bfcl.data import ADDED_FUNCTIONS_PROMPT, BfclTask, import_bfcl, load_t
 from envs.registry import ENVS
 from tracerl.engine.protocol import AnswerResult, ToolResult
 from tracerl.engine.react import Action, ChatTemplate, PlainTemplate, ToolCall, ToolSpec
-from tracerl.grading import GradeError, Grader
+from tracerl.grading import GradeError, Grader, GradeTimeout
 from tracerl.types import Prompt
 
 PRELOAD = ("envs.bfcl.data:import_bfcl", "envs.bfcl.env", "bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker")
@@ -110,17 +112,20 @@ class BfclEnv:
     """Tools differ per task and per user turn: see ``tools_for``."""
 
     def __init__(self, categories: Sequence[str] = ("base", "miss_func", "miss_param", "long_context"),
-                 docs: str = "full", reward_timeout_s: float = 10.0) -> None:
+                 docs: str = "full", reward_timeout_s: float = 10.0, call_timeout_s: float = 10.0) -> None:
         import_bfcl()
         self.tasks: dict[str, BfclTask] = {t.task_id: t for c in categories for t in load_tasks(c)}
         self.docs = docs
         self.grader = Grader(reward_timeout_s, PRELOAD)
         """Runs the multi-turn checker (started at the first episode's end)."""
+        self.runner = Grader(call_timeout_s, PRELOAD)
+        """Runs the calls of a turn with the replayed ones (started at the first call)."""
 
     @classmethod
     def from_config(cls, env_cfg: Any) -> BfclEnv:
         """One environment from ``env_cfg.bfcl``."""
-        return cls(env_cfg.bfcl.categories, env_cfg.bfcl.docs, env_cfg.reward_timeout_s)
+        b = env_cfg.bfcl
+        return cls(b.categories, b.docs, env_cfg.reward_timeout_s, b.call_timeout_s)
 
     @staticmethod
     def prompts(env_cfg: Any, held_out: bool = False) -> list[Prompt]:
@@ -169,20 +174,23 @@ class BfclEnv:
                 return ToolResult(err, state, calls=0)
         new = tuple(canonical_call(c) for c in action.calls)
         history = [call for turn in state.steps for step in turn for call in step]
-        results = self._run(task, [*history, *new])[len(history):]
+        try:
+            results = self._run(task, [*history, *new])[len(history):]
+        except GradeTimeout:  # e.g. power(base=9, exponent=387420489): the calls are dropped, the episode goes on
+            return ToolResult(f"Error: the calls ran past {self.runner.timeout_s:g} s and were stopped; nothing was "
+                              "recorded. Make cheaper calls.", state, calls=len(new), replayed=len(history))
+        except GradeError as exc:
+            return ToolResult(f"Error: the calls failed ({exc}); nothing was recorded.", state, calls=len(new),
+                              replayed=len(history))
         observation = "\n".join(f"{call} -> {result}" for call, result in zip(new, results))
         steps = (*state.steps[:-1], (*state.steps[-1], new))
         return ToolResult(observation, BfclState(state.turn, steps), calls=len(new), replayed=len(history))
 
     def _run(self, task: BfclTask, calls: list[str]) -> list[str]:
-        """Execute ``calls`` in order on fresh backends of ``task`` (isolated, cleaned up); one result each."""
-        from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
-
-        with _Globals() as name:
-            results, _ = execute_multi_turn_func_call(calls, task.entry["initial_config"],
-                                                      task.entry["involved_classes"], name, task.task_id,
-                                                      long_context=task.long_context)
-        return [str(r) for r in results]
+        """Execute ``calls`` in order on fresh backends of ``task`` in the call worker, under
+        ``env.bfcl.call_timeout_s`` (raises ``GradeTimeout`` past it, ``GradeError`` if the worker failed)."""
+        return list(self.runner(run_calls, calls, task.entry["initial_config"], task.entry["involved_classes"],
+                                task.task_id, task.long_context))
 
     def on_answer(self, prompt: Prompt, state: BfclState, action: Action) -> AnswerResult:
         """End of a user turn: the next user message, or after the last one the checker's reward."""
@@ -233,6 +241,19 @@ class BfclEnv:
             reply = GOLD_ANSWER if calls else GOLD_DECLINE
             turns.append(f"Thought: The request is handled.\nFinal Answer: {reply}\n" if name == "plain" else reply)
         return turns
+
+
+def run_calls(calls: list[str], initial_config: dict[str, Any], involved_classes: list[str], task_id: str,
+              long_context: bool) -> list[str]:
+    """Execute ``calls`` in order on fresh backends (isolated, cleaned up); one result each. Unbounded time (a call
+    such as ``power(base=9, exponent=387420489)`` runs for minutes): ``BfclEnv`` runs it in its call worker."""
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
+
+    import_bfcl()
+    with _Globals() as name:
+        results, _ = execute_multi_turn_func_call(calls, initial_config, involved_classes, name, task_id,
+                                                  long_context=long_context)
+    return [str(r) for r in results]
 
 
 def check_episode(decoded: list[list[list[str]]], ground_truth: list[list[str]], entry: dict[str, Any]) -> float:
