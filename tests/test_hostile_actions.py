@@ -15,15 +15,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from tracerl.config import EnvConfig, SamplerConfig, SearchEnvConfig
-from tracerl.engine.react import (
-    MAX_ACTION_CHARS,
-    MAX_ARGUMENT_DEPTH,
-    ActionKind,
-    ChatTemplate,
-    PlainTemplate,
-    ToolSpec,
-)
+from tracerl.engine.react import ActionKind, ChatTemplate, PlainTemplate, ToolSpec
 from tracerl.engine.rollout import TreeRolloutEngine
+from tracerl.engine.untrusted import MAX_ACTION_CHARS, MAX_ARGUMENT_DEPTH
 from tracerl.samplers.scripted import ScriptedSampler
 from tracerl.types import Prompt, Status
 

@@ -39,6 +39,14 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Protocol
 
+from tracerl.engine.untrusted import (
+    MAX_ARGUMENT_DEPTH,
+    TooDeep,
+    clean,
+    encodable,
+    json_error,
+    oversized,
+)
 from tracerl.registry import Registry
 
 
@@ -123,57 +131,18 @@ class TurnTemplate(Protocol):
 
 TEMPLATES: Registry = Registry("turn template")
 
-MAX_ACTION_CHARS = 65_536
-"""Longest action input the parser reads (a call list, a tool's bracketed or JSON input, one ``<tool_call>`` block);
-a longer one is an error observation (a turn is already capped in tokens: this bounds the parser's work)."""
-MAX_ARGUMENT_DEPTH = 32
-"""Deepest nesting of lists, tuples, sets and dicts in a call's arguments; deeper is an error observation."""
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def encodable(text: str) -> str:
-    """``text`` with every surrogate code point replaced by U+FFFD.
-
-    A JSON or Python escape such as ``\\ud800`` decodes to a lone surrogate, which no UTF-8 encoder (and no
-    tokenizer) accepts; whatever the engine encodes or echoes goes through here."""
-    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
-
-
-class _TooDeep(ValueError):
-    """Argument values nested deeper than ``MAX_ARGUMENT_DEPTH``."""
-
-
-def _clean(value: Any, depth: int = 0) -> Any:
-    """``value`` with every string made encodable; raises ``_TooDeep`` past ``MAX_ARGUMENT_DEPTH`` levels."""
-    if isinstance(value, str):
-        return encodable(value)
-    if not isinstance(value, (list, tuple, set, frozenset, dict)):
-        return value
-    if depth >= MAX_ARGUMENT_DEPTH:
-        raise _TooDeep(depth)
-    if isinstance(value, dict):
-        return {_clean(k, depth + 1): _clean(v, depth + 1) for k, v in value.items()}
-    return type(value)(_clean(v, depth + 1) for v in value)
-
 
 def _safe(action: Action) -> Action:
     """``action`` with every string encodable; a call whose arguments nest too deeply makes it INVALID."""
     try:
-        calls = tuple(ToolCall(encodable(c.tool), _clean(c.arguments)) for c in action.more_calls)
-        arguments = _clean(action.arguments)
-    except _TooDeep:
+        calls = tuple(ToolCall(encodable(c.tool), clean(c.arguments)) for c in action.more_calls)
+        arguments = clean(action.arguments)
+    except TooDeep:
         return Action(ActionKind.INVALID, encodable(action.text),
                       error=f"Error: the arguments are nested more than {MAX_ARGUMENT_DEPTH} levels deep.")
     return Action(action.kind, encodable(action.text), tool=None if action.tool is None else encodable(action.tool),
                   arguments=arguments, answer=None if action.answer is None else encodable(action.answer),
                   error=None if action.error is None else encodable(action.error), more_calls=calls)
-
-
-def _oversized(body: str) -> str | None:
-    """The error observation for an action input longer than ``MAX_ACTION_CHARS``, else None."""
-    if len(body) <= MAX_ACTION_CHARS:
-        return None
-    return f"Error: the action's input is {len(body)} characters long; the limit is {MAX_ACTION_CHARS}."
 
 
 def _check_tool(name: str, args: Mapping[str, Any], tools: Sequence[ToolSpec]) -> str | None:
@@ -200,7 +169,7 @@ def parse_call_list(source: str, tools: Sequence[ToolSpec]) -> tuple[list[ToolCa
     Returns:
         The calls, and None; or the calls parsed so far and the error observation for the first bad one.
     """
-    too_long = _oversized(source)
+    too_long = oversized(source)
     if too_long:
         return [], too_long
     try:
@@ -335,7 +304,7 @@ class PlainTemplate:
         if end < 0:
             return Action(ActionKind.INVALID, kept, error=f"Error: the action's input is not closed with '{closer}'.")
         raw = body[:end]
-        too_long = _oversized(raw)
+        too_long = oversized(raw)
         if too_long:
             return Action(ActionKind.INVALID, kept, error=too_long)
         spec = next((t for t in tools if t.name == name), None)
@@ -345,7 +314,7 @@ class PlainTemplate:
             try:
                 parsed = json.loads("{" + raw + "}")
             except (ValueError, RecursionError) as exc:  # JSONDecodeError, a too long number, too deep nesting
-                return Action(ActionKind.INVALID, kept, error=f"Error: the arguments are not valid JSON ({_json_error(exc)}).")
+                return Action(ActionKind.INVALID, kept, error=f"Error: the arguments are not valid JSON ({json_error(exc)}).")
             if not isinstance(parsed, dict):
                 return Action(ActionKind.INVALID, kept, error="Error: the arguments must be a JSON object.")
             args = parsed
@@ -456,13 +425,13 @@ class ChatTemplate:
         """One ``<tool_call>`` block: the call, or an INVALID action (text filled in by the caller)."""
         if not m.group(2):
             return None, Action(ActionKind.INVALID, "", error="Error: <tool_call> is not closed with </tool_call>.")
-        too_long = _oversized(m.group(1))
+        too_long = oversized(m.group(1))
         if too_long:
             return None, Action(ActionKind.INVALID, "", error=too_long)
         try:
             call = json.loads(m.group(1))
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, a too long number, too deep nesting
-            return None, Action(ActionKind.INVALID, "", error=f"Error: the tool call is not valid JSON ({_json_error(exc)}).")
+            return None, Action(ActionKind.INVALID, "", error=f"Error: the tool call is not valid JSON ({json_error(exc)}).")
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             return None, Action(ActionKind.INVALID, "", error='Error: a tool call must be {"name": ..., "arguments": {...}}.')
         args = call.get("arguments") or {}
@@ -477,15 +446,6 @@ class ChatTemplate:
         if err:
             return None, Action(ActionKind.INVALID, "", tool=str(call["name"]), arguments=args, error=err)
         return ToolCall(str(call["name"]), args), None
-
-
-def _json_error(exc: Exception) -> str:
-    """What was wrong with a JSON text, for the error observation."""
-    if isinstance(exc, json.JSONDecodeError):
-        return exc.msg
-    if isinstance(exc, RecursionError):
-        return "nested too deeply"
-    return str(exc).split(":")[0]  # e.g. 'Exceeds the limit (4300 digits) for integer string conversion'
 
 
 def _tools_system_text(tools: Sequence[ToolSpec]) -> str:

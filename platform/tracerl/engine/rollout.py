@@ -28,7 +28,8 @@ from tracerl.algos.allocators import Expansion
 from tracerl.config import SamplerConfig
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult, execute_batch, on_answer, tools_for
-from tracerl.engine.react import Action, ActionKind, TurnTemplate, encodable
+from tracerl.engine.react import Action, ActionKind, TurnTemplate
+from tracerl.engine.untrusted import encodable
 from tracerl.grading import GradeTimeout
 from tracerl.samplers.base import Generation, Sampler
 from tracerl.tree import RolloutTree
