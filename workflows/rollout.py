@@ -96,7 +96,7 @@ def run_rollout(cfg: RolloutConfig, progress: Callable[[str], None] = lambda s: 
 def merge_ledgers(step_ledger: BudgetLedger, engine_ledger: BudgetLedger) -> BudgetLedger:
     """The step's counts (leaves, rollouts) plus the engine's (tokens, calls, tool work, generation time)."""
     for f in ("generated_tokens", "prefill_tokens_computed", "prefill_tokens_reused", "llm_calls", "tool_calls",
-              "tool_calls_replayed", "invalid_actions", "retried"):
+              "tool_calls_replayed", "invalid_actions", "grade_timeouts", "retried"):
         setattr(step_ledger, f, getattr(engine_ledger, f))
     step_ledger.phase_s.update({k: v for k, v in engine_ledger.phase_s.items()})
     return step_ledger

@@ -4,7 +4,10 @@ An episode is one BFCL task. The user's first message is the prompt; a model res
 calls functions (one or more calls; their results come back as one observation) or ends the current user
 turn without calls. Then the environment delivers the next user message (``on_answer``); after the last
 user turn the official ``multi_turn_checker`` scores the recorded calls (reward 1 or 0). In miss_func tasks
-the held-out functions are added at their turn: that turn's user message lists their schemas.
+the held-out functions are added at their turn: that turn's user message lists their schemas. The checker
+re-executes the episode's calls; it runs in a grading worker under ``env.reward_timeout_s`` (``tracerl.grading``).
+Tool calls run in a worker of their own under ``env.bfcl.call_timeout_s``: calls past it are an error observation
+and are not recorded.
 
 [choice] Forking by deterministic replay: the state is the calls recorded so far (per user turn, per
 response); each execution rebuilds the backends from the task's initial configuration and re-runs the
@@ -33,8 +36,11 @@ from envs.bfcl.data import ADDED_FUNCTIONS_PROMPT, BfclTask, import_bfcl, load_t
 from envs.registry import ENVS
 from tracerl.engine.protocol import AnswerResult, ToolResult
 from tracerl.engine.react import Action, ChatTemplate, PlainTemplate, ToolCall, ToolSpec
+from tracerl.grading import GradeError, Grader, GradeTimeout
 from tracerl.types import Prompt
 
+PRELOAD = ("envs.bfcl.data:import_bfcl", "envs.bfcl.env", "bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker")
+"""What a BFCL grading worker imports before it counts as started."""
 GOLD_ANSWER = "Done."
 """What a gold response says when it ends a user turn."""
 GOLD_DECLINE = "I cannot do that with the functions and information I have."
@@ -106,15 +112,20 @@ class BfclEnv:
     """Tools differ per task and per user turn: see ``tools_for``."""
 
     def __init__(self, categories: Sequence[str] = ("base", "miss_func", "miss_param", "long_context"),
-                 docs: str = "full") -> None:
+                 docs: str = "full", reward_timeout_s: float = 10.0, call_timeout_s: float = 10.0) -> None:
         import_bfcl()
         self.tasks: dict[str, BfclTask] = {t.task_id: t for c in categories for t in load_tasks(c)}
         self.docs = docs
+        self.grader = Grader(reward_timeout_s, PRELOAD)
+        """Runs the multi-turn checker (started at the first episode's end)."""
+        self.runner = Grader(call_timeout_s, PRELOAD)
+        """Runs the calls of a turn with the replayed ones (started at the first call)."""
 
     @classmethod
     def from_config(cls, env_cfg: Any) -> BfclEnv:
         """One environment from ``env_cfg.bfcl``."""
-        return cls(env_cfg.bfcl.categories, env_cfg.bfcl.docs)
+        b = env_cfg.bfcl
+        return cls(b.categories, b.docs, env_cfg.reward_timeout_s, b.call_timeout_s)
 
     @staticmethod
     def prompts(env_cfg: Any, held_out: bool = False) -> list[Prompt]:
@@ -163,20 +174,23 @@ class BfclEnv:
                 return ToolResult(err, state, calls=0)
         new = tuple(canonical_call(c) for c in action.calls)
         history = [call for turn in state.steps for step in turn for call in step]
-        results = self._run(task, [*history, *new])[len(history):]
+        try:
+            results = self._run(task, [*history, *new])[len(history):]
+        except GradeTimeout:  # e.g. power(base=9, exponent=387420489): the calls are dropped, the episode goes on
+            return ToolResult(f"Error: the calls ran past {self.runner.timeout_s:g} s and were stopped; nothing was "
+                              "recorded. Make cheaper calls.", state, calls=len(new), replayed=len(history))
+        except GradeError as exc:
+            return ToolResult(f"Error: the calls failed ({exc}); nothing was recorded.", state, calls=len(new),
+                              replayed=len(history))
         observation = "\n".join(f"{call} -> {result}" for call, result in zip(new, results))
         steps = (*state.steps[:-1], (*state.steps[-1], new))
         return ToolResult(observation, BfclState(state.turn, steps), calls=len(new), replayed=len(history))
 
     def _run(self, task: BfclTask, calls: list[str]) -> list[str]:
-        """Execute ``calls`` in order on fresh backends of ``task`` (isolated, cleaned up); one result each."""
-        from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
-
-        with _Globals() as name:
-            results, _ = execute_multi_turn_func_call(calls, task.entry["initial_config"],
-                                                      task.entry["involved_classes"], name, task.task_id,
-                                                      long_context=task.long_context)
-        return [str(r) for r in results]
+        """Execute ``calls`` in order on fresh backends of ``task`` in the call worker, under
+        ``env.bfcl.call_timeout_s`` (raises ``GradeTimeout`` past it, ``GradeError`` if the worker failed)."""
+        return list(self.runner(run_calls, calls, task.entry["initial_config"], task.entry["involved_classes"],
+                                task.task_id, task.long_context))
 
     def on_answer(self, prompt: Prompt, state: BfclState, action: Action) -> AnswerResult:
         """End of a user turn: the next user message, or after the last one the checker's reward."""
@@ -191,19 +205,21 @@ class BfclEnv:
         return AnswerResult(observation=message, state=BfclState(nxt, (*state.steps, ())))
 
     def score(self, task: BfclTask, state: BfclState) -> float:
-        """BFCL's multi-turn checker on the recorded calls: 1.0 if every turn's state and results match."""
-        from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
+        """BFCL's multi-turn checker on the recorded calls: 1.0 if every turn's state and results match.
 
+        The checker re-executes every call of the episode: it runs in the grading worker, under
+        ``env.reward_timeout_s``.
+
+        Raises:
+            GradeTimeout: the check ran past the limit.
+        """
         if len(state.steps) != len(task.ground_truth):
             return 0.0
         decoded = [[list(step) for step in turn if step] for turn in state.steps]
-        with _Globals() as name:
-            try:
-                result = multi_turn_checker(decoded, [list(t) for t in task.ground_truth], dict(task.entry),
-                                            task.entry["id"].rsplit("_", 1)[0], name)
-            except Exception:  # the checker asserts on malformed runs: a failed check, never a crash
-                return 0.0
-        return 1.0 if result.get("valid") else 0.0
+        try:
+            return float(self.grader(check_episode, decoded, [list(t) for t in task.ground_truth], dict(task.entry)))
+        except GradeError:  # the worker ran out of memory or died on these calls: a failed check
+            return 0.0
 
     def reward(self, prompt: Prompt, answer: str | None) -> float:
         """BFCL scores the whole episode's calls (``on_answer``); an answer alone earns nothing."""
@@ -225,6 +241,33 @@ class BfclEnv:
             reply = GOLD_ANSWER if calls else GOLD_DECLINE
             turns.append(f"Thought: The request is handled.\nFinal Answer: {reply}\n" if name == "plain" else reply)
         return turns
+
+
+def run_calls(calls: list[str], initial_config: dict[str, Any], involved_classes: list[str], task_id: str,
+              long_context: bool) -> list[str]:
+    """Execute ``calls`` in order on fresh backends (isolated, cleaned up); one result each. Unbounded time (a call
+    such as ``power(base=9, exponent=387420489)`` runs for minutes): ``BfclEnv`` runs it in its call worker."""
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
+
+    import_bfcl()
+    with _Globals() as name:
+        results, _ = execute_multi_turn_func_call(calls, initial_config, involved_classes, name, task_id,
+                                                  long_context=long_context)
+    return [str(r) for r in results]
+
+
+def check_episode(decoded: list[list[list[str]]], ground_truth: list[list[str]], entry: dict[str, Any]) -> float:
+    """BFCL's multi-turn checker on an episode's calls (per user turn, per response): 1.0 if valid, else 0.0.
+    Unbounded time: ``BfclEnv.score`` runs it in a grading worker."""
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
+
+    import_bfcl()
+    with _Globals() as name:
+        try:
+            result = multi_turn_checker(decoded, ground_truth, entry, entry["id"].rsplit("_", 1)[0], name)
+        except Exception:  # noqa: BLE001 - the checker asserts on malformed runs: a failed check, never a crash
+            return 0.0
+    return 1.0 if result.get("valid") else 0.0
 
 
 def _check_arguments(call: ToolCall) -> str | None:

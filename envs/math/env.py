@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from envs.math.datasets import load_math_file
-from envs.math.reward import is_correct
+from envs.math.reward import PRELOAD, is_correct
 from envs.math.tasks import generate
 from envs.registry import ENVS
 from envs.sandbox import Sandbox
@@ -26,6 +26,7 @@ from tracerl.config import SandboxConfig
 from tracerl.engine.gold import answer_turn_text, tool_turn_text
 from tracerl.engine.protocol import ToolResult
 from tracerl.engine.react import Action, ToolSpec
+from tracerl.grading import Grader
 from tracerl.types import Prompt
 
 DISCARDED = "[This cell did not finish normally; its state was discarded: later calls run without it.]"
@@ -37,8 +38,10 @@ class MathEnv:
     fork_mode = "replay"
     tools: Sequence[ToolSpec] = (PYTHON,)
 
-    def __init__(self, sandbox: SandboxConfig | None = None, stateful: bool = True) -> None:
+    def __init__(self, sandbox: SandboxConfig | None = None, stateful: bool = True, reward_timeout_s: float = 10.0) -> None:
         self.sandbox = Sandbox(sandbox or SandboxConfig())
+        self.grader = Grader(reward_timeout_s, PRELOAD)
+        """math-verify's worker (started on the first answer exact match cannot settle)."""
         self.stateful = stateful
         self.task_cfg: Any = None
         """The env.math section this instance was built from (gold turns regenerate its tasks)."""
@@ -47,7 +50,7 @@ class MathEnv:
     @classmethod
     def from_config(cls, env_cfg: Any) -> MathEnv:
         m = env_cfg.math
-        env = cls(m.sandbox, stateful=m.stateful_python)
+        env = cls(m.sandbox, stateful=m.stateful_python, reward_timeout_s=env_cfg.reward_timeout_s)
         env.task_cfg = m
         return env
 
@@ -104,4 +107,5 @@ class MathEnv:
         return ToolResult(result.observation(), cells, calls=1, replayed=len(cells) - 1)
 
     def reward(self, prompt: Prompt, answer: str | None) -> float:
-        return 1.0 if prompt.answer is not None and is_correct(prompt.answer, answer) else 0.0
+        """1.0 for a correct answer. Raises ``GradeTimeout`` past ``env.reward_timeout_s`` (the engine scores it 0)."""
+        return 1.0 if prompt.answer is not None and is_correct(prompt.answer, answer, self.grader) else 0.0

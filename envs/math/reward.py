@@ -1,8 +1,9 @@
-"""Answer extraction and verification with math-verify (exact-match fast path first).
+"""Answer extraction and verification: an exact-match fast path in process, then math-verify in a grading worker.
 
-math-verify (``verify(gold, pred)``) raises outside the main thread unless its own timeouts are off,
-so they are off here (``parsing_timeout=None``, ``timeout_seconds=None``); the caller bounds time
-(environment actors run one episode step at a time and the answers are short).
+math-verify (``verify(gold, pred)``) raises outside the main thread unless its own timeouts are off, so they are off
+here (``parsing_timeout=None``, ``timeout_seconds=None``). Time is bounded from outside instead: with a
+``tracerl.grading.Grader`` the math-verify step runs in a worker process that is killed past its wall-clock limit
+(sympy spent over 40 s on the 17-character answer ``9^{9^{9^{9^9}}}``), and the call raises ``GradeTimeout``.
 """
 
 from __future__ import annotations
@@ -10,11 +11,15 @@ from __future__ import annotations
 import logging
 import re
 
+from tracerl.grading import GradeError, Grader
+
 # Its "timeout is disabled" warning is expected here: we disable them on purpose (see above).
 for _name in ("math_verify", "math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).setLevel(logging.ERROR)
 
 _BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
+PRELOAD = ("envs.math.reward:warm_up",)
+"""What a math grading worker runs before it counts as started (imports and math-verify's lazy set-up)."""
 
 
 def normalize(ans: str) -> str:
@@ -31,18 +36,39 @@ def extract_boxed(text: str) -> str | None:
     return found[-1] if found else None
 
 
-def is_correct(gold: str, pred: str | None) -> bool:
-    """True if ``pred`` is mathematically equal to ``gold`` (exact match, then math-verify)."""
+def verify_equal(gold: str, pred: str) -> bool:
+    """math-verify's verdict on two normalised answers (unbounded time: run it in a grading worker)."""
+    try:
+        from math_verify import parse, verify
+
+        gold_parsed = parse(f"${gold}$", parsing_timeout=None)
+        pred_parsed = parse(f"${pred}$", parsing_timeout=None) or parse(pred, parsing_timeout=None)
+        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+    except Exception:  # noqa: BLE001 - a verifier crash on model text is a wrong answer, not a dead worker
+        return False
+
+
+def warm_up() -> None:
+    """Import math-verify and run one verification, so a worker's first grade does not pay for the set-up (0.6 s)."""
+    verify_equal("1/2", "0.5")
+
+
+def is_correct(gold: str, pred: str | None, grader: Grader | None = None) -> bool:
+    """True if ``pred`` is mathematically equal to ``gold`` (exact match here, then math-verify).
+
+    With ``grader``, math-verify runs in its worker under its time limit; without, in this process, unbounded.
+
+    Raises:
+        GradeTimeout: math-verify ran past the grader's limit.
+    """
     if pred is None or not pred.strip():
         return False
     g, p = normalize(gold), normalize(pred)
     if g == p:
         return True
+    if grader is None:
+        return verify_equal(g, p)
     try:
-        from math_verify import parse, verify
-
-        gold_parsed = parse(f"${g}$", parsing_timeout=None)
-        pred_parsed = parse(f"${p}$", parsing_timeout=None) or parse(p, parsing_timeout=None)
-        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
-    except Exception:  # noqa: BLE001 - a verifier crash on model text is a wrong answer, not a dead worker
+        return bool(grader(verify_equal, g, p))
+    except GradeError:  # the worker ran out of memory or died on this answer: a wrong answer
         return False

@@ -29,12 +29,15 @@ from envs.search.world import TEMPLATES, Question, World, build_world, generate,
 from tracerl.engine.gold import answer_turn_text, tool_turn_text
 from tracerl.engine.protocol import ToolResult
 from tracerl.engine.react import Action, ToolSpec
+from tracerl.grading import GradeError, Grader
 from tracerl.types import Prompt
 
 SEARCH = ToolSpec("search", "Search the corpus (BM25) and return the best-matching passages.", ("query",))
 MAX_PASSAGE_CHARS = 400
 CORPUS_CHECK_LINES = 1000
 """Corpus passages read before a run starts (``check_data``); the whole corpus is read when the index is built."""
+FAST_ANSWER_CHARS = 4096
+"""Answers up to this long are scored in process; longer ones in the grading worker, under the time limit."""
 
 
 def build_retriever(search_cfg: Any) -> BM25Retriever:
@@ -77,12 +80,15 @@ class SearchEnv:
     tools: Sequence[ToolSpec] = (SEARCH,)
 
     def __init__(self, retriever: Any, top_k: int = 3, reward: str = "f1", f1_threshold: float = 0.3,
-                 world_seed: int | None = 0) -> None:
+                 world_seed: int | None = 0, reward_timeout_s: float = 10.0) -> None:
         """``retriever`` has ``search(query, k) -> list[Passage]`` (local, or a shared actor's proxy);
         ``world_seed`` names the generated world whose questions have reference turns (None: no world)."""
         self.retriever, self.top_k = retriever, top_k
         self.reward_kind, self.f1_threshold = reward, f1_threshold
         self.world_seed = world_seed
+        self.grader = Grader(reward_timeout_s, ("envs.search.reward",))
+        """Scores long answers (started on the first one)."""
+        self._last: tuple[tuple[str, str | None, str | None], dict[str, float]] | None = None
 
     @staticmethod
     def services(env_cfg: Any) -> dict[str, Callable[[], Any]]:
@@ -96,7 +102,7 @@ class SearchEnv:
         s = env_cfg.search
         retriever = (services or {}).get("retriever") or build_retriever(s)
         world_seed = s.task_seed if s.tasks == "generated" and not s.corpus else None
-        return cls(retriever, s.top_k, s.reward, s.f1_threshold, world_seed)
+        return cls(retriever, s.top_k, s.reward, s.f1_threshold, world_seed, env_cfg.reward_timeout_s)
 
     @staticmethod
     def prompts(env_cfg: Any, held_out: bool = False) -> list[Prompt]:
@@ -143,8 +149,27 @@ class SearchEnv:
         return ToolResult("\n".join(lines), new_state)
 
     def scores(self, prompt: Prompt, answer: str | None) -> dict[str, float]:
-        """Exact match and token F1 of ``answer`` against the gold answer(s) (SQuAD normalisation)."""
-        return qa_scores(prompt.answer, answer)
+        """Exact match and token F1 of ``answer`` against the gold answer(s) (SQuAD normalisation).
+
+        An answer of up to ``FAST_ANSWER_CHARS`` is scored here (linear time, microseconds); a longer one in the
+        grading worker under ``env.reward_timeout_s``. The last result is kept (``reward`` then ``scores`` of
+        one answer grade it once).
+
+        Raises:
+            GradeTimeout: scoring a long answer ran past the limit.
+        """
+        key = (prompt.prompt_id, prompt.answer, answer)
+        if self._last is not None and self._last[0] == key:
+            return dict(self._last[1])
+        if answer is None or len(answer) <= FAST_ANSWER_CHARS:
+            got = qa_scores(prompt.answer, answer)
+        else:
+            try:
+                got = self.grader(qa_scores, prompt.answer, answer)
+            except GradeError:  # the worker ran out of memory on this answer: it scores nothing
+                got = qa_scores(prompt.answer, None)
+        self._last = (key, got)
+        return dict(got)
 
     def reward(self, prompt: Prompt, answer: str | None) -> float:
         s = self.scores(prompt, answer)

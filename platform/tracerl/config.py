@@ -339,8 +339,11 @@ class BfclEnvConfig:
     docs: str = "full"
     """Function documentation shown to the policy: 'full' (BFCL's docs) or 'brief' (each function's own sentence,
     parameter names and types; about a third of the tokens, for small models and context windows)."""
+    call_timeout_s: float = 10.0
+    """Wall-clock limit on executing one turn's calls (recorded calls replayed first); past it: an error observation."""
 
     def __post_init__(self) -> None:
+        _check(self.call_timeout_s > 0, f"env.bfcl.call_timeout_s must be > 0 (got {self.call_timeout_s})")
         _check(self.num_tasks >= 1 and self.eval_tasks >= 1, "env.bfcl.num_tasks and eval_tasks must be >= 1")
         _check(self.docs in ("full", "brief"), f"env.bfcl.docs must be 'full' or 'brief' (got {self.docs!r})")
         _check(0.0 < self.test_fraction < 1.0, f"env.bfcl.test_fraction must be in (0, 1) (got {self.test_fraction})")
@@ -366,6 +369,11 @@ class EnvConfig:
     """Settings of the search environment."""
     bfcl: BfclEnvConfig = field(default_factory=BfclEnvConfig)
     """Settings of the BFCL environment."""
+    reward_timeout_s: float = 10.0
+    """Wall-clock limit on grading one answer (math-verify, search F1, the BFCL checker); past it: reward 0, flagged."""
+
+    def __post_init__(self) -> None:
+        _check(self.reward_timeout_s > 0, f"env.reward_timeout_s must be > 0 (got {self.reward_timeout_s})")
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         data = _load(path.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    except RecursionError:  # PyYAML parses nesting recursively
+        raise ConfigError(f"{path} is nested too deeply to read") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -78,9 +80,13 @@ def group_names(group: str, root: Path | None = None) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
+_GROUP_FILE = re.compile(r"[\w.-]{1,100}")
+"""A group file name: no path separators, NUL bytes or names the file system refuses."""
+
+
 def _load_group(group: str, name: str, root: Path) -> dict[str, Any]:
     path = root / group / f"{name}.yaml"
-    if not path.is_file():
+    if not _GROUP_FILE.fullmatch(name) or not path.is_file():
         known = ", ".join(group_names(group, root)) or "none"
         raise ConfigError(
             f"no file conf/{group}/{name}.yaml for '{group}={name}'; available: {known}. "
@@ -117,6 +123,8 @@ def _parse_override(item: str) -> tuple[str, Any]:
         value = _load(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
+    except RecursionError:  # PyYAML parses nesting recursively
+        raise ConfigError(f"override '{key}': the value is nested too deeply to read; write a flatter value") from None
     return key, value
 
 
@@ -144,7 +152,7 @@ def compose(
     sets: list[tuple[str, Any]] = []
     for item in overrides:
         key, value = _parse_override(item)
-        if "." not in key and (root / key).is_dir():
+        if "." not in key and _GROUP_FILE.fullmatch(key) and (root / key).is_dir():
             groups[key] = item.partition("=")[2].strip()  # a file name, not YAML ('off' is not False)
         else:
             sets.append((key, value))

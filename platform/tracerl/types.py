@@ -29,6 +29,8 @@ class Status(str, Enum):
     """The per-episode (or per-turn) token limit was reached."""
     CONTEXT_OVERFLOW = "context_overflow"
     """The history no longer fits the model's context window."""
+    GRADE_TIMEOUT = "grade_timeout"
+    """The agent answered, but grading ran past ``env.reward_timeout_s``: reward 0."""
     ENV_ERROR = "env_error"
     """The environment failed in a way the episode cannot continue from."""
 

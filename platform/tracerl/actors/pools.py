@@ -312,7 +312,7 @@ class RolloutPool:
     def _merge(self, ledgers: Sequence[BudgetLedger]) -> None:
         for led in ledgers:
             for f in ("generated_tokens", "prefill_tokens_computed", "prefill_tokens_reused", "llm_calls",
-                      "tool_calls", "tool_calls_replayed", "invalid_actions", "retried"):
+                      "tool_calls", "tool_calls_replayed", "invalid_actions", "grade_timeouts", "retried"):
                 setattr(self.ledger, f, getattr(self.ledger, f) + getattr(led, f))
             for k, v in led.phase_s.items():  # workers run in parallel: the slowest one's time
                 self.ledger.phase_s[k] = max(self.ledger.phase_s.get(k, 0.0), v)
@@ -364,7 +364,7 @@ class RolloutPool:
             for i, t in zip(shards[w], got):
                 t.prompt = prompts[i]
                 trees[i] = t
-            for f in ("generated_tokens", "llm_calls", "tool_calls", "invalid_actions"):
+            for f in ("generated_tokens", "llm_calls", "tool_calls", "invalid_actions", "grade_timeouts"):
                 setattr(ledger, f, getattr(ledger, f) + getattr(led, f))
         return [t for t in trees if t is not None], ledger
 

@@ -35,6 +35,8 @@ class BudgetLedger:
     """Tool executions re-run to fork an environment at a prefix."""
     invalid_actions: int = 0
     """Turns whose action was malformed (answered with an error observation)."""
+    grade_timeouts: int = 0
+    """Answers whose grading ran past ``env.reward_timeout_s`` (reward 0, leaf status ``grade_timeout``)."""
     retried: int = 0
     """Work items retried after an actor failure."""
     phase_s: dict[str, float] = field(default_factory=dict)

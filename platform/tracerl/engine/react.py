@@ -39,6 +39,14 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Protocol
 
+from tracerl.engine.untrusted import (
+    MAX_ARGUMENT_DEPTH,
+    TooDeep,
+    clean,
+    encodable,
+    json_error,
+    oversized,
+)
 from tracerl.registry import Registry
 
 
@@ -124,6 +132,19 @@ class TurnTemplate(Protocol):
 TEMPLATES: Registry = Registry("turn template")
 
 
+def _safe(action: Action) -> Action:
+    """``action`` with every string encodable; a call whose arguments nest too deeply makes it INVALID."""
+    try:
+        calls = tuple(ToolCall(encodable(c.tool), clean(c.arguments)) for c in action.more_calls)
+        arguments = clean(action.arguments)
+    except TooDeep:
+        return Action(ActionKind.INVALID, encodable(action.text),
+                      error=f"Error: the arguments are nested more than {MAX_ARGUMENT_DEPTH} levels deep.")
+    return Action(action.kind, encodable(action.text), tool=None if action.tool is None else encodable(action.tool),
+                  arguments=arguments, answer=None if action.answer is None else encodable(action.answer),
+                  error=None if action.error is None else encodable(action.error), more_calls=calls)
+
+
 def _check_tool(name: str, args: Mapping[str, Any], tools: Sequence[ToolSpec]) -> str | None:
     spec = next((t for t in tools if t.name == name), None)
     if spec is None:
@@ -148,10 +169,15 @@ def parse_call_list(source: str, tools: Sequence[ToolSpec]) -> tuple[list[ToolCa
     Returns:
         The calls, and None; or the calls parsed so far and the error observation for the first bad one.
     """
+    too_long = oversized(source)
+    if too_long:
+        return [], too_long
     try:
         tree = ast.parse(source.strip(), mode="eval").body
     except SyntaxError as exc:
         return [], f"Error: the function calls are not valid Python call syntax ({exc.msg})."
+    except (ValueError, MemoryError, RecursionError):  # NUL bytes, a too long int literal, too deep to parse
+        return [], "Error: the function calls are not valid Python call syntax (too deep, too long or NUL bytes)."
     nodes = tree.elts if isinstance(tree, (ast.List, ast.Tuple)) else [tree]
     calls: list[ToolCall] = []
     for node in nodes:
@@ -171,7 +197,7 @@ def parse_call_list(source: str, tools: Sequence[ToolSpec]) -> tuple[list[ToolCa
                 if kw.arg in args:
                     return calls, f"Error: tool '{name}' got argument '{kw.arg}' twice."
                 args[kw.arg] = ast.literal_eval(kw.value)
-        except (ValueError, TypeError, SyntaxError, RecursionError):
+        except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
             return calls, (f"Error: tool '{name}': argument values must be literals "
                            "(strings, numbers, True/False/None, lists, dicts).")
         err = _check_tool(name, args, tools)
@@ -242,6 +268,10 @@ class PlainTemplate:
         return f"Thought: {thought}\nFinal Answer: {answer}\n"
 
     def parse(self, text: str, tools: Sequence[ToolSpec], truncated: bool = False) -> Action:
+        """The turn's action; anything malformed (also too long, too deep, unencodable) is INVALID, never raised."""
+        return _safe(self._parse(text, tools, truncated))
+
+    def _parse(self, text: str, tools: Sequence[ToolSpec], truncated: bool) -> Action:
         forged = text.find("Observation:")
         if forged >= 0:  # the sampler should have stopped here: drop what the model made up
             text = text[:forged]
@@ -274,14 +304,17 @@ class PlainTemplate:
         if end < 0:
             return Action(ActionKind.INVALID, kept, error=f"Error: the action's input is not closed with '{closer}'.")
         raw = body[:end]
+        too_long = oversized(raw)
+        if too_long:
+            return Action(ActionKind.INVALID, kept, error=too_long)
         spec = next((t for t in tools if t.name == name), None)
         if opener == "[":
             args: dict[str, Any] = {spec.parameters[0]: raw.strip()} if spec else {"input": raw}
         else:
             try:
                 parsed = json.loads("{" + raw + "}")
-            except json.JSONDecodeError as exc:
-                return Action(ActionKind.INVALID, kept, error=f"Error: the arguments are not valid JSON ({exc.msg}).")
+            except (ValueError, RecursionError) as exc:  # JSONDecodeError, a too long number, too deep nesting
+                return Action(ActionKind.INVALID, kept, error=f"Error: the arguments are not valid JSON ({json_error(exc)}).")
             if not isinstance(parsed, dict):
                 return Action(ActionKind.INVALID, kept, error="Error: the arguments must be a JSON object.")
             args = parsed
@@ -359,6 +392,10 @@ class ChatTemplate:
                 "<|im_start|>assistant\n")
 
     def parse(self, text: str, tools: Sequence[ToolSpec], truncated: bool = False) -> Action:
+        """The turn's action; anything malformed (also too long, too deep, unencodable) is INVALID, never raised."""
+        return _safe(self._parse(text, tools, truncated))
+
+    def _parse(self, text: str, tools: Sequence[ToolSpec], truncated: bool) -> Action:
         for marker in ("<tool_response>", "<|im_start|>"):
             cut = text.find(marker)
             if cut >= 0:
@@ -388,17 +425,20 @@ class ChatTemplate:
         """One ``<tool_call>`` block: the call, or an INVALID action (text filled in by the caller)."""
         if not m.group(2):
             return None, Action(ActionKind.INVALID, "", error="Error: <tool_call> is not closed with </tool_call>.")
+        too_long = oversized(m.group(1))
+        if too_long:
+            return None, Action(ActionKind.INVALID, "", error=too_long)
         try:
             call = json.loads(m.group(1))
-        except json.JSONDecodeError as exc:
-            return None, Action(ActionKind.INVALID, "", error=f"Error: the tool call is not valid JSON ({exc.msg}).")
-        if not isinstance(call, dict) or "name" not in call:
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, a too long number, too deep nesting
+            return None, Action(ActionKind.INVALID, "", error=f"Error: the tool call is not valid JSON ({json_error(exc)}).")
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             return None, Action(ActionKind.INVALID, "", error='Error: a tool call must be {"name": ..., "arguments": {...}}.')
         args = call.get("arguments") or {}
         if isinstance(args, str):
             try:
                 args = json.loads(args)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 return None, Action(ActionKind.INVALID, "", error="Error: 'arguments' must be a JSON object.")
         if not isinstance(args, dict):
             return None, Action(ActionKind.INVALID, "", error="Error: 'arguments' must be a JSON object.")

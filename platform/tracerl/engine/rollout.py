@@ -10,7 +10,9 @@ ending the episode; tools may differ per task and per user turn (``ToolEnv.tools
 
 Limits (``SamplerConfig``) end episodes with a status: ``max_turns`` turns, ``max_episode_tokens``
 generated tokens, or the model's context window. The ledger counts generated tokens, prefill tokens computed vs re-used,
-LLM calls, tool calls and replayed tool calls. Same seed, same calls, same trees.
+LLM calls, tool calls and replayed tool calls. Grading is bounded by the environment (``env.reward_timeout_s``): a
+grade past it ends the episode with status ``grade_timeout`` and reward 0, counted in the ledger. Observations are
+made encodable (lone surrogates replaced) before they are tokenized. Same seed, same calls, same trees.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ import numpy as np
 from tracerl.algos.allocators import Expansion
 from tracerl.config import SamplerConfig
 from tracerl.engine.ledger import BudgetLedger
-from tracerl.engine.protocol import ToolEnv, ToolResult, execute_batch, on_answer, tools_for
+from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult, execute_batch, on_answer, tools_for
 from tracerl.engine.react import Action, ActionKind, TurnTemplate
+from tracerl.engine.untrusted import encodable
+from tracerl.grading import GradeTimeout
 from tracerl.samplers.base import Generation, Sampler
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt, Status
@@ -71,7 +75,7 @@ class TreeRolloutEngine:
         self.ledger = BudgetLedger()
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+        return list(self.tok(encodable(text), add_special_tokens=False)["input_ids"])
 
     def _start(self, tree: RolloutTree, bare: bool, node_id: int = 0) -> _Path:
         if node_id == 0 and 0 not in tree.fork_state:
@@ -150,12 +154,13 @@ class TreeRolloutEngine:
         led.generated_tokens += len(g.token_ids)
         p.generated += len(g.token_ids)
         p.cache = g.cache
-        follow = on_answer(self.env, p.tree.prompt, p.state, action) if action.kind is ActionKind.ANSWER else None
-        if action.kind is ActionKind.ANSWER and (follow is None or follow.observation is None):
-            reward = self.env.reward(p.tree.prompt, action.answer) if follow is None or follow.reward is None \
-                else follow.reward
-            leaf = self._add(p, g.token_ids, g.logprobs, g.text, [], Status.ANSWERED, reward, g.prefill_tokens)
-            self._score(p, leaf, action.answer)
+        follow, reward = self._answer(p, action) if action.kind is ActionKind.ANSWER else (None, None)
+        if reward is not None:
+            timed_out = reward.timed_out
+            status = Status.GRADE_TIMEOUT if timed_out else Status.ANSWERED
+            leaf = self._add(p, g.token_ids, g.logprobs, g.text, [], status, reward.value, g.prefill_tokens)
+            if not timed_out:  # a timed-out grade scores 0 on every metric (done in _add)
+                self._score(p, leaf, action.answer)
             p.tree.fork_state[leaf.node_id] = ForkState(cache=p.cache)  # siblings forking above may re-use it
             return False
         if follow is not None and follow.observation is not None:  # a multi-turn task's next user message
@@ -168,6 +173,7 @@ class TreeRolloutEngine:
         else:
             obs_text = self.template.observation(action.error or "Error: invalid action.")
             led.invalid_actions += 1
+        obs_text = encodable(obs_text)  # an environment may echo what the model wrote (lone surrogates included)
         sep = "" if g.text.endswith("\n") or not g.text else "\n"
         obs_ids = self._encode(sep + obs_text)
         p.turns += 1
@@ -186,6 +192,25 @@ class TreeRolloutEngine:
         p.context = p.context + list(g.token_ids) + obs_ids
         p.tree.fork_state[node.node_id] = ForkState(p.context, p.state, p.generated, p.cache)
         return True
+
+    def _answer(self, p: _Path, action: Action) -> tuple[AnswerResult | None, _Reward | None]:
+        """An ANSWER turn's follow-up (a multi-turn task's next user message) or the episode's reward.
+
+        Grading runs under ``env.reward_timeout_s`` in the environment; a grade past it is reward 0, flagged and
+        counted (``budget/grade_timeouts``)."""
+        t0 = time.perf_counter()
+        try:
+            follow = on_answer(self.env, p.tree.prompt, p.state, action)
+            if follow is not None and follow.observation is not None:
+                return follow, None
+            value = self.env.reward(p.tree.prompt, action.answer) if follow is None or follow.reward is None \
+                else follow.reward
+            return follow, _Reward(float(value))
+        except GradeTimeout:
+            self.ledger.grade_timeouts += 1
+            return None, _Reward(0.0, timed_out=True)
+        finally:
+            self.ledger.phase_s["grade"] = self.ledger.phase_s.get("grade", 0.0) + time.perf_counter() - t0
 
     def _add(self, p: _Path, ids: Sequence[int], lps: Sequence[float], text: str, obs_ids: Sequence[int],
              status: Status, reward: float | None, prefill: int = 0):  # type: ignore[no-untyped-def]
@@ -208,6 +233,12 @@ class TreeRolloutEngine:
     def _leaf(self, p: _Path, ids: Sequence[int], lps: Sequence[float], text: str, status: Status, reward: float):  # type: ignore[no-untyped-def]
         return self._add(p, ids, lps, text, [], status, reward)
 
+
+
+@dataclass(frozen=True)
+class _Reward:
+    value: float
+    timed_out: bool = False
 
 
 def _user_message(template: TurnTemplate, text: str) -> str:
