@@ -27,6 +27,10 @@ from tracerl.config import (
     TrainConfig,
 )
 from tracerl.config_loader import ConfigError, compose, conf_dir, to_yaml
+from workflows.progress import Progress
+
+# Messages and bars of long commands (workflows/progress.py): a bar on a terminal, plain lines in logs.
+_progress = Progress()
 
 
 @dataclass(frozen=True)
@@ -60,10 +64,7 @@ class Command:
 def _bench_allocation(cfg: BenchAllocationConfig) -> int:
     from workflows.bench_allocation import run_bench
 
-    def progress(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
-
-    summary = run_bench(cfg, progress=progress)
+    summary = run_bench(cfg, progress=_progress)
     from workflows.bench_allocation import format_table
 
     print(format_table(cfg, summary))
@@ -81,7 +82,7 @@ def _bench_env(cfg: BenchEnvConfig) -> int:
     from workflows.lm_stack import SetupError
 
     try:
-        out = run_bench_env(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+        out = run_bench_env(cfg, progress=_progress)
     except (SetupError, FileNotFoundError, ValueError) as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
@@ -117,7 +118,7 @@ def _bench_env_overrides(args: argparse.Namespace) -> None:
 def _bootstrap(cfg: BootstrapConfig) -> int:
     from workflows.bootstrap import bootstrap
 
-    m = bootstrap(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    m = bootstrap(cfg, progress=_progress)
     g, s = m["greedy"], m["sampled"]
     print(f"tiny policy in {cfg.out_dir}: {m['parameters'] / 1e6:.2f} M parameters, {m['train_steps']} steps, "
           f"final loss {m['final_loss']:.4f}, {m['total_s']:.0f} s")
@@ -132,7 +133,7 @@ def _rollout(cfg: RolloutConfig) -> int:
     from workflows.rollout import run_rollout
 
     try:
-        m = run_rollout(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+        m = run_rollout(cfg, progress=_progress)
     except (SetupError, FileNotFoundError, ValueError) as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
@@ -149,7 +150,7 @@ def _bench_rollout(cfg: BenchRolloutConfig) -> int:
     from workflows.lm_stack import SetupError
 
     try:
-        summary = run_bench(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+        summary = run_bench(cfg, progress=_progress)
     except (SetupError, FileNotFoundError) as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
@@ -157,9 +158,6 @@ def _bench_rollout(cfg: BenchRolloutConfig) -> int:
     print(f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else ""))
     return 0
 
-
-def _progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 _OVERRIDES: list[str] = []  # the positional overrides of this invocation (train resume re-applies them)
@@ -291,6 +289,22 @@ def _submit(args: argparse.Namespace) -> int:
     return 0 if state in ("SUCCEEDED", "PENDING") else 1
 
 
+def _experiment_url(uri: str, experiment: str, base: str) -> str:
+    """The runs page of ``experiment`` (marked as model training so the UI opens on its runs), or the UI's
+    home page where the store has no such experiment."""
+    import mlflow
+
+    from workflows.run_info import runs_url
+    from workflows.tracking import mark_kind
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return f"{base}  (no experiment {experiment!r} in this store yet)"
+    mark_kind(client, exp)
+    return runs_url(base, exp.experiment_id)
+
+
 def _ui(args: argparse.Namespace) -> int:
     import subprocess
     import time
@@ -313,7 +327,7 @@ def _ui(args: argparse.Namespace) -> int:
                         break
             except OSError:
                 time.sleep(0.5)
-        print(f"MLflow UI on {args.tracking_uri}: {url}", flush=True)
+        print(f"MLflow UI on {args.tracking_uri}: {_experiment_url(args.tracking_uri, args.experiment, url)}", flush=True)
         if not args.check:
             proc.wait()
         return 0
@@ -450,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--tracking-uri", default="sqlite:///mlruns.db", help="MLflow tracking URI (default: %(default)s)")
     ui.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument("--experiment", default="tracerl", help="experiment whose runs page to print (default: %(default)s)")
     ui.add_argument("--check", action="store_true", help="start, wait until it answers, print the URL and stop")
     show = sub.add_parser("config", help="print a command's resolved config")
     show.add_argument("job", choices=sorted(c.replace(" ", "-") for c in COMMANDS), help="which command's config")

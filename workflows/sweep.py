@@ -91,7 +91,9 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     from ray.tune.search.optuna import OptunaSearch
 
     from workflows import tracking as trk
+    from workflows.progress import bar
     from workflows.ray_utils import check_resources, init_ray
+    from workflows.run_info import sweep_tags
     from workflows.train import RESOURCE_KNOBS, resolve_paths, resource_demand
 
     if not cfg.tracking.enabled:
@@ -117,7 +119,8 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
         client.update_run(parent, status="RUNNING")
         progress(f"resuming sweep {name} (MLflow parent run {parent})")
     else:
-        parent = client.create_run(exp_id, run_name=name, tags={"tracerl.command": "sweep", "tracerl.sweep": name}).info.run_id
+        parent = client.create_run(exp_id, run_name=name, tags={"tracerl.command": "sweep", "tracerl.sweep": name,
+                                                                **sweep_tags(cfg, name)}).info.run_id
         for k, v in cfg.space.items():
             client.log_param(parent, f"space.{k}", json.dumps(v))
         for k in ("num_samples", "metric", "mode", "scope", "scheduler"):
@@ -147,11 +150,20 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
         )
     t0 = time.perf_counter()
     status = "FAILED"
+    trials_bar = bar(progress, cfg.num_samples, f"sweep {name}", "trial")
+
+    def ended() -> int:
+        return sum(r.info.status in ("FINISHED", "KILLED", "FAILED") for r in client.search_runs(
+            [exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'"))
+
+    trials_bar.follow(ended, every=5.0)
     try:
         grid = tuner.fit()
         interrupted = _interrupted(sweep_dir, grid)
         status = "KILLED" if interrupted else "FINISHED"
     finally:
+        trials_bar.set(ended())
+        trials_bar.close()
         client.set_terminated(parent, status=status)
     if interrupted:
         client.set_tag(parent, "tracerl.interrupted", time.strftime("%Y-%m-%d %H:%M:%S"))

@@ -1,0 +1,98 @@
+"""What a user sees: the experiment kind MLflow's UI opens on, run tags and description, key/ metrics, and the
+progress lines of long commands when output is not a terminal."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tracerl.config import TrackingConfig, TrainConfig
+from tracerl.config_loader import compose
+from workflows import run_info, tracking
+from workflows.progress import Progress, bar
+
+
+def test_new_and_old_experiments_open_on_the_runs_table(tmp_path: Path) -> None:
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlruns.db"
+    cfg = TrackingConfig(uri=uri, artifact_location=str(tmp_path / "art"))
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp_id = tracking.setup(cfg)
+    assert client.get_experiment(exp_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    old = client.create_experiment("made-before", artifact_location=(tmp_path / "a2").as_uri())
+    assert "mlflow.experimentKind" not in client.get_experiment(old).tags
+    assert tracking.setup(cfg, "made-before") == old
+    assert client.get_experiment(old).tags["mlflow.experimentKind"] == "custom_model_development"
+    genai = client.create_experiment("genai", tags={"mlflow.experimentKind": "genai_development"},
+                                     artifact_location=(tmp_path / "a3").as_uri())
+    tracking.setup(cfg, "genai")  # a kind someone chose is kept
+    assert client.get_experiment(genai).tags["mlflow.experimentKind"] == "genai_development"
+
+
+def test_ui_url_is_the_experiments_runs_page(tmp_path: Path) -> None:
+    import mlflow
+
+    from workflows.cli import _experiment_url
+
+    uri = f"sqlite:///{tmp_path}/mlruns.db"
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("tracerl", artifact_location=(tmp_path / "art").as_uri())
+    assert _experiment_url(uri, "tracerl", "http://127.0.0.1:5001") == f"http://127.0.0.1:5001/#/experiments/{exp}/runs"
+    assert client.get_experiment(exp).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert _experiment_url(uri, "other", "http://h:1") == "http://h:1  (no experiment 'other' in this store yet)"
+
+
+def test_train_tags_describe_the_run() -> None:
+    cfg = compose(TrainConfig, ROOT / "conf" / "train" / "demo.yaml", ["seed=7"])
+    tags = run_info.train_tags(cfg)
+    shape = f"L={cfg.budget.num_leaves} N={cfg.budget.continuations} m_max={cfg.allocator.m_max}"
+    assert tags["tracerl.budget"] == shape and tags["tracerl.seed"] == "7" and tags["tracerl.env"] == "math"
+    note = tags["mlflow.note.content"]
+    assert note.startswith(f"trace on math with the {Path(cfg.model.path).name} policy: {cfg.steps} steps, budget {shape}")
+    assert "seed 7" in note and "key/accuracy" in note
+
+
+def test_key_metrics_repeat_the_ones_users_compare() -> None:
+    m = {"eval/accuracy": 0.25, "rollout/effective_ratio": 0.5, "budget/generated_tokens": 90.0, "train/loss": 1.0}
+    assert run_info.key_metrics(m, 300.0) == {"key/accuracy": 0.25, "key/effective_ratio": 0.5,
+                                              "key/generated_tokens": 300.0}
+    assert run_info.key_metrics({"eval/accuracy": 0.1}) == {"key/accuracy": 0.1}
+    assert sorted(run_info.key_metrics(m, 1.0)) == ["key/accuracy", "key/effective_ratio", "key/generated_tokens"]
+
+
+def test_progress_off_a_terminal_prints_plain_lines_with_times_left() -> None:
+    out = io.StringIO()
+    p = Progress(out=out, tty=False, interval=3600.0)
+    b = bar(p, 4, "train demo", "step")
+    b.set(1)  # the first count is printed, the next ones only after the interval...
+    b.set(2)
+    b.set(4)  # ...and the last one always
+    b.set(3)  # never backwards
+    b.close()
+    p("a message")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3 and lines[2] == "a message"
+    assert lines[0].startswith("train demo: 1/4 steps, 0:00 elapsed, ~") and lines[0].endswith(" left")
+    assert lines[1] == "train demo: 4/4 steps, 0:00 elapsed"
+    assert "\r" not in out.getvalue()  # no bar drawing in a log
+
+
+def test_progress_on_a_terminal_draws_a_tqdm_bar() -> None:
+    out = io.StringIO()
+    p = Progress(out=out, tty=True)
+    with p.open_bar(3, "sweep s", "trial") as b:
+        b.update()
+        p("trial 1 done")
+    text = out.getvalue()
+    assert "sweep s:" in text and "1/3" in text and "trial 1 done\n" in text
+
+
+def test_a_plain_reporter_gets_a_silent_bar(capsys: pytest.CaptureFixture[str]) -> None:
+    b = bar(print, 3, "x")  # tests and library callers pass any callable: no bar, no lines
+    b.set(3)
+    b.close()
+    assert capsys.readouterr() == ("", "")
