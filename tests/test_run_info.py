@@ -4,6 +4,7 @@ progress lines of long commands when output is not a terminal."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,13 @@ def test_ui_url_is_the_experiments_runs_page(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path}/mlruns.db"
     client = mlflow.MlflowClient(tracking_uri=uri)
     exp = client.create_experiment("tracerl", artifact_location=(tmp_path / "art").as_uri())
-    assert _experiment_url(uri, "tracerl", "http://127.0.0.1:5001") == f"http://127.0.0.1:5001/#/experiments/{exp}/runs"
-    assert client.get_experiment(exp).tags["mlflow.experimentKind"] == "custom_model_development"
+    assert _experiment_url(uri, "tracerl", "http://127.0.0.1:5001") == (
+        f"http://127.0.0.1:5001/#/experiments/{exp}/runs?workflowType=machine_learning&viewStateShareKey=tracerl")
+    tags = client.get_experiment(exp).tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    view = json.loads(tags["mlflow.sharedViewState.tracerl"])  # the columns the link opens with
+    assert view["selectedColumns"][:3] == ["metrics.`key/accuracy`", "metrics.`key/effective_ratio`",
+                                           "metrics.`key/generated_tokens`"]
     assert _experiment_url(uri, "other", "http://h:1") == "http://h:1  (no experiment 'other' in this store yet)"
 
 
@@ -96,3 +102,13 @@ def test_a_plain_reporter_gets_a_silent_bar(capsys: pytest.CaptureFixture[str]) 
     b.set(3)
     b.close()
     assert capsys.readouterr() == ("", "")
+
+
+def test_a_sweeps_budget_tag_shows_the_swept_space() -> None:
+    from tracerl.config import SweepConfig
+
+    cfg = compose(SweepConfig, ROOT / "conf" / "sweep" / "smoke.yaml", [])
+    tags = run_info.sweep_tags(cfg, "s1")
+    assert tags["tracerl.budget"] == "L=15 N=[2, 4] m_max=[4, 8]"
+    assert tags["mlflow.note.content"].startswith("Sweep s1: 2 trials of trace on math (3 steps each, seed 0) over "
+                                                  "budget.continuations in [2, 4], allocator.m_max in [4, 8]")

@@ -294,7 +294,7 @@ def _experiment_url(uri: str, experiment: str, base: str) -> str:
     home page where the store has no such experiment."""
     import mlflow
 
-    from workflows.run_info import runs_url
+    from workflows.run_info import VIEW_TAG, runs_url, runs_view_state
     from workflows.tracking import mark_kind
 
     client = mlflow.MlflowClient(tracking_uri=uri)
@@ -302,6 +302,7 @@ def _experiment_url(uri: str, experiment: str, base: str) -> str:
     if exp is None:
         return f"{base}  (no experiment {experiment!r} in this store yet)"
     mark_kind(client, exp)
+    client.set_experiment_tag(exp.experiment_id, VIEW_TAG, runs_view_state())
     return runs_url(base, exp.experiment_id)
 
 

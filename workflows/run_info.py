@@ -17,15 +17,21 @@ KEY_ALIASES = {"key/accuracy": "eval/accuracy", "key/effective_ratio": "rollout/
 KEY_TOKENS = "key/generated_tokens"
 
 
-def budget_shape(budget: Any, allocator: Any) -> str:
-    """The budget shape in the paper's letters, e.g. ``L=15 N=2 m_max=4``."""
+def budget_shape(budget: Any, allocator: Any, space: Mapping[str, Any] | None = None) -> str:
+    """The budget shape in the paper's letters, e.g. ``L=15 N=2 m_max=4``; a sweep's swept keys show their
+    space (``N=[2, 4]``)."""
+    space = space or {}
+
+    def val(key: str, value: Any) -> Any:
+        return space.get(key, value)
+
     if budget.token_budget is not None:
-        head = f"tokens={budget.token_budget}"
+        head = f"tokens={val('budget.token_budget', budget.token_budget)}"
     elif budget.num_leaves is not None:
-        head = f"L={budget.num_leaves}"
+        head = f"L={val('budget.num_leaves', budget.num_leaves)}"
     else:
-        head = f"M={budget.num_roots}"
-    return f"{head} N={budget.continuations} m_max={allocator.m_max}"
+        head = f"M={val('budget.num_roots', budget.num_roots)}"
+    return f"{head} N={val('budget.continuations', budget.continuations)} m_max={val('allocator.m_max', allocator.m_max)}"
 
 
 def train_tags(cfg: Any) -> dict[str, str]:
@@ -44,9 +50,10 @@ def sweep_tags(cfg: Any, name: str) -> dict[str, str]:
     space = ", ".join(f"{k} in {v}" for k, v in cfg.space.items()) or "no space"
     note = (f"Sweep {name}: {cfg.num_samples} trials of {cfg.allocator.name} on {cfg.env.name} ({cfg.steps} steps "
             f"each, seed {cfg.seed}) over {space}; {cfg.mode} {cfg.metric} ({cfg.scheduler}). Each trial is a child "
-            "run: expand this row in the runs table.")
+            "run (expand this row in the runs table); this run's key/ metrics are the best trial's.")
     return {"tracerl.env": cfg.env.name, "tracerl.allocator": cfg.allocator.name,
-            "tracerl.budget": budget_shape(cfg.budget, cfg.allocator), "tracerl.seed": str(cfg.seed), NOTE: note}
+            "tracerl.budget": budget_shape(cfg.budget, cfg.allocator, cfg.space), "tracerl.seed": str(cfg.seed),
+            NOTE: note}
 
 
 def key_metrics(metrics: Mapping[str, float], generated_tokens_total: float | None = None) -> dict[str, float]:
@@ -57,6 +64,24 @@ def key_metrics(metrics: Mapping[str, float], generated_tokens_total: float | No
     return out
 
 
+# The runs table's columns (MLflow's UI shows no metric or tag column until one is chosen): a view state shared
+# through an experiment tag, which the UI loads from ``?viewStateShareKey=``.
+VIEW_KEY = "tracerl"
+VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
+VIEW_COLUMNS = ("metrics.`key/accuracy`", "metrics.`key/effective_ratio`", "metrics.`key/generated_tokens`",
+                "tags.`tracerl.allocator`", "tags.`tracerl.budget`", "tags.`tracerl.env`", "tags.`tracerl.seed`")
+
+
+def runs_view_state() -> str:
+    """The shared view state (JSON) of the runs table: the key/ metrics and tracerl tags as columns."""
+    import json
+
+    widths = dict(zip(VIEW_COLUMNS, (110, 135, 150, 90, 140, 70, 60)))  # each header readable in full
+    return json.dumps({"selectedColumns": list(VIEW_COLUMNS), "columnOrder": list(VIEW_COLUMNS), "columnWidths": widths})
+
+
 def runs_url(base_url: str, experiment_id: str) -> str:
-    """The runs page of an experiment in MLflow 3's UI (a hash-routed app)."""
-    return f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs"
+    """The runs page of an experiment in MLflow 3's UI (a hash-routed app), in its model-training mode and with
+    the columns of ``runs_view_state`` (stored on the experiment by ``tracerl ui``)."""
+    return (f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs"
+            f"?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}")

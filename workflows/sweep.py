@@ -196,5 +196,11 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
         summary["best_config"] = best.config
         client.set_tag(parent, "tracerl.best_config", json.dumps(best.config))
         client.set_tag(parent, "tracerl.best_trial", Path(best.path).name)
+        best_run = next((info for t, info in children.items()
+                         if t and t.endswith(str((best.metrics or {}).get("trial_id")))), None)
+        if best_run is not None:  # the parent's row in the runs table shows the best trial's key/ numbers
+            latest = client.get_run(best_run.run_id).data.metrics
+            client.log_batch(parent, metrics=[mlflow.entities.Metric(k, v, int(time.time() * 1000), 0)
+                                              for k, v in latest.items() if k.startswith("key/")])
     (root / f"{name}.summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
