@@ -83,6 +83,7 @@ def _fmt(x: float, digits: int) -> str:
 
 def plots(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -93,6 +94,7 @@ def plots(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
         s = r["series"]["effective_ratio"]
         ax.plot(list(s), list(s.values()), label=f"{r['name']}")
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_ylabel("effective ratio")
     ax.legend(fontsize=6)
     fig.tight_layout()
