@@ -112,3 +112,13 @@ def test_a_sweeps_budget_tag_shows_the_swept_space() -> None:
     assert tags["tracerl.budget"] == "L=15 N=[2, 4] m_max=[4, 8]"
     assert tags["mlflow.note.content"].startswith("Sweep s1: 2 trials of trace on math (3 steps each, seed 0) over "
                                                   "budget.continuations in [2, 4], allocator.m_max in [4, 8]")
+
+
+def test_a_followed_bar_reads_the_last_count_when_it_closes() -> None:
+    out = io.StringIO()
+    b = Progress(out=out, tty=False, interval=3600.0).open_bar(3, "sweep s", "trial")
+    ended = [0]
+    b.follow(lambda: ended[0], every=3600.0)  # the poller never wakes in this test
+    ended[0] = 3
+    b.close()
+    assert out.getvalue().splitlines() == ["sweep s: 3/3 trials, 0:00 elapsed"]

@@ -14,6 +14,7 @@ otherwise, so tests and library callers pass any callable (or none).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -37,6 +38,7 @@ class Bar:
         self._tqdm: Any = None
         self._lock = threading.Lock()
         self._stop: threading.Event | None = None
+        self._read: Callable[[], int] | None = None
         if tty:
             from tqdm import tqdm
 
@@ -70,7 +72,7 @@ class Bar:
 
     def follow(self, read: Callable[[], int], every: float = 2.0) -> None:
         """Poll ``read()`` (the count done so far, e.g. steps logged to MLflow) in a thread until ``close``."""
-        self._stop = threading.Event()
+        self._stop, self._read = threading.Event(), read
 
         def loop() -> None:
             assert self._stop is not None
@@ -91,6 +93,11 @@ class Bar:
     def close(self) -> None:
         if self._stop is not None:
             self._stop.set()
+            self._stop = None
+            # the last count (the poller may not have seen it); closing never masks what ended the command
+            with contextlib.suppress(Exception):
+                if self._read is not None:
+                    self.set(self._read())
         if self._tqdm is not None:
             self._tqdm.close()
             self._tqdm = None

@@ -162,7 +162,6 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
         interrupted = _interrupted(sweep_dir, grid)
         status = "KILLED" if interrupted else "FINISHED"
     finally:
-        trials_bar.set(ended())
         trials_bar.close()
         client.set_terminated(parent, status=status)
     if interrupted:

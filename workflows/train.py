@@ -217,7 +217,6 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
         trainer.fit()
         status = "FINISHED"
     finally:
-        steps_bar.set(max((m.step for m in client.get_metric_history(run_id, "train/loss")), default=0))
         steps_bar.close()
         if status == "FAILED" and "tracerl.stopped_early" in client.get_run(run_id).data.tags:
             status = "KILLED"  # a sweep's scheduler stopped this trial (and said so) before its Train run ended
