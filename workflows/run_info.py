@@ -76,7 +76,7 @@ def runs_view_state() -> str:
     """The shared view state (JSON) of the runs table: the key/ metrics and tracerl tags as columns."""
     import json
 
-    widths = dict(zip(VIEW_COLUMNS, (110, 135, 150, 90, 140, 70, 60)))  # each header readable in full
+    widths = dict(zip(VIEW_COLUMNS, (110, 135, 150, 120, 150, 90, 90)))  # each header readable in full
     return json.dumps({"selectedColumns": list(VIEW_COLUMNS), "columnOrder": list(VIEW_COLUMNS), "columnWidths": widths})
 
 
