@@ -122,3 +122,45 @@ def test_a_followed_bar_reads_the_last_count_when_it_closes() -> None:
     ended[0] = 3
     b.close()
     assert out.getvalue().splitlines() == ["sweep s: 3/3 trials, 0:00 elapsed"]
+
+
+def test_terminating_tracerl_ui_ends_the_mlflow_server(tmp_path: Path) -> None:
+    """`mlflow ui` outlives a TERM of its server; `tracerl ui` runs it in its own process group and ends it all."""
+    import os
+    import re
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    db = tmp_path / "mlruns.db"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}"}
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from workflows.cli import main; sys.exit(main())", "ui",
+                             "--tracking-uri", f"sqlite:///{db}", "--port", str(port)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    line = next((x for x in proc.stdout if x.startswith("MLflow UI on")), "")  # MLflow prints a note of its own first
+    assert re.match(rf"MLflow UI on sqlite:///{re.escape(str(db))}: http://127.0.0.1:{port}  \(no experiment", line)
+
+    def servers() -> list[int]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if str(db) in cmd and int(pid) != proc.pid:
+                found.append(int(pid))
+        return found
+
+    assert servers()  # the MLflow UI and its uvicorn server
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0
+    deadline = time.monotonic() + 60
+    while servers() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert servers() == []
