@@ -37,19 +37,19 @@ def test_new_and_old_experiments_open_on_the_runs_table(tmp_path: Path) -> None:
 def test_ui_url_is_the_experiments_runs_page(tmp_path: Path) -> None:
     import mlflow
 
-    from workflows.cli import _experiment_url
+    from workflows.mlflow_ui import experiment_url
 
     uri = f"sqlite:///{tmp_path}/mlruns.db"
     client = mlflow.MlflowClient(tracking_uri=uri)
     exp = client.create_experiment("tracerl", artifact_location=(tmp_path / "art").as_uri())
-    assert _experiment_url(uri, "tracerl", "http://127.0.0.1:5001") == (
+    assert experiment_url(uri, "tracerl", "http://127.0.0.1:5001") == (
         f"http://127.0.0.1:5001/#/experiments/{exp}/runs?workflowType=machine_learning&viewStateShareKey=tracerl")
     tags = client.get_experiment(exp).tags
     assert tags["mlflow.experimentKind"] == "custom_model_development"
     view = json.loads(tags["mlflow.sharedViewState.tracerl"])  # the columns the link opens with
     assert view["selectedColumns"][:3] == ["metrics.`key/accuracy`", "metrics.`key/effective_ratio`",
                                            "metrics.`key/generated_tokens`"]
-    assert _experiment_url(uri, "other", "http://h:1") == "http://h:1  (no experiment 'other' in this store yet)"
+    assert experiment_url(uri, "other", "http://h:1") == "http://h:1  (no experiment 'other' in this store yet)"
 
 
 def test_train_tags_describe_the_run() -> None:

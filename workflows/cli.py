@@ -289,77 +289,10 @@ def _submit(args: argparse.Namespace) -> int:
     return 0 if state in ("SUCCEEDED", "PENDING") else 1
 
 
-def _experiment_url(uri: str, experiment: str, base: str) -> str:
-    """The runs page of ``experiment`` (marked as model training so the UI opens on its runs), or the UI's
-    home page where the store has no such experiment."""
-    import mlflow
-
-    from workflows.run_info import VIEW_TAG, runs_url, runs_view_state
-    from workflows.tracking import mark_kind
-
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return f"{base}  (no experiment {experiment!r} in this store yet)"
-    mark_kind(client, exp)
-    client.set_experiment_tag(exp.experiment_id, VIEW_TAG, runs_view_state())
-    return runs_url(base, exp.experiment_id)
-
-
-def _stop_group(proc: Any) -> None:
-    """End the MLflow UI and the server processes it started (its own process group): TERM, then KILL."""
-    import os
-    import signal
-    import subprocess
-
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=20)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:  # `mlflow ui` outlives a TERM of its server (measured with MLflow 3.17)
-            continue
-
-
 def _ui(args: argparse.Namespace) -> int:
-    import signal
-    import subprocess
-    import threading
-    import time
-    import urllib.request
+    from workflows.mlflow_ui import serve
 
-    from workflows.compare import ui_command
-
-    url = f"http://{args.host}:{args.port}"
-    # Its own process group, ended as a whole below: a TERM of `tracerl ui` (a test, a job runner) leaves no server.
-    proc = subprocess.Popen(ui_command(args.tracking_uri, args.host, args.port), start_new_session=True)
-    main_thread = threading.current_thread() is threading.main_thread()
-    old_term = signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)) if main_thread else None
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                print(f"tracerl: the MLflow UI exited with code {proc.returncode} (is port {args.port} in use?)",
-                      file=sys.stderr)
-                return 2
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
-        print(f"MLflow UI on {args.tracking_uri}: {_experiment_url(args.tracking_uri, args.experiment, url)}", flush=True)
-        if not args.check:
-            proc.wait()
-        return 0
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        _stop_group(proc)
-        if main_thread:
-            signal.signal(signal.SIGTERM, old_term)
+    return serve(args.tracking_uri, args.host, args.port, args.experiment, check=args.check)
 
 
 ROLLOUT_FLAGS = (
