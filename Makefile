@@ -9,7 +9,7 @@ TORCH_GPU ?= torch
 BFCL ?= bfcl-eval==2026.3.23 mpmath==1.3.0
 SMOLLM2_DIR ?= models/smollm2-135m-instruct
 
-.PHONY: install demo test lint typecheck unit bench clean test-vllm smollm2 test-bfcl-slow
+.PHONY: install demo test lint typecheck unit bench clean test-vllm smollm2 test-bfcl-slow test-ui
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -69,10 +69,20 @@ smollm2: install
 test-bfcl-slow: smollm2
 	OMP_NUM_THREADS=2 $(VENV)/bin/pytest -q -m slow tests/test_bfcl_slow.py
 
+## What a user sees, in a real browser (not in CI: it needs Debian's chromium, installed here as root with apt if
+## missing): a short sweep and a 2-step demo run, `tracerl ui` on their stores, the runs page, trees.html and the
+## compare report opened in headless Chromium; screenshots in $(UI_ARTIFACTS). About 10 minutes on 2 cores.
+UI_ARTIFACTS ?= ui_artifacts
+test-ui: install
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || \
+	  { echo "test-ui needs chromium: run as root on Debian/Ubuntu, or install it and put it on PATH"; exit 2; }
+	TRACERL_UI_ARTIFACTS=$(UI_ARTIFACTS) OMP_NUM_THREADS=2 $(VENV)/bin/pytest -q -m ui tests/test_ui.py
+
 bench: install
 	$(VENV)/bin/tracerl bench allocation --json bench_out/allocation.json
 	$(VENV)/bin/tracerl bench rollout --seeds 3 --json bench_out/rollout.json
 	$(VENV)/bin/tracerl bench train --json bench_out/train.json
 
 clean:
-	rm -rf bench_out mlruns.db mlartifacts runs eval_out rollout_out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf bench_out mlruns.db mlartifacts runs eval_out rollout_out ui_artifacts .pytest_cache .mypy_cache .ruff_cache

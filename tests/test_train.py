@@ -63,6 +63,13 @@ def test_run_survives_actor_and_trainer_deaths(run: dict[str, Any]) -> None:
                 "budget/leaves", "budget/generated_tokens", "budget/prefill_tokens_reused", "eval/accuracy"):
         assert key in r.data.metrics, key
     assert metric_series(client, run["run_id"], "budget/leaves") == {1: 15.0, 2: 15.0, 3: 15.0}
+    # the key/ copies: the same accuracy and effective ratio, and the tokens generated so far (across the restart)
+    assert metric_series(client, run["run_id"], "key/accuracy") == metric_series(client, run["run_id"], "eval/accuracy")
+    assert metric_series(client, run["run_id"], "key/effective_ratio") == er
+    tokens = metric_series(client, run["run_id"], "budget/generated_tokens")
+    assert metric_series(client, run["run_id"], "key/generated_tokens")[3] == sum(tokens.values())
+    assert r.data.tags["tracerl.budget"] == "L=15 N=2 m_max=16" and r.data.tags["tracerl.seed"] == "0"
+    assert r.data.tags["mlflow.note.content"].startswith("trace on math with the ")
     acc = metric_series(client, run["run_id"], "eval/accuracy")
     assert sorted(acc) == [0, 3]
     assert r.data.params["allocator.name"] == "trace" and r.data.tags["tracerl.git_sha"]

@@ -22,6 +22,7 @@ from tracerl.calibration import mean_calibration
 from tracerl.config import BenchAllocationConfig
 from tracerl.config_loader import to_flat_dict, to_yaml
 from workflows import tracking
+from workflows.progress import bar
 from workflows.sim_runs import RunResult, run_allocator
 
 Job = tuple[str, int, float]  # allocator, seed, noise scale
@@ -43,12 +44,16 @@ SUMMARY_KEYS = {
 def _execute(cfg: BenchAllocationConfig, jobs: Sequence[Job], progress: Callable[[str], None]) -> list[RunResult]:
     """Run every job, serially or as Ray tasks; results come back in job order."""
     t0 = time.perf_counter()
+    runs_bar = bar(progress, len(jobs), "bench allocation", "run")
 
     def report(i: int, r: RunResult, noise: float) -> None:
         warm = int(cfg.steps * cfg.warmup_fraction)
         er = float(np.mean([m[M.EFFECTIVE_RATIO] for m in r.steps[warm:]]))
         tag = "" if noise == 1.0 else f" noise x{noise:g}"
         progress(f"[{i}/{len(jobs)}] {r.allocator:<18} seed {r.seed}{tag}: effective ratio {er:.3f} ({time.perf_counter() - t0:.0f} s)")
+        runs_bar.set(i)
+        if i == len(jobs):
+            runs_bar.close()
 
     if cfg.workers <= 1:
         out = []

@@ -25,6 +25,7 @@ from tracerl.config_loader import to_flat_dict, to_yaml
 from tracerl.metrics import step_metrics
 from workflows import tracking
 from workflows.lm_stack import build_stack, build_text_predictor, task_prompts
+from workflows.progress import bar
 from workflows.rollout import lm_step
 
 KEYS = {
@@ -89,8 +90,12 @@ def run_bench(cfg: BenchRolloutConfig, progress: Callable[[str], None] = lambda 
     warm = int(cfg.steps * cfg.warmup_fraction)
     summary: dict[str, Any] = {"allocators": {}}
     series = {}
+    runs_bar = bar(progress, len(cfg.allocators) * cfg.seeds, "bench rollout", "run")
     for name in cfg.allocators:
-        results = [run_one(cfg, name, cfg.seed + k, progress) for k in range(cfg.seeds)]
+        results = []
+        for offset in range(cfg.seeds):
+            results.append(run_one(cfg, name, cfg.seed + offset, progress))
+            runs_bar.update()
         runs = [r[0] for r in results]
         s: dict[str, Any] = {k: float(np.mean([np.mean([st[m] for st in r[warm:]]) for r in runs])) for k, m in KEYS.items()}
         for k in INT_KEYS:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.config import BenchTrainConfig, TrainConfig
+from workflows.progress import bar
 from workflows.tracking import resolve_uri
 
 
@@ -36,12 +37,16 @@ def run_bench(cfg: BenchTrainConfig, progress: Callable[[str], None] = lambda s:
     from workflows.train import train
 
     per: dict[str, list[dict[str, Any]]] = {}
-    for name, seed, tc in run_configs(cfg):
+    configs = run_configs(cfg)
+    runs_bar = bar(progress, len(configs), "bench train", "run")
+    for name, seed, tc in configs:
         progress(f"== {name}, seed {seed}: {tc.steps} steps")
         s = train(tc, progress=progress)
         per.setdefault(name, []).append(s)
         progress(f"   {name} seed {seed}: held-out {s.get('acc_before', float('nan')):.3f} -> "
                  f"{s.get('acc_after', float('nan')):.3f}, ER {s['effective_ratio']:.3f}, {s['wall_s']:.0f} s")
+        runs_bar.update()
+    runs_bar.close()
     runs: dict[str, Any] = {}
     for name, ss in per.items():
         after = [s["acc_after"] for s in ss]

@@ -36,6 +36,7 @@ from tracerl.models.tiny import (
 )
 from tracerl.samplers.hf import HFSampler
 from tracerl.types import Prompt, Status
+from workflows.progress import bar
 
 
 def trace_segments(task: MathTask) -> list[Segment]:
@@ -154,7 +155,10 @@ def bootstrap(cfg: BootstrapConfig, progress: Callable[[str], None] = lambda s: 
         habit_traces = [habit_segments(t, cfg.direct_answer_fraction) for t in train] if cfg.habit_steps > 0 else []
         eval_prompts, env, limits = [task_prompt(t) for t in held], MathEnv(), SamplerConfig()
 
+    steps_bar = bar(progress, (0 if cfg.init_from else cfg.steps) + cfg.habit_steps, "bootstrap", "step")
+
     def on_step(step: int, loss: float) -> None:
+        steps_bar.update()
         if step % 100 == 0:
             progress(f"  sft step {step:5d}  loss {loss:.4f}  ({time.perf_counter() - t0:.0f} s, "
                      f"{time.process_time() - c0:.0f} CPU s)")
@@ -181,6 +185,7 @@ def bootstrap(cfg: BootstrapConfig, progress: Callable[[str], None] = lambda s: 
                  "answers come without the tool")
         habit = habit_finetune(model, tokenizer, habit_traces, cfg, on_step)
         losses = losses + habit
+    steps_bar.close()
     train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     progress(f"trained {len(losses)} steps in {train_s:.0f} s, final loss {losses[-1]:.4f}; "
              f"evaluating on {len(eval_prompts)} held-out tasks")

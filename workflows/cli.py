@@ -27,7 +27,11 @@ from tracerl.config import (
     TrainConfig,
 )
 from tracerl.config_loader import ConfigError, compose, conf_dir, to_yaml
+from workflows.progress import Progress
 from workflows.tracking import DEFAULT_URI, ENV_VAR, resolve_uri, where
+
+# Messages and bars of long commands (workflows/progress.py): a bar on a terminal, plain lines in logs.
+_progress = Progress()
 
 
 @dataclass(frozen=True)
@@ -69,11 +73,8 @@ class Command:
 def _bench_allocation(cfg: BenchAllocationConfig) -> int:
     from workflows.bench_allocation import run_bench
 
-    def progress(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
-
-    progress(where(cfg.tracking))
-    summary = run_bench(cfg, progress=progress)
+    _progress(where(cfg.tracking))
+    summary = run_bench(cfg, progress=_progress)
     from workflows.bench_allocation import format_table
 
     print(format_table(cfg, summary))
@@ -101,7 +102,7 @@ def _bench_env(cfg: BenchEnvConfig) -> int:
     from workflows.lm_stack import SetupError
 
     try:
-        out = run_bench_env(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+        out = run_bench_env(cfg, progress=_progress)
     except (SetupError, FileNotFoundError, ValueError) as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
@@ -137,7 +138,7 @@ def _bench_env_overrides(args: argparse.Namespace) -> None:
 def _bootstrap(cfg: BootstrapConfig) -> int:
     from workflows.bootstrap import bootstrap
 
-    m = bootstrap(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    m = bootstrap(cfg, progress=_progress)
     g, s = m["greedy"], m["sampled"]
     print(f"tiny policy in {cfg.out_dir}: {m['parameters'] / 1e6:.2f} M parameters, {m['train_steps']} steps, "
           f"final loss {m['final_loss']:.4f}, {m['total_s']:.0f} s")
@@ -152,7 +153,7 @@ def _rollout(cfg: RolloutConfig) -> int:
     from workflows.rollout import run_rollout
 
     try:
-        m = run_rollout(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+        m = run_rollout(cfg, progress=_progress)
     except (SetupError, FileNotFoundError, ValueError) as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
@@ -169,7 +170,7 @@ def _bench_rollout(cfg: BenchRolloutConfig) -> int:
     from workflows.lm_stack import SetupError
 
     try:
-        summary = run_bench(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+        summary = run_bench(cfg, progress=_progress)
     except (SetupError, FileNotFoundError, ValueError) as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
@@ -177,9 +178,6 @@ def _bench_rollout(cfg: BenchRolloutConfig) -> int:
     print(f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else ""))
     return 0
 
-
-def _progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 _OVERRIDES: list[str] = []  # the positional overrides of this invocation (train resume re-applies them)
@@ -312,37 +310,9 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _ui(args: argparse.Namespace) -> int:
-    import subprocess
-    import time
-    import urllib.request
+    from workflows.mlflow_ui import serve
 
-    from workflows.compare import ui_command
-
-    url = f"http://{args.host}:{args.port}"
-    proc = subprocess.Popen(ui_command(args.tracking_uri, args.host, args.port))
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                print(f"tracerl: the MLflow UI exited with code {proc.returncode} (is port {args.port} in use?)",
-                      file=sys.stderr)
-                return 2
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.5)
-        print(f"MLflow UI on {args.tracking_uri}: {url}", flush=True)
-        if not args.check:
-            proc.wait()
-        return 0
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=30)
+    return serve(args.tracking_uri, args.host, args.port, args.experiment, check=args.check)
 
 
 ROLLOUT_FLAGS = (
@@ -476,6 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--tracking-uri", help=URI_HELP)
     ui.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument("--experiment", default="tracerl", help="experiment whose runs page to print (default: %(default)s)")
     ui.add_argument("--check", action="store_true", help="start, wait until it answers, print the URL and stop")
     show = sub.add_parser("config", help="print a command's resolved config")
     show.add_argument("job", choices=sorted(c.replace(" ", "-") for c in COMMANDS), help="which command's config")

@@ -1,9 +1,10 @@
 """``tracerl compare`` and ``tracerl ui``: training runs side by side, and the MLflow UI on the configured store.
 
 ``compare`` reads training runs (an experiment's, or the given run ids) from MLflow and writes
-``table.txt``, ``runs.json`` and three plots: effective ratio per step, held-out accuracy against leaves and
-against generated tokens spent, and a heatmap of the budget shape (continuations N x m_max, colour = final
-held-out accuracy, or mean effective ratio where a run has no evaluation). The files are also logged to a
+``table.txt``, ``runs.json``, three plots (effective ratio per step, held-out accuracy against leaves and
+against generated tokens spent, and a heatmap of the budget shape: continuations N x m_max, colour = final
+held-out accuracy, or mean effective ratio where a run has no evaluation) and ``report.html``, the ranking and
+the plots on one self-contained page. The files are also logged to a
 ``compare`` run in the same experiment (tag ``tracerl.command=compare``), so the MLflow UI shows them.
 Metric series take the last value logged for each step (steps re-run after a restart count once).
 """
@@ -82,6 +83,7 @@ def _fmt(x: float, digits: int) -> str:
 
 def plots(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -92,6 +94,7 @@ def plots(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
         s = r["series"]["effective_ratio"]
         ax.plot(list(s), list(s.values()), label=f"{r['name']}")
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_ylabel("effective ratio")
     ax.legend(fontsize=6)
     fig.tight_layout()
@@ -142,6 +145,39 @@ def plots(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     return files
 
 
+_CSS = """body{font:14px system-ui,sans-serif;margin:1.5em;max-width:1200px}
+table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}
+th{background:#f3f3f3}td.name,td.alloc{text-align:left;font-family:ui-monospace,monospace;font-size:12px}
+img{max-width:100%;border:1px solid #eee;margin:.5em 0;display:block}"""
+_COLUMNS = ("rank", "run", "allocator", "N", "m_max", "steps", "eff. ratio", "acc before", "acc after", "leaves",
+            "gen. tokens")
+
+
+def report_html(rows: Sequence[dict[str, Any]], plot_files: Sequence[Path]) -> str:
+    """One self-contained page: the ranking (as in table.txt) and the plots, embedded (it opens anywhere, the MLflow
+    artifact viewer included)."""
+    import base64
+    import html
+
+    ranked = sorted(rows, key=lambda r: (-_nan0(r["acc_after"]), -_nan0(r["effective_ratio"])))
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in _COLUMNS)
+    body = []
+    for i, r in enumerate(ranked, 1):
+        cells = [f"<td>{i}</td>", f"<td class='name'>{html.escape(str(r['name']))}</td>",
+                 f"<td class='alloc'>{html.escape(str(r['allocator']))}</td>",
+                 f"<td>{_fmt(r['continuations'], 0)}</td>", f"<td>{_fmt(r['m_max'], 0)}</td>", f"<td>{r['steps']}</td>",
+                 f"<td>{_fmt(r['effective_ratio'], 3)}</td>", f"<td>{_fmt(r['acc_before'], 3)}</td>",
+                 f"<td>{_fmt(r['acc_after'], 3)}</td>", f"<td>{int(r['leaves'])}</td>",
+                 f"<td>{int(r['generated_tokens'])}</td>"]
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    imgs = [f"<h2>{html.escape(f.stem.replace('_', ' '))}</h2><img alt='{html.escape(f.stem)}' "
+            f"src='data:image/png;base64,{base64.b64encode(f.read_bytes()).decode()}'>" for f in plot_files]
+    return (f"<!doctype html><meta charset='utf-8'><title>tracerl compare: {len(rows)} runs</title><style>{_CSS}</style>"
+            f"<h1>{len(rows)} training runs, ranked</h1><p>By final held-out accuracy, then mean effective ratio. "
+            "N: continuations; m_max: most prefixes expanded per prompt; leaves and generated tokens: spent over the "
+            f"run.</p><table id='ranking'><tr>{head}</tr>{''.join(body)}</table>{''.join(imgs)}")
+
+
 def compare(tracking: Any, experiment: str | None, run_ids: Sequence[str], out_dir: str,
             log_to_mlflow: bool = True) -> dict[str, Any]:
     """Collect, rank, plot and (optionally) log; returns {'rows': ..., 'table': str, 'files': [...], 'run_id'}."""
@@ -169,6 +205,8 @@ def compare(tracking: Any, experiment: str | None, run_ids: Sequence[str], out_d
     (out / "table.txt").write_text(table + "\n")
     (out / "runs.json").write_text(json.dumps([{k: v for k, v in r.items() if k != "series"} for r in rows], indent=2))
     files = plots(rows, out)
+    (out / "report.html").write_text(report_html(rows, files))
+    files.append(out / "report.html")
     result: dict[str, Any] = {"rows": rows, "table": table, "files": [str(f) for f in files], "run_id": None}
     if log_to_mlflow:
         exp_id = runs[0].info.experiment_id

@@ -14,6 +14,7 @@ from typing import Any
 
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.tree import RolloutTree
+from workflows.progress import bar
 
 
 def leaf_score_means(trees: Sequence[RolloutTree]) -> dict[str, float]:
@@ -122,8 +123,17 @@ def run_eval(cfg: Any, progress: Callable[[str], None] = lambda s: None) -> dict
     task_set = f"{cfg.env.name}:{getattr(env_section(cfg.env), 'tasks', 'tasks')}"
     progress(f"evaluating {path} on {len(prompts)} tasks ({task_set}): greedy"
              + (f", then {cfg.samples} samples at T={cfg.temperature:g}" if cfg.samples else ""))
-    metrics, traces = evaluate_prompts(local_runner(model_cfg, cfg.sampler, cfg.env), prompts, cfg.samples,
-                                       cfg.temperature, cfg.seed)
+    passes = bar(progress, 2 if cfg.samples else 1, f"eval on {len(prompts)} tasks", "pass")
+    runner = local_runner(model_cfg, cfg.sampler, cfg.env)
+
+    def run(*args: Any) -> Any:  # one rollout call per pass (greedy, then sampled): the bar counts them
+        try:
+            return runner(*args)
+        finally:
+            passes.update()
+
+    with passes:
+        metrics, traces = evaluate_prompts(run, prompts, cfg.samples, cfg.temperature, cfg.seed)
     metrics["model"] = path
     metrics["task_set"] = task_set
     out = Path(cfg.out_dir)

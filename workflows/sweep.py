@@ -92,7 +92,9 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
 
     from envs.registry import check_data
     from workflows import tracking as trk
+    from workflows.progress import bar
     from workflows.ray_utils import check_resources, init_ray
+    from workflows.run_info import sweep_tags
     from workflows.train import RESOURCE_KNOBS, resolve_paths, resource_demand
 
     if not cfg.tracking.enabled:
@@ -120,7 +122,8 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
         client.update_run(parent, status="RUNNING")
         progress(f"resuming sweep {name} (MLflow parent run {parent})")
     else:
-        parent = client.create_run(exp_id, run_name=name, tags={"tracerl.command": "sweep", "tracerl.sweep": name}).info.run_id
+        parent = client.create_run(exp_id, run_name=name, tags={"tracerl.command": "sweep", "tracerl.sweep": name,
+                                                                **sweep_tags(cfg, name)}).info.run_id
         for k, v in cfg.space.items():
             client.log_param(parent, f"space.{k}", json.dumps(v))
         for k in ("num_samples", "metric", "mode", "scope", "scheduler"):
@@ -150,11 +153,19 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
         )
     t0 = time.perf_counter()
     status = "FAILED"
+    trials_bar = bar(progress, cfg.num_samples, f"sweep {name}", "trial")
+
+    def ended() -> int:
+        return sum(r.info.status in ("FINISHED", "KILLED", "FAILED") for r in client.search_runs(
+            [exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'"))
+
+    trials_bar.follow(ended, every=5.0)
     try:
         grid = tuner.fit()
         interrupted = _interrupted(sweep_dir, grid)
         status = "KILLED" if interrupted else "FINISHED"
     finally:
+        trials_bar.close()
         client.set_terminated(parent, status=status)
     if interrupted:
         client.set_tag(parent, "tracerl.interrupted", time.strftime("%Y-%m-%d %H:%M:%S"))
@@ -187,5 +198,11 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
         summary["best_config"] = best.config
         client.set_tag(parent, "tracerl.best_config", json.dumps(best.config))
         client.set_tag(parent, "tracerl.best_trial", Path(best.path).name)
+        best_run = next((info for t, info in children.items()
+                         if t and t.endswith(str((best.metrics or {}).get("trial_id")))), None)
+        if best_run is not None:  # the parent's row in the runs table shows the best trial's key/ numbers
+            latest = client.get_run(best_run.run_id).data.metrics
+            client.log_batch(parent, metrics=[mlflow.entities.Metric(k, v, int(time.time() * 1000), 0)
+                                              for k, v in latest.items() if k.startswith("key/")])
     (root / f"{name}.summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary

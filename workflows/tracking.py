@@ -53,8 +53,13 @@ def where(cfg: TrackingConfig) -> str:
     return f"MLflow tracking at {resolve_uri(cfg.uri)} (from {source})"
 
 
+# MLflow 3's UI opens an experiment of this kind on its runs table (one without a kind opens on the GenAI overview).
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+
+
 def setup(cfg: TrackingConfig, experiment: str | None = None) -> str:
-    """Point MLflow at ``cfg.uri`` (resolved) and make sure the experiment exists; returns its id."""
+    """Point MLflow at ``cfg.uri`` (resolved) and make sure the experiment exists, marked as a model-training
+    experiment (an existing one that has no kind gets it); returns its id."""
     import mlflow
 
     uri = resolve_uri(cfg.uri)
@@ -63,9 +68,16 @@ def setup(cfg: TrackingConfig, experiment: str | None = None) -> str:
     client = mlflow.MlflowClient()
     exp = client.get_experiment_by_name(name)
     if exp is not None:
+        mark_kind(client, exp)
         return str(exp.experiment_id)
     location = None if uri.startswith(("http://", "https://")) else _artifact_uri(cfg.artifact_location)
-    return str(client.create_experiment(name, artifact_location=location))
+    return str(client.create_experiment(name, artifact_location=location, tags=dict([EXPERIMENT_KIND])))
+
+
+def mark_kind(client: Any, exp: Any) -> None:
+    """Tag an experiment that has no ``mlflow.experimentKind`` as model training (one with a kind is left alone)."""
+    if EXPERIMENT_KIND[0] not in exp.tags:
+        client.set_experiment_tag(exp.experiment_id, *EXPERIMENT_KIND)
 
 
 def _clean(metrics: Mapping[str, float]) -> dict[str, float]:

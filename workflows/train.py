@@ -155,7 +155,9 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
     from ray.train.torch import TorchTrainer
 
     from workflows import tracking as trk
+    from workflows.progress import bar
     from workflows.ray_utils import check_resources, init_ray
+    from workflows.run_info import train_tags
 
     cfg = resolve_paths(cfg)
     from workflows.lm_stack import SetupError
@@ -182,7 +184,7 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
         run = client.create_run(exp_id, run_name=name, tags={
             "tracerl.command": "train", "tracerl.allocator": cfg.allocator.name, "tracerl.git_sha": git_sha(),
             "tracerl.config_hash": config_hash(cfg), "tracerl.dataset_fingerprint": dataset_fingerprint(cfg),
-            "tracerl.base_model": cfg.model.path, **(tags or {})})
+            "tracerl.base_model": cfg.model.path, **train_tags(cfg), **(tags or {})})
         run_id = run.info.run_id
         storage = Path(cfg.out_dir) / f"{name}-{run_id[:8]}"
         storage.mkdir(parents=True, exist_ok=True)
@@ -212,10 +214,14 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
     )
     t0 = time.perf_counter()
     status = "FAILED"
+    start = int(json.loads((resume_ckpt / STATE).read_text())["step"]) if resume_ckpt is not None else 0
+    steps_bar = bar(progress, cfg.steps, f"train {cfg.run_name or run_id[:8]}", "step", initial=start)
+    steps_bar.follow(lambda: max((m.step for m in client.get_metric_history(run_id, "train/loss")), default=0))
     try:
         trainer.fit()
         status = "FINISHED"
     finally:
+        steps_bar.close()
         if status == "FAILED" and "tracerl.stopped_early" in client.get_run(run_id).data.tags:
             status = "KILLED"  # a sweep's scheduler stopped this trial (and said so) before its Train run ended
         client.set_terminated(run_id, status=status)
@@ -223,7 +229,7 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
             progress(f"training failed; the run and its checkpoints are kept: `tracerl train resume={run_id}`")
     summary = run_summary(run_id, cfg.tracking)
     summary.update(run_id=run_id, storage=str(storage), wall_s=time.perf_counter() - t0,
-                   tracking_uri=cfg.tracking.uri)
+                   tracking_uri=cfg.tracking.uri, experiment=cfg.tracking.experiment)
     (storage / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
@@ -300,7 +306,9 @@ def format_summary(s: dict[str, Any]) -> str:
     lines = [f"{k:<{w}}  {v}" for k, v in rows]
     uri = s.get("tracking_uri", "sqlite:///mlruns.db")
     if uri.startswith(("sqlite:", "postgresql:", "mysql:")):
-        lines.append(f"\nopen the MLflow UI on these results:  mlflow ui --backend-store-uri {uri}")
+        exp = s.get("experiment", "tracerl")
+        lines.append(f"\nopen the MLflow UI on these results:  tracerl ui --tracking-uri {uri}"
+                     + ("" if exp == "tracerl" else f" --experiment {exp}"))
     else:
         lines.append(f"\nopen the MLflow UI at {uri}")
     return "\n".join(lines)
@@ -573,6 +581,7 @@ class _Driver:
 
     def evaluate(self, step: int) -> dict[str, float]:
         from workflows.evaluate import evaluate_prompts
+        from workflows.run_info import key_metrics
 
         t0 = time.perf_counter()
         m, _ = evaluate_prompts(self.pool.evaluate, self.eval_prompts, 0, 0.0, self.cfg.seed + 10_000)
@@ -581,7 +590,7 @@ class _Driver:
             out[f"eval/accuracy/{src}"] = acc
         out.update({f"eval/{k}": v for k, v in m["greedy"].get("scores", {}).items()})  # search: em, f1
         if step == 0:  # later evaluations are logged with their step's metrics
-            self.log(out, step)
+            self.log({**out, **key_metrics(out)}, step)
         self.phase("eval", time.perf_counter() - t0)
         _say(f"held-out greedy accuracy after {step} steps: {m['accuracy']:.3f} ({len(self.eval_prompts)} tasks)")
         return out
@@ -632,6 +641,8 @@ class _Driver:
         return batch
 
     def after_update(self, step: int, stats: dict[str, float], weights: dict[str, Any]) -> dict[str, float]:
+        from workflows.run_info import key_metrics
+
         self.sync(weights)
         done = step + 1
         m = dict(self.step_metrics)
@@ -650,7 +661,7 @@ class _Driver:
         m["time/log_s"] = time.perf_counter() - t0
         m["time/step_s"] = time.perf_counter() - self.t_step
         m["train/tokens_per_s"] = m.get("budget/generated_tokens", 0.0) / max(m["time/step_s"], 1e-9)
-        self.log(m, done)
+        self.log({**m, **key_metrics(m, self.spent[0])}, done)
         _say(f"step {done}/{self.cfg.steps}  ER {m['rollout/effective_ratio']:.2f}  reward {m['train/reward_mean']:.2f}"
               f"  loss {m['train/loss']:+.4f}  clip {m['train/clip_fraction']:.3f}  {m['time/step_s']:.1f} s"
               + (f"  held-out {m['eval/accuracy']:.3f}" if "eval/accuracy" in m else ""))

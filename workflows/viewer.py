@@ -21,7 +21,8 @@ ul{list-style:none;padding-left:1.4em;border-left:1px dashed #bbb;margin:.2em 0}
 
 def _node(tree: dict[str, Any], nid: int, children: dict[int, list[int]]) -> str:
     n = tree["nodes"][nid]
-    bits = [f"<span class='meta'>#{nid} depth {n['depth']} path {n['path']} · {n['status']} · leaves below {n['leaves']}"]
+    where = "root (the prompt)" if nid == 0 else f"depth {n['depth']} path {n['path']} · {n['status']}"
+    bits = [f"<span class='meta'>#{nid} {where} · leaves below {n['leaves']}"]
     if n.get("target") is not None:
         bits.append(f" · V̂={n['target']:.2f}")
     bits.append("</span>")

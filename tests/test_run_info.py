@@ -1,0 +1,166 @@
+"""What a user sees: the experiment kind MLflow's UI opens on, run tags and description, key/ metrics, and the
+progress lines of long commands when output is not a terminal."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tracerl.config import TrackingConfig, TrainConfig
+from tracerl.config_loader import compose
+from workflows import run_info, tracking
+from workflows.progress import Progress, bar
+
+
+def test_new_and_old_experiments_open_on_the_runs_table(tmp_path: Path) -> None:
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlruns.db"
+    cfg = TrackingConfig(uri=uri, artifact_location=str(tmp_path / "art"))
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp_id = tracking.setup(cfg)
+    assert client.get_experiment(exp_id).tags["mlflow.experimentKind"] == "custom_model_development"
+    old = client.create_experiment("made-before", artifact_location=(tmp_path / "a2").as_uri())
+    assert "mlflow.experimentKind" not in client.get_experiment(old).tags
+    assert tracking.setup(cfg, "made-before") == old
+    assert client.get_experiment(old).tags["mlflow.experimentKind"] == "custom_model_development"
+    genai = client.create_experiment("genai", tags={"mlflow.experimentKind": "genai_development"},
+                                     artifact_location=(tmp_path / "a3").as_uri())
+    tracking.setup(cfg, "genai")  # a kind someone chose is kept
+    assert client.get_experiment(genai).tags["mlflow.experimentKind"] == "genai_development"
+
+
+def test_ui_url_is_the_experiments_runs_page(tmp_path: Path) -> None:
+    import mlflow
+
+    from workflows.mlflow_ui import experiment_url
+
+    uri = f"sqlite:///{tmp_path}/mlruns.db"
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("tracerl", artifact_location=(tmp_path / "art").as_uri())
+    assert experiment_url(uri, "tracerl", "http://127.0.0.1:5001") == (
+        f"http://127.0.0.1:5001/#/experiments/{exp}/runs?workflowType=machine_learning&viewStateShareKey=tracerl")
+    tags = client.get_experiment(exp).tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    view = json.loads(tags["mlflow.sharedViewState.tracerl"])  # the columns the link opens with
+    assert view["selectedColumns"][:3] == ["metrics.`key/accuracy`", "metrics.`key/effective_ratio`",
+                                           "metrics.`key/generated_tokens`"]
+    assert experiment_url(uri, "other", "http://h:1") == "http://h:1  (no experiment 'other' in this store yet)"
+
+
+def test_train_tags_describe_the_run() -> None:
+    cfg = compose(TrainConfig, ROOT / "conf" / "train" / "demo.yaml", ["seed=7"])
+    tags = run_info.train_tags(cfg)
+    shape = f"L={cfg.budget.num_leaves} N={cfg.budget.continuations} m_max={cfg.allocator.m_max}"
+    assert tags["tracerl.budget"] == shape and tags["tracerl.seed"] == "7" and tags["tracerl.env"] == "math"
+    note = tags["mlflow.note.content"]
+    assert note.startswith(f"trace on math with the {Path(cfg.model.path).name} policy: {cfg.steps} steps, budget {shape}")
+    assert "seed 7" in note and "key/accuracy" in note
+
+
+def test_key_metrics_repeat_the_ones_users_compare() -> None:
+    m = {"eval/accuracy": 0.25, "rollout/effective_ratio": 0.5, "budget/generated_tokens": 90.0, "train/loss": 1.0}
+    assert run_info.key_metrics(m, 300.0) == {"key/accuracy": 0.25, "key/effective_ratio": 0.5,
+                                              "key/generated_tokens": 300.0}
+    assert run_info.key_metrics({"eval/accuracy": 0.1}) == {"key/accuracy": 0.1}
+    assert sorted(run_info.key_metrics(m, 1.0)) == ["key/accuracy", "key/effective_ratio", "key/generated_tokens"]
+
+
+def test_progress_off_a_terminal_prints_plain_lines_with_times_left() -> None:
+    out = io.StringIO()
+    p = Progress(out=out, tty=False, interval=3600.0)
+    b = bar(p, 4, "train demo", "step")
+    b.set(1)  # the first count is printed, the next ones only after the interval...
+    b.set(2)
+    b.set(4)  # ...and the last one always
+    b.set(3)  # never backwards
+    b.close()
+    p("a message")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3 and lines[2] == "a message"
+    assert lines[0].startswith("train demo: 1/4 steps, 0:00 elapsed, ~") and lines[0].endswith(" left")
+    assert lines[1] == "train demo: 4/4 steps, 0:00 elapsed"
+    assert "\r" not in out.getvalue()  # no bar drawing in a log
+
+
+def test_progress_on_a_terminal_draws_a_tqdm_bar() -> None:
+    out = io.StringIO()
+    p = Progress(out=out, tty=True)
+    with p.open_bar(3, "sweep s", "trial") as b:
+        b.update()
+        p("trial 1 done")
+    text = out.getvalue()
+    assert "sweep s:" in text and "1/3" in text and "trial 1 done\n" in text
+
+
+def test_a_plain_reporter_gets_a_silent_bar(capsys: pytest.CaptureFixture[str]) -> None:
+    b = bar(print, 3, "x")  # tests and library callers pass any callable: no bar, no lines
+    b.set(3)
+    b.close()
+    assert capsys.readouterr() == ("", "")
+
+
+def test_a_sweeps_budget_tag_shows_the_swept_space() -> None:
+    from tracerl.config import SweepConfig
+
+    cfg = compose(SweepConfig, ROOT / "conf" / "sweep" / "smoke.yaml", [])
+    tags = run_info.sweep_tags(cfg, "s1")
+    assert tags["tracerl.budget"] == "L=15 N=[2, 4] m_max=[4, 8]"
+    assert tags["mlflow.note.content"].startswith("Sweep s1: 2 trials of trace on math (3 steps each, seed 0) over "
+                                                  "budget.continuations in [2, 4], allocator.m_max in [4, 8]")
+
+
+def test_a_followed_bar_reads_the_last_count_when_it_closes() -> None:
+    out = io.StringIO()
+    b = Progress(out=out, tty=False, interval=3600.0).open_bar(3, "sweep s", "trial")
+    ended = [0]
+    b.follow(lambda: ended[0], every=3600.0)  # the poller never wakes in this test
+    ended[0] = 3
+    b.close()
+    assert out.getvalue().splitlines() == ["sweep s: 3/3 trials, 0:00 elapsed"]
+
+
+def test_terminating_tracerl_ui_ends_the_mlflow_server(tmp_path: Path) -> None:
+    """`mlflow ui` outlives a TERM of its server; `tracerl ui` runs it in its own process group and ends it all."""
+    import os
+    import re
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    db = tmp_path / "mlruns.db"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}"}
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from workflows.cli import main; sys.exit(main())", "ui",
+                             "--tracking-uri", f"sqlite:///{db}", "--port", str(port)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    line = next((x for x in proc.stdout if x.startswith("MLflow UI on")), "")  # MLflow prints a note of its own first
+    assert re.match(rf"MLflow UI on sqlite:///{re.escape(str(db))}: http://127.0.0.1:{port}  \(no experiment", line)
+
+    def servers() -> list[int]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if str(db) in cmd and int(pid) != proc.pid:
+                found.append(int(pid))
+        return found
+
+    assert servers()  # the MLflow UI and its uvicorn server
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0
+    deadline = time.monotonic() + 60
+    while servers() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert servers() == []
