@@ -92,7 +92,8 @@ def test_a_reader_that_took_an_older_attempt_is_caught(store: tuple[Any, str]) -
     client.log_batch(run_id, metrics=[Metric("system/attempt", 2, 1000, 1), Metric("train/loss", 5.0, 1000, 1)])
     # an older attempt's value delivered with a newer timestamp (what keeping the original timestamp prevents)
     client.log_batch(run_id, metrics=[Metric("system/attempt", 1, 2000, 1), Metric("train/loss", 9.0, 2000, 1)])
-    assert check_steps(client, run_id, 1) == ["train/loss step 1: read 9.0, the completing attempt logged [5.0]"]
+    assert check_steps(client, run_id, 1) == ["system/attempt step 1: read 1.0, the completing attempt logged [2.0]",
+                                              "train/loss step 1: read 9.0, the completing attempt logged [5.0]"]
 
 
 @pytest.fixture(scope="module")

@@ -39,11 +39,12 @@ PHASES = ("rollout", "sync_weights", "eval", "save")  # what a kill can be aimed
 ACTORS = {"sampler": "RolloutWorker", "env": "EnvWorker", "trainer": "RayTrainWorker"}
 
 
-def phase_marker(storage: Path, enabled: bool) -> Callable[..., None]:
-    """``mark(phase, step=None)`` writes rank 0's current phase (and step being logged) for the controller."""
+def phase_marker(storage: Path, enabled: bool, step: int = 0) -> Callable[..., None]:
+    """``mark(phase, step=None)`` writes rank 0's current phase and the step it works on (the step it will be
+    logged at; ``step`` until a phase names one) for the controller."""
     if not enabled:
         return lambda name, step=None: None
-    path, last = storage / PHASE, [0]
+    path, last = storage / PHASE, [step]
 
     def mark(name: str, step: int | None = None) -> None:
         if step is not None:
@@ -109,9 +110,12 @@ class MlflowServer:
 
 
 def _alive(cls: str) -> list[Any]:
+    import ray
     from ray.util.state import list_actors
 
-    return list(list_actors(filters=[("class_name", "=", cls), ("state", "=", "ALIVE")], limit=1000,
+    # This run's cluster by its GCS address (other Ray instances on the machine make "auto" ambiguous).
+    return list(list_actors(address=ray.get_runtime_context().gcs_address,
+                            filters=[("class_name", "=", cls), ("state", "=", "ALIVE")], limit=1000,
                             raise_on_missing_output=False))
 
 
@@ -131,6 +135,7 @@ class Controller(threading.Thread):
         self.events: list[dict[str, Any]] = []
         self.stop = threading.Event()
         self.storage: Path | None = None
+        self.server_thread: threading.Thread | None = None
 
     def _wait(self, cond: Callable[[], Any], limit_s: float) -> Any:
         deadline = time.monotonic() + limit_s
@@ -155,19 +160,33 @@ class Controller(threading.Thread):
             except Exception as e:  # noqa: BLE001 - a drill step that could not be done is recorded, not fatal
                 self.events.append({"kind": kind, "aimed_at": phase, "error": f"{e.__class__.__name__}: {e}"})
 
-    def _do(self, kind: str, phase: str, storage: Path) -> None:
+    def _restart_server(self, storage: Path) -> None:
         t0 = time.monotonic()
-        if kind == "server":
-            spool = storage / SPOOL
-            before = spool.stat().st_size if spool.is_file() else 0
-            self.server.kill()
-            self.say(f"chaos: tracking server killed; down for {self.chaos.server_down_s:.0f} s and until the run "
-                     "has spooled a step's metrics")
-            self.stop.wait(self.chaos.server_down_s)
-            self._wait(lambda: spool.is_file() and spool.stat().st_size > before, self.chaos.phase_wait_s)
+        spool = storage / SPOOL
+        before = spool.stat().st_size if spool.is_file() else 0
+        at = read_phase(storage)
+        self.server.kill()
+        self.say(f"chaos: tracking server killed during {at[0]} of step {at[1]}; down for "
+                 f"{self.chaos.server_down_s:.0f} s and until the run has spooled metrics")
+        self.stop.wait(self.chaos.server_down_s)
+        self._wait(lambda: spool.is_file() and spool.stat().st_size > before, self.chaos.phase_wait_s)
+        try:
             self.server.start()
-            self.events.append({"kind": kind, "down_s": round(time.monotonic() - t0, 1), "at": read_phase(storage)})
-            self.say("chaos: tracking server up again")
+        except (RuntimeError, TimeoutError) as e:
+            self.events.append({"kind": "server", "error": str(e)})
+            return
+        self.events.append({"kind": "server", "phase": at[0], "step": at[1], "down_s": round(time.monotonic() - t0, 1)})
+        self.say("chaos: tracking server up again")
+
+    def join_all(self) -> None:
+        self.join()
+        if self.server_thread is not None:
+            self.server_thread.join()
+
+    def _do(self, kind: str, phase: str, storage: Path) -> None:
+        if kind == "server":  # down and up again beside the other kills (a start takes a while on a busy machine)
+            self.server_thread = threading.Thread(target=self._restart_server, args=(storage,), daemon=True)
+            self.server_thread.start()
             return
         self._wait(lambda: read_phase(storage)[0] == phase, self.chaos.phase_wait_s)
         actors = self._wait(lambda: _alive(ACTORS[kind]), 600.0)
@@ -244,7 +263,7 @@ def run_drill(cfg: TrainConfig, overrides: list[str], progress: Callable[[str], 
         summary = train(cfg, overrides, progress=progress)
     finally:
         ctl.stop.set()
-        ctl.join()
+        ctl.join_all()
         if server.proc is None:  # stopped mid-restart: the summary and resume need it
             server.start()
     try:

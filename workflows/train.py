@@ -527,7 +527,7 @@ class _Driver:
 
         self.metrics = MetricLog(self.client, run_id, storage, next_attempt(storage), _say)
         self.metrics.flush()  # what an earlier attempt spooled
-        self.mark = phase_marker(storage, cfg.chaos.enabled)
+        self.mark = phase_marker(storage, cfg.chaos.enabled, int(state["step"]))
         spec = {"model": cfg.model, "sampler": cfg.sampler, "env": cfg.env, "pools": cfg.pools,
                 "kill_at_step": cfg.faults.kill_rollout_worker_at_step,
                 "kill_env_at_step": cfg.faults.kill_env_worker_at_step, "fault_dir": str(storage / ".faults")}
@@ -583,7 +583,7 @@ class _Driver:
             out[f"eval/accuracy/{src}"] = acc
         out.update({f"eval/{k}": v for k, v in m["greedy"].get("scores", {}).items()})  # search: em, f1
         if step == 0:  # later evaluations are logged with their step's metrics
-            self.log(out, step)
+            self.log({**out, "budget/retried": float(self.pool.ledger.retried)}, step)
         self.phase("eval", time.perf_counter() - t0)
         _say(f"held-out greedy accuracy after {step} steps: {m['accuracy']:.3f} ({len(self.eval_prompts)} tasks)")
         return out

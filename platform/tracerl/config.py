@@ -795,9 +795,9 @@ class ChaosConfig:
     """Times the tracking server is stopped and started again (metrics logged meanwhile are spooled)."""
     server_down_s: float = 5.0
     """Least seconds the tracking server stays down at each restart (and until the run has spooled a step's metrics)."""
-    min_gap_s: float = 1.0
+    min_gap_s: float = 0.5
     """Least seconds between two kills (a work item survives max_retries kills in a row, not more)."""
-    max_gap_s: float = 6.0
+    max_gap_s: float = 3.0
     """Most seconds between two kills (the gap is drawn uniformly from the run's seed)."""
     phase_wait_s: float = 120.0
     """Longest wait for a kill's target phase before killing in whatever phase the run is in."""
