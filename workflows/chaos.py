@@ -227,7 +227,7 @@ def check_steps(client: Any, run_id: str, steps: int) -> list[str]:
         hist: dict[int, list[Any]] = {}
         for m in client.get_metric_history(run_id, key):
             hist.setdefault(m.step, []).append(m)
-        series = metric_series(client, run_id, key)
+        series = {s: v for s, v in metric_series(client, run_id, key).items() if s >= 1}  # step 0: before training
         if sorted(series) != list(range(1, steps + 1)):
             problems.append(f"{key}: values at steps {sorted(series)}, not 1..{steps}")
             continue
