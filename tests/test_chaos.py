@@ -53,7 +53,7 @@ def test_spooled_metrics_arrive_once_and_the_last_attempt_wins(store: tuple[Any,
     storage = tmp_path / "run"
     storage.mkdir()
     fake = FakeOutage(client)
-    first = MetricLog(fake, run_id, storage, next_attempt(storage))
+    first = MetricLog(fake, run_id, storage, next_attempt(storage), fail_fast=False)
     assert first.attempt == 1
     assert first.log({"train/loss": 1.0, "system/attempt": 1}, 1)
     fake.down = True
@@ -64,7 +64,7 @@ def test_spooled_metrics_arrive_once_and_the_last_attempt_wins(store: tuple[Any,
     assert [(r["key"], r["step"], r["attempt"]) for r in spooled_records(storage)] == [
         ("train/loss", 2, 1), ("system/attempt", 2, 1)]
     # the trainer dies; the restarted attempt re-runs step 2 while the server is still down, then it comes back
-    second = MetricLog(fake, run_id, storage, next_attempt(storage))
+    second = MetricLog(fake, run_id, storage, next_attempt(storage), fail_fast=False)
     assert second.attempt == 2
     assert not second.log({"train/loss": 3.0, "system/attempt": 2}, 2)
     fake.down = False
@@ -75,10 +75,10 @@ def test_spooled_metrics_arrive_once_and_the_last_attempt_wins(store: tuple[Any,
     history = client.get_metric_history(run_id, "train/loss")
     assert sorted(m.value for m in history) == [1.0, 2.0, 3.0, 4.0]  # every attempt's value is kept, read once
     sent = fake.batches
-    assert MetricLog(fake, run_id, storage, 0).flush() and fake.batches == sent  # nothing left to send
+    assert MetricLog(fake, run_id, storage, 0, fail_fast=False).flush() and fake.batches == sent  # nothing left to send
     # a re-send of everything (a crash between sending and recording the offset) leaves one row per record
     (storage / "metrics_spool.sent").write_text("0")
-    assert MetricLog(fake, run_id, storage, 0).flush()
+    assert MetricLog(fake, run_id, storage, 0, fail_fast=False).flush()
     assert sorted(m.value for m in client.get_metric_history(run_id, "train/loss")) == [1.0, 2.0, 3.0, 4.0]
     assert check_steps(client, run_id, 3) == []
 

@@ -123,9 +123,10 @@ class Controller(threading.Thread):
     """Kills processes of the run under ``out_dir/<name>-*`` on a seeded schedule; ``events`` records each kill."""
 
     def __init__(self, chaos: ChaosConfig, seed: int, out_dir: Path, name: str, server: MlflowServer,
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], steps: int) -> None:
         super().__init__(name="chaos", daemon=True)
         self.chaos, self.out_dir, self.name, self.server, self.say = chaos, out_dir, name, server, say
+        self.steps = steps
         self.rng = np.random.default_rng([seed, 0xC4A05])
         kinds = ["sampler" if i % 2 == 0 else "env" for i in range(chaos.actor_kills)]
         plan = [(k, PHASES[i % len(PHASES)]) for i, k in enumerate(kinds)]
@@ -169,7 +170,8 @@ class Controller(threading.Thread):
         self.say(f"chaos: tracking server killed during {at[0]} of step {at[1]}; down for "
                  f"{self.chaos.server_down_s:.0f} s and until the run has spooled metrics")
         self.stop.wait(self.chaos.server_down_s)
-        self._wait(lambda: spool.is_file() and spool.stat().st_size > before, self.chaos.phase_wait_s)
+        self._wait(lambda: (spool.is_file() and spool.stat().st_size > before) or read_phase(storage)[0] == "done",
+                   self.chaos.phase_wait_s)
         try:
             self.server.start()
         except (RuntimeError, TimeoutError) as e:
@@ -185,6 +187,9 @@ class Controller(threading.Thread):
 
     def _do(self, kind: str, phase: str, storage: Path) -> None:
         if kind == "server":  # down and up again beside the other kills (a start takes a while on a busy machine)
+            # aimed at a rollout before the last step, so the run spools metrics and still needs the server after
+            self._wait(lambda: read_phase(storage)[0] == "rollout" and 0 < read_phase(storage)[1] < self.steps,
+                       self.chaos.phase_wait_s)
             self.server_thread = threading.Thread(target=self._restart_server, args=(storage,), daemon=True)
             self.server_thread.start()
             return
@@ -246,7 +251,7 @@ def run_drill(cfg: TrainConfig, overrides: list[str], progress: Callable[[str], 
     """The drill around ``workflows.train.train``; returns the run's summary with the drill's report under 'chaos'."""
     import mlflow
 
-    from workflows.spool import spooled_records
+    from workflows.spool import MetricLog, spooled_records
     from workflows.train import run_summary, train
 
     out = Path(cfg.out_dir).resolve()
@@ -256,7 +261,7 @@ def run_drill(cfg: TrainConfig, overrides: list[str], progress: Callable[[str], 
     progress(f"chaos: MLflow server {server.uri} (store {server.root}); plan over seed {cfg.seed}")
     tracking = dataclasses.replace(cfg.tracking, uri=server.uri)
     cfg = dataclasses.replace(cfg, run_name=name, out_dir=str(out), tracking=tracking)
-    ctl = Controller(cfg.chaos, cfg.seed, out, name, server, progress)
+    ctl = Controller(cfg.chaos, cfg.seed, out, name, server, progress, cfg.steps)
     t0 = time.perf_counter()
     ctl.start()
     try:
@@ -269,12 +274,13 @@ def run_drill(cfg: TrainConfig, overrides: list[str], progress: Callable[[str], 
     try:
         wall = time.perf_counter() - t0
         run_id, storage, steps = summary["run_id"], Path(summary["storage"]), cfg.steps
+        mlflow.set_tracking_uri(server.uri)
+        client = mlflow.MlflowClient()
+        MetricLog(client, run_id, storage, 0, progress, fail_fast=False).flush()  # what the run's end could not send
         if cfg.chaos.resume_steps:
             steps += cfg.chaos.resume_steps
             train(dataclasses.replace(cfg, resume=run_id), [f"steps={steps}", "chaos.enabled=false"], progress=progress)
             summary.update(run_summary(run_id, tracking))
-        mlflow.set_tracking_uri(server.uri)
-        client = mlflow.MlflowClient()
         spooled = spooled_records(storage)
         missing = [r for r in spooled if not any(m.timestamp == r["timestamp"] and m.value == r["value"]
                                                  for m in client.get_metric_history(run_id, r["key"])
