@@ -799,7 +799,7 @@ class ChaosConfig:
     """Least seconds between two kills (a work item survives max_retries kills in a row, not more)."""
     max_gap_s: float = 3.0
     """Most seconds between two kills (the gap is drawn uniformly from the run's seed)."""
-    phase_wait_s: float = 120.0
+    phase_wait_s: float = 600.0
     """Longest wait for a kill's target phase before killing in whatever phase the run is in."""
     resume_steps: int = 1
     """After the run: resume its final checkpoint for this many more steps, with the drill's server still up (0: no)."""
