@@ -131,8 +131,9 @@ class Controller(threading.Thread):
         kinds = ["sampler" if i % 2 == 0 else "env" for i in range(chaos.actor_kills)]
         plan = [(k, PHASES[i % len(PHASES)]) for i, k in enumerate(kinds)]
         plan += [("trainer", str(self.rng.choice(PHASES))) for _ in range(chaos.trainer_kills)]
-        plan += [("server", "") for _ in range(chaos.server_restarts)]
-        self.plan = [plan[i] for i in self.rng.permutation(len(plan))]
+        # The server restarts come first (in an early rollout), so the run still has steps to spool and send.
+        self.plan = [("server", "") for _ in range(chaos.server_restarts)] + [plan[i] for i in
+                                                                           self.rng.permutation(len(plan))]
         self.events: list[dict[str, Any]] = []
         self.stop = threading.Event()
         self.storage: Path | None = None
