@@ -188,12 +188,17 @@ def _train(cfg: TrainConfig) -> int:
     from workflows.train import format_summary, train
 
     try:
-        summary = train(cfg, _OVERRIDES, progress=_progress)
+        if cfg.chaos.enabled and not cfg.resume:
+            from workflows.chaos import drill_ok, run_drill
+
+            summary = run_drill(cfg, _OVERRIDES, progress=_progress)
+        else:
+            summary = train(cfg, _OVERRIDES, progress=_progress)
     except (SetupError, FileNotFoundError, LookupError, ValueError) as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
     print(format_summary(summary))
-    return 0
+    return 0 if "chaos" not in summary or drill_ok(summary["chaos"]) else 1
 
 
 def _sweep(cfg: SweepConfig) -> int:

@@ -13,7 +13,9 @@ after; rank 0 logs into it by run id, so a restart after a failure (Ray's ``Fail
 ``resume=RUN_ID`` continues the same run from the last checkpoint. Checkpoints (``ray.train.report``
 every ``checkpoint_every`` steps, the last ``keep_checkpoints`` kept) hold the policy in HF format,
 optimizer and schedule, predictor, candidate-pool RNG and step. Steps re-run after a restart log again
-at the same MLflow step; every report here reads the last value per step.
+at the same MLflow step; every report here reads the last value per step (the attempt that completed it,
+logged as ``system/attempt``). Metrics the tracking server cannot take are spooled under the run's storage and
+sent when it is back (workflows/spool.py); ``chaos.enabled`` runs the fault drill around all this (workflows/chaos.py).
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def git_sha() -> str:
 def config_hash(cfg: TrainConfig) -> str:
     """Hash of the resolved config, leaving out what does not change the result (names, paths of outputs)."""
     flat = {k: v for k, v in to_flat_dict(cfg).items()
-            if not k.startswith(("tracking.", "cluster.", "faults.")) and k not in ("run_name", "resume", "out_dir")}
+            if not k.startswith(("tracking.", "cluster.", "faults.", "chaos.")) and k not in ("run_name", "resume", "out_dir")}
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -224,6 +226,10 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
         steps_bar.close()
         if status == "FAILED" and "tracerl.stopped_early" in client.get_run(run_id).data.tags:
             status = "KILLED"  # a sweep's scheduler stopped this trial (and said so) before its Train run ended
+        from workflows.spool import MetricLog
+
+        if not MetricLog(client, run_id, storage, 0, progress, fail_fast=False).flush():  # what rank 0 spooled and could not send
+            progress(f"metrics still spooled in {storage}: the tracking server is unreachable")
         client.set_terminated(run_id, status=status)
         if status == "FAILED":
             progress(f"training failed; the run and its checkpoints are kept: `tracerl train resume={run_id}`")
@@ -528,6 +534,12 @@ class _Driver:
         self.export = model.get_base_model() if hasattr(model, "get_base_model") else model
         mlflow.set_tracking_uri(resolve_uri(cfg.tracking.uri))
         self.client = mlflow.MlflowClient()
+        from workflows.chaos import phase_marker
+        from workflows.spool import MetricLog, next_attempt
+
+        self.metrics = MetricLog(self.client, run_id, storage, next_attempt(storage), _say)
+        self.metrics.flush()  # what an earlier attempt spooled
+        self.mark = phase_marker(storage, cfg.chaos.enabled, int(state["step"]))
         spec = {"model": cfg.model, "sampler": cfg.sampler, "env": cfg.env, "pools": cfg.pools,
                 "kill_at_step": cfg.faults.kill_rollout_worker_at_step,
                 "kill_env_at_step": cfg.faults.kill_env_worker_at_step, "fault_dir": str(storage / ".faults")}
@@ -563,26 +575,20 @@ class _Driver:
         """Push the policy's full HF-named weights (from ``_gather``) to every sampler."""
         import torch
 
+        self.mark("sync_weights")
         t0 = time.perf_counter()
         dtype = getattr(torch, self.cfg.model.dtype)  # the samplers' (master weights may be more precise)
         self.pool.load_weights({k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()})
         self.phase("sync_weights", time.perf_counter() - t0)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        import math
-
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()
-                 if v is not None and math.isfinite(float(v))]
-        for i in range(0, len(batch), 1000):
-            self.client.log_batch(self.run_id, metrics=batch[i:i + 1000])
+        self.metrics.log(metrics, step)  # spooled under the run's storage while the server is unreachable
 
     def evaluate(self, step: int) -> dict[str, float]:
         from workflows.evaluate import evaluate_prompts
         from workflows.run_info import key_metrics
 
+        self.mark("eval", step)
         t0 = time.perf_counter()
         m, _ = evaluate_prompts(self.pool.evaluate, self.eval_prompts, 0, 0.0, self.cfg.seed + 10_000)
         out = {"eval/accuracy": m["accuracy"], "eval/well_formed_turns": m["greedy"]["well_formed_turns"]}
@@ -590,7 +596,7 @@ class _Driver:
             out[f"eval/accuracy/{src}"] = acc
         out.update({f"eval/{k}": v for k, v in m["greedy"].get("scores", {}).items()})  # search: em, f1
         if step == 0:  # later evaluations are logged with their step's metrics
-            self.log({**out, **key_metrics(out)}, step)
+            self.log({**out, **key_metrics(out), "budget/retried": float(self.pool.ledger.retried)}, step)
         self.phase("eval", time.perf_counter() - t0)
         _say(f"held-out greedy accuracy after {step} steps: {m['accuracy']:.3f} ({len(self.eval_prompts)} tasks)")
         return out
@@ -604,6 +610,7 @@ class _Driver:
         from workflows.rollout import sample_pool
 
         self.phases, self.t_step = {}, time.perf_counter()
+        self.mark("rollout", step + 1)
         t0 = time.perf_counter()
         budget = self.cfg.budget
         if budget.token_budget is not None and self.spent[1] > 0:
@@ -649,6 +656,9 @@ class _Driver:
         m.update(stats)
         if self.cfg.eval_every and done % self.cfg.eval_every == 0 or done == self.cfg.steps:
             m.update(self.evaluate(done))
+        m["budget/retried"] = float(self.pool.ledger.retried)  # with retries of the weight sync and evaluation
+        m["system/attempt"] = float(self.metrics.attempt)
+        self.mark("log")
         t0 = time.perf_counter()
         for k, v in self.phases.items():
             m[f"time/{k}_s"] = v
@@ -679,11 +689,12 @@ class _Driver:
                 for r in records[:16]:
                     f.write(json.dumps(r) + "\n")
             (Path(tmp) / "trees.html").write_text(render_html(records[:16], f"{self.cfg.run_name}: step {step}"))
-            self.client.log_artifacts(self.run_id, tmp, f"trees/step_{step:05d}")
+            self.metrics.log_artifacts(Path(tmp), f"trees/step_{step:05d}")
 
     def save(self, path: Path, step: int, weights: dict[str, Any], adapters: dict[str, Any]) -> None:
         import torch
 
+        self.mark("save", step)
         self.export.save_pretrained(path / "policy", state_dict=weights)
         if adapters:
             torch.save(adapters, path / ADAPTERS)
@@ -694,4 +705,6 @@ class _Driver:
         (path / "config.yaml").write_text(to_yaml(self.cfg))
 
     def close(self) -> None:
+        self.mark("done")
+        self.metrics.flush()
         self.pool.shutdown()

@@ -796,6 +796,36 @@ class FaultConfig:
 
 
 @dataclass(frozen=True)
+class ChaosConfig:
+    """The chaos drill (workflows/chaos.py): a controller outside the run SIGKILLs its processes at seeded times."""
+
+    enabled: bool = False
+    """Run the drill: start a loopback MLflow server, kill actors, the trainer and the server during the run."""
+    actor_kills: int = 10
+    """Sampler and environment actors killed (SIGKILL), each during a seeded phase: rollout, weight sync, eval or save."""
+    trainer_kills: int = 1
+    """Ray Train workers killed (Ray Train restarts the run from its last checkpoint; needs max_failures >= this)."""
+    server_restarts: int = 1
+    """Times the tracking server is stopped and started again (metrics logged meanwhile are spooled)."""
+    server_down_s: float = 5.0
+    """Least seconds the tracking server stays down at each restart (and until the run has spooled a step's metrics)."""
+    min_gap_s: float = 0.5
+    """Least seconds between two kills (a work item survives max_retries kills in a row, not more)."""
+    max_gap_s: float = 3.0
+    """Most seconds between two kills (the gap is drawn uniformly from the run's seed)."""
+    phase_wait_s: float = 600.0
+    """Longest wait for a kill's target phase before killing in whatever phase the run is in."""
+    resume_steps: int = 1
+    """After the run: resume its final checkpoint for this many more steps, with the drill's server still up (0: no)."""
+
+    def __post_init__(self) -> None:
+        _check(min(self.actor_kills, self.trainer_kills, self.server_restarts, self.resume_steps) >= 0,
+               "chaos.actor_kills, trainer_kills, server_restarts and resume_steps must be >= 0")
+        _check(0 <= self.min_gap_s <= self.max_gap_s, "chaos needs 0 <= min_gap_s <= max_gap_s")
+        _check(self.server_down_s >= 0 and self.phase_wait_s > 0, "chaos.server_down_s must be >= 0, phase_wait_s > 0")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """``tracerl train``: RL on the language-model stack with Ray Train workers and actor pools."""
 
@@ -812,6 +842,7 @@ class TrainConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)
+    chaos: ChaosConfig = field(default_factory=ChaosConfig)
     steps: int = 40
     """RL steps."""
     seed: int = 0
@@ -840,6 +871,8 @@ class TrainConfig:
         _check(self.checkpoint_every >= 1 and self.keep_checkpoints >= 1,
                "checkpoint_every and keep_checkpoints must be >= 1")
         _check(self.max_failures >= 0, "max_failures must be >= 0")
+        _check(not self.chaos.enabled or self.max_failures >= self.chaos.trainer_kills,
+               f"chaos.trainer_kills={self.chaos.trainer_kills} needs max_failures >= it (got {self.max_failures})")
         _check(self.allocator.name != "dapo" or self.budget.num_leaves is not None, "dapo needs budget.num_leaves")
         _check(self.trainer.master_dtype in ("float32", self.model.dtype),
                f"trainer.master_dtype={self.trainer.master_dtype} must be float32 or model.dtype "

@@ -294,9 +294,17 @@ class RolloutPool:
         self._owner.clear()
 
     def _replace(self, w: int) -> None:
-        self.workers[w] = self._new()
-        if self._weights is not None:
-            ray.get(self.workers[w].load_weights.remote(self._weights))
+        for tries in range(self.max_retries + 1):  # the fresh worker may die too (the chaos drill kills at random)
+            self.workers[w] = self._new()
+            if self._weights is None:
+                return
+            try:
+                ray.get(self.workers[w].load_weights.remote(self._weights))
+                return
+            except DEAD:
+                if tries == self.max_retries:
+                    raise
+                self.ledger.retried += 1
 
     def _call_all(self, calls: list[tuple[int, str, tuple]]) -> list[Any]:  # type: ignore[type-arg]
         """Run ``(worker, method, args)`` calls in parallel; a call whose worker died is retried on a fresh one."""
@@ -364,8 +372,9 @@ class RolloutPool:
             for i, t in zip(shards[w], got):
                 t.prompt = prompts[i]
                 trees[i] = t
-            for f in ("generated_tokens", "llm_calls", "tool_calls", "invalid_actions", "grade_timeouts"):
+            for f in ("generated_tokens", "llm_calls", "tool_calls", "invalid_actions", "grade_timeouts", "retried"):
                 setattr(ledger, f, getattr(ledger, f) + getattr(led, f))
+            self.ledger.retried += led.retried  # the step's ledger counts every retry, evaluation's too
         return [t for t in trees if t is not None], ledger
 
     def shutdown(self) -> None:
