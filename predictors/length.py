@@ -13,7 +13,7 @@ far its own subtree was expanded, so prefixes expanded more often do not weigh m
 turn without tokens (the simulator) counts as one token, so there lengths are turns.
 
 ``ridge``: weighted ridge regression of log(1 + R) on [x(H), depth, 1] (x the featurizer's
-vector, as for the learned predictor), predicting exp(.) - 1 clipped to at least one token.
+vector: the simulator's numeric features, else prompt length and tokens generated so far), predicting exp(.) - 1 clipped to at least one token.
 Sufficient statistics are discounted by ``discount`` per fit (online, exact, no replay).
 [choice] Before the first fit, and for anchors of another feature width, it predicts
 ``prior_tokens``; a change of feature width restarts the fit.
@@ -28,6 +28,7 @@ from typing import cast
 import numpy as np
 
 from predictors.features import NumericFeaturizer
+from tracerl.algos.allocators import Allocator
 from tracerl.registry import Registry
 from tracerl.tree import Node, RolloutTree
 from tracerl.types import Anchor
@@ -79,6 +80,19 @@ def length_targets(trees: Sequence[RolloutTree]) -> LengthTargets:
     return LengthTargets(anchors, np.asarray(tokens, float), np.asarray(weights, float))
 
 
+class LengthFeatures(NumericFeaturizer):
+    """The numeric featurizer where prompts carry features (simulator); otherwise, for text environments,
+    [log(1 + prompt characters), log(1 + generated tokens so far on the prefix)]."""
+
+    def __call__(self, anchors: Sequence[Anchor]) -> np.ndarray:
+        if anchors and anchors[0].prompt.features is not None:
+            return super().__call__(anchors)
+        return np.array(
+            [[np.log1p(len(a.prompt.text)), np.log1p(sum(generated_tokens(n) for n in a.history))] for a in anchors],
+            dtype=np.float32,
+        ).reshape(len(anchors), 2)
+
+
 @LENGTH_PREDICTORS.register("ridge")
 class RidgeLengthPredictor:
     """Weighted ridge regression of log(1 + tokens) on anchor features (module docstring)."""
@@ -95,7 +109,7 @@ class RidgeLengthPredictor:
                 f"length predictor needs l2 > 0, 0 < discount <= 1, prior_tokens >= 1 "
                 f"(got l2={l2}, discount={discount}, prior_tokens={prior_tokens})"
             )
-        self.featurizer: Featurizer = featurizer or NumericFeaturizer()
+        self.featurizer: Featurizer = featurizer or LengthFeatures()
         self.l2, self.discount, self.prior_tokens = l2, discount, prior_tokens
         self.xtx: np.ndarray | None = None
         self.xty: np.ndarray | None = None
@@ -132,7 +146,7 @@ class RidgeLengthPredictor:
         reg = self.l2 * np.eye(x.shape[1])
         reg[-1, -1] = 0.0  # the intercept is not shrunk
         self.coef = np.linalg.solve(self.xtx + reg, self.xty)
-        return {"log_mse": float(np.average((x @ self.coef - y) ** 2, weights=w)), "examples": float(len(y))}
+        return {"length_log_mse": float(np.average((x @ self.coef - y) ** 2, weights=w)), "length_examples": float(len(y))}
 
     def state_dict(self) -> dict[str, object]:
         """Everything needed to resume (checkpoints), with the numeric featurizer's widths."""
@@ -144,3 +158,9 @@ class RidgeLengthPredictor:
         self.steps_fit = int(cast(int, state["steps_fit"]))
         if isinstance(self.featurizer, NumericFeaturizer) and state.get("dims") is not None:
             self.featurizer.prompt_dim, self.featurizer.prefix_dim = cast("tuple[int | None, int | None]", state["dims"])
+
+
+def attach_lengths(allocator: Allocator) -> None:
+    """Give a cost-aware allocator (``allocator.length_predictor`` set: trace_plus) its length predictor."""
+    if allocator.length_predictor is not None:
+        allocator.lengths = LENGTH_PREDICTORS.get(allocator.length_predictor)()

@@ -53,7 +53,7 @@ def test_ridge_learns_a_synthetic_length_relation() -> None:
                 add_path(t, 0, [per_turn] * 4, 1.0, bare=True)
             trees.append(t)
         stats = pred.fit(trees)
-    assert stats["examples"] == 20 * 7  # per tree: the root and 2 x 3 interior turns
+    assert stats["length_examples"] == 20 * 7  # per tree: the root and 2 x 3 interior turns
     test = RolloutTree(Prompt("t", features=np.array([0.8])))
     ids = add_path(test, 0, [42] * 4, 0.0, bare=True)
     got = pred.predict([test.anchor(0), test.anchor(ids[0]), test.anchor(ids[2])])

@@ -510,6 +510,7 @@ class _Driver:
         import torch
 
         from envs.registry import env_class
+        from predictors.length import attach_lengths
         from tracerl.actors.pools import RolloutPool
         from tracerl.algos.allocators import build_allocator
         from tracerl.engine.react import TEMPLATES
@@ -528,6 +529,7 @@ class _Driver:
         for w in self.pool.warnings():
             _say(f"sandbox: {w}")
         self.allocator = build_allocator(cfg.allocator)
+        attach_lengths(self.allocator)  # trace_plus: its length predictor
         template = TEMPLATES.get(cfg.model.template)(tok)
         tools = list(env_class(cfg.env.name).tools)
         self.predictor = make_text_predictor(cfg.predictor, cfg.seed, model, tok, lambda q: template.prompt(q, tools),
@@ -613,7 +615,7 @@ class _Driver:
             for group, vals in summarize_calibration(collect_calibration(out)).items():
                 m.update({f"predictor/{group}/{k}": v for k, v in vals.items()})
         t0 = time.perf_counter()
-        fit = self.predictor.fit(out.sampled_trees)
+        fit = {**self.predictor.fit(out.sampled_trees), **self.allocator.observe(out.sampled_trees)}
         m.update({f"predictor/fit_{k}": v for k, v in fit.items()})
         self.phase("fit_predictor", time.perf_counter() - t0)
         t0 = time.perf_counter()
