@@ -44,6 +44,13 @@ def test_trace_plus_spends_within_its_token_shares_on_the_simulator() -> None:
     deep = max(tree.nodes[1:], key=lambda n: (not n.is_leaf, n.depth))
     costs = alloc.price([tree.anchor(0), tree.anchor(deep.node_id)])
     assert costs is not None and costs[0] > costs[1]
+    # Checkpoints: a fresh trace_plus restored from the state prices the same.
+    fresh = build_allocator(AllocatorConfig(name="trace_plus"))
+    attach_lengths(fresh)
+    fresh.load_state_dict(alloc.state_dict())
+    again = fresh.price([tree.anchor(0), tree.anchor(deep.node_id)])
+    assert again is not None and again.tolist() == costs.tolist()
+    assert build_allocator(AllocatorConfig(name="trace")).state_dict() == {}
 
 
 def test_trace_plus_without_a_length_predictor_says_how_to_attach_one() -> None:

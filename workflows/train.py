@@ -543,6 +543,8 @@ class _Driver:
             self.rng.bit_generator.state = state["rng"]
             self.spent = list(state.get("spent", self.spent))
             self.predictor.load_state_dict(torch.load(Path(ckpt_dir) / "predictor.pt", weights_only=False))
+            if (Path(ckpt_dir) / "allocator.pt").exists():  # trace_plus: its length predictor
+                self.allocator.load_state_dict(torch.load(Path(ckpt_dir) / "allocator.pt", weights_only=False))
         self.phases: dict[str, float] = {}
         self.step_metrics: dict[str, float] = {}
         self.last_out: Any = None
@@ -680,6 +682,8 @@ class _Driver:
             torch.save(adapters, path / ADAPTERS)
         self.tok.save_pretrained(path / "policy")
         torch.save(self.predictor.state_dict(), path / "predictor.pt")
+        if self.allocator.state_dict():
+            torch.save(self.allocator.state_dict(), path / "allocator.pt")
         (path / STATE).write_text(json.dumps({"step": step, "run_id": self.run_id, "rng": self.rng.bit_generator.state,
                                               "spent": self.spent}))
         (path / "config.yaml").write_text(to_yaml(self.cfg))

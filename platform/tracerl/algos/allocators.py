@@ -117,6 +117,13 @@ class Allocator:
         """Fit allocator-owned models (trace_plus: its length predictor) on a step's finished trees."""
         return {}
 
+    def state_dict(self) -> dict[str, object]:
+        """State of allocator-owned models for checkpoints (empty: nothing to save)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Restore what ``state_dict`` returned."""
+
     def prefixes(self, cands: Sequence[PrefixCandidates], rng: np.random.Generator) -> list[Expansion]:
         """Default: spend nothing on prefixes (flat allocators)."""
         return [Expansion(c.node_ids, np.zeros(len(c.node_ids), np.int64), 0) for c in cands]

@@ -16,7 +16,7 @@ allocation with leaf budgets. Tokens a prompt leaves unspent are not re-spent as
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -33,6 +33,10 @@ class LengthModel(Protocol):
     def predict(self, anchors: Sequence[Anchor]) -> np.ndarray: ...
 
     def fit(self, trees: Sequence[RolloutTree]) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, object]: ...
+
+    def load_state_dict(self, state: dict[str, object]) -> None: ...
 
 
 @ALLOCATORS.register("trace_plus")
@@ -54,6 +58,13 @@ class TracePlusAllocator(TraceAllocator):
 
     def observe(self, trees: Sequence[RolloutTree]) -> dict[str, float]:
         return {} if self.lengths is None else self.lengths.fit(trees)
+
+    def state_dict(self) -> dict[str, object]:
+        return {} if self.lengths is None else {"lengths": self.lengths.state_dict()}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        if self.lengths is not None and "lengths" in state:
+            self.lengths.load_state_dict(cast("dict[str, object]", state["lengths"]))
 
     def priced_roots(
         self, v: np.ndarray | None, costs: np.ndarray, budget: BudgetConfig, rng: np.random.Generator
