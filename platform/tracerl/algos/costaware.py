@@ -35,6 +35,8 @@ a choice is ceil(choice cost / Delta) units, rounded up, so every answer respect
 the stage's own k_max where smaller); a cost below one token counts as one token.
 [choice] Objective values are quantised to integers (2^-40 resolution) so equal objectives tie
 exactly; ties are broken by a seeded random order of the groups, preferring the smaller choice.
+[choice] A choice worth no more than a smaller (no dearer) one of its group is dropped before the
+DP (exact: it can never be strictly better), which keeps the DP small once gains saturate.
 [choice] Unspent tokens are the caller's (the budget carries them over to the next step).
 """
 
@@ -66,7 +68,8 @@ def solve_choices(
 
     Args:
         values: value of each choice, shape (G, C); choice 0 must be the empty one (value 0, cost 0).
-        costs: real token cost of each choice, shape (G, C); ``np.inf`` marks a choice not allowed.
+        costs: real token cost of each choice, shape (G, C), non-decreasing along C; ``np.inf`` marks a
+            choice not allowed (so only at the end of a row).
         token_budget: T, the tokens the choices may spend together.
         rng: breaks ties between equally good allocations.
         max_units: DP resolution (see the module docstring for the bound).
@@ -85,6 +88,8 @@ def solve_choices(
         raise ValueError("choice 0 of every group must be the empty choice (value 0, cost 0)")
     if np.any(costs < 0) or np.any(np.isnan(costs)):
         raise ValueError("choice costs must be >= 0 (np.inf marks a forbidden choice)")
+    if np.any(np.diff(costs, axis=1) < 0):
+        raise ValueError("choice costs must not decrease along a group's choices (order choices by cost)")
     delta = token_quantum(token_budget, max_units)
     units = int(token_budget // delta)
     with np.errstate(invalid="ignore"):
@@ -96,11 +101,15 @@ def solve_choices(
     order = rng.permutation(num)
     best = np.zeros(units + 1, dtype=np.int64)  # best[b]: max value with at most b units spent
     pick = np.zeros((num, units + 1), dtype=np.int64)
+    running = np.maximum.accumulate(gains, axis=1)
     for row, g in enumerate(order):
-        s = cols[None, :] - unit_cost[g][:, None]  # (C, U+1): units left before buying each choice
-        cand = np.where(s >= 0, best[np.maximum(s, 0)] + gains[g][:, None], neg)
-        pick[row] = np.argmax(cand, axis=0)  # first maximum: the smallest choice among equals
-        best = cand[pick[row], cols]
+        # Only choices that fit and add value over every smaller (hence no dearer) choice can be optimal.
+        keep = np.flatnonzero((unit_cost[g] <= units) & np.concatenate([[True], gains[g, 1:] > running[g, :-1]]))
+        s = cols[None, :] - unit_cost[g, keep][:, None]  # (C', U+1): units left before buying each choice
+        cand = np.where(s >= 0, best[np.maximum(s, 0)] + gains[g, keep][:, None], neg)
+        local = np.argmax(cand, axis=0)  # first maximum: the smallest choice among equals
+        pick[row] = keep[local]
+        best = cand[local, cols]
     out = np.zeros(num, dtype=np.int64)
     b = units
     for row in range(num - 1, -1, -1):
