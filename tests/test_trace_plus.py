@@ -22,9 +22,12 @@ def test_trace_plus_spends_within_its_token_shares_on_the_simulator() -> None:
     for step in range(4):
         pool = env.sample_pool(budget.num_candidates)
         root_cost = alloc.price([Anchor(p) for p in pool])
-        assert root_cost is not None
+        assert (root_cost is None) == (step == 0)  # the length predictor is ready after one step's targets
         out = run_step(pool, alloc, pred, env, budget, rng)
-        if step > 0:  # warm: the token knapsacks decide
+        if step == 0:  # trace's allocation: equal leaves
+            assert out.ledger.leaves == budget.leaves
+        else:  # warm: the token knapsacks decide
+            assert root_cost is not None
             active = np.flatnonzero(out.root_counts)
             m, c = out.root_counts[active], root_cost[active]
             t = budget.leaves * float(root_cost.mean())

@@ -10,7 +10,7 @@
 [choice] T is ``budget.token_budget`` in token mode; in leaf mode it is L times the pool's mean
 predicted bare-rollout cost (what L bare rollouts of an average prompt would generate).
 [choice] While the success predictor is cold (v or p is None) it falls back to trace's uniform
-allocation with leaf budgets. Tokens a prompt leaves unspent are not re-spent as bare rollouts.
+allocation with leaf budgets; while the length predictor is not ready it allocates exactly as trace. Tokens a prompt leaves unspent are not re-spent as bare rollouts.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ from tracerl.types import Anchor
 
 class LengthModel(Protocol):
     """What trace_plus needs of a length predictor (predictors.length.RidgeLengthPredictor)."""
+
+    @property
+    def ready(self) -> bool: ...
 
     def predict(self, anchors: Sequence[Anchor]) -> np.ndarray: ...
 
@@ -54,7 +57,7 @@ class TracePlusAllocator(TraceAllocator):
                 "allocator trace_plus needs a length predictor: the driver attaches one with "
                 "predictors.length.attach_lengths(allocator)"
             )
-        return self.lengths.predict(anchors)
+        return self.lengths.predict(anchors) if self.lengths.ready else None
 
     def observe(self, trees: Sequence[RolloutTree]) -> dict[str, float]:
         return {} if self.lengths is None else self.lengths.fit(trees)
