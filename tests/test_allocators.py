@@ -9,7 +9,8 @@ from tracerl.algos.allocators import ALLOCATORS, PrefixCandidates, build_allocat
 from tracerl.config import AllocatorConfig, BudgetConfig, PredictorConfig, SimulatorConfig
 from tracerl.engine.step import run_step
 
-ALL = ["grpo", "pcl", "treepo", "trace", "trace_debiased", "trace_root_only", "trace_prefix_only", "oracle_trace", "dapo"]
+ALL = ["grpo", "pcl", "treepo", "trace", "trace_debiased", "trace_root_only", "trace_prefix_only", "oracle_trace", "dapo",
+       "trace_plus"]
 BUDGET = BudgetConfig()  # L = 288, M = 96, N = 2, G = 8, B = 144
 
 
@@ -33,7 +34,7 @@ def test_registry_lists_every_allocator() -> None:
         build_allocator(AllocatorConfig(name="nope"))
 
 
-@pytest.mark.parametrize("name", [n for n in ALL if n != "dapo"])
+@pytest.mark.parametrize("name", [n for n in ALL if n not in ("dapo", "trace_plus")])  # trace_plus: tokens
 def test_equal_leaves_every_step(name: str) -> None:
     for out in run_steps(name):
         assert out.ledger.leaves == BUDGET.leaves == 288

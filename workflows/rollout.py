@@ -16,6 +16,7 @@ import numpy as np
 
 from envs.registry import check_data
 from predictors.base import Predictor
+from predictors.length import attach_lengths
 from tracerl.algos.allocators import Allocator, build_allocator
 from tracerl.config import BudgetConfig, RolloutConfig
 from tracerl.config_loader import to_yaml
@@ -70,6 +71,7 @@ def run_rollout(cfg: RolloutConfig, progress: Callable[[str], None] = lambda s: 
     for w in stack.env.sandbox.warnings:
         progress(w)
     allocator = build_allocator(cfg.allocator)
+    attach_lengths(allocator)
     predictor = build_text_predictor(cfg.predictor, stack, cfg.seed, name=allocator.predictor, targets=allocator.targets)
     prompts = task_prompts(cfg.env)
     rng = np.random.default_rng(cfg.seed)
@@ -80,6 +82,7 @@ def run_rollout(cfg: RolloutConfig, progress: Callable[[str], None] = lambda s: 
         out = lm_step(stack, allocator, predictor, prompts, cfg.budget, rng)
         metrics = step_metrics(out)
         predictor.fit(out.sampled_trees)
+        allocator.observe(out.sampled_trees)
         progress(f"step {s}: {len(out.trees)} trees, {metrics['budget/leaves']:.0f} leaves, effective ratio "
                  f"{metrics['rollout/effective_ratio']:.2f}, success {metrics['rollout/success_rate']:.2f} "
                  f"({time.perf_counter() - t0:.1f} s)")

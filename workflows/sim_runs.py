@@ -10,6 +10,7 @@ import numpy as np
 
 from envs.simulator import Simulator, with_noise_scale
 from predictors import build_predictor
+from predictors.length import attach_lengths
 from tracerl.algos.allocators import build_allocator
 from tracerl.calibration import CalibrationData, collect_calibration, summarize_calibration
 from tracerl.config import BenchAllocationConfig
@@ -36,6 +37,7 @@ def run_allocator(cfg: BenchAllocationConfig, name: str, seed: int, noise_scale:
     ``on_step(step, outcome)`` sees each step's finished trees before the predictor fits on them.
     """
     allocator = build_allocator(dataclasses.replace(cfg.allocator, name=name))
+    attach_lengths(allocator)
     env = Simulator(with_noise_scale(cfg.env.simulator, noise_scale), seed=seed)
     predictor = build_predictor(cfg.predictor, seed=seed, name=allocator.predictor, targets=allocator.targets)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
@@ -50,6 +52,7 @@ def run_allocator(cfg: BenchAllocationConfig, name: str, seed: int, noise_scale:
         if s >= warm:
             collect_calibration(out, calib)
         predictor.fit(out.sampled_trees)
+        allocator.observe(out.sampled_trees)
         env.advance()
         steps.append(metrics)
     return RunResult(name, seed, noise_scale, steps, summarize_calibration(calib))

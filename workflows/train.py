@@ -524,6 +524,7 @@ class _Driver:
         import torch
 
         from envs.registry import env_class
+        from predictors.length import attach_lengths
         from tracerl.actors.pools import RolloutPool
         from tracerl.algos.allocators import build_allocator
         from tracerl.engine.react import TEMPLATES
@@ -548,6 +549,7 @@ class _Driver:
         for w in self.pool.warnings():
             _say(f"sandbox: {w}")
         self.allocator = build_allocator(cfg.allocator)
+        attach_lengths(self.allocator)  # trace_plus: its length predictor
         template = TEMPLATES.get(cfg.model.template)(tok)
         tools = list(env_class(cfg.env.name).tools)
         self.predictor = make_text_predictor(cfg.predictor, cfg.seed, model, tok, lambda q: template.prompt(q, tools),
@@ -561,6 +563,8 @@ class _Driver:
             self.rng.bit_generator.state = state["rng"]
             self.spent = list(state.get("spent", self.spent))
             self.predictor.load_state_dict(torch.load(Path(ckpt_dir) / "predictor.pt", weights_only=False))
+            if (Path(ckpt_dir) / "allocator.pt").exists():  # trace_plus: its length predictor
+                self.allocator.load_state_dict(torch.load(Path(ckpt_dir) / "allocator.pt", weights_only=False))
         self.phases: dict[str, float] = {}
         self.step_metrics: dict[str, float] = {}
         self.last_out: Any = None
@@ -629,7 +633,7 @@ class _Driver:
             for group, vals in summarize_calibration(collect_calibration(out)).items():
                 m.update({f"predictor/{group}/{k}": v for k, v in vals.items()})
         t0 = time.perf_counter()
-        fit = self.predictor.fit(out.sampled_trees)
+        fit = {**self.predictor.fit(out.sampled_trees), **self.allocator.observe(out.sampled_trees)}
         m.update({f"predictor/fit_{k}": v for k, v in fit.items()})
         self.phase("fit_predictor", time.perf_counter() - t0)
         t0 = time.perf_counter()
@@ -700,6 +704,8 @@ class _Driver:
             torch.save(adapters, path / ADAPTERS)
         self.tok.save_pretrained(path / "policy")
         torch.save(self.predictor.state_dict(), path / "predictor.pt")
+        if self.allocator.state_dict():
+            torch.save(self.allocator.state_dict(), path / "allocator.pt")
         (path / STATE).write_text(json.dumps({"step": step, "run_id": self.run_id, "rng": self.rng.bit_generator.state,
                                               "spent": self.spent}))
         (path / "config.yaml").write_text(to_yaml(self.cfg))

@@ -23,7 +23,7 @@ class AllocatorConfig:
     """How the rollout budget is placed on prompts and prefixes (docs/TRACE.md sections 4, 5, 9)."""
 
     name: str = "trace"
-    """Registered allocator (grpo, pcl, treepo, trace, trace_debiased, trace_root_only, trace_prefix_only, oracle_trace, dapo) or 'module:attr'."""
+    """Registered allocator (grpo, pcl, treepo, trace, trace_debiased, trace_plus, trace_root_only, trace_prefix_only, oracle_trace, dapo) or 'module:attr'."""
     m_min: int = 2
     """Smallest non-zero number of bare rollouts per selected prompt (a single rollout has no contrast)."""
     m_max: int = 16

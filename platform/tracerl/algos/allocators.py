@@ -19,6 +19,7 @@ cases (docs/TRACE.md sections 4, 5, 9):
 | trace              | exact V_root solver                   | exact V_pref solver  |
 | trace_debiased     | trace; the predictor fits debiased targets (tree.py)         |
 | oracle_trace       | trace with the simulator's true probabilities (the ceiling)  |
+| trace_plus         | trace_debiased, priced by predicted tokens (algos/trace_plus.py) |
 
 Leaves are equal for all but dapo: flat allocators spend L = (L/G) G leaves at the roots; tree
 allocators spend M at the roots and M N as continuations, a prompt with m bare rollouts getting a
@@ -37,6 +38,8 @@ from tracerl.algos.prefixes import solve_prefixes
 from tracerl.algos.roots import solve_roots
 from tracerl.config import AllocatorConfig, BudgetConfig
 from tracerl.registry import Registry
+from tracerl.tree import RolloutTree
+from tracerl.types import Anchor
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,10 @@ class PrefixCandidates:
     """Predicted success probability p at each prefix, shape (P,); None while the predictor is cold."""
     local_budget: int
     """Continuations this prompt may spend: m N."""
+    costs: np.ndarray | None = None
+    """Cost-aware allocators: predicted generated tokens of one continuation from each prefix, shape (P,)."""
+    token_share: float | None = None
+    """Cost-aware allocators: the prompt's continuation tokens S_i = m c_i N (algos/costaware.py)."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,32 @@ class Allocator:
 
     def roots(self, v: np.ndarray | None, num_candidates: int, budget: BudgetConfig, rng: np.random.Generator) -> np.ndarray:
         raise NotImplementedError
+
+    length_predictor: str | None = None
+    """Cost-aware allocators: the length predictor the driver attaches (predictors/length.py)."""
+    lengths: object | None = None
+    """The attached length predictor (None until attached)."""
+
+    def price(self, anchors: Sequence[Anchor]) -> np.ndarray | None:
+        """Predicted generated tokens of one rollout from each anchor; None: the allocator is not cost-aware."""
+        return None
+
+    def priced_roots(
+        self, v: np.ndarray | None, costs: np.ndarray, budget: BudgetConfig, rng: np.random.Generator
+    ) -> np.ndarray:
+        """Root counts given per-candidate rollout costs (cost-aware allocators)."""
+        return self.roots(v, len(costs), budget, rng)
+
+    def observe(self, trees: Sequence[RolloutTree]) -> dict[str, float]:
+        """Fit allocator-owned models (trace_plus: its length predictor) on a step's finished trees."""
+        return {}
+
+    def state_dict(self) -> dict[str, object]:
+        """State of allocator-owned models for checkpoints (empty: nothing to save)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Restore what ``state_dict`` returned."""
 
     def prefixes(self, cands: Sequence[PrefixCandidates], rng: np.random.Generator) -> list[Expansion]:
         """Default: spend nothing on prefixes (flat allocators)."""
@@ -260,3 +293,6 @@ def build_allocator(cfg: AllocatorConfig) -> Allocator:
     """Instantiate the allocator named by ``cfg.name`` (registered name or 'module:attr')."""
     cls = ALLOCATORS.get(cfg.name)
     return cls(cfg)
+
+
+from tracerl.algos import trace_plus  # noqa: E402,F401  registers trace_plus (it subclasses TraceAllocator)

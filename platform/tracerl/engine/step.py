@@ -81,14 +81,19 @@ def run_step(
     v = scores if predictor.ready else None
     if allocator.dynamic:
         return _dynamic_step(pool, scores, allocator, backend, budget, rng, ledger, t0)
-    counts = allocator.roots(v, len(pool), budget, rng)
+    costs = allocator.price([Anchor(p) for p in pool])  # cost-aware allocators only (trace_plus)
+    if costs is None:
+        counts = allocator.roots(v, len(pool), budget, rng)
+    else:
+        counts = allocator.priced_roots(v, costs, budget, rng)
     t0 = _timed(ledger, "allocate_roots", t0)
     active = np.flatnonzero(counts)
     trees = backend.rollout([pool[i] for i in active], counts[active].tolist())
     t0 = _timed(ledger, "rollout", t0)
     out = StepOutcome(pool, trees, trees, counts, scores, ledger=ledger)
     if not allocator.flat and budget.continuations > 0:
-        _expand(out, allocator, predictor, backend, budget, rng, counts[active], t0)
+        root_costs = None if costs is None else costs[active]
+        _expand(out, allocator, predictor, backend, budget, rng, counts[active], t0, root_costs)
     account(ledger, trees)
     ledger.leaves = ledger.sampled_leaves = sum(t.num_leaves for t in trees)
     ledger.extra_bare = sum(e.extra_bare for e in out.expansions)
@@ -104,6 +109,7 @@ def _expand(
     rng: np.random.Generator,
     bare_counts: np.ndarray,
     t0: float,
+    root_costs: np.ndarray | None = None,
 ) -> None:
     ledger = out.ledger
     anchors: list[Anchor] = []
@@ -117,12 +123,15 @@ def _expand(
         anchors += [tree.anchor(int(i)) for i in ids]
         cands_meta.append((ids, r))
     p_all = predictor.score(anchors)
+    c_all = None if root_costs is None else allocator.price(anchors)
     t0 = _timed(ledger, "score", t0)
     cands = []
     for ti, ((ids, r), (a, b), m) in enumerate(zip(cands_meta, spans, bare_counts)):
         p = p_all[a:b]
         out.prefix_scores += [(ti, int(i), float(x)) for i, x in zip(ids, p)]
-        cands.append(PrefixCandidates(ids, r, p if predictor.ready else None, int(m) * budget.continuations))
+        cost = None if c_all is None else c_all[a:b]
+        share = None if root_costs is None else float(m * root_costs[ti] * budget.continuations)
+        cands.append(PrefixCandidates(ids, r, p if predictor.ready else None, int(m) * budget.continuations, cost, share))
     out.expansions = allocator.prefixes(cands, rng)
     t0 = _timed(ledger, "expand_prefixes", t0)
     backend.expand(out.trees, out.expansions)
