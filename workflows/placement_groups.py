@@ -18,23 +18,23 @@ from typing import Any
 from ray import tune
 
 
-def _table() -> list[Any]:
-    """Every placement group's GCS record: the public ``placement_group_table`` leaves out the creator fields."""
-    from ray._private.state import state
-    from ray.core.generated import gcs_pb2
+def _record() -> Any:
+    """The GCS placement-group record type (the public ``placement_group_table`` leaves out its creator fields)."""
+    # the generated protobuf module declares no attributes to mypy
+    from ray.core.generated.gcs_pb2 import PlacementGroupTableData  # type: ignore[attr-defined]
 
-    return [gcs_pb2.PlacementGroupTableData.FromString(raw)
-            for raw in state._connect_and_get_accessor().get_placement_group_table()]
+    return PlacementGroupTableData
 
 
 def _actor_made(job_id: str) -> list[Any]:
     """This job's reserved (not removed), non-detached placement groups that an actor created."""
     import ray
-    from ray.core.generated import gcs_pb2
+    from ray._private.state import state
 
-    job = bytes.fromhex(job_id)
-    return [pg for pg in _table() if pg.creator_job_id == job and not pg.is_detached
-            and pg.state != gcs_pb2.PlacementGroupTableData.REMOVED and not ray.ActorID(pg.creator_actor_id).is_nil()]
+    rec, job = _record(), bytes.fromhex(job_id)
+    table = [rec.FromString(raw) for raw in state._connect_and_get_accessor().get_placement_group_table()]
+    return [pg for pg in table if pg.creator_job_id == job and not pg.is_detached and pg.state != rec.REMOVED
+            and not ray.ActorID(pg.creator_actor_id).is_nil()]
 
 
 def orphaned(job_id: str | None = None) -> list[str]:
