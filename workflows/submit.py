@@ -1,26 +1,44 @@
 """``tracerl submit``: send train / sweep / eval to a Ray cluster through the Ray Jobs SDK.
 
-The job's runtime environment uploads the working directory (the repository: configs, the committed tiny
-policy; virtual environments, run outputs and stores left out) and the entrypoint is the ``tracerl`` command
-(or ``PYTHON -m workflows.cli`` with ``--python``, for heads whose PATH has no ``tracerl``: Ray resolves the
-entrypoint with the PATH of whoever ran ``ray start``). Logs stream until the job ends; ``--status``,
-``--logs`` and ``--stop`` act on an existing job. Ray token authentication stays on: the client reads the
-token the way the ``ray`` CLI does (``RAY_AUTH_MODE=token`` with ``RAY_AUTH_TOKEN`` or the local token file).
+The cluster contract: the head (and every node) has the dependencies (the image or venv Ray runs from) but not the
+project. The job's working directory, uploaded from ``--working-dir`` (the repository root), carries it: code,
+configs and the committed models, exactly what git would commit (tracked files plus untracked ones it does not
+ignore; git itself reads ``.gitignore``, since Ray's own reading of it can miss ``!`` exceptions such as the
+one for the committed ``models/tiny-math``: ``upload_rules``), never ``.git``, virtual environments, run outputs or MLflow stores. The job finds the
+packages without an install step: Ray puts the working directory first on ``PYTHONPATH`` and the job's
+``env_vars`` add ``platform/`` (relative: each process starts in the working directory), so the uploaded code wins
+over any copy installed on the cluster. A submitted train or sweep joins the cluster it is sent to
+(``cluster.address=auto`` unless the command line sets ``cluster.address``). Relative paths in the config resolve
+in the working directory, so its run outputs and the default SQLite MLflow store land in that copy on the node
+that runs the driver, which Ray deletes eventually: point ``tracking.uri`` (or ``MLFLOW_TRACKING_URI`` in the
+head's environment, which the job inherits) and ``out_dir`` at shared storage to keep them.
+
+The entrypoint is the ``tracerl`` command (or ``PYTHON -m workflows.cli`` with ``--python``, for heads whose PATH
+has no ``tracerl``: Ray resolves the entrypoint with the PATH of whoever ran ``ray start``). Logs stream until the
+job ends; ``--status``, ``--logs`` and ``--stop`` act on an existing job. Ray token authentication stays on: the
+client reads the token the way the ``ray`` CLI does (``RAY_AUTH_MODE=token`` with ``RAY_AUTH_TOKEN`` or the local
+token file).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
+import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 SUBMITTABLE = ("train", "sweep", "eval")
+JOINS_CLUSTER = ("train", "sweep")  # the commands that start Ray: on the cluster they join it
+# Left out whatever git says (also where the working directory is not a git checkout):
 EXCLUDES = [".git", ".venv", ".venv-vllm", "runs", "bench_out", "eval_out", "rollout_out", "mlruns.db",
-            "mlartifacts", "mlruns", "*.egg-info", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache"]
+            "mlartifacts", "mlruns", "*.egg-info", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache",
+            ".hypothesis"]
+PROJECT_MARKERS = ("platform/tracerl", "workflows", "conf")
 
 
 def _client(address: str) -> Any:
@@ -34,7 +52,64 @@ def entrypoint(command: str, args: Sequence[str], python: str | None = None) -> 
     if command not in SUBMITTABLE:
         raise ValueError(f"tracerl submit sends one of {', '.join(SUBMITTABLE)} (got {command!r})")
     head = [python, "-m", "workflows.cli"] if python else ["tracerl"]
+    args = list(args)
+    if command in JOINS_CLUSTER and not any(a.startswith("cluster.address=") for a in args):
+        args.append("cluster.address=auto")  # not an embedded Ray of its own inside the job
     return " ".join(shlex.quote(a) for a in [*head, command, *args])
+
+
+def _pattern(rel: str) -> str:
+    """A path as a gitwildmatch pattern anchored at the working directory (wildcards in names escaped)."""
+    for ch in "\\*?[":
+        rel = rel.replace(ch, "\\" + ch)
+    return "/" + rel
+
+
+def git_ignored(working_dir: Path) -> list[str] | None:
+    """What git ignores under ``working_dir`` (its own rules, ``!`` exceptions included; an ignored directory as one
+    entry), as anchored exclude patterns; None where ``working_dir`` is not in a git checkout."""
+    try:
+        res = subprocess.run(["git", "-C", str(working_dir), "ls-files", "-z", "--others", "--ignored",
+                              "--exclude-standard", "--directory"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if res.returncode != 0:
+        return None
+    return [_pattern(p.rstrip("/")) for p in res.stdout.split("\0") if p]
+
+
+def runtime_env(working_dir: str | Path, env: dict[str, str] | None = None) -> tuple[dict[str, Any], bool]:
+    """The job's runtime environment (the project as its working directory, ``platform/`` on its PYTHONPATH) and
+    whether git listed what to leave out (then Ray must not read .gitignore itself: ``upload_rules``)."""
+    wd = Path(working_dir).resolve()
+    missing = [m for m in PROJECT_MARKERS if not (wd / m).exists()]
+    if missing:
+        raise ValueError(f"--working-dir {wd} is not the project's root (it has no {', '.join(missing)}): the job's "
+                         "working directory carries the project; run submit from the repository root or point "
+                         "--working-dir at it")
+    ignored = git_ignored(wd)
+    # PYTHONPATH: Ray puts the working directory itself first; a relative entry resolves in each process's
+    # working directory, which is the job's (the driver's and every worker's).
+    return ({"working_dir": str(wd), "excludes": EXCLUDES + (ignored or []),
+             "env_vars": {"PYTHONPATH": "platform", **(env or {})}}, ignored is not None)
+
+
+@contextlib.contextmanager
+def upload_rules(git: bool) -> Iterator[None]:
+    """Where git listed the ignored paths, Ray must not apply .gitignore itself: its matcher tests a directory as
+    ``models/tiny-math``, without the ``/`` an exception such as ``!models/tiny-math/`` names, so ``models/*`` wins
+    and the whole directory (the committed model) is left out."""
+    key = "RAY_RUNTIME_ENV_IGNORE_GITIGNORE"
+    before = os.environ.get(key)
+    if git:
+        os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
 
 
 def submit(address: str, command: str, args: Sequence[str], working_dir: str = ".", python: str | None = None,
@@ -43,15 +118,15 @@ def submit(address: str, command: str, args: Sequence[str], working_dir: str = "
            agent_wait_s: float = 120.0) -> tuple[str, str]:
     """Submit; returns (job id, final status or 'PENDING' when not following). A head without a job agent is
     retried for ``agent_wait_s`` seconds, then reported."""
+    entry = entrypoint(command, args, python)  # bad input is refused before anything is contacted
+    renv, git = runtime_env(working_dir, env)
     client = _client(address)
-    runtime_env: dict[str, Any] = {"working_dir": str(Path(working_dir).resolve()), "excludes": EXCLUDES}
-    if env:
-        runtime_env["env_vars"] = dict(env)
     job_id = ""
     deadline = time.monotonic() + agent_wait_s
     while True:  # a head that just started answers before its job agent is up
         try:
-            job_id = str(client.submit_job(entrypoint=entrypoint(command, args, python), runtime_env=runtime_env))
+            with upload_rules(git):
+                job_id = str(client.submit_job(entrypoint=entry, runtime_env=renv))
             break
         except RuntimeError as exc:
             if "No available agent" not in str(exc):

@@ -2,7 +2,8 @@
 
 Each trial is a full ``tracerl train`` run: the sampled values are applied as overrides to the sweep's
 base config and validated like any command line. Its Ray Train reports (every step) reach Tune through
-``TuneReportCallback``, so a scheduler (ASHA) can stop trailing trials. MLflow holds one parent run for
+``TuneReportCallback``, so a scheduler (ASHA) can stop trailing trials; the Ray Train placement group a stopped
+trial leaves reserved is removed (``workflows/placement_groups.py``). MLflow holds one parent run for
 the sweep and one child run per trial (tags ``mlflow.parentRunId``, ``tracerl.sweep``, ``tracerl.trial``);
 the best configuration is printed and tagged on the parent. Running the same command with the same
 ``sweep_name`` after an interruption restores the Tune experiment and finishes it.
@@ -92,6 +93,7 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
 
     from envs.registry import check_data
     from workflows import tracking as trk
+    from workflows.placement_groups import ReleaseStoppedTrialGroups, release_when_trials_end
     from workflows.progress import bar
     from workflows.ray_utils import check_resources, init_ray
     from workflows.run_info import sweep_tags
@@ -149,7 +151,8 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
                                         max_concurrent_trials=cfg.max_concurrent_trials, scheduler=scheduler,
                                         search_alg=OptunaSearch(seed=cfg.seed, points_to_evaluate=[
                                             dict(p) for p in cfg.first_trials] or None)),
-            run_config=tune.RunConfig(name=name, storage_path=str(root)),
+            run_config=tune.RunConfig(name=name, storage_path=str(root),
+                                      callbacks=[ReleaseStoppedTrialGroups(progress)]),
         )
     t0 = time.perf_counter()
     status = "FAILED"
@@ -162,6 +165,7 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     trials_bar.follow(ended, every=5.0)
     try:
         grid = tuner.fit()
+        release_when_trials_end(progress)  # a stopped trial's Train group outlives it on a Ray that outlives the sweep
         interrupted = _interrupted(sweep_dir, grid)
         status = "KILLED" if interrupted else "FINISHED"
     finally:
