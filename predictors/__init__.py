@@ -1,4 +1,4 @@
-"""Success-probability predictors V~(H) for roots and prefixes (docs/TRACE.md section 6).
+"""Success-probability predictors V~(H) for roots and prefixes (docs/method.md, "The shared predictor").
 
 Chosen by name from ``PREDICTORS``: constant, tabular, learned, oracle (or 'module:attr');
 length predictors (generated tokens from an anchor, for trace_plus) from ``LENGTH_PREDICTORS``.

@@ -6,7 +6,7 @@
 * ``PolicyHiddenFeaturizer``: the policy's own last hidden state at the end of the anchor's context,
   under stop-gradient (a text encoder that already knows the task format), plus depth.
 
-[choice] Histories are left-truncated to ``max_tokens`` keeping the question (docs/TRACE.md section 6).
+[choice] Histories are left-truncated to ``max_tokens`` keeping the question (docs/method.md, "The shared predictor").
 """
 
 from __future__ import annotations

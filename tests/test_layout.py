@@ -1,4 +1,4 @@
-"""The layout rules of docs/DESIGN.md: import names, no stdlib shadowing, imports pointing one way."""
+"""The layout rules of docs/design.md: import names, no stdlib shadowing, imports pointing one way."""
 
 import ast
 import subprocess
@@ -56,7 +56,7 @@ def test_pure_core_never_imports_ray_vllm_mlflow_or_upper_layers() -> None:
 def test_envs_and_predictors_do_not_import_workflows_or_ray() -> None:
     for rel in ["envs", "predictors", "platform/tracerl"]:
         for f in files(rel):
-            # tracerl.actors are the thin Ray adapters (docs/DESIGN.md); nothing in tracerl wires workflows or MLflow
+            # tracerl.actors are the thin Ray adapters (docs/design.md); nothing in tracerl wires workflows or MLflow
             banned = {"workflows", "mlflow"} if "actors" in f.parts else {"workflows", "ray", "mlflow"}
             assert not imports(f) & banned, f
 

@@ -1,4 +1,4 @@
-"""Starting or joining Ray the way this platform needs it (docs/PITFALLS.md)."""
+"""Starting or joining Ray the way this platform needs it (docs/pitfalls.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``tracerl train``: TRACE (or any baseline allocator) end to end on Ray Train, tracked in MLflow.
 
-Topology (docs/DESIGN.md): ``TorchTrainer`` workers hold the policy (DDP; gloo on CPU, NCCL on GPU;
+Topology (docs/design.md): ``TorchTrainer`` workers hold the policy (DDP; gloo on CPU, NCCL on GPU;
 FSDP as an option). The RL loop runs inside the worker function: rank 0 owns the sampler/environment
 actor pools, the predictor and the allocator, drives the step, and broadcasts the collated batch;
 every rank updates on its shard. After each update rank 0 pushes the weights to the samplers.

@@ -20,7 +20,7 @@ def _check(cond: bool, msg: str) -> None:
 
 @dataclass(frozen=True)
 class AllocatorConfig:
-    """How the rollout budget is placed on prompts and prefixes (docs/TRACE.md sections 4, 5, 9)."""
+    """How the rollout budget is placed on prompts and prefixes (docs/method.md, "Stage 1", "Stage 2", "Baselines")."""
 
     name: str = "trace"
     """Registered allocator (grpo, pcl, treepo, trace, trace_debiased, trace_plus, trace_root_only, trace_prefix_only, oracle_trace, dapo) or 'module:attr'."""
@@ -130,7 +130,7 @@ class BudgetConfig:
 
 @dataclass(frozen=True)
 class PredictorConfig:
-    """The shared success-probability predictor V~ (docs/TRACE.md section 6)."""
+    """The shared success-probability predictor V~ (docs/method.md, "The shared predictor")."""
 
     name: str = "learned"
     """Registered predictor (constant, tabular, learned, oracle) or 'module:attr'."""
@@ -689,7 +689,7 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class LossConfig:
-    """The policy loss (docs/TRACE.md section 7) and how trees become a batch."""
+    """The policy loss (docs/method.md, "Tree-aware advantages" and "Loss") and how trees become a batch."""
 
     name: str = "ppo_clip"
     """Registered loss (tracerl.algos.losses.LOSSES) or 'module:attr'."""

@@ -2,7 +2,7 @@
 
 A tree's root (node 0, depth 0) is the prompt; each other node is one ReAct turn
 (thought, action, observation). A bare rollout is a root-to-leaf chain; a continuation re-uses a
-prefix verbatim and adds a new chain below it (docs/TRACE.md section 2). Node ids are assigned in
+prefix verbatim and adds a new chain below it (docs/method.md, "Objects"). Node ids are assigned in
 creation order, so a parent's id is always smaller than its children's: one reverse pass computes
 every bottom-up quantity.
 
@@ -319,7 +319,7 @@ class RolloutTree:
 
 
 def effective_ratio(trees: Sequence[RolloutTree]) -> float:
-    """Share of active prompts (trees with leaves) whose tree is mixed (docs/TRACE.md section 8)."""
+    """Share of active prompts (trees with leaves) whose tree is mixed (docs/method.md, "Budget and metrics")."""
     active = [t for t in trees if t.num_leaves > 0]
     return sum(t.is_mixed() for t in active) / len(active) if active else 0.0
 

@@ -1,6 +1,6 @@
 """Small shared records: prompts, episode statuses, anchors.
 
-An *anchor* (docs/TRACE.md section 2) is a root (the prompt alone) or a prefix (the prompt plus the
+An *anchor* (docs/method.md, "Objects") is a root (the prompt alone) or a prefix (the prompt plus the
 turns so far); predictors score anchors, allocators spend budget on them.
 """
 

@@ -1,4 +1,4 @@
-"""Advantage estimators over rollout trees (docs/TRACE.md sections 7 and 9).
+"""Advantage estimators over rollout trees (docs/method.md, "Tree-aware advantages" and "Loss", "Baselines").
 
 Each estimator maps one tree to a :class:`TreeAdvantages`: for every leaf, one advantage per turn
 on its root-to-leaf path (``per_turn[leaf][t]`` for the turn at depth t + 1). Collation broadcasts a

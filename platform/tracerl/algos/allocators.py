@@ -1,7 +1,7 @@
 """Allocators: who gets bare rollouts (roots) and where continuations go (prefixes).
 
 Every allocator answers two questions with the same signature, so the step driver has no special
-cases (docs/TRACE.md sections 4, 5, 9):
+cases (docs/method.md, "Stage 1", "Stage 2", "Baselines"):
 
 * ``roots(v, budget, rng)``: rollout counts for the candidate pool, given predicted root success
   probabilities ``v`` (``None`` while the predictor is cold: uniform allocation).

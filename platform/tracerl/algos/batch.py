@@ -1,4 +1,4 @@
-"""Collation: rollout trees to a token batch for the policy update (docs/TRACE.md section 7).
+"""Collation: rollout trees to a token batch for the policy update (docs/method.md, "Tree-aware advantages" and "Loss").
 
 Every leaf is one training sequence: the prompt's tokens, then each turn on its root-to-leaf path
 (model tokens, then tool/observation tokens). Shared prefixes appear once per leaf below them, each

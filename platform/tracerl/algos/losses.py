@@ -1,4 +1,4 @@
-"""Policy losses (docs/TRACE.md section 7): PPO-clip with separate low/high clip ranges.
+"""Policy losses (docs/method.md, "Tree-aware advantages" and "Loss"): PPO-clip with separate low/high clip ranges.
 
 Per model token t with ratio rho_t = exp(log pi(t) - log pi_old(t)) and advantage A_t:
 

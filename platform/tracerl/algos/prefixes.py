@@ -1,4 +1,4 @@
-"""Stage 2 of TRACE: local prefix expansion (docs/TRACE.md section 5).
+"""Stage 2 of TRACE: local prefix expansion (docs/method.md, "Stage 2").
 
 Per active prompt, a local budget of m_i * N continuations is spread over the non-leaf prefixes
 (j, t) of its bare rollouts. With r the observed reward of rollout j and p = V~(H_jt) the predicted

