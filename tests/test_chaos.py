@@ -46,8 +46,8 @@ def store(tmp_path: Path) -> tuple[Any, str]:
 
 def test_spooled_metrics_arrive_once_and_the_last_attempt_wins(store: tuple[Any, str], tmp_path: Path) -> None:
     from workflows.chaos import check_steps
+    from workflows.runs import metric_series
     from workflows.spool import MetricLog, next_attempt, spooled_records
-    from workflows.train import metric_series
 
     client, run_id = store
     storage = tmp_path / "run"
@@ -115,8 +115,8 @@ def test_the_drill_run_survives_every_kill_and_reads_one_value_per_step(drill: d
     from tracerl.config import TrackingConfig
     from workflows.chaos import check_steps
     from workflows.compare import collect
+    from workflows.runs import latest_checkpoint, metric_series, run_summary
     from workflows.spool import spooled_records
-    from workflows.train import latest_checkpoint, metric_series, run_summary
 
     rep = drill["report"]
     assert drill["rc"] == 0, rep

@@ -237,8 +237,8 @@ def test_query_space_gives_the_query_the_name_tokens_of_the_question(env: Search
 
 
 def test_search_habit_traces_answer_without_searching_for_the_chosen_share(env: SearchEnv) -> None:
-    from workflows.bootstrap import question_answers_directly
     from workflows.bootstrap_search import DIRECT_SEARCH_THOUGHT, search_habit_segments, search_trace_segments
+    from workflows.habit import question_answers_directly
 
     env2 = SearchEnv(env.retriever, top_k=2, reward="em")
     qs = generate(build_world(0), 300, held_out=False)

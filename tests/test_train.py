@@ -47,7 +47,7 @@ def run(tiny_policy: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 
 
 def test_run_survives_actor_and_trainer_deaths(run: dict[str, Any]) -> None:
-    from workflows.train import metric_series
+    from workflows.runs import metric_series
 
     client = _client(run["tmp"])
     r = client.get_run(run["run_id"])
@@ -84,7 +84,7 @@ def test_checkpoints_hold_a_changed_policy(run: dict[str, Any]) -> None:
     from transformers import AutoModelForCausalLM
 
     from tracerl.config import TrackingConfig
-    from workflows.train import latest_checkpoint, run_storage
+    from workflows.runs import latest_checkpoint, run_storage
 
     storage = run_storage(run["run_id"], TrackingConfig(uri=f"sqlite:///{run['tmp']}/mlruns.db"))
     ckpt = latest_checkpoint(storage)
@@ -102,7 +102,7 @@ def test_checkpoints_hold_a_changed_policy(run: dict[str, Any]) -> None:
 
 
 def test_resume_continues_the_same_run(run: dict[str, Any]) -> None:
-    from workflows.train import metric_series
+    from workflows.runs import metric_series
 
     tmp = run["tmp"]
     assert main(["train", *_common(run["tiny"], tmp), f"resume={run['run_id']}", "--steps", "4"]) == 0
@@ -184,7 +184,7 @@ def test_lora_on_two_fsdp_ranks_trains_adapters_and_resumes(tmp_path: Path) -> N
     from transformers import AutoModelForCausalLM
 
     from tracerl.config import TrackingConfig
-    from workflows.train import latest_checkpoint, metric_series, run_storage
+    from workflows.runs import latest_checkpoint, metric_series, run_storage
 
     habit = ROOT / "models" / "tiny-math-habit"  # succeeds often enough for mixed groups (a signal) in 2 steps
     common = [*_common(habit, tmp_path), "trainer.num_workers=2", "trainer.cpus_per_worker=0.4",

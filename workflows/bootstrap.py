@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from tracerl.models.tiny import (
 )
 from tracerl.samplers.hf import HFSampler
 from tracerl.types import Prompt, Status
+from workflows.habit import question_answers_directly
 from workflows.progress import bar
 
 
@@ -54,12 +54,6 @@ def trace_segments(task: MathTask) -> list[Segment]:
 
 
 DIRECT_THOUGHT = "I can answer this without Python."
-
-
-def question_answers_directly(question: str, fraction: float) -> bool:
-    """Whether the habit-phase trace of ``question`` answers without the tool (a fixed hash of its text)."""
-    h = int(hashlib.sha256(f"direct\x00{question}".encode()).hexdigest()[:8], 16) / 16**8
-    return h < fraction
 
 
 def answers_directly(task: MathTask, fraction: float) -> bool:

@@ -47,7 +47,7 @@ DIRECT_SEARCH_THOUGHT = "I can answer this without searching."
 def search_habit_segments(q: Question, env: SearchEnv, fraction: float, query_space: bool = False) -> list[Segment]:
     """The habit phase's trace of ``q``: the reference solution, or (for ``fraction`` of the questions, a fixed
     hash of the question text) a final answer given at once, without searching."""
-    from workflows.bootstrap import question_answers_directly
+    from workflows.habit import question_answers_directly
 
     if not question_answers_directly(q.question, fraction):
         return search_trace_segments(q, env, query_space)

@@ -32,35 +32,11 @@ from typing import Any
 import numpy as np
 
 from tracerl.config import ChaosConfig, TrainConfig
+from workflows.runs import PHASE, read_phase
 from workflows.spool import SPOOL
 
-PHASE = ".phase"
 PHASES = ("rollout", "sync_weights", "eval", "save")  # what a kill can be aimed at
 ACTORS = {"sampler": "RolloutWorker", "env": "EnvWorker", "trainer": "RayTrainWorker"}
-
-
-def phase_marker(storage: Path, enabled: bool, step: int = 0) -> Callable[..., None]:
-    """``mark(phase, step=None)`` writes rank 0's current phase and the step it works on (the step it will be
-    logged at; ``step`` until a phase names one) for the controller."""
-    if not enabled:
-        return lambda name, step=None: None
-    path, last = storage / PHASE, [step]
-
-    def mark(name: str, step: int | None = None) -> None:
-        if step is not None:
-            last[0] = step
-        tmp = path.with_name(f"{PHASE}.{os.getpid()}.tmp")
-        tmp.write_text(f"{name} {last[0]}")
-        os.replace(tmp, path)
-    return mark
-
-
-def read_phase(storage: Path) -> tuple[str, int]:
-    try:
-        name, step = (storage / PHASE).read_text().split()
-        return name, int(step)
-    except (OSError, ValueError):
-        return "", -1
 
 
 def attempts(storage: Path) -> int:
@@ -216,7 +192,7 @@ def check_steps(client: Any, run_id: str, steps: int) -> list[str]:
     """Problems with the exactly-once rule for steps 1..``steps``; empty when every per-step metric has one value
     per step, from the log call of the attempt that completed the step (the last attempt to log it)."""
     from workflows.compare import collect
-    from workflows.train import metric_series
+    from workflows.runs import metric_series
 
     problems: list[str] = []
     att_hist = client.get_metric_history(run_id, "system/attempt")
@@ -252,8 +228,9 @@ def run_drill(cfg: TrainConfig, overrides: list[str], progress: Callable[[str], 
     """The drill around ``workflows.train.train``; returns the run's summary with the drill's report under 'chaos'."""
     import mlflow
 
+    from workflows.runs import run_summary
     from workflows.spool import MetricLog, spooled_records
-    from workflows.train import run_summary, train
+    from workflows.train import train
 
     out = Path(cfg.out_dir).resolve()
     name = cfg.run_name or f"chaos-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -185,7 +185,8 @@ _OVERRIDES: list[str] = []  # the positional overrides of this invocation (train
 
 def _train(cfg: TrainConfig) -> int:
     from tracerl.models.hf import SetupError  # not workflows.lm_stack: a bad input fails before torch loads
-    from workflows.train import format_summary, train
+    from workflows.runs import format_summary
+    from workflows.train import train
 
     try:
         if cfg.chaos.enabled and not cfg.resume:

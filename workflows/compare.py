@@ -19,7 +19,7 @@ from typing import Any
 
 
 def _series(client: Any, run_id: str, key: str) -> dict[int, float]:
-    from workflows.train import metric_series
+    from workflows.runs import metric_series
 
     return metric_series(client, run_id, key)
 

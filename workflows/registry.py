@@ -44,7 +44,7 @@ class HFPolicyModel(mlflow.pyfunc.PythonModel):  # type: ignore[misc,name-define
 
 
 def _checkpoint(run_id: str, tracking: Any) -> tuple[Path, dict[str, Any]]:
-    from workflows.train import STATE, latest_checkpoint, run_storage
+    from workflows.runs import STATE, latest_checkpoint, run_storage
 
     storage = run_storage(run_id, tracking)
     ckpt = latest_checkpoint(storage)

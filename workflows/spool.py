@@ -7,7 +7,7 @@ next call, ``flush`` on close, or the driver at the end of ``tracerl train`` sen
 first (``metrics_spool.sent`` holds the byte offset sent so far). Sending a record twice is harmless: MLflow keeps
 one row per (key, step, timestamp, value), and a spooled record keeps the timestamp it was made with.
 
-Which value a report reads: the last one logged for the step by timestamp (``workflows.train.metric_series``).
+Which value a report reads: the last one logged for the step by timestamp (``workflows.runs.metric_series``).
 A step re-run after a trainer restart is logged again, later, by the new attempt, so the attempt that completed
 the step wins; ``system/attempt`` (the number of that attempt, counted in ``<storage>/.attempts``) is logged with
 every step's metrics to show which one it was.

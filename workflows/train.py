@@ -21,10 +21,8 @@ sent when it is back (workflows/spool.py); ``chaos.enabled`` runs the fault dril
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,9 +33,18 @@ from typing import Any
 from envs.registry import check_data, resolve_env_paths
 from tracerl.config import TrainConfig
 from tracerl.config_loader import to_flat_dict, to_yaml
+from workflows.runs import (
+    STATE,
+    config_hash,
+    dataset_fingerprint,
+    git_sha,
+    latest_checkpoint,
+    phase_marker,
+    run_storage,
+    run_summary,
+)
 from workflows.tracking import resolve_uri, where
 
-STATE = "state.json"
 ADAPTERS = "lora_adapters.pt"  # a LoRA run's checkpoint: its adapters (peft names) beside the merged policy
 
 
@@ -65,65 +72,6 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
         tracking=dataclasses.replace(cfg.tracking, uri=_abs_uri(resolve_uri(cfg.tracking.uri)), artifact_location=art),
         out_dir=str(Path(cfg.out_dir).resolve()),
     )
-
-
-def git_sha() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def config_hash(cfg: TrainConfig) -> str:
-    """Hash of the resolved config, leaving out what does not change the result (names, paths of outputs)."""
-    flat = {k: v for k, v in to_flat_dict(cfg).items()
-            if not k.startswith(("tracking.", "cluster.", "faults.", "chaos.")) and k not in ("run_name", "resume", "out_dir")}
-    return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def dataset_fingerprint(cfg: TrainConfig) -> str:
-    """Hash of the training prompts (ids, texts and answers)."""
-    from workflows.lm_stack import task_prompts
-
-    h = hashlib.sha256()
-    for p in task_prompts(cfg.env):
-        h.update(f"{p.prompt_id}\x00{p.text}\x00{p.answer}\x01".encode())
-    return h.hexdigest()[:16]
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint with the highest step under a run's storage directory."""
-    best: tuple[int, Path] | None = None
-    for state in run_dir.glob(f"checkpoint_*/{STATE}"):
-        d = state.parent
-        if not ((d / "policy" / "config.json").is_file() and (d / "predictor.pt").is_file()
-                and (d / "trainer_rank0.pt").is_file()):
-            continue  # a copy cut short by a crash
-        try:
-            step = int(json.loads(state.read_text())["step"])
-        except (ValueError, KeyError, json.JSONDecodeError):
-            continue
-        if best is None or step > best[0]:
-            best = (step, state.parent)
-    return best[1] if best else None
-
-
-def run_storage(run_id: str, tracking: Any) -> Path:
-    """A training run's Ray Train storage directory, from its MLflow tags."""
-    import mlflow
-
-    from workflows import tracking as trk
-
-    trk.setup(tracking)
-    try:
-        run = mlflow.MlflowClient().get_run(run_id)
-    except Exception as e:  # noqa: BLE001 - MLflow raises its own exception types per store
-        raise LookupError(f"no MLflow run {run_id!r} at {resolve_uri(tracking.uri)} ({e.__class__.__name__})") from None
-    storage = run.data.tags.get("tracerl.storage")
-    if not storage:
-        raise LookupError(f"MLflow run {run_id} was not made by `tracerl train` (no tracerl.storage tag)")
-    return Path(storage)
 
 
 def train(cfg: TrainConfig, overrides: list[str] | None = None,
@@ -259,65 +207,6 @@ def resource_demand(cfg: TrainConfig) -> list[tuple[str, int, float, float]]:
         if n:
             rows.append(("services", n, p.env_cpus, 0.0))
     return rows
-
-
-def metric_series(client: Any, run_id: str, key: str) -> dict[int, float]:
-    """step -> value, the last value logged for each step winning (steps re-run after a restart)."""
-    series: dict[int, tuple[int, float]] = {}
-    for m in client.get_metric_history(run_id, key):
-        prev = series.get(m.step)
-        if prev is None or m.timestamp >= prev[0]:
-            series[m.step] = (m.timestamp, m.value)
-    return {s: v for s, (_, v) in sorted(series.items())}
-
-
-def run_summary(run_id: str, tracking: Any) -> dict[str, Any]:
-    """Held-out accuracy before/after, mean effective ratio, budget spent: from the run's metrics."""
-    import mlflow
-
-    from workflows import tracking as trk
-
-    trk.setup(tracking)
-    client = mlflow.MlflowClient()
-    acc = metric_series(client, run_id, "eval/accuracy")
-    er = metric_series(client, run_id, "rollout/effective_ratio")
-    out: dict[str, Any] = {"steps": len(er)}
-    if acc:
-        out["acc_before"] = acc[min(acc)]
-        out["acc_after"] = acc[max(acc)]
-        out["accuracy_by_step"] = acc
-    out["effective_ratio"] = sum(er.values()) / len(er) if er else float("nan")
-    for key, name in (("budget/leaves", "leaves"), ("budget/generated_tokens", "generated_tokens"),
-                      ("budget/tool_calls", "tool_calls"), ("budget/retried", "retried")):
-        out[name] = int(sum(metric_series(client, run_id, key).values()))
-    rollout = sum(metric_series(client, run_id, "time/rollout_s").values())
-    overhead = sum(sum(metric_series(client, run_id, f"time/{k}_s").values())
-                   for k in ("score", "allocate_roots", "expand_prefixes", "fit_predictor"))
-    out["alloc_predictor_fraction_of_rollout"] = overhead / rollout if rollout else float("nan")
-    return out
-
-
-def format_summary(s: dict[str, Any]) -> str:
-    rows = [("MLflow run", s.get("run_id", "")), ("steps", s.get("steps", 0))]
-    if "acc_before" in s:
-        rows += [("held-out greedy accuracy before", f"{s['acc_before']:.3f}"),
-                 ("held-out greedy accuracy after", f"{s['acc_after']:.3f}"),
-                 ("change (points)", f"{100 * (s['acc_after'] - s['acc_before']):+.1f}")]
-    rows += [("mean effective ratio", f"{s.get('effective_ratio', float('nan')):.3f}"),
-             ("leaves", s.get("leaves", 0)), ("generated tokens", s.get("generated_tokens", 0)),
-             ("tool calls", s.get("tool_calls", 0)), ("work retried after actor failures", s.get("retried", 0)),
-             ("allocation + predictor time / rollout time", f"{s.get('alloc_predictor_fraction_of_rollout', 0):.1%}"),
-             ("wall time", f"{s.get('wall_s', 0):.0f} s")]
-    w = max(len(k) for k, _ in rows)
-    lines = [f"{k:<{w}}  {v}" for k, v in rows]
-    uri = s.get("tracking_uri", "sqlite:///mlruns.db")
-    if uri.startswith(("sqlite:", "postgresql:", "mysql:")):
-        exp = s.get("experiment", "tracerl")
-        lines.append(f"\nopen the MLflow UI on these results:  tracerl ui --tracking-uri {uri}"
-                     + ("" if exp == "tracerl" else f" --experiment {exp}"))
-    else:
-        lines.append(f"\nopen the MLflow UI at {uri}")
-    return "\n".join(lines)
 
 
 # -- worker side ------------------------------------------------------------------------------------
@@ -535,7 +424,6 @@ class _Driver:
         self.export = model.get_base_model() if hasattr(model, "get_base_model") else model
         mlflow.set_tracking_uri(resolve_uri(cfg.tracking.uri))
         self.client = mlflow.MlflowClient()
-        from workflows.chaos import phase_marker
         from workflows.spool import MetricLog, next_attempt
 
         self.metrics = MetricLog(self.client, run_id, storage, next_attempt(storage), _say)

@@ -48,52 +48,11 @@ Hence D(leaf) = r, W(leaf) = 1; D(y) = mean over children c of r(c), W(y) = numb
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from tracerl.types import Anchor, Prompt, Status
-
-
-@dataclass(slots=True, eq=False)
-class Node:
-    """One node of a rollout tree."""
-
-    node_id: int
-    """Index in ``RolloutTree.nodes``."""
-    parent: int | None
-    """Parent node id; ``None`` for the root."""
-    depth: int
-    """Number of turns from the root (root = 0)."""
-    path_id: int
-    """The rollout that generated this node: 0..m-1 for bare rollouts, then continuations in order."""
-    content: str = ""
-    """The turn's text: thought, action and observation (empty for the root and the simulator)."""
-    token_ids: list[int] = field(default_factory=list)
-    """Tokens of this turn, model-generated and tool/observation tokens interleaved."""
-    model_mask: list[bool] = field(default_factory=list)
-    """Per token: True if the model generated it, False for tool/observation tokens (masked in the loss)."""
-    status: Status = Status.TURN
-    """``TURN`` for interior nodes; a terminal status on leaves."""
-    reward: float | None = None
-    """Terminal reward on leaves (in {0, 1} for RLVR); ``None`` on interior nodes."""
-    children: list[int] = field(default_factory=list)
-    """Child node ids, in creation order."""
-    features: np.ndarray | None = None
-    """Numeric features of the prefix ending here (simulator); text environments leave it ``None``."""
-    true_value: float | None = None
-    """True V_t at this node (simulator only)."""
-    logprobs: list[float] = field(default_factory=list)
-    """Sampler log-probs of the model-generated tokens of this turn (may be empty)."""
-    prefill_computed: int = 0
-    """Context tokens the sampler encoded to generate this turn (the rest came from a KV cache)."""
-    scores: dict[str, float] = field(default_factory=dict)
-    """Answer scores on answered leaves from the environment's optional ``scores`` hook (search: em, f1)."""
-
-    @property
-    def is_leaf(self) -> bool:
-        return self.status is not Status.TURN
+from tracerl.types import Anchor, Node, Prompt
 
 
 class RolloutTree:

@@ -295,4 +295,3 @@ def build_allocator(cfg: AllocatorConfig) -> Allocator:
     return cls(cfg)
 
 
-from tracerl.algos import trace_plus  # noqa: E402,F401  registers trace_plus (it subclasses TraceAllocator)
