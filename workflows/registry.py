@@ -11,16 +11,11 @@ dataset fingerprint, checkpoint step and the predictor checkpoint logged beside 
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import mlflow.pyfunc
-
-# MLflow warns, when the class is defined, that ``predict``'s ``Any`` hints give no input schema: that is intended
-# (prompts are free text), and the warning would otherwise be printed by every command that imports this module.
-warnings.filterwarnings("ignore", message=".*Type hint used in the model's predict function", category=UserWarning)
 
 
 class HFPolicyModel(mlflow.pyfunc.PythonModel):  # type: ignore[misc,name-defined]
