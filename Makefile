@@ -9,7 +9,7 @@ TORCH_GPU ?= torch
 BFCL ?= bfcl-eval==2026.3.23 mpmath==1.3.0
 SMOLLM2_DIR ?= models/smollm2-135m-instruct
 
-.PHONY: install demo test lint typecheck unit bench clean test-vllm smollm2 test-bfcl-slow test-ui
+.PHONY: install demo test lint typecheck unit bench clean test-vllm smollm2 test-bfcl-slow test-ui gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -78,6 +78,14 @@ test-ui: install
 	  apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || \
 	  { echo "test-ui needs chromium: run as root on Debian/Ubuntu, or install it and put it on PATH"; exit 2; }
 	TRACERL_UI_ARTIFACTS=$(UI_ARTIFACTS) OMP_NUM_THREADS=2 $(VENV)/bin/pytest -q -m ui tests/test_ui.py
+
+## The GPU check kit on a bare CUDA machine (needs only torch, transformers, peft; no Ray, MLflow, vLLM or
+## network): the learner's update and the hf sampler on a random Qwen3-1.7B-shaped model, under 5 minutes.
+## The venv's python if there is one, else python3; GPU_CHECK_DRY=1 runs it small on CPU. docs/gpu_check.md.
+GPU_CHECK_OUT ?= bench_out/gpu_check.json
+gpu-check:
+	PYTHONPATH=$(CURDIR)/platform:$(CURDIR) $$(test -x $(PY) && echo $(PY) || echo python3) -m workflows.gpu_check \
+	  --json $(GPU_CHECK_OUT)
 
 bench: install
 	$(VENV)/bin/tracerl bench allocation --json bench_out/allocation.json

@@ -50,7 +50,10 @@ def test_dry_run_writes_every_section_without_ray_or_mlflow(tmp_path: Path) -> N
     upd = data["update"]
     assert upd["tokens_per_step"] == 2 * 128 and upd["tokens_per_s"] > 0 and upd["update_skipped"] is False
     assert upd["loss"] != 0.0 and upd["grad_norm"] > 0
-    assert data["lora_update"]["trainable"] < data["lora_update"]["params"] / 10
+    assert upd["device"] == "cpu"
+    lora = data["lora_update"]
+    assert lora["trainable"] < lora["params"] / 10
+    assert lora["memory"]["estimate_bytes"]["adam"] == 8 * lora["trainable"]
     est = data["memory"]["estimate_bytes"]
     assert est["peak"] >= est["weights"] + est["grads"] + est["adam"] > 0
     gen = data["generation"]

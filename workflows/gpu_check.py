@@ -153,7 +153,7 @@ def _model(plan: Plan, dtype: str, use_cache: bool, seed: int = 0) -> Any:
     torch.manual_seed(seed)
     with torch.device(plan.device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
-    return model
+    return model.to(plan.device)  # a no-op when the device context already placed it
 
 
 def _batch(plan: Plan, vocab: int, seed: int) -> Any:
@@ -203,7 +203,7 @@ def run_update(plan: Plan, lora: bool) -> dict[str, Any]:
     timed = times[1:] or times
     tokens = plan.sequences * plan.seq_len
     out: dict[str, Any] = {
-        "status": "ok", "params": params, "trainable": trainable, "tokens_per_step": tokens,
+        "status": "ok", "device": str(learner.device), "params": params, "trainable": trainable, "tokens_per_step": tokens,
         "step_s": times, "tokens_per_s": tokens / (sum(timed) / len(timed)),
         "loss": stats["train/loss"], "grad_norm": stats["train/grad_norm"],
         "update_skipped": bool(stats["train/update_skipped"]),
@@ -337,7 +337,9 @@ def run(json_path: Path | None, dry: bool, budget_s: float = BUDGET_S) -> dict[s
         report.put("memory", memory_section(plan, update))
     else:
         report.put("memory", {"status": "skipped: no update measured"})
-    section("lora_update", lambda: run_update(plan, lora=True), "peft")
+    lora = section("lora_update", lambda: run_update(plan, lora=True), "peft")
+    if lora is not None and lora["status"] == "ok":  # the same estimate with the adapters as the trainable part
+        report.put("lora_update", {**lora, "memory": memory_section(plan, lora)})
     section("generation", lambda: run_generation(plan))
     report.put("total_s", {"status": "ok", "seconds": time.perf_counter() - start})
     return report.data
