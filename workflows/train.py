@@ -482,7 +482,11 @@ class _Driver:
 
         self.mark("eval", step)
         t0 = time.perf_counter()
-        m, _ = evaluate_prompts(self.pool.evaluate, self.eval_prompts, 0, 0.0, self.cfg.seed + 10_000)
+        m, traces = evaluate_prompts(self.pool.evaluate, self.eval_prompts, 0, 0.0, self.cfg.seed + 10_000)
+        with tempfile.TemporaryDirectory() as tmp:  # per-task outcomes: the study's bootstrap resamples tasks
+            (Path(tmp) / f"outcomes_step_{step:05d}.json").write_text(json.dumps(
+                {t["prompt_id"]: float(any(r["reward"] > 0.5 for r in t["rollouts"])) for t in traces}))
+            self.metrics.log_artifacts(Path(tmp), "eval")
         out = {"eval/accuracy": m["accuracy"], "eval/well_formed_turns": m["greedy"]["well_formed_turns"]}
         for src, acc in m["greedy"]["by_source"].items():
             out[f"eval/accuracy/{src}"] = acc
