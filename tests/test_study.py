@@ -183,3 +183,52 @@ def test_token_cells_refuse_without_t(tmp_path: Path) -> None:
                                          "grpo cells.*--fill-tokens"):
         run_study(cfg, SMOKE, train_fn=fake)
     assert fake.calls == []
+
+
+def test_submit_sends_a_study_that_joins_the_cluster() -> None:
+    from workflows.submit import entrypoint
+
+    assert entrypoint("study", ["--only", "seed=0"]) == "tracerl study --only seed=0 cluster.address=auto"
+
+
+def test_smoke_study_end_to_end_then_skips_both_cells(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two real 2-step train cells (grpo, trace) of the embedded default on 8 held-out tasks, the report, and a
+    second invocation that finds both cells FINISHED and only rebuilds the report."""
+    import mlflow
+
+    from workflows.cli import main
+
+    args = ["study", "--config", str(SMOKE), "--out", str(tmp_path / "report"), "--json", str(tmp_path / "s.json"),
+            f"tracking.uri=sqlite:///{tmp_path}/mlruns.db", f"tracking.artifact_location={tmp_path}/art",
+            f"runs_dir={tmp_path}/runs"]
+    assert main(args) == 0
+    out = capsys.readouterr()
+    assert "ran 2 cells, skipped 0" in out.out
+    assert "cell 1/2 math-habit/leaves/grpo/s0: held-out" in out.err and "cell 2/2 math-habit/leaves/trace/s0" in out.err
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert doc == json.loads((tmp_path / "report" / "study.json").read_text())
+    assert [(c["allocator"], c["steps"], c["leaves"]) for c in doc["cells"]] == [("grpo", 2, 12), ("trace", 2, 12)]
+    for c in doc["cells"]:
+        assert 0 <= c["acc_before"] <= 1 and 0 <= c["acc_after"] <= 1 and c["generated_tokens"] > 0
+        assert c["tokens_per_step"] == c["generated_tokens"] / 2 and c["wall_s"] > 0 and c["cpu_s"] > 0
+    [comp] = doc["comparisons"]
+    assert comp["allocator"] == "trace" and comp["ci95"][0] <= comp["diff"] <= comp["ci95"][1]
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlruns.db")
+    client = mlflow.MlflowClient()
+    exp = client.get_experiment_by_name("tracerl")
+    [parent] = client.search_runs([exp.experiment_id], filter_string="tags.`tracerl.command` = 'study'")
+    assert parent.info.status == "FINISHED" and doc["sha"] == parent.data.tags["tracerl.git_sha"]
+    assert {f.path for f in client.list_artifacts(parent.info.run_id, "report")} >= {
+        "report/study.md", "report/study.json", "report/study_accuracy_vs_leaves.png"}
+    child = client.get_run(doc["cells"][1]["run_id"])
+    assert {k: v for k, v in child.data.tags.items() if k.startswith("tracerl.study.")} == {
+        "tracerl.study.testbed": "math-habit", "tracerl.study.budget": "leaves", "tracerl.study.allocator": "trace",
+        "tracerl.study.seed": "0"}
+    assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id and child.data.tags["tracerl.git_sha"] == doc["sha"]
+    outcomes = json.loads(Path(client.download_artifacts(child.info.run_id, "eval/outcomes_step_00002.json",
+                                                         str(tmp_path))).read_text())
+    assert len(outcomes) == 8 and set(outcomes.values()) <= {0.0, 1.0}
+    assert sum(outcomes.values()) / 8 == doc["cells"][1]["acc_after"]
+    assert main(args) == 0
+    assert "ran 0 cells, skipped 2" in capsys.readouterr().out
+    assert len(client.search_runs([exp.experiment_id], filter_string="tags.`tracerl.study` = 'smoke-study'")) == 3

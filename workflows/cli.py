@@ -323,7 +323,7 @@ def _submit(args: argparse.Namespace) -> int:
             print("stopped" if sub.stop(args.address, args.stop) else "not running")
             return 0
         if not args.job:
-            print("tracerl: submit needs COMMAND (train, sweep or eval), or --status/--logs/--stop JOB_ID", file=sys.stderr)
+            print("tracerl: submit needs COMMAND (train, sweep, eval or study), or --status/--logs/--stop JOB_ID", file=sys.stderr)
             return 2
         job_id, state = sub.submit(args.address, args.job[0], args.job[1:], args.working_dir, args.python,
                                    follow=not args.no_follow)
@@ -468,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--fresh", action="store_true", help="re-run the selected cells even if they finished")
     st.add_argument("--report-only", action="store_true", help="rebuild the report from MLflow, run no cell")
     st.add_argument("--fill-tokens", action="store_true", help="write each testbed's T into the config file")
-    sm = sub.add_parser("submit", help="send train, sweep or eval to a Ray cluster (Ray Jobs); or --status/--logs/--stop")
+    sm = sub.add_parser("submit", help="send train, sweep, eval or study to a Ray cluster (Ray Jobs); or --status/--logs/--stop")
     sm.add_argument("--address", required=True, help="the cluster's job API, e.g. http://127.0.0.1:8265")
     sm.add_argument("--status", metavar="JOB_ID", help="print a job's status")
     sm.add_argument("--logs", metavar="JOB_ID", help="print a job's logs")
@@ -476,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--no-follow", action="store_true", help="return after submitting instead of streaming logs")
     sm.add_argument("--working-dir", default=".", help="uploaded as the job's working directory (default: .)")
     sm.add_argument("--python", help="run `PYTHON -m workflows.cli` instead of `tracerl` on the cluster")
-    sm.add_argument("job", nargs=argparse.REMAINDER, help="COMMAND (train, sweep, eval) and its flags and overrides")
+    sm.add_argument("job", nargs=argparse.REMAINDER, help="COMMAND (train, sweep, eval, study) and its flags and overrides")
     cmp = sub.add_parser("compare", help="training runs side by side: table and plots, also logged to MLflow")
     cmp.add_argument("run_ids", nargs="*", help="MLflow run ids (default: every training run of the experiment)")
     cmp.add_argument("--experiment", help="MLflow experiment (default: tracerl)")

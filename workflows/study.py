@@ -125,8 +125,11 @@ def cell_config(cfg: StudyConfig, cell: Cell, resume: str | None = None, root: P
         if tb.get("token_budget") is None:
             raise ValueError(token_budget_error(cell.testbed, "the study config"))
         overrides.append(f"budget.token_budget={int(tb['token_budget'])}")
+    from workflows.train import resolve_paths
+
     tcfg = compose(TrainConfig, root / tb["base"], overrides, root=root)
-    return dataclasses.replace(tcfg, tracking=cfg.tracking, cluster=cfg.cluster, resume=resume)
+    # Absolute paths and URIs: a cell's Ray task may run in another working directory.
+    return resolve_paths(dataclasses.replace(tcfg, tracking=cfg.tracking, cluster=cfg.cluster, resume=resume))
 
 
 def _parent(client: Any, exp_id: str, cfg: StudyConfig, progress: Callable[[str], None]) -> str:
@@ -233,6 +236,8 @@ def _run_cells(cfg: StudyConfig, todo: list[tuple[Cell, str | None]], parent: st
                  f"{s.get('acc_after', float('nan')):.3f} in {s.get('wall_s', 0):.0f} s; "
                  f"about {per * (len(jobs) - done) / 60:.0f} min left")
 
+    if not jobs:
+        return []
     if train_fn is not None:
         for c, tcfg, tags in jobs:
             finished(c, train_fn(tcfg, tags=tags))

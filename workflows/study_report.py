@@ -64,7 +64,7 @@ def _outcomes(client: Any, run_id: str) -> dict[str, float] | None:
 
 def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[str, Any]]:
     """One record per cell (its newest FINISHED child run), the JSON fields plus ``outcomes`` and ``tool_calls``."""
-    from workflows.runs import run_summary
+    from workflows.runs import metric_series, run_summary
 
     newest: dict[tuple[str, str, str, int], Any] = {}
     for r in client.search_runs([exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'", max_results=5000):
@@ -90,7 +90,7 @@ def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[s
             "leaves": int(s["leaves"]), "generated_tokens": int(s["generated_tokens"]),
             "tokens_per_step": s["generated_tokens"] / steps if steps else 0.0,
             "wall_s": float((r.info.end_time - r.info.start_time) / 1000 if r.info.end_time else 0.0),
-            "cpu_s": float(_mean(client, rid, "system/cpu_s") or 0.0) * steps,
+            "cpu_s": float(sum(metric_series(client, rid, "system/cpu_s").values())),
             "tool_calls": int(s["tool_calls"]), "step_s": step_s, "outcomes": _outcomes(client, rid),
         })
     return cells

@@ -456,7 +456,7 @@ class _Driver:
         self.phases: dict[str, float] = {}
         self.step_metrics: dict[str, float] = {}
         self.last_out: Any = None
-        self.t_step = time.perf_counter()
+        self.t_step, self.cpu_step = time.perf_counter(), time.process_time()
         if restored is not None:
             self.sync(restored)
 
@@ -505,7 +505,7 @@ class _Driver:
         from workflows.evaluate import leaf_score_means
         from workflows.rollout import sample_pool
 
-        self.phases, self.t_step = {}, time.perf_counter()
+        self.phases, self.t_step, self.cpu_step = {}, time.perf_counter(), time.process_time()
         self.mark("rollout", step + 1)
         t0 = time.perf_counter()
         budget = self.cfg.budget
@@ -562,6 +562,7 @@ class _Driver:
         overhead = sum(m.get(f"time/{k}_s", 0.0) for k in ("score", "allocate_roots", "expand_prefixes", "fit_predictor"))
         m["time/alloc_predictor_fraction"] = overhead / rollout_s if rollout_s else 0.0
         m["system/peak_memory_mb"] = _peak_memory_mb()
+        m["system/cpu_s"] = time.process_time() - self.cpu_step  # rank 0's process: step driver and learner
         if (self.cfg.log_trees_every and done % self.cfg.log_trees_every == 0) or done == self.cfg.steps:
             self._log_trees(done)
         m["time/log_s"] = time.perf_counter() - t0
