@@ -102,6 +102,7 @@ class FakeTrain:
     def __init__(self, tmp: Path, cut: set[str] | None = None) -> None:
         self.tmp, self.cut = tmp, cut or set()
         self.calls: list[tuple[str, str | None]] = []
+        self.token_budgets: list[int | None] = []
 
     def __call__(self, cfg: Any, tags: dict[str, str]) -> dict[str, Any]:
         import mlflow
@@ -109,6 +110,7 @@ class FakeTrain:
         key = Cell(tags["tracerl.study.testbed"], tags["tracerl.study.budget"], tags["tracerl.study.allocator"],
                    int(tags["tracerl.study.seed"])).key
         self.calls.append((key, cfg.resume))
+        self.token_budgets.append(cfg.budget.token_budget)
         client = mlflow.MlflowClient()
         if cfg.resume:
             rid = cfg.resume
@@ -146,8 +148,11 @@ def _smoke(tmp: Path, **kw: Any) -> StudyConfig:
 def test_study_skips_finished_cells_and_resumes_a_cut_one(tmp_path: Path) -> None:
     fake = FakeTrain(tmp_path, cut={"math-habit/leaves/trace/s0"})
     lines: list[str] = []
-    with pytest.raises(RuntimeError, match="cut math-habit/leaves/trace/s0"):
-        run_study(_smoke(tmp_path), SMOKE, lines.append, train_fn=fake)
+    first = run_study(_smoke(tmp_path), SMOKE, lines.append, train_fn=fake)
+    assert first["failed"] == {"math-habit/leaves/trace/s0": "RuntimeError: cut math-habit/leaves/trace/s0"}
+    assert first["ran"] == ["math-habit/leaves/grpo/s0"]
+    assert "cell 2/2 math-habit/leaves/trace/s0: FAILED (RuntimeError: cut math-habit/leaves/trace/s0); run the study " \
+           "again to resume it; about 0 min left" in lines
     assert fake.calls == [("math-habit/leaves/grpo/s0", None), ("math-habit/leaves/trace/s0", None)]
     s = run_study(_smoke(tmp_path), SMOKE, lines.append, train_fn=fake)
     assert fake.calls[2][0] == "math-habit/leaves/trace/s0" and fake.calls[2][1] is not None
@@ -203,7 +208,7 @@ def test_smoke_study_end_to_end_then_skips_both_cells(tmp_path: Path, capsys: py
             f"runs_dir={tmp_path}/runs"]
     assert main(args) == 0
     out = capsys.readouterr()
-    assert "ran 2 cells, skipped 0" in out.out
+    assert "ran 2 cells, skipped 0, failed 0" in out.out
     assert "cell 1/2 math-habit/leaves/grpo/s0: held-out" in out.err and "cell 2/2 math-habit/leaves/trace/s0" in out.err
     doc = json.loads((tmp_path / "s.json").read_text())
     assert doc == json.loads((tmp_path / "report" / "study.json").read_text())
@@ -230,5 +235,25 @@ def test_smoke_study_end_to_end_then_skips_both_cells(tmp_path: Path, capsys: py
     assert len(outcomes) == 8 and set(outcomes.values()) <= {0.0, 1.0}
     assert sum(outcomes.values()) / 8 == doc["cells"][1]["acc_after"]
     assert main(args) == 0
-    assert "ran 0 cells, skipped 2" in capsys.readouterr().out
+    assert "ran 0 cells, skipped 2, failed 0" in capsys.readouterr().out
     assert len(client.search_runs([exp.experiment_id], filter_string="tags.`tracerl.study` = 'smoke-study'")) == 3
+
+
+def test_fill_tokens_writes_t_then_token_cells_run_with_it(tmp_path: Path) -> None:
+    conf = tmp_path / "study.yaml"
+    conf.write_text(SMOKE.read_text())
+    fake = FakeTrain(tmp_path)
+    run_study(_smoke(tmp_path), conf, train_fn=fake)  # the leaves-mode grpo and trace cells: 100 tokens a step
+    lines: list[str] = []
+    assert run_study(_smoke(tmp_path, fill_tokens=True), conf, lines.append, train_fn=fake) == {"filled": True}
+    assert "testbed math-habit: T = 100 generated tokens per step written to" in lines[-1]
+    cfg = compose(StudyConfig, conf, [f"out_dir={tmp_path}/report", f"runs_dir={tmp_path}/runs"])
+    assert cfg.testbeds["math-habit"]["token_budget"] == 100
+    tokens = dataclasses.replace(_smoke(tmp_path), testbeds=cfg.testbeds,
+                                 groups=[{**cfg.groups[0], "budgets": ["tokens"], "allocators": ["grpo"]}])
+    calls = len(fake.calls)
+    s = run_study(tokens, conf, train_fn=fake)
+    assert s["ran"] == ["math-habit/tokens/grpo/s0"] and len(fake.calls) == calls + 1
+    assert fake.token_budgets == [None, None, 100]
+    report = run_study(dataclasses.replace(tokens, report_only=True), conf, train_fn=fake)
+    assert len(fake.calls) == calls + 1 and report["ran"] == [] and len(report["report"]["cells"]) == 3

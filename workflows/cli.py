@@ -239,8 +239,10 @@ def _study(cfg: StudyConfig) -> int:
         return 2
     if "report" in s:
         print(f"study {cfg.name}: MLflow parent run {s['parent_run_id']}; ran {len(s['ran'])} cells, skipped "
-              f"{len(s['skipped'])}; report in {Path(cfg.out_dir) / 'study.md'}")
-    return 0
+              f"{len(s['skipped'])}, failed {len(s['failed'])}; report in {Path(cfg.out_dir) / 'study.md'}")
+        for key, err in s["failed"].items():
+            print(f"cell {key} failed: {err}", file=sys.stderr)
+    return 1 if s.get("failed") else 0
 
 
 def _bench_train(cfg: BenchTrainConfig) -> int:

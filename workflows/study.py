@@ -11,6 +11,7 @@ generated tokens per step of the testbed's leaves-mode grpo cells (``--fill-toke
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import time
 from collections.abc import Callable
@@ -165,6 +166,12 @@ def children(client: Any, exp_id: str, parent: str) -> dict[str, list[Child]]:
     return out
 
 
+def _result(ref: Any) -> dict[str, Any]:
+    import ray
+
+    return dict(ray.get(ref))
+
+
 def _run_cell(train_cfg: TrainConfig, tags: dict[str, str]) -> dict[str, Any]:
     from workflows.train import train
 
@@ -173,7 +180,8 @@ def _run_cell(train_cfg: TrainConfig, tags: dict[str, str]) -> dict[str, Any]:
 
 def run_study(cfg: StudyConfig, config_path: str | Path, progress: Callable[[str], None] = lambda s: None,
               train_fn: Callable[..., dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Run the selected cells not yet finished, then write the report; returns {parent_run_id, ran, skipped, report}.
+    """Run the selected cells not yet finished, then write the report; returns {parent_run_id, ran, skipped, failed,
+    report}. A failed cell does not stop the others: its run is kept and the next invocation resumes it.
 
     ``train_fn`` replaces Ray tasks running ``workflows.train.train`` (a unit test passes a fake that records calls).
     """
@@ -197,6 +205,7 @@ def run_study(cfg: StudyConfig, config_path: str | Path, progress: Callable[[str
     parent = _parent(client, exp_id, cfg, progress)
     ran: list[str] = []
     skipped: list[str] = []
+    failed: dict[str, str] = {}
     status = "FAILED"
     try:
         if not cfg.report_only:
@@ -208,16 +217,22 @@ def run_study(cfg: StudyConfig, config_path: str | Path, progress: Callable[[str
                               and cfg.testbeds[c.testbed].get("token_budget") is None})
             if missing:
                 raise ValueError(token_budget_error(missing[0], config_path))
-            ran = _run_cells(cfg, todo, parent, progress, train_fn)
+            ran = _run_cells(cfg, todo, parent, progress, train_fn, failed)
         report = write_report(cfg, client, exp_id, parent, progress)
-        status = "FINISHED"
+        status = "FAILED" if failed else "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        progress(f"study {cfg.name} interrupted: run the same command to continue it (a cut cell resumes from its "
+                 "last checkpoint)")
+        raise
     finally:
         client.set_terminated(parent, status=status)
-    return {"parent_run_id": parent, "ran": ran, "skipped": skipped, "report": report}
+    return {"parent_run_id": parent, "ran": ran, "skipped": skipped, "failed": failed, "report": report}
 
 
 def _run_cells(cfg: StudyConfig, todo: list[tuple[Cell, str | None]], parent: str, progress: Callable[[str], None],
-               train_fn: Callable[..., dict[str, Any]] | None) -> list[str]:
+               train_fn: Callable[..., dict[str, Any]] | None, failed: dict[str, str]) -> list[str]:
+    """Run the cells; a cell that raises is recorded in ``failed`` (key -> error) and the others go on."""
     from workflows.runs import git_sha
 
     sha = git_sha()
@@ -228,20 +243,25 @@ def _run_cells(cfg: StudyConfig, todo: list[tuple[Cell, str | None]], parent: st
             progress(f"cell {c.key}: resuming MLflow run {resume} from its checkpoint")
     t0, done = time.perf_counter(), 0
 
-    def finished(c: Cell, s: dict[str, Any]) -> None:
+    def finished(c: Cell, result: Callable[[], dict[str, Any]]) -> None:
         nonlocal done
         done += 1
+        try:
+            s = result()
+            what = (f"held-out {s.get('acc_before', float('nan')):.3f} -> {s.get('acc_after', float('nan')):.3f} "
+                    f"in {s.get('wall_s', 0):.0f} s")
+        except Exception as e:  # noqa: BLE001 - any failure of one cell: the others go on, a rerun resumes it
+            failed[c.key] = f"{e.__class__.__name__}: {e}"[:500]
+            what = f"FAILED ({failed[c.key][:200]}); run the study again to resume it"
         per = (time.perf_counter() - t0) / done
-        progress(f"cell {done}/{len(jobs)} {c.key}: held-out {s.get('acc_before', float('nan')):.3f} -> "
-                 f"{s.get('acc_after', float('nan')):.3f} in {s.get('wall_s', 0):.0f} s; "
-                 f"about {per * (len(jobs) - done) / 60:.0f} min left")
+        progress(f"cell {done}/{len(jobs)} {c.key}: {what}; about {per * (len(jobs) - done) / 60:.0f} min left")
 
     if not jobs:
         return []
     if train_fn is not None:
         for c, tcfg, tags in jobs:
-            finished(c, train_fn(tcfg, tags=tags))
-        return [c.key for c, _, _ in jobs]
+            finished(c, functools.partial(train_fn, tcfg, tags=tags))
+        return [c.key for c, _, _ in jobs if c.key not in failed]
     import ray
 
     from workflows.ray_utils import init_ray
@@ -256,8 +276,8 @@ def _run_cells(cfg: StudyConfig, todo: list[tuple[Cell, str | None]], parent: st
             pending[task.remote(tcfg, tags)] = c
         ready, _ = ray.wait(list(pending), num_returns=1)
         c = pending.pop(ready[0])
-        finished(c, ray.get(ready[0]))
-    return [c.key for c, _, _ in jobs]
+        finished(c, functools.partial(_result, ready[0]))
+    return [c.key for c, _, _ in jobs if c.key not in failed]
 
 
 def write_token_budget(config_path: str | Path, testbed: str, tokens: int) -> None:
