@@ -23,6 +23,7 @@ from tracerl.config import (
     BootstrapConfig,
     EvalConfig,
     RolloutConfig,
+    StudyConfig,
     SweepConfig,
     TrainConfig,
 )
@@ -224,6 +225,26 @@ def _sweep(cfg: SweepConfig) -> int:
     return 0 if "best_config" in s else 1
 
 
+_CONFIG_PATH: list[str] = []  # the --config of this invocation (study --fill-tokens writes T into it)
+
+
+def _study(cfg: StudyConfig) -> int:
+    from workflows.lm_stack import SetupError
+    from workflows.study import run_study
+
+    try:
+        s = run_study(cfg, _CONFIG_PATH[0] if _CONFIG_PATH else conf_dir() / "study/main.yaml", progress=_progress)
+    except (SetupError, FileNotFoundError, LookupError, ValueError) as exc:
+        print(f"tracerl: {exc}", file=sys.stderr)
+        return 2
+    if "report" in s:
+        print(f"study {cfg.name}: MLflow parent run {s['parent_run_id']}; ran {len(s['ran'])} cells, skipped "
+              f"{len(s['skipped'])}, failed {len(s['failed'])}; report in {Path(cfg.out_dir) / 'study.md'}")
+        for key, err in s["failed"].items():
+            print(f"cell {key} failed: {err}", file=sys.stderr)
+    return 1 if s.get("failed") else 0
+
+
 def _bench_train(cfg: BenchTrainConfig) -> int:
     from workflows.bench_train import format_table, run_bench
     from workflows.lm_stack import SetupError
@@ -304,7 +325,7 @@ def _submit(args: argparse.Namespace) -> int:
             print("stopped" if sub.stop(args.address, args.stop) else "not running")
             return 0
         if not args.job:
-            print("tracerl: submit needs COMMAND (train, sweep or eval), or --status/--logs/--stop JOB_ID", file=sys.stderr)
+            print("tracerl: submit needs COMMAND (train, sweep, eval or study), or --status/--logs/--stop JOB_ID", file=sys.stderr)
             return 2
         job_id, state = sub.submit(args.address, args.job[0], args.job[1:], args.working_dir, args.python,
                                    follow=not args.no_follow)
@@ -350,6 +371,12 @@ BENCH_TRAIN_FLAGS = (
     Shorthand("--seeds", ("seeds",), "seeds per allocator"),
     Shorthand("--out", ("bench_out",), "output directory", str),
 )
+STUDY_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write study.json here", str),
+    Shorthand("--out", ("out_dir",), "report directory", str),
+    Shorthand("--only", ("only",), "select cells, e.g. testbed=math-habit,allocator=grpo", str),
+)
+STUDY_SWITCHES = {"--fresh": "fresh", "--report-only": "report_only", "--fill-tokens": "fill_tokens"}
 EVAL_FLAGS = (
     Shorthand("--samples", ("samples",), "k for pass@k / avg@k (0: greedy only)"),
     Shorthand("--out", ("out_dir",), "output directory", str),
@@ -376,6 +403,7 @@ COMMANDS: dict[str, Command] = {
     "sweep": Command(SweepConfig, "sweep/default.yaml", SWEEP_FLAGS, _sweep),
     "bench train": Command(BenchTrainConfig, "bench/train.yaml", BENCH_TRAIN_FLAGS, _bench_train),
     "eval": Command(EvalConfig, "eval/math.yaml", EVAL_FLAGS, _eval),
+    "study": Command(StudyConfig, "study/main.yaml", STUDY_FLAGS, _study),
 }
 
 
@@ -394,7 +422,11 @@ def load(name: str, args: argparse.Namespace) -> Any:
         value = getattr(args, f.flag.lstrip("-").replace("-", "_"))
         if value is not None:
             overrides += [f"{k}={value}" for k in f.keys] + list(f.extra)
+    for key in STUDY_SWITCHES.values() if name == "study" else ():
+        if getattr(args, key, False):
+            overrides.append(f"{key}=true")
     _OVERRIDES[:] = overrides
+    _CONFIG_PATH[:] = [args.config] if getattr(args, "config", None) else []
     return compose(cmd.schema, args.config or conf_dir() / cmd.config, overrides)
 
 
@@ -433,7 +465,12 @@ def build_parser() -> argparse.ArgumentParser:
     reg.add_argument("--tracking-uri", help=URI_HELP)
     _add_job_args(sub.add_parser("sweep", help="Ray Tune + Optuna over the budget shape; each trial a train run"),
                   COMMANDS["sweep"])
-    sm = sub.add_parser("submit", help="send train, sweep or eval to a Ray cluster (Ray Jobs); or --status/--logs/--stop")
+    st = sub.add_parser("study", help="the TRACE study: a grid of train runs under one MLflow parent run, and its report")
+    _add_job_args(st, COMMANDS["study"])
+    st.add_argument("--fresh", action="store_true", help="re-run the selected cells even if they finished")
+    st.add_argument("--report-only", action="store_true", help="rebuild the report from MLflow, run no cell")
+    st.add_argument("--fill-tokens", action="store_true", help="write each testbed's T into the config file")
+    sm = sub.add_parser("submit", help="send train, sweep, eval or study to a Ray cluster (Ray Jobs); or --status/--logs/--stop")
     sm.add_argument("--address", required=True, help="the cluster's job API, e.g. http://127.0.0.1:8265")
     sm.add_argument("--status", metavar="JOB_ID", help="print a job's status")
     sm.add_argument("--logs", metavar="JOB_ID", help="print a job's logs")
@@ -441,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--no-follow", action="store_true", help="return after submitting instead of streaming logs")
     sm.add_argument("--working-dir", default=".", help="uploaded as the job's working directory (default: .)")
     sm.add_argument("--python", help="run `PYTHON -m workflows.cli` instead of `tracerl` on the cluster")
-    sm.add_argument("job", nargs=argparse.REMAINDER, help="COMMAND (train, sweep, eval) and its flags and overrides")
+    sm.add_argument("job", nargs=argparse.REMAINDER, help="COMMAND (train, sweep, eval, study) and its flags and overrides")
     cmp = sub.add_parser("compare", help="training runs side by side: table and plots, also logged to MLflow")
     cmp.add_argument("run_ids", nargs="*", help="MLflow run ids (default: every training run of the experiment)")
     cmp.add_argument("--experiment", help="MLflow experiment (default: tracerl)")

@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-SUBMITTABLE = ("train", "sweep", "eval")
-JOINS_CLUSTER = ("train", "sweep")  # the commands that start Ray: on the cluster they join it
+SUBMITTABLE = ("train", "sweep", "eval", "study")
+JOINS_CLUSTER = ("train", "sweep", "study")  # the commands that start Ray: on the cluster they join it
 # Left out whatever git says (also where the working directory is not a git checkout):
 EXCLUDES = [".git", ".venv", ".venv-vllm", "runs", "bench_out", "eval_out", "rollout_out", "mlruns.db",
             "mlartifacts", "mlruns", "*.egg-info", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache",

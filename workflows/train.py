@@ -456,7 +456,7 @@ class _Driver:
         self.phases: dict[str, float] = {}
         self.step_metrics: dict[str, float] = {}
         self.last_out: Any = None
-        self.t_step = time.perf_counter()
+        self.t_step, self.cpu_step = time.perf_counter(), time.process_time()
         if restored is not None:
             self.sync(restored)
 
@@ -482,7 +482,11 @@ class _Driver:
 
         self.mark("eval", step)
         t0 = time.perf_counter()
-        m, _ = evaluate_prompts(self.pool.evaluate, self.eval_prompts, 0, 0.0, self.cfg.seed + 10_000)
+        m, traces = evaluate_prompts(self.pool.evaluate, self.eval_prompts, 0, 0.0, self.cfg.seed + 10_000)
+        with tempfile.TemporaryDirectory() as tmp:  # per-task outcomes: the study's bootstrap resamples tasks
+            (Path(tmp) / f"outcomes_step_{step:05d}.json").write_text(json.dumps(
+                {t["prompt_id"]: float(any(r["reward"] > 0.5 for r in t["rollouts"])) for t in traces}))
+            self.metrics.log_artifacts(Path(tmp), "eval")
         out = {"eval/accuracy": m["accuracy"], "eval/well_formed_turns": m["greedy"]["well_formed_turns"]}
         for src, acc in m["greedy"]["by_source"].items():
             out[f"eval/accuracy/{src}"] = acc
@@ -501,7 +505,7 @@ class _Driver:
         from workflows.evaluate import leaf_score_means
         from workflows.rollout import sample_pool
 
-        self.phases, self.t_step = {}, time.perf_counter()
+        self.phases, self.t_step, self.cpu_step = {}, time.perf_counter(), time.process_time()
         self.mark("rollout", step + 1)
         t0 = time.perf_counter()
         budget = self.cfg.budget
@@ -558,6 +562,7 @@ class _Driver:
         overhead = sum(m.get(f"time/{k}_s", 0.0) for k in ("score", "allocate_roots", "expand_prefixes", "fit_predictor"))
         m["time/alloc_predictor_fraction"] = overhead / rollout_s if rollout_s else 0.0
         m["system/peak_memory_mb"] = _peak_memory_mb()
+        m["system/cpu_s"] = time.process_time() - self.cpu_step  # rank 0's process: step driver and learner
         if (self.cfg.log_trees_every and done % self.cfg.log_trees_every == 0) or done == self.cfg.steps:
             self._log_trees(done)
         m["time/log_s"] = time.perf_counter() - t0

@@ -979,3 +979,64 @@ class SweepConfig(TrainConfig):
         for n in self.space.get("budget.continuations", []) if isinstance(self.space.get("budget.continuations"), list) else []:
             _check(leaves is not None and leaves % (1 + int(n)) == 0,
                    f"budget.continuations choice {n}: L = budget.num_leaves = {leaves} must be divisible by 1 + N")
+
+
+STUDY_BUDGETS = ("leaves", "tokens")
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """``tracerl study``: a grid of ``train`` runs (testbed x budget mode x allocator x seed) under one MLflow parent
+    run, resumable by ``name``; its report compares every allocator with grpo (workflows/study.py)."""
+
+    name: str = "study"
+    """The study's MLflow parent run name; running again with the same name resumes it."""
+    testbeds: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """name -> {base: train config YAML (relative to conf/), model_path, token_budget: T or null, overrides: [...]}."""
+    groups: list[dict[str, Any]] = field(default_factory=list)
+    """Grid groups, each {testbeds, budgets (leaves/tokens), allocators, seeds}: the cells are their products."""
+    steps: int = 20
+    """RL steps per cell."""
+    eval_tasks: int = 200
+    """Held-out tasks per evaluation (before the first and after the last step)."""
+    parallel_cells: int = 1
+    """Cells running at once (each a Ray task); 1 on the embedded Ray."""
+    cell_cpus: float = 0.05
+    """CPUs a cell's driver task holds (its Train workers and actor pools reserve their own)."""
+    bootstrap_samples: int = 2000
+    """Resamples of the hierarchical bootstrap (seeds, then held-out tasks within seeds)."""
+    out_dir: str = "docs/results"
+    """Where study.md, study.json and the plots go (``--out``)."""
+    runs_dir: str = "runs/study"
+    """Checkpoint storage of the cells' training runs."""
+    json_path: str | None = None
+    """Write study.json here as well (``--json``)."""
+    only: str | None = None
+    """Select cells, e.g. 'testbed=math-habit,allocator=grpo,seed=0' (``--only``)."""
+    fresh: bool = False
+    """Re-run the selected cells even if they finished (``--fresh``)."""
+    report_only: bool = False
+    """Rebuild the report from MLflow without running cells (``--report-only``)."""
+    fill_tokens: bool = False
+    """Write each testbed's T (mean generated tokens per step of its leaves-mode grpo cells) into the config file."""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 1 and self.eval_tasks >= 1, "steps and eval_tasks must be >= 1")
+        _check(self.parallel_cells >= 1, f"parallel_cells must be >= 1 (got {self.parallel_cells})")
+        _check(self.bootstrap_samples >= 100, f"bootstrap_samples must be >= 100 (got {self.bootstrap_samples})")
+        _check(bool(self.testbeds), "testbeds must name at least one testbed")
+        for name, tb in self.testbeds.items():
+            _check(isinstance(tb, dict) and {"base", "model_path"} <= set(tb),
+                   f"testbeds.{name} needs base (a train config under conf/) and model_path (got {tb!r})")
+            t = tb.get("token_budget")
+            _check(t is None or int(t) >= 1, f"testbeds.{name}.token_budget must be >= 1 or null (got {t!r})")
+        _check(bool(self.groups), "groups must hold at least one grid group")
+        for i, g in enumerate(self.groups):
+            _check(isinstance(g, dict) and {"testbeds", "budgets", "allocators", "seeds"} <= set(g),
+                   f"groups[{i}] needs testbeds, budgets, allocators and seeds (got {g!r})")
+            for tb in g["testbeds"]:
+                _check(tb in self.testbeds, f"groups[{i}] names testbed {tb!r}, not one of {sorted(self.testbeds)}")
+            for b in g["budgets"]:
+                _check(b in STUDY_BUDGETS, f"groups[{i}] budget {b!r} must be one of {STUDY_BUDGETS}")

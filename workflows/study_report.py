@@ -1,0 +1,250 @@
+"""The study's report, rebuilt from MLflow: study.md (per testbed x budget a table of allocators), study.json
+(the schema of issue 15), PNG plots, and for every allocator against grpo a paired difference of held-out accuracy
+with a 95 % interval from a hierarchical bootstrap (seeds, then held-out tasks within seeds). Decision rule: A beats
+grpo on a testbed and budget when the interval excludes 0."""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tracerl.config import StudyConfig
+
+FIELDS = ("testbed", "budget", "allocator", "seed", "run_id", "steps", "acc_before", "acc_after", "effective_ratio",
+          "prefix_group_er", "mixed_groups_per_step", "leaves", "generated_tokens", "tokens_per_step", "wall_s",
+          "cpu_s")
+
+
+def hierarchical_bootstrap(a: dict[int, np.ndarray], b: dict[int, np.ndarray], samples: int = 2000,
+                           seed: int = 0) -> tuple[float, tuple[float, float]]:
+    """Paired difference mean(a - b) over the seeds both hold (per seed the mean over tasks of a task-aligned
+    outcome difference) and its 95 % percentile interval: resample seeds, then tasks within each drawn seed."""
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        raise ValueError("no seed common to both allocators: nothing to pair")
+    diffs = [np.asarray(a[s], float) - np.asarray(b[s], float) for s in seeds]
+    for s, d in zip(seeds, diffs):
+        if d.ndim != 1 or d.size == 0:
+            raise ValueError(f"seed {s}: per-task outcomes must be equal-length non-empty vectors")
+    observed = float(np.mean([d.mean() for d in diffs]))
+    rng = np.random.default_rng(seed)
+    stats = np.empty(samples)
+    for i in range(samples):
+        picks = rng.integers(0, len(diffs), len(diffs))
+        stats[i] = np.mean([diffs[j][rng.integers(0, diffs[j].size, diffs[j].size)].mean() for j in picks])
+    lo, hi = np.percentile(stats, [2.5, 97.5])
+    return observed, (float(lo), float(hi))
+
+
+def _mean(client: Any, run_id: str, key: str) -> float | None:
+    from workflows.runs import metric_series
+
+    s = metric_series(client, run_id, key)
+    return sum(s.values()) / len(s) if s else None
+
+
+def _outcomes(client: Any, run_id: str) -> dict[str, float] | None:
+    """The last evaluation's per-task outcomes (``eval/outcomes_step_*.json``, logged by train)."""
+    try:
+        names = sorted(f.path for f in client.list_artifacts(run_id, "eval") if f.path.endswith(".json"))
+        if not names:
+            return None
+        with tempfile.TemporaryDirectory() as tmp:
+            local = client.download_artifacts(run_id, names[-1], tmp)
+            return {str(k): float(v) for k, v in json.loads(Path(local).read_text()).items()}
+    except Exception:  # noqa: BLE001 - MLflow raises its own exception types per store
+        return None
+
+
+def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[str, Any]]:
+    """One record per cell (its newest FINISHED child run), the JSON fields plus ``outcomes`` and ``tool_calls``."""
+    from workflows.runs import metric_series, run_summary
+
+    newest: dict[tuple[str, str, str, int], Any] = {}
+    for r in client.search_runs([exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'", max_results=5000):
+        t = r.data.tags
+        if r.info.status != "FINISHED" or "tracerl.study.testbed" not in t:
+            continue
+        k = (t["tracerl.study.testbed"], t["tracerl.study.budget"], t["tracerl.study.allocator"],
+             int(t["tracerl.study.seed"]))
+        if k not in newest or r.info.start_time > newest[k].info.start_time:
+            newest[k] = r
+    cells = []
+    for (tb, budget, alloc, seed), r in sorted(newest.items()):
+        rid = r.info.run_id
+        s = run_summary(rid, tracking)
+        steps = int(s.get("steps", 0))
+        step_s = _mean(client, rid, "time/step_s")
+        cells.append({
+            "testbed": tb, "budget": budget, "allocator": alloc, "seed": seed, "run_id": rid, "steps": steps,
+            "acc_before": float(s.get("acc_before", math.nan)), "acc_after": float(s.get("acc_after", math.nan)),
+            "effective_ratio": float(s["effective_ratio"]),
+            "prefix_group_er": _mean(client, rid, "rollout/prefix_group_effective_ratio"),
+            "mixed_groups_per_step": float(_mean(client, rid, "rollout/mixed_groups") or 0.0),
+            "leaves": int(s["leaves"]), "generated_tokens": int(s["generated_tokens"]),
+            "tokens_per_step": s["generated_tokens"] / steps if steps else 0.0,
+            "wall_s": float((r.info.end_time - r.info.start_time) / 1000 if r.info.end_time else 0.0),
+            "cpu_s": float(sum(metric_series(client, rid, "system/cpu_s").values())),
+            "tool_calls": int(s["tool_calls"]), "step_s": step_s, "outcomes": _outcomes(client, rid),
+        })
+    return cells
+
+
+def comparisons(cells: Sequence[dict[str, Any]], samples: int) -> list[dict[str, Any]]:
+    """Every allocator against grpo per testbed x budget, paired by seed and held-out task."""
+    out = []
+    groups = sorted({(c["testbed"], c["budget"]) for c in cells})
+    for tb, budget in groups:
+        here = [c for c in cells if c["testbed"] == tb and c["budget"] == budget]
+        base = {c["seed"]: c for c in here if c["allocator"] == "grpo"}
+        for alloc in sorted({c["allocator"] for c in here} - {"grpo"}):
+            mine = {c["seed"]: c for c in here if c["allocator"] == alloc}
+            a, b = _paired(mine, base)
+            if not a:
+                continue
+            diff, ci = hierarchical_bootstrap(a, b, samples)
+            out.append({"testbed": tb, "budget": budget, "allocator": alloc, "vs": "grpo", "diff": diff,
+                        "ci95": [ci[0], ci[1]]})
+    return out
+
+
+def _paired(mine: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]]
+            ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """Per common seed, task-aligned outcome vectors (a one-element accuracy vector where outcomes are missing)."""
+    a: dict[int, np.ndarray] = {}
+    b: dict[int, np.ndarray] = {}
+    for s in sorted(set(mine) & set(base)):
+        oa, ob = mine[s].get("outcomes") or {}, base[s].get("outcomes") or {}
+        tasks = sorted(set(oa) & set(ob))
+        if tasks:
+            a[s], b[s] = np.array([oa[t] for t in tasks]), np.array([ob[t] for t in tasks])
+        else:
+            a[s], b[s] = np.array([mine[s]["acc_after"]]), np.array([base[s]["acc_after"]])
+    return a, b
+
+
+def verdict(c: dict[str, Any]) -> str:
+    lo, hi = c["ci95"]
+    pts = f"{100 * c['diff']:+.1f} points (95 % interval {100 * lo:+.1f} to {100 * hi:+.1f})"
+    where = f"on {c['testbed']} at equal {c['budget']}"
+    if lo > 0:
+        return f"{c['allocator']} beats grpo {where}: {pts}, the interval excludes 0."
+    if hi < 0:
+        return f"grpo beats {c['allocator']} {where}: {pts}, the interval excludes 0."
+    return f"{c['allocator']} does not beat grpo {where}: {pts}, the interval contains 0."
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def markdown(sha: str, cells: Sequence[dict[str, Any]], comps: Sequence[dict[str, Any]], plots: Sequence[str]) -> str:
+    lines = ["# The TRACE study", "", f"Commit `{sha}`; {len(cells)} cells. Held-out greedy accuracy before the first "
+             "and after the last step; after is the mean +- std over seeds. Decision rule, stated in advance: an "
+             "allocator beats grpo on a testbed and budget when the 95 % interval of the paired difference "
+             "(hierarchical bootstrap over seeds, then held-out tasks) excludes 0.", ""]
+    for tb, budget in sorted({(c["testbed"], c["budget"]) for c in cells}):
+        lines += [f"## {tb}, equal {budget}", "",
+                  "| allocator | seeds | acc before | acc after | change | ER | prefix-group ER | mixed groups/step "
+                  "| leaves | generated tokens | tool calls | wall s | CPU s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        here = [c for c in cells if c["testbed"] == tb and c["budget"] == budget]
+        for alloc in sorted({c["allocator"] for c in here}, key=lambda a: (a != "grpo", a)):
+            cs = [c for c in here if c["allocator"] == alloc]
+
+            def m(k: str, cs: list[dict[str, Any]] = cs) -> float:
+                vals = [c[k] for c in cs if c[k] is not None]
+                return float(np.mean(vals)) if vals else math.nan
+
+            after = np.array([c["acc_after"] for c in cs])
+            lines.append(f"| {alloc} | {len(cs)} | {_fmt(m('acc_before'))} | {after.mean():.3f} +- {after.std():.3f} "
+                         f"| {100 * (m('acc_after') - m('acc_before')):+.1f} | {_fmt(m('effective_ratio'))} "
+                         f"| {_fmt(m('prefix_group_er'))} | {_fmt(m('mixed_groups_per_step'), '.1f')} "
+                         f"| {m('leaves'):.0f} | {m('generated_tokens'):.0f} | {m('tool_calls'):.0f} "
+                         f"| {m('wall_s'):.0f} | {_fmt(m('cpu_s'), '.0f')} |")
+        lines += [""] + [f"- {verdict(c)}" for c in comps if c["testbed"] == tb and c["budget"] == budget] + [""]
+    lines += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def plots(cells: Sequence[dict[str, Any]], out: Path) -> list[str]:
+    """Held-out accuracy after training against generated tokens and against leaves: mean over seeds per allocator
+    with a +-1 std band (error bars), one panel per testbed x budget."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(c["testbed"], c["budget"]) for c in cells})
+    paths = []
+    for x, label in (("generated_tokens", "generated tokens"), ("leaves", "leaves")):
+        fig, axes = plt.subplots(1, max(len(groups), 1), figsize=(4.5 * max(len(groups), 1), 3.6), squeeze=False)
+        for ax, (tb, budget) in zip(axes[0], groups):
+            here = [c for c in cells if c["testbed"] == tb and c["budget"] == budget]
+            for alloc in sorted({c["allocator"] for c in here}):
+                cs = [c for c in here if c["allocator"] == alloc]
+                xs, ys = np.array([c[x] for c in cs], float), np.array([c["acc_after"] for c in cs], float)
+                ax.errorbar(xs.mean(), ys.mean(), xerr=xs.std(), yerr=ys.std(), fmt="o", capsize=3, label=alloc)
+            ax.set_title(f"{tb}, equal {budget}")
+            ax.set_xlabel(label)
+            ax.set_ylabel("held-out accuracy after")
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        p = out / f"study_accuracy_vs_{x}.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        paths.append(str(p))
+    return paths
+
+
+def write_report(cfg: StudyConfig, client: Any, exp_id: str, parent: str,
+                 progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """study.md, study.json and plots under ``cfg.out_dir`` (and ``cfg.json_path``), logged on the parent run."""
+    cells = collect(client, exp_id, parent, cfg.tracking)
+    comps = comparisons(cells, cfg.bootstrap_samples)
+    sha = client.get_run(parent).data.tags.get("tracerl.git_sha", "unknown")
+    shas = {client.get_run(c["run_id"]).data.tags.get("tracerl.git_sha") for c in cells}
+    if len(shas) > 1:
+        progress(f"cells ran at {len(shas)} commits ({', '.join(sorted(str(s) for s in shas))})")
+    doc = {"sha": sha, "cells": [{k: c[k] for k in FIELDS} for c in cells], "comparisons": comps}
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pngs = plots(cells, out) if cells else []
+    (out / "study.json").write_text(json.dumps(doc, indent=2))
+    (out / "study.md").write_text(markdown(sha, cells, comps, pngs))
+    if cfg.json_path:
+        Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.json_path).write_text(json.dumps(doc, indent=2))
+    for f in ["study.json", "study.md", *[Path(p).name for p in pngs]]:
+        client.log_artifact(parent, str(out / f), "report")
+    progress(f"report: {out / 'study.md'} ({len(cells)} cells, {len(comps)} comparisons)")
+    return doc
+
+
+def fill_tokens(cfg: StudyConfig, client: Any, exp_id: str, config_path: str | Path) -> dict[str, int]:
+    """T per testbed: mean generated tokens per step over all steps of its leaves-mode grpo cells; written into
+    the config file."""
+    from workflows.study import TAG, write_token_budget
+
+    parents = client.search_runs([exp_id], filter_string=f"tags.`tracerl.command` = 'study' and tags.`{TAG}` = '{cfg.name}'")
+    if not parents:
+        raise ValueError(f"no study {cfg.name!r} in MLflow yet: run its leaves-mode grpo cells first")
+    cells = [c for p in parents for c in collect(client, exp_id, p.info.run_id, cfg.tracking)
+             if c["budget"] == "leaves" and c["allocator"] == "grpo"]
+    filled = {}
+    for tb in cfg.testbeds:
+        cs = [c for c in cells if c["testbed"] == tb and c["steps"]]
+        if not cs:
+            continue
+        t = round(sum(c["generated_tokens"] for c in cs) / sum(c["steps"] for c in cs))
+        write_token_budget(config_path, tb, t)
+        filled[tb] = t
+    if not filled:
+        raise ValueError(f"study {cfg.name!r} has no finished leaves-mode grpo cell to compute T from")
+    return filled
