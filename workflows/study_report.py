@@ -225,26 +225,3 @@ def write_report(cfg: StudyConfig, client: Any, exp_id: str, parent: str,
         client.log_artifact(parent, str(out / f), "report")
     progress(f"report: {out / 'study.md'} ({len(cells)} cells, {len(comps)} comparisons)")
     return doc
-
-
-def fill_tokens(cfg: StudyConfig, client: Any, exp_id: str, config_path: str | Path) -> dict[str, int]:
-    """T per testbed: mean generated tokens per step over all steps of its leaves-mode grpo cells; written into
-    the config file."""
-    from workflows.study import TAG, write_token_budget
-
-    parents = client.search_runs([exp_id], filter_string=f"tags.`tracerl.command` = 'study' and tags.`{TAG}` = '{cfg.name}'")
-    if not parents:
-        raise ValueError(f"no study {cfg.name!r} in MLflow yet: run its leaves-mode grpo cells first")
-    cells = [c for p in parents for c in collect(client, exp_id, p.info.run_id, cfg.tracking)
-             if c["budget"] == "leaves" and c["allocator"] == "grpo"]
-    filled = {}
-    for tb in cfg.testbeds:
-        cs = [c for c in cells if c["testbed"] == tb and c["steps"]]
-        if not cs:
-            continue
-        t = round(sum(c["generated_tokens"] for c in cs) / sum(c["steps"] for c in cs))
-        write_token_budget(config_path, tb, t)
-        filled[tb] = t
-    if not filled:
-        raise ValueError(f"study {cfg.name!r} has no finished leaves-mode grpo cell to compute T from")
-    return filled
