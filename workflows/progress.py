@@ -116,6 +116,11 @@ class Progress:
         self._out, self._tty, self.interval = out, tty, interval
         self.bars: list[Bar] = []
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune and Ray pickle what a trainable or callback holds: a copy elsewhere prints to its own stderr and
+        # carries no bars (their streams, locks and threads cannot travel, e.g. pytest's capture stream).
+        return {"_out": None, "_tty": self._tty, "interval": self.interval, "bars": []}
+
     @property
     def out(self) -> IO[str]:
         return self._out or sys.stderr  # looked up when used: the stderr of the moment
