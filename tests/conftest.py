@@ -78,6 +78,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def require_bfcl() -> None:
+    """Skip the calling test when the ``bfcl-eval`` package is missing (``make install`` adds it)."""
+    try:
+        from envs.bfcl.data import import_bfcl
+
+        import_bfcl()
+    except ImportError as exc:
+        pytest.skip(f"bfcl-eval is not installed ({exc})")
+
+
 def chain(tree: RolloutTree, parent: int, rewards_depths: Sequence[tuple[float, int]], bare: bool = True) -> list[int]:
     """Add rollouts below ``parent``: each (reward, turns) adds a chain of that many turns; returns leaf ids."""
     leaves = []

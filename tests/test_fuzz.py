@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import require_bfcl
 from tracerl.config import EnvConfig, SearchEnvConfig, TrainConfig
 from tracerl.config_loader import ConfigError, compose, to_flat_dict
 from tracerl.engine.react import Action, ActionKind, ChatTemplate, PlainTemplate, ToolCall, ToolSpec
@@ -91,12 +92,7 @@ def _search() -> Any:
 
 
 def _bfcl() -> Any:
-    try:
-        from envs.bfcl.data import import_bfcl
-
-        import_bfcl()
-    except ImportError as exc:
-        pytest.skip(f"bfcl-eval is not installed ({exc})")
+    require_bfcl()
     from envs.bfcl.env import BfclEnv, task_prompt
 
     env = BfclEnv(("base",), reward_timeout_s=2.0)

@@ -16,6 +16,7 @@ import pytest
 
 from envs.math.env import MathEnv
 from envs.math.reward import is_correct
+from tests.conftest import require_bfcl
 from tracerl.config import EnvConfig, SamplerConfig, SearchEnvConfig
 from tracerl.engine.react import PlainTemplate
 from tracerl.engine.rollout import TreeRolloutEngine
@@ -140,12 +141,7 @@ def test_huge_search_answers_end_within_the_limit() -> None:
 
 
 def test_pathological_bfcl_episodes_end_within_the_limit() -> None:
-    try:
-        from envs.bfcl.data import import_bfcl
-
-        import_bfcl()
-    except ImportError as exc:
-        pytest.skip(f"bfcl-eval is not installed ({exc})")
+    require_bfcl()
     from envs.bfcl.env import BfclEnv, BfclState
 
     env = BfclEnv(("base",), reward_timeout_s=LIMIT)
@@ -190,12 +186,7 @@ def test_the_tower_times_out_inside_a_ray_actor(ray_local: Any) -> None:
 
 
 def test_a_pathological_bfcl_tool_call_is_stopped_and_not_recorded() -> None:
-    try:
-        from envs.bfcl.data import import_bfcl
-
-        import_bfcl()
-    except ImportError as exc:
-        pytest.skip(f"bfcl-eval is not installed ({exc})")
+    require_bfcl()
     from envs.bfcl.env import BfclEnv, task_prompt
     from tracerl.engine.react import Action, ActionKind
 

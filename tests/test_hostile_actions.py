@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
+from tests.conftest import require_bfcl
 from tracerl.config import EnvConfig, SamplerConfig, SearchEnvConfig
 from tracerl.engine.react import ActionKind, ChatTemplate, PlainTemplate, ToolSpec
 from tracerl.engine.rollout import TreeRolloutEngine
@@ -93,12 +94,7 @@ def test_hostile_actions_parse_to_encodable_error_observations(tok: Any, name: s
 
 
 def _bfcl_env() -> Any:
-    try:
-        from envs.bfcl.data import import_bfcl
-
-        import_bfcl()
-    except ImportError as exc:
-        pytest.skip(f"bfcl-eval is not installed ({exc})")
+    require_bfcl()
     from envs.bfcl.env import BfclEnv, task_prompt
 
     env = BfclEnv(("base",))
