@@ -25,12 +25,20 @@ class DataFileError(ValueError):
 
 
 def _kind_name(value: Any) -> str:
-    return {dict: "an object", list: "a list", bool: "a boolean", type(None): "null", str: "text",
-            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+    return {
+        dict: "an object",
+        list: "a list",
+        bool: "a boolean",
+        type(None): "null",
+        str: "text",
+        int: "a number",
+        float: "a number",
+    }.get(type(value), type(value).__name__)
 
 
 def describe_fields(row: Mapping[str, Any]) -> str:
     """The fields a record has, empty ones marked: 'problem, answer (null), type'."""
+
     def mark(v: Any) -> str:
         return " (null)" if v is None else " (empty)" if v in ("", [], {}) else ""
 
@@ -62,8 +70,10 @@ def _jsonl(path: Path, lines: Iterable[str]) -> Iterator[Record]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise DataFileError(f"{path} line {n}: not valid JSON ({e.msg} at column {e.colno}); "
-                                "expected one JSON object a line") from None
+            raise DataFileError(
+                f"{path} line {n}: not valid JSON ({e.msg} at column {e.colno}); "
+                "expected one JSON object a line"
+            ) from None
         if not isinstance(obj, dict):
             raise DataFileError(f"{path} line {n}: expected a JSON object, got {_kind_name(obj)}")
         yield f"line {n}", obj
@@ -80,8 +90,14 @@ def _json(path: Path, text: str) -> Iterator[Record]:
             return
         raise DataFileError(f"{path} line {e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
     if not isinstance(data, list):
-        what = f"an object with keys {', '.join(map(str, list(data)[:8]))}" if isinstance(data, dict) else _kind_name(data)
-        raise DataFileError(f"{path}: expected a JSON list of records (or one JSON object a line), got {what}")
+        what = (
+            f"an object with keys {', '.join(map(str, list(data)[:8]))}"
+            if isinstance(data, dict)
+            else _kind_name(data)
+        )
+        raise DataFileError(
+            f"{path}: expected a JSON list of records (or one JSON object a line), got {what}"
+        )
     for i, obj in enumerate(data, start=1):
         if not isinstance(obj, dict):
             raise DataFileError(f"{path} record {i}: expected a JSON object, got {_kind_name(obj)}")
@@ -94,8 +110,10 @@ def _csv(path: Path, text: str) -> Iterator[Record]:
     for row in reader:
         where = f"line {reader.line_num}"
         if None in row:
-            raise DataFileError(f"{path} {where}: {len(header) + len(row[None])} fields, but the header has "
-                                f"{len(header)} ({', '.join(header)})")
+            raise DataFileError(
+                f"{path} {where}: {len(header) + len(row[None])} fields, but the header has "
+                f"{len(header)} ({', '.join(header)})"
+            )
         yield where, {k: (None if v is None or v == "" else v) for k, v in row.items()}
 
 
@@ -154,15 +172,28 @@ def read_records(path: Path, kind: str, what: str, expect: str, limit: int | Non
 def _check_value(path: Path, where: str, key: str, value: Any) -> None:
     """An answer-like field: text, a number, or a list of them."""
     ok = (isinstance(value, (str, int, float)) and not isinstance(value, bool)) or (
-        isinstance(value, list) and all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value))
+        isinstance(value, list)
+        and all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value)
+    )
     if value is not None and not ok:
-        raise DataFileError(f"{path} {where}: '{key}' is {_kind_name(value)}; expected text, a number or a list of them")
+        raise DataFileError(
+            f"{path} {where}: '{key}' is {_kind_name(value)}; expected text, a number or a list of them"
+        )
 
 
-def load_question_file(path: str | Path, *, what: str, key: str, kinds: Mapping[str, str], question_keys: Sequence[str],
-                       answer: Callable[[dict[str, Any]], str | None], no_answer: str,
-                       source: Callable[[dict[str, Any], Path], str], limit: int | None = None,
-                       answer_keys: Sequence[str] = ("answer",)) -> list[Prompt]:
+def load_question_file(
+    path: str | Path,
+    *,
+    what: str,
+    key: str,
+    kinds: Mapping[str, str],
+    question_keys: Sequence[str],
+    answer: Callable[[dict[str, Any]], str | None],
+    no_answer: str,
+    source: Callable[[dict[str, Any], Path], str],
+    limit: int | None = None,
+    answer_keys: Sequence[str] = ("answer",),
+) -> list[Prompt]:
     """Prompts from a question file: ``kinds`` maps a suffix to a reader (json, jsonl, csv, parquet); the question
     is the first of ``question_keys`` a record has; ``answer(row)`` gives the gold answer (None: an error ending with
     ``no_answer``); ``answer_keys`` must hold text, numbers or lists of them; ids are ``<stem>-<row>-<hash of the
@@ -183,12 +214,16 @@ def load_question_file(path: str | Path, *, what: str, key: str, kinds: Mapping[
     expect = f"records with a question (one of {', '.join(qkeys)}) and an answer"
     cols = columns_of(path, kind)
     if cols is not None and not any(k in cols for k in qkeys):
-        raise DataFileError(f"{what} {path}: no question column; expected one of {qkeys} (columns: {', '.join(cols)})")
+        raise DataFileError(
+            f"{what} {path}: no question column; expected one of {qkeys} (columns: {', '.join(cols)})"
+        )
     out: list[Prompt] = []
     for i, (where, row) in enumerate(read_records(path, kind, what, expect)):
         qkey = next((k for k in qkeys if row.get(k) is not None), None)
         if qkey is None:
-            raise DataFileError(f"{path} {where}: no question field; expected one of {qkeys} (have: {describe_fields(row)})")
+            raise DataFileError(
+                f"{path} {where}: no question field; expected one of {qkeys} (have: {describe_fields(row)})"
+            )
         if not isinstance(row[qkey], str):
             raise DataFileError(f"{path} {where}: '{qkey}' is {_kind_name(row[qkey])}; expected text")
         q = row[qkey].strip()

@@ -34,8 +34,12 @@ from tracerl.registry import Registry
 
 ENVS: Registry = Registry("environment")
 
-_BUILTIN = {"simulator": "envs.simulator", "math": "envs.math.env", "search": "envs.search.env",
-            "bfcl": "envs.bfcl.env"}
+_BUILTIN = {
+    "simulator": "envs.simulator",
+    "math": "envs.math.env",
+    "search": "envs.search.env",
+    "bfcl": "envs.bfcl.env",
+}
 TOOL_ENVS = ("math", "search", "bfcl")
 """Built-in ReAct tool environments (the language-model workflows run on these)."""
 

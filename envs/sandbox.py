@@ -56,11 +56,22 @@ from tracerl.config import SandboxConfig
 
 _CLONE_NEWNET = 0x40000000
 # bubblewrap's namespaces and minimal /dev, /proc and private /tmp (the read-only view and scratch come after).
-_NAMESPACES = ("--unshare-net", "--unshare-pid", "--unshare-ipc", "--die-with-parent", "--new-session",
-               "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp")
+_NAMESPACES = (
+    "--unshare-net",
+    "--unshare-pid",
+    "--unshare-ipc",
+    "--die-with-parent",
+    "--new-session",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "--tmpfs",
+    "/tmp",
+)
 _STATUS = ".cell-status.json"  # the runner's report on the last cell, in the scratch directory
 # Runs in the child (as root, before dropping privileges), then execs the sandboxed command.
-_LAUNCHER = r'''
+_LAUNCHER = r"""
 import ctypes, json, os, resource, sys
 spec = json.loads(sys.argv[1])
 os.setsid()
@@ -73,8 +84,8 @@ if spec["uid"] is not None:
     os.setgid(spec["uid"])
     os.setuid(spec["uid"])
 os.execv(sys.argv[2], sys.argv[2:])
-'''
-_RUNNER = r'''
+"""
+_RUNNER = r"""
 import errno, json, os, signal, sys, traceback
 
 LIMIT_ERRNOS = {errno.EAGAIN, errno.EFBIG, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC, errno.EDQUOT}
@@ -157,7 +168,7 @@ def main():
 
 
 main()
-'''
+"""
 
 
 @dataclass(frozen=True)
@@ -191,9 +202,17 @@ class ExecResult:
         elif self.exit_code not in (0, None):
             last = [ln for ln in self.stderr.strip().splitlines() if ln.strip()]
             if self.exit_code < 0:
-                name = signal.Signals(-self.exit_code).name if -self.exit_code in signal.Signals._value2member_map_ else str(-self.exit_code)
-                why = {"SIGKILL": "memory or CPU limit", "SIGXCPU": "CPU time limit", "SIGXFSZ": "output or file size limit",
-                       "SIGSEGV": "crash"}.get(name, "signal")
+                name = (
+                    signal.Signals(-self.exit_code).name
+                    if -self.exit_code in signal.Signals._value2member_map_
+                    else str(-self.exit_code)
+                )
+                why = {
+                    "SIGKILL": "memory or CPU limit",
+                    "SIGXCPU": "CPU time limit",
+                    "SIGXFSZ": "output or file size limit",
+                    "SIGSEGV": "crash",
+                }.get(name, "signal")
                 parts.append(f"Error: process killed by {name} ({why}).")
             else:
                 parts.append("Error: " + (last[-1] if last else f"exit code {self.exit_code}"))
@@ -210,17 +229,34 @@ def _bwrap_view(bwrap: str, python: str) -> tuple[ReadOnlyView | None, str]:
         view = interpreter_view(python)
     except RuntimeError as exc:
         return None, str(exc)
-    command = [bwrap, *_NAMESPACES, *view.bwrap_args(), "--remount-ro", "/", python, "-I", "-c",
-               "import math, json, fractions, re, decimal; print(math.gcd(12, 18))"]
+    command = [
+        bwrap,
+        *_NAMESPACES,
+        *view.bwrap_args(),
+        "--remount-ro",
+        "/",
+        python,
+        "-I",
+        "-c",
+        "import math, json, fractions, re, decimal; print(math.gcd(12, 18))",
+    ]
     # Through the launcher, as a call is (no preexec_fn in a threaded host), as the unprivileged uid 65534 if root.
     spec = json.dumps({"unshare_net": False, "limits": [], "uid": 65534 if os.geteuid() == 0 else None})
     try:
-        r = subprocess.run([sys.executable, "-I", "-S", "-c", _LAUNCHER, spec, *command], capture_output=True,
-                           text=True, timeout=30, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _LAUNCHER, spec, *command],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return None, f"bubblewrap failed to start: {exc}"
     if r.returncode != 0 or r.stdout.strip() != "6":
-        return None, f"bubblewrap could not run {python} with only its libraries visible: {r.stderr.strip()[-300:]}"
+        return (
+            None,
+            f"bubblewrap could not run {python} with only its libraries visible: {r.stderr.strip()[-300:]}",
+        )
     return view, ""
 
 
@@ -266,8 +302,12 @@ class Sandbox:
         why = {
             "unprivileged_user": "not started as root, so calls keep our uid",
             "network_isolated": "no bubblewrap and not root: calls can reach the network",
-            "read_only_filesystem": (f"bubblewrap unusable: {self.bwrap_problem}" if self.bwrap_problem else
-                                     f"{no_bwrap} (apt-get install bubblewrap)") + ": calls can write wherever the uid may",
+            "read_only_filesystem": (
+                f"bubblewrap unusable: {self.bwrap_problem}"
+                if self.bwrap_problem
+                else f"{no_bwrap} (apt-get install bubblewrap)"
+            )
+            + ": calls can write wherever the uid may",
             "limited_reads": f"{no_bwrap}: calls can read every file the uid may, the project tree and /etc included",
             "private_tmp": f"{no_bwrap}: calls share /tmp",
             "pid_namespace": f"{no_bwrap}: leftover processes are killed by uid/process group instead",
@@ -306,14 +346,31 @@ class Sandbox:
     def _command(self, scratch: Path) -> list[str]:
         # private: the call has a uid (root) or a PID namespace (bwrap) of its own, so every other process the
         # runner sees under it is one the cell left running.
-        runner = [self.python, "-I", "runner.py", "cells.json", str(scratch / _STATUS),  # absolute: cells may chdir
-                  "1" if self.as_root or self.bwrap else "0"]
+        runner = [
+            self.python,
+            "-I",
+            "runner.py",
+            "cells.json",
+            str(scratch / _STATUS),  # absolute: cells may chdir
+            "1" if self.as_root or self.bwrap else "0",
+        ]
         if self.bwrap is None or self.view is None:
             return runner
         # The root is an empty tmpfs holding only the view, made read-only; the scratch directory lives under
         # /tmp and is mounted back at its own path over the private /tmp.
-        return [self.bwrap, *_NAMESPACES, *self.view.bwrap_args(), "--remount-ro", "/",
-                "--bind", str(scratch), str(scratch), "--chdir", str(scratch), *runner]
+        return [
+            self.bwrap,
+            *_NAMESPACES,
+            *self.view.bwrap_args(),
+            "--remount-ro",
+            "/",
+            "--bind",
+            str(scratch),
+            str(scratch),
+            "--chdir",
+            str(scratch),
+            *runner,
+        ]
 
     def _limits(self, uid: int) -> dict[str, object]:
         """What the launcher applies in the child before exec: session, namespaces, rlimits, uid."""
@@ -328,8 +385,11 @@ class Sandbox:
         ]
         if self.as_root:  # NPROC counts per uid: only meaningful with a uid of the call's own
             limits.append((resource.RLIMIT_NPROC, cfg.max_processes))
-        return {"unshare_net": self.as_root and self.bwrap is None, "limits": limits,
-                "uid": uid if self.as_root else None}
+        return {
+            "unshare_net": self.as_root and self.bwrap is None,
+            "limits": limits,
+            "uid": uid if self.as_root else None,
+        }
 
     def _launch(self, command: list[str], uid: int) -> list[str]:
         """``command`` behind the launcher. The child is set up by a freshly exec'd interpreter, not by a
@@ -339,14 +399,27 @@ class Sandbox:
 
     def _execute(self, scratch: Path, uid: int) -> ExecResult:
         cfg = self.cfg
-        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(scratch),
-               "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "HOME": str(scratch),
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+        }
         t0 = time.perf_counter()
         timed_out = False
         with open(scratch / "stdout", "wb") as fo, open(scratch / "stderr", "wb") as fe:
             try:
-                proc = subprocess.Popen(self._launch(self._command(scratch), uid), cwd=scratch, stdin=subprocess.DEVNULL,
-                                        stdout=fo, stderr=fe, env=env, close_fds=True)
+                proc = subprocess.Popen(
+                    self._launch(self._command(scratch), uid),
+                    cwd=scratch,
+                    stdin=subprocess.DEVNULL,
+                    stdout=fo,
+                    stderr=fe,
+                    env=env,
+                    close_fds=True,
+                )
             except OSError as exc:
                 return ExecResult("", f"sandbox failed to start: {exc}", 1, False, False, 0.0)
             try:
@@ -359,15 +432,19 @@ class Sandbox:
         wall = time.perf_counter() - t0
         stdout, cut_out = self._read(scratch / "stdout")
         stderr, cut_err = self._read(scratch / "stderr", tail=True)
-        flooded = max((scratch / f).stat().st_size for f in ("stdout", "stderr")) >= cfg.max_file_mb * 1024 * 1024
+        flooded = (
+            max((scratch / f).stat().st_size for f in ("stdout", "stderr")) >= cfg.max_file_mb * 1024 * 1024
+        )
         if flooded:
             stderr += "\nOutputLimitError: output exceeded the sandbox's file-size limit"
         if code is not None and code > 128 and self.bwrap is not None:
             code = -(code - 128)  # bwrap reports a child's signal as 128 + n
         report = _report(scratch / _STATUS)
         status = str(report.get("status", ""))
-        threads, processes, timers = (n if isinstance(n := report.get(k), int) and n > 0 else 0
-                                      for k in ("threads", "processes", "timers"))
+        threads, processes, timers = (
+            n if isinstance(n := report.get(k), int) and n > 0 else 0
+            for k in ("threads", "processes", "timers")
+        )
         left = [f"{threads} thread" + "s" * (threads != 1)] if threads else []
         left += [f"{processes} process" + "es" * (processes != 1)] if processes else []
         left += [f"{timers} timer" + "s" * (timers != 1)] if timers else []
@@ -376,9 +453,19 @@ class Sandbox:
             problem = f"the cell left {' and '.join(left)} running when it returned."
         elif status not in ("ok", "exception") and not timed_out and code == 0:
             problem = "the process ended before the cell finished."
-        completed = status in ("ok", "exception") and not (timed_out or flooded) and code is not None and code >= 0
-        return ExecResult(stdout, stderr, code, timed_out, cut_out or cut_err or flooded or code == -signal.SIGXFSZ,
-                          wall, completed, problem)
+        completed = (
+            status in ("ok", "exception") and not (timed_out or flooded) and code is not None and code >= 0
+        )
+        return ExecResult(
+            stdout,
+            stderr,
+            code,
+            timed_out,
+            cut_out or cut_err or flooded or code == -signal.SIGXFSZ,
+            wall,
+            completed,
+            problem,
+        )
 
     def _read(self, path: Path, tail: bool = False) -> tuple[str, bool]:
         """The first (or, for tracebacks, last) ``max_output_chars`` characters, and whether more existed."""
@@ -399,8 +486,12 @@ class Sandbox:
         deadline = time.monotonic() + wait_s
         while uid_processes(uid):
             with contextlib.suppress(OSError, subprocess.SubprocessError):
-                subprocess.run([sys.executable, "-I", "-S", "-c", kill], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, timeout=10)
+                subprocess.run(
+                    [sys.executable, "-I", "-S", "-c", kill],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    timeout=10,
+                )
             if time.monotonic() > deadline:
                 break
             time.sleep(0.01)

@@ -82,7 +82,7 @@ class _Builder:
                 if os.path.islink(candidate):
                     target = os.readlink(candidate)
                     self.symlinks[candidate] = target
-                    path = os.path.normpath(os.path.join(resolved, target, *rest[i + 1:]))
+                    path = os.path.normpath(os.path.join(resolved, target, *rest[i + 1 :]))
                     break
                 resolved = candidate
             else:
@@ -97,8 +97,11 @@ class _Builder:
         binds = sorted(self.binds)
         # A path inside another bound directory is already visible; a symlink inside one already exists.
         kept = [b for b in binds if not any(b != o and b.startswith(o.rstrip("/") + "/") for o in binds)]
-        links = [(t, link) for link, t in sorted(self.symlinks.items())
-                 if not any(link.startswith(o.rstrip("/") + "/") for o in kept)]
+        links = [
+            (t, link)
+            for link, t in sorted(self.symlinks.items())
+            if not any(link.startswith(o.rstrip("/") + "/") for o in kept)
+        ]
         return ReadOnlyView(tuple(kept), tuple(links))
 
 
@@ -113,8 +116,14 @@ def interpreter_view(python: str, timeout_s: float = 30.0) -> ReadOnlyView:
         RuntimeError: the interpreter could not be run to find out (its stderr in the message).
     """
     try:
-        probe = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=timeout_s,
-                               env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, stdin=subprocess.DEVNULL)
+        probe = subprocess.run(
+            [python, "-I", "-c", _PROBE],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         raise RuntimeError(f"could not run the sandbox's interpreter {python!r}: {exc}") from exc
     if probe.returncode != 0:
@@ -122,16 +131,25 @@ def interpreter_view(python: str, timeout_s: float = 30.0) -> ReadOnlyView:
     try:
         info = json.loads(probe.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError) as exc:
-        raise RuntimeError(f"the sandbox's interpreter {python!r} printed no report: {probe.stdout[-300:]!r}") from exc
+        raise RuntimeError(
+            f"the sandbox's interpreter {python!r} printed no report: {probe.stdout[-300:]!r}"
+        ) from exc
     prefixes = {os.path.realpath(p) for p in info["prefixes"]} | {p for p in info["prefixes"]}
     b = _Builder()
     b.expose(python)
-    for cfg in (os.path.join(os.path.dirname(python), "pyvenv.cfg"),
-                os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(python))), "pyvenv.cfg")):
+    for cfg in (
+        os.path.join(os.path.dirname(python), "pyvenv.cfg"),
+        os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(python))), "pyvenv.cfg"),
+    ):
         if os.path.isfile(cfg):
             b.expose(cfg)
     for entry in info["path"]:
-        if entry and os.path.isabs(entry) and os.path.exists(entry) and _under(os.path.realpath(entry), prefixes):
+        if (
+            entry
+            and os.path.isabs(entry)
+            and os.path.exists(entry)
+            and _under(os.path.realpath(entry), prefixes)
+        ):
             b.expose(entry)
     prefix_libs = {os.path.join(p, lib) for p in prefixes for lib in ("lib", "lib64")}
     for lib in info["maps"]:

@@ -67,10 +67,14 @@ class Simulator:
 
     def __init__(self, cfg: SimulatorConfig, seed: int = 0) -> None:
         self.cfg = cfg
-        world, pools, drift, rollouts = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4))
+        world, pools, drift, rollouts = (
+            np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
+        )
         self._pool_rng, self._drift_rng, self.rng = pools, drift, rollouts
         n = cfg.num_prompts
-        comp = world.choice(len(cfg.mix_weights), size=n, p=np.asarray(cfg.mix_weights) / sum(cfg.mix_weights))
+        comp = world.choice(
+            len(cfg.mix_weights), size=n, p=np.asarray(cfg.mix_weights) / sum(cfg.mix_weights)
+        )
         self.difficulty = world.normal(np.asarray(cfg.mix_means)[comp], np.asarray(cfg.mix_stds)[comp])
         self.drift_stationary_std = cfg.drift_std / np.sqrt(2 * (1 - RHO))
         self.drift = self.drift_stationary_std * self._drift_rng.standard_normal(n)
@@ -89,7 +93,9 @@ class Simulator:
 
     def prompt(self, i: int) -> Prompt:
         v0 = float(self.success_probability(np.array([i]))[0])
-        return Prompt(prompt_id=f"sim-{i}", text="", features=self.prompt_features[i], true_value=v0, source="simulator")
+        return Prompt(
+            prompt_id=f"sim-{i}", text="", features=self.prompt_features[i], true_value=v0, source="simulator"
+        )
 
     def sample_pool(self, size: int) -> list[Prompt]:
         """A candidate pool of distinct prompts, drawn uniformly (the same for every allocator)."""
@@ -105,7 +111,9 @@ class Simulator:
         self.step += 1
 
     # -- episodes ---------------------------------------------------------------------------------
-    def _episodes(self, v_start: np.ndarray, t_start: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _episodes(
+        self, v_start: np.ndarray, t_start: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Simulate episodes from V at depth t_start. Returns (T, V path (E, max_turns + 1), reward)."""
         cfg, rng = self.cfg, self.rng
         e = len(v_start)
@@ -128,7 +136,9 @@ class Simulator:
         g = v + self.cfg.prefix_feature_noise * noise
         return np.array([g, depth / self.cfg.max_turns])
 
-    def _grow(self, tree: RolloutTree, start: int, length: int, path: np.ndarray, reward: float, bare: bool) -> None:
+    def _grow(
+        self, tree: RolloutTree, start: int, length: int, path: np.ndarray, reward: float, bare: bool
+    ) -> None:
         pid = tree.new_path(bare)
         parent = start
         depth0 = tree.nodes[start].depth
@@ -180,11 +190,15 @@ class Simulator:
 def with_noise_scale(cfg: SimulatorConfig, scale: float) -> SimulatorConfig:
     """The same simulator with both feature noises multiplied by ``scale`` (informativeness sweep)."""
     return dataclasses.replace(
-        cfg, prompt_feature_noise=cfg.prompt_feature_noise * scale, prefix_feature_noise=cfg.prefix_feature_noise * scale
+        cfg,
+        prompt_feature_noise=cfg.prompt_feature_noise * scale,
+        prefix_feature_noise=cfg.prefix_feature_noise * scale,
     )
 
 
-def calibrate(cfg: SimulatorConfig, seed: int = 0, samples: int = 200_000, group_size: int = 8) -> dict[str, float]:
+def calibrate(
+    cfg: SimulatorConfig, seed: int = 0, samples: int = 200_000, group_size: int = 8
+) -> dict[str, float]:
     """Measure the simulator's informativeness and difficulty mix.
 
     Returns:

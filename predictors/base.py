@@ -105,7 +105,9 @@ class Predictor:
         self.steps_fit = int(state["steps_fit"])  # type: ignore[call-overload]
 
 
-def build_predictor(cfg: PredictorConfig, seed: int = 0, name: str | None = None, targets: str | None = None) -> Predictor:
+def build_predictor(
+    cfg: PredictorConfig, seed: int = 0, name: str | None = None, targets: str | None = None
+) -> Predictor:
     """Instantiate ``name`` (default ``cfg.name``) from the registry or an import path.
 
     ``targets`` overrides ``cfg.targets`` (an allocator's ``targets``: trace_debiased forces 'debiased').

@@ -68,7 +68,9 @@ class LearnedPredictor(Predictor):
         self.featurizer: Featurizer = featurizer or NumericFeaturizer()
         self.history = PromptHistory(cfg.discount)
         self.net: _Net | None = None
-        self.replay: deque[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = deque(maxlen=cfg.replay_steps)
+        self.replay: deque[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = deque(
+            maxlen=cfg.replay_steps
+        )
         self._gen = torch.Generator().manual_seed(cfg.seed + 7919 * seed)
         self._opts: list[torch.optim.Optimizer] = []
 
@@ -123,15 +125,17 @@ class LearnedPredictor(Predictor):
 
     def state_dict(self) -> dict[str, object]:
         """A deep copy of everything needed to resume (weights, optimiser moments, replay, rng)."""
-        return copy.deepcopy({
-            **super().state_dict(),
-            "history": self.history.state_dict(),
-            "net": None if self.net is None else self.net.state_dict(),
-            "in_dim": None if self.net is None else self.net.in_dim,
-            "opts": [o.state_dict() for o in self._opts],
-            "replay": list(self.replay),
-            "gen": self._gen.get_state(),
-        })
+        return copy.deepcopy(
+            {
+                **super().state_dict(),
+                "history": self.history.state_dict(),
+                "net": None if self.net is None else self.net.state_dict(),
+                "in_dim": None if self.net is None else self.net.in_dim,
+                "opts": [o.state_dict() for o in self._opts],
+                "replay": list(self.replay),
+                "gen": self._gen.get_state(),
+            }
+        )
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         super().load_state_dict(state)

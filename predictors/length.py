@@ -90,7 +90,10 @@ class LengthFeatures(NumericFeaturizer):
         if anchors and anchors[0].prompt.features is not None:
             return super().__call__(anchors)
         return np.array(
-            [[np.log1p(len(a.prompt.text)), np.log1p(sum(generated_tokens(n) for n in a.history))] for a in anchors],
+            [
+                [np.log1p(len(a.prompt.text)), np.log1p(sum(generated_tokens(n) for n in a.history))]
+                for a in anchors
+            ],
             dtype=np.float32,
         ).reshape(len(anchors), 2)
 
@@ -157,20 +160,35 @@ class RidgeLengthPredictor:
         reg = self.l2 * np.eye(x.shape[1])
         reg[-1, -1] = 0.0  # the intercept is not shrunk
         self.coef = np.linalg.solve(self.xtx + reg, self.xty)
-        return {"length_log_mse": float(np.average((x @ self.coef - y) ** 2, weights=w)), "length_examples": float(len(y))}
+        return {
+            "length_log_mse": float(np.average((x @ self.coef - y) ** 2, weights=w)),
+            "length_examples": float(len(y)),
+        }
 
     def state_dict(self) -> dict[str, object]:
         """Everything needed to resume (checkpoints), with the numeric featurizer's widths."""
-        dims = (self.featurizer.prompt_dim, self.featurizer.prefix_dim) if isinstance(self.featurizer, NumericFeaturizer) else None
-        return {"xtx": self.xtx, "xty": self.xty, "coef": self.coef, "steps_fit": self.steps_fit, "dims": dims,
-                "examples_seen": self.examples_seen}
+        dims = (
+            (self.featurizer.prompt_dim, self.featurizer.prefix_dim)
+            if isinstance(self.featurizer, NumericFeaturizer)
+            else None
+        )
+        return {
+            "xtx": self.xtx,
+            "xty": self.xty,
+            "coef": self.coef,
+            "steps_fit": self.steps_fit,
+            "dims": dims,
+            "examples_seen": self.examples_seen,
+        }
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         self.xtx, self.xty, self.coef = (cast("np.ndarray | None", state[k]) for k in ("xtx", "xty", "coef"))
         self.steps_fit = int(cast(int, state["steps_fit"]))
         self.examples_seen = int(cast(int, state.get("examples_seen", 0)))
         if isinstance(self.featurizer, NumericFeaturizer) and state.get("dims") is not None:
-            self.featurizer.prompt_dim, self.featurizer.prefix_dim = cast("tuple[int | None, int | None]", state["dims"])
+            self.featurizer.prompt_dim, self.featurizer.prefix_dim = cast(
+                "tuple[int | None, int | None]", state["dims"]
+            )
 
 
 def attach_lengths(allocator: Allocator) -> None:

@@ -55,7 +55,9 @@ class HashedNgramFeaturizer:
 class PolicyHiddenFeaturizer:
     """Last-layer hidden state of the policy at the last token of the anchor's text, no gradient."""
 
-    def __init__(self, model: Any, tokenizer: Any, render: Any, max_tokens: int = 512, batch_size: int = 32) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, render: Any, max_tokens: int = 512, batch_size: int = 32
+    ) -> None:
         self.model, self.tok, self.render = model, tokenizer, render
         self.max_tokens, self.batch_size = max_tokens, batch_size
 
@@ -75,8 +77,8 @@ class PolicyHiddenFeaturizer:
             x = torch.full((len(ids), width), self.tok.pad_token_id)
             m = torch.zeros_like(x)
             for r, row in enumerate(ids):
-                x[r, width - len(row):] = torch.tensor(row)
-                m[r, width - len(row):] = 1
+                x[r, width - len(row) :] = torch.tensor(row)
+                m[r, width - len(row) :] = 1
             with torch.no_grad():
                 out = self.model(input_ids=x, attention_mask=m, output_hidden_states=True)
             last = out.hidden_states[-1][:, -1, :].float().numpy()

@@ -30,14 +30,28 @@ class Browser:
     def __init__(self, profile: Path, size: tuple[int, int] = (1600, 1000), timeout: float = 60.0) -> None:
         exe = chromium_path()
         if exe is None:
-            raise RuntimeError("no chromium on PATH: `apt-get install -y chromium` (make test-ui does it as root)")
+            raise RuntimeError(
+                "no chromium on PATH: `apt-get install -y chromium` (make test-ui does it as root)"
+            )
         profile.mkdir(parents=True, exist_ok=True)
         port_file = profile / "DevToolsActivePort"
         port_file.unlink(missing_ok=True)  # a profile used before holds the last run's port
         self.proc = subprocess.Popen(
-            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-             "--remote-debugging-port=0", f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}",
-             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                exe,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={profile}",
+                f"--window-size={size[0]},{size[1]}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + timeout
         while not (port_file.is_file() and port_file.read_text().strip()):
             if time.monotonic() > deadline or self.proc.poll() is not None:
@@ -98,7 +112,9 @@ class Browser:
             if not missing:
                 return text
             if time.monotonic() > deadline:
-                raise AssertionError(f"page never showed {missing} within {timeout:.0f} s; it shows: {text[:1500]!r}")
+                raise AssertionError(
+                    f"page never showed {missing} within {timeout:.0f} s; it shows: {text[:1500]!r}"
+                )
             time.sleep(1.0)
 
     def screenshot(self, path: Path) -> Path:

@@ -40,7 +40,9 @@ TOOL_TIMEOUT_S = 120.0
 """Sandbox wall-clock limit for tests whose cells must finish (a default 5 s can run out on a busy machine)."""
 
 
-def wait_for(condition: Callable[[], bool], what: str, limit_s: float = WAIT_LIMIT_S, every_s: float = 0.5) -> None:
+def wait_for(
+    condition: Callable[[], bool], what: str, limit_s: float = WAIT_LIMIT_S, every_s: float = 0.5
+) -> None:
     """Poll ``condition`` until it holds; fail naming ``what`` after ``limit_s`` seconds."""
     deadline = time.monotonic() + limit_s
     while not condition():
@@ -51,6 +53,7 @@ def wait_for(condition: Callable[[], bool], what: str, limit_s: float = WAIT_LIM
 def stop_process(proc: subprocess.Popen[bytes], group: bool = False, limit_s: float = WAIT_LIMIT_S) -> None:
     """Stop a server a test started: SIGTERM (to its process group with ``group``), poll for its exit for up to
     ``limit_s`` seconds, then SIGKILL whatever is left. Never raises: a slow shutdown is not a test failure."""
+
     def send(sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
             if group:
@@ -88,7 +91,9 @@ def require_bfcl() -> None:
         pytest.skip(f"bfcl-eval is not installed ({exc})")
 
 
-def chain(tree: RolloutTree, parent: int, rewards_depths: Sequence[tuple[float, int]], bare: bool = True) -> list[int]:
+def chain(
+    tree: RolloutTree, parent: int, rewards_depths: Sequence[tuple[float, int]], bare: bool = True
+) -> list[int]:
     """Add rollouts below ``parent``: each (reward, turns) adds a chain of that many turns; returns leaf ids."""
     leaves = []
     for reward, turns in rewards_depths:
@@ -96,7 +101,9 @@ def chain(tree: RolloutTree, parent: int, rewards_depths: Sequence[tuple[float, 
         cur = parent
         for t in range(turns):
             last = t == turns - 1
-            node = tree.add_node(cur, pid, status=Status.ANSWERED if last else Status.TURN, reward=reward if last else None)
+            node = tree.add_node(
+                cur, pid, status=Status.ANSWERED if last else Status.TURN, reward=reward if last else None
+            )
             cur = node.node_id
         leaves.append(cur)
     return leaves
@@ -110,10 +117,23 @@ def tiny_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from workflows.bootstrap import bootstrap
 
     out = tmp_path_factory.mktemp("tiny") / "policy"
-    cfg = BootstrapConfig(out_dir=str(out), train_tasks=80, eval_tasks=6, hidden_size=48, num_layers=2, num_heads=4,
-                          intermediate_size=96, steps=40, batch_size=8, time_budget_s=None, force=True)
+    cfg = BootstrapConfig(
+        out_dir=str(out),
+        train_tasks=80,
+        eval_tasks=6,
+        hidden_size=48,
+        num_layers=2,
+        num_heads=4,
+        intermediate_size=96,
+        steps=40,
+        batch_size=8,
+        time_budget_s=None,
+        force=True,
+    )
     metrics = bootstrap(cfg)
-    assert metrics["train_steps"] == 40 and metrics["final_loss"] < 4.5  # it learned something (from ln(vocab) ~ 6)
+    assert (
+        metrics["train_steps"] == 40 and metrics["final_loss"] < 4.5
+    )  # it learned something (from ln(vocab) ~ 6)
     assert {"accuracy", "by_level", "well_formed_turns"} <= set(metrics["sampled"])
     return out
 
@@ -122,11 +142,11 @@ def tiny_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def small_tree() -> RolloutTree:
     """Root with two bare rollouts (2 turns each) and two continuations from the first one's turn 1.
 
-        0 (root)
-        ├── 1 ── 2 (r=0)            bare path 0
-        │   ├── 5 (r=1)             continuation path 2 from node 1
-        │   └── 6 (r=1)             continuation path 3 from node 1
-        └── 3 ── 4 (r=1)            bare path 1
+    0 (root)
+    ├── 1 ── 2 (r=0)            bare path 0
+    │   ├── 5 (r=1)             continuation path 2 from node 1
+    │   └── 6 (r=1)             continuation path 3 from node 1
+    └── 3 ── 4 (r=1)            bare path 1
     """
     tree = RolloutTree(Prompt("p0"))
     chain(tree, 0, [(0.0, 2), (1.0, 2)])

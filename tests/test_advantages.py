@@ -69,14 +69,20 @@ def test_tree_without_branching_equals_mean_centred_grpo(turns: int) -> None:
     tree = RolloutTree(Prompt("flat"))
     chain(tree, 0, [(r, turns) for r in [1.0, 0.0, 0.0, 1.0, 1.0]])
     assert flat(adv("tree_subgroup", tree)) == pytest.approx(flat(adv("grpo", tree)))
-    assert flat(adv("tree_grpo", tree)) == pytest.approx(flat(adv("grpo", tree, normalize_std=True)), rel=1e-5)
+    assert flat(adv("tree_grpo", tree)) == pytest.approx(
+        flat(adv("grpo", tree, normalize_std=True)), rel=1e-5
+    )
 
 
 def test_grpo_group_advantages_sum_to_zero() -> None:
     rng = np.random.default_rng(0)
     for _ in range(20):
         tree = RolloutTree(Prompt("s"))
-        chain(tree, 0, [(float(rng.integers(0, 2)), int(rng.integers(1, 4))) for _ in range(int(rng.integers(2, 9)))])
+        chain(
+            tree,
+            0,
+            [(float(rng.integers(0, 2)), int(rng.integers(1, 4))) for _ in range(int(rng.integers(2, 9)))],
+        )
         total = sum(v[0] for v in adv("grpo", tree).values())
         assert total == pytest.approx(0.0, abs=1e-9)
 

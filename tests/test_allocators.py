@@ -9,12 +9,28 @@ from tracerl.algos.allocators import ALLOCATORS, PrefixCandidates, build_allocat
 from tracerl.config import AllocatorConfig, BudgetConfig, PredictorConfig, SimulatorConfig
 from tracerl.engine.step import run_step
 
-ALL = ["grpo", "pcl", "treepo", "trace", "trace_debiased", "trace_root_only", "trace_prefix_only", "oracle_trace", "dapo",
-       "trace_plus"]
+ALL = [
+    "grpo",
+    "pcl",
+    "treepo",
+    "trace",
+    "trace_debiased",
+    "trace_root_only",
+    "trace_prefix_only",
+    "oracle_trace",
+    "dapo",
+    "trace_plus",
+]
 BUDGET = BudgetConfig()  # L = 288, M = 96, N = 2, G = 8, B = 144
 
 
-def run_steps(name: str, steps: int = 4, seed: int = 0, sim: SimulatorConfig | None = None, budget: BudgetConfig = BUDGET):
+def run_steps(
+    name: str,
+    steps: int = 4,
+    seed: int = 0,
+    sim: SimulatorConfig | None = None,
+    budget: BudgetConfig = BUDGET,
+):
     alloc = build_allocator(AllocatorConfig(name=name))
     env = Simulator(sim or SimulatorConfig(num_prompts=512), seed=seed)
     pred = build_predictor(PredictorConfig(name="tabular", warmup_steps=1), seed=seed, name=alloc.predictor)

@@ -14,25 +14,52 @@ ALLOCS = "[grpo,pcl,dapo,treepo,trace_root_only,trace_prefix_only,trace,oracle_t
 
 def tiny(tmp_path: Path, *extra: str) -> list[str]:
     return [
-        "bench", "allocation", "--steps", "5", "--seeds", "2", "--workers", "1", "--out", str(tmp_path / "out"),
-        "--json", str(tmp_path / "summary.json"), f"allocators={ALLOCS}", "noise_scales=[1.0,4.0]",
-        "noise_allocators=[grpo,trace]", "noise_seeds=1", "env.simulator.num_prompts=600",
-        f"tracking.uri=sqlite:///{tmp_path}/mlruns.db", f"tracking.artifact_location={tmp_path}/artifacts",
-        "tracking.experiment=bench-test", *extra,
+        "bench",
+        "allocation",
+        "--steps",
+        "5",
+        "--seeds",
+        "2",
+        "--workers",
+        "1",
+        "--out",
+        str(tmp_path / "out"),
+        "--json",
+        str(tmp_path / "summary.json"),
+        f"allocators={ALLOCS}",
+        "noise_scales=[1.0,4.0]",
+        "noise_allocators=[grpo,trace]",
+        "noise_seeds=1",
+        "env.simulator.num_prompts=600",
+        f"tracking.uri=sqlite:///{tmp_path}/mlruns.db",
+        f"tracking.artifact_location={tmp_path}/artifacts",
+        "tracking.experiment=bench-test",
+        *extra,
     ]
 
 
-def test_bench_writes_table_json_pngs_and_mlflow_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_writes_table_json_pngs_and_mlflow_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(tiny(tmp_path)) == 0
     printed = capsys.readouterr().out
-    assert "budget: L=288 leaves/step | flat: G=8 on L/G=36 prompts | tree: M=96 bare, N=2, m_min=2, m_max=16" in printed
+    assert (
+        "budget: L=288 leaves/step | flat: G=8 on L/G=36 prompts | tree: M=96 bare, N=2, m_min=2, m_max=16"
+        in printed
+    )
     assert "mlflow ui --backend-store-uri sqlite:///" in printed
     summary = json.loads((tmp_path / "summary.json").read_text())
     allocs = summary["allocators"]
     assert list(allocs) == ALLOCS.strip("[]").split(",")
     for name, s in allocs.items():
-        for key, typ in [("effective_ratio", float), ("effective_ratio_ci95", float), ("leaf_effective_ratio", float),
-                         ("mixed_groups_per_step", float), ("contrast_pairs_per_100_leaves", float), ("leaves", int)]:
+        for key, typ in [
+            ("effective_ratio", float),
+            ("effective_ratio_ci95", float),
+            ("leaf_effective_ratio", float),
+            ("mixed_groups_per_step", float),
+            ("contrast_pairs_per_100_leaves", float),
+            ("leaves", int),
+        ]:
             assert isinstance(s[key], typ), (name, key)
         assert 0 <= s["effective_ratio"] <= 1
         if name == "dapo":
@@ -47,7 +74,13 @@ def test_bench_writes_table_json_pngs_and_mlflow_runs(tmp_path: Path, capsys: py
     noise = summary["noise_sweep"]
     assert noise["scales"] == [1.0, 4.0] and noise["prompt_r2"][0] > noise["prompt_r2"][1]
     out = tmp_path / "out"
-    for f in ["results.json", "table.txt", "config.yaml", "effective_ratio_per_step.png", "effective_ratio_vs_noise.png"]:
+    for f in [
+        "results.json",
+        "table.txt",
+        "config.yaml",
+        "effective_ratio_per_step.png",
+        "effective_ratio_vs_noise.png",
+    ]:
         assert (out / f).stat().st_size > 0, f
 
     import mlflow
@@ -56,10 +89,15 @@ def test_bench_writes_table_json_pngs_and_mlflow_runs(tmp_path: Path, capsys: py
     runs = mlflow.search_runs(experiment_names=["bench-test"], output_format="list")
     assert sorted(r.data.tags["allocator"] for r in runs) == sorted(allocs)
     trace_run = next(r for r in runs if r.data.tags["allocator"] == "trace")
-    assert trace_run.data.metrics["bench/effective_ratio"] == pytest.approx(allocs["trace"]["effective_ratio"])
+    assert trace_run.data.metrics["bench/effective_ratio"] == pytest.approx(
+        allocs["trace"]["effective_ratio"]
+    )
     history = mlflow.MlflowClient().get_metric_history(trace_run.info.run_id, "rollout/effective_ratio")
     assert sorted(m.step for m in history) == list(range(5))
-    assert trace_run.data.params["allocator.name"] == "trace" and trace_run.data.params["budget.continuations"] == "2"
+    assert (
+        trace_run.data.params["allocator.name"] == "trace"
+        and trace_run.data.params["budget.continuations"] == "2"
+    )
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(trace_run.info.run_id)}
     assert {"results.json", "effective_ratio_per_step.png"} <= artifacts
 
@@ -68,8 +106,11 @@ def test_parallel_ray_runs_match_serial_runs(tmp_path: Path) -> None:
     """Seeds flow through everything: the same jobs as Ray tasks give the same numbers."""
     from workflows.bench_allocation import _execute
 
-    cfg = compose(BenchAllocationConfig, conf_dir() / "bench/allocation.yaml",
-                  ["steps=4", "env.simulator.num_prompts=400", "cluster.num_cpus=2", "workers=2"])
+    cfg = compose(
+        BenchAllocationConfig,
+        conf_dir() / "bench/allocation.yaml",
+        ["steps=4", "env.simulator.num_prompts=400", "cluster.num_cpus=2", "workers=2"],
+    )
     jobs = [("trace", 0, 1.0), ("treepo", 1, 1.0), ("trace", 0, 2.0)]
     import dataclasses
 

@@ -24,8 +24,13 @@ def test_scripted_sampler_follows_each_context_and_flags_unknown_ones() -> None:
     assert [x.text for x in g] == ["b1", "a1"] and g[1].token_ids == list(b"a1") and g[1].finish == "stop"
     nxt = s.generate([tok("Q1\na1 Observation: x\n")["input_ids"]], 100, (), 0.0, 0)
     assert nxt[0].text == "a2"
-    done = s.generate([tok("Q1\na1 Observation: x\na2 Observation: y\n")["input_ids"], tok("nope")["input_ids"]],
-                      100, (), 0.0, 0)
+    done = s.generate(
+        [tok("Q1\na1 Observation: x\na2 Observation: y\n")["input_ids"], tok("nope")["input_ids"]],
+        100,
+        (),
+        0.0,
+        0,
+    )
     assert [x.text for x in done] == ["", ""] and s.misses == 1  # script over; an unknown context
 
 
@@ -33,7 +38,10 @@ def test_math_gold_replay_scores_1() -> None:
     from envs.math.env import MathEnv
 
     # a generous tool time limit: a replayed cell must not time out on a busy machine
-    cfg = EnvConfig(name="math", math=MathEnvConfig(num_tasks=10, eval_tasks=10, sandbox=SandboxConfig(timeout_s=TOOL_TIMEOUT_S)))
+    cfg = EnvConfig(
+        name="math",
+        math=MathEnvConfig(num_tasks=10, eval_tasks=10, sandbox=SandboxConfig(timeout_s=TOOL_TIMEOUT_S)),
+    )
     env = MathEnv.from_config(cfg)
     prompts = MathEnv.prompts(cfg, held_out=True)
     engine = gold_engine(env, prompts, "plain", SamplerConfig())

@@ -31,8 +31,19 @@ def test_records_need_true_values() -> None:
 
 
 def test_bench_targets_command_on_a_small_sample(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["bench", "targets", "--steps", "8", "--seeds", "1", "--out", str(tmp_path / "out"),
-            "--json", str(tmp_path / "t.json"), "env.simulator.num_prompts=600"]
+    argv = [
+        "bench",
+        "targets",
+        "--steps",
+        "8",
+        "--seeds",
+        "1",
+        "--out",
+        str(tmp_path / "out"),
+        "--json",
+        str(tmp_path / "t.json"),
+        "env.simulator.num_prompts=600",
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "oracle_trace, roots:" in printed and "oracle_trace, prefixes:" in printed

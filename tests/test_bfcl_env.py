@@ -22,8 +22,10 @@ try:
 
     import_bfcl()
 except ImportError as exc:  # pragma: no cover - depends on the machine
-    pytest.skip(f"bfcl-eval is not installed ({exc}); pip install --no-deps bfcl-eval==2026.3.23 mpmath==1.3.0",
-                allow_module_level=True)
+    pytest.skip(
+        f"bfcl-eval is not installed ({exc}); pip install --no-deps bfcl-eval==2026.3.23 mpmath==1.3.0",
+        allow_module_level=True,
+    )
 
 from envs.bfcl.env import BfclEnv, BfclState, bfcl_globals, task_prompt
 from envs.registry import env_class
@@ -43,7 +45,9 @@ def env() -> BfclEnv:
     return BfclEnv()
 
 
-def replay(env: BfclEnv, prompt: Prompt, turns: Sequence[str], template: Any) -> tuple[float | None, BfclState]:
+def replay(
+    env: BfclEnv, prompt: Prompt, turns: Sequence[str], template: Any
+) -> tuple[float | None, BfclState]:
     """Run model turns through the template's parser and the environment (no engine); the final reward."""
     state = env.initial_state(prompt)
     for text in turns:
@@ -83,7 +87,7 @@ def test_wrong_or_missing_calls_score_zero(env: BfclEnv) -> None:
 def test_user_turns_come_from_the_environment_and_miss_func_adds_functions(env: BfclEnv) -> None:
     task = next(t for t in load_tasks("miss_func") if t.added)
     p = task_prompt(task)
-    (turn, names), = task.added.items()
+    ((turn, names),) = task.added.items()
     state = BfclState(turn - 1, ((),) * turn)
     listed = {t.name for t in env.tools_for(p, state) if t.listed}
     assert not set(names) & listed
@@ -132,7 +136,9 @@ def test_fork_replay_rebuilds_the_same_state(env: BfclEnv) -> None:
     task = load_tasks("base")[0]
     p, tmpl = task_prompt(task), PlainTemplate()
     s0 = env.initial_state(p)
-    mk = env.execute(p, s0, tmpl.parse(tmpl.calls_turn("x", "mkdir(dir_name='fork_a')"), env.tools_for(p, s0)))
+    mk = env.execute(
+        p, s0, tmpl.parse(tmpl.calls_turn("x", "mkdir(dir_name='fork_a')"), env.tools_for(p, s0))
+    )
     ls = tmpl.parse(tmpl.calls_turn("x", "ls()"), env.tools_for(p, s0))
     first, again = env.execute(p, mk.state, ls), env.execute(p, mk.state, ls)
     assert first == again and "fork_a" in first.observation and first.replayed == 1
@@ -140,15 +146,18 @@ def test_fork_replay_rebuilds_the_same_state(env: BfclEnv) -> None:
     assert "fork_a" not in sibling.observation
 
 
-@pytest.mark.parametrize(("text", "error"), [
-    ("Action: [frobnicate(x=1)]", "unknown tool 'frobnicate'"),
-    ("Action: [cd(folder='x', depth=2)]", "unknown argument(s) depth"),
-    ("Action: [mv(source='a')]", "needs argument(s) destination"),
-    ("Action: [cd(folder='x'), ls(]", "not valid Python call syntax"),
-    ("Action: [cd(folder=__import__('os').getcwd())]", "must be literals"),
-    ("Action: [cd('a', 'b', 'c')]", "takes at most 1 argument"),
-    ("Action: [cd(folder='x')", "not closed with ']'"),
-])
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("Action: [frobnicate(x=1)]", "unknown tool 'frobnicate'"),
+        ("Action: [cd(folder='x', depth=2)]", "unknown argument(s) depth"),
+        ("Action: [mv(source='a')]", "needs argument(s) destination"),
+        ("Action: [cd(folder='x'), ls(]", "not valid Python call syntax"),
+        ("Action: [cd(folder=__import__('os').getcwd())]", "must be literals"),
+        ("Action: [cd('a', 'b', 'c')]", "takes at most 1 argument"),
+        ("Action: [cd(folder='x')", "not closed with ']'"),
+    ],
+)
 def test_malformed_calls_are_error_observations(env: BfclEnv, text: str, error: str) -> None:
     p = task_prompt(load_tasks("base")[0])
     action = PlainTemplate().parse(text, env.tools_for(p, env.initial_state(p)))
@@ -164,12 +173,14 @@ def test_malformed_calls_reaching_the_environment_do_not_crash(env: BfclEnv) -> 
     assert "Error" in wrong_type.observation
     not_literal = env.execute(p, s0, Action(ActionKind.TOOL, "", tool="cd", arguments={"folder": object()}))
     assert "is not a literal" in not_literal.observation and not_literal.state == s0
-    injected_key = env.execute(p, s0, Action(ActionKind.TOOL, "", tool="cd",
-                                             arguments={"folder": "x", "y=__import__('os')": 1}))
+    injected_key = env.execute(
+        p, s0, Action(ActionKind.TOOL, "", tool="cd", arguments={"folder": "x", "y=__import__('os')": 1})
+    )
     assert "unknown argument" in injected_key.observation
     chat = TEMPLATES.get("chat")()
-    bad_second = chat.parse('<tool_call>{"name": "ls", "arguments": {}}</tool_call><tool_call>{"name": "cd"',
-                            env.tools_for(p, s0))
+    bad_second = chat.parse(
+        '<tool_call>{"name": "ls", "arguments": {}}</tool_call><tool_call>{"name": "cd"', env.tools_for(p, s0)
+    )
     assert bad_second.kind is ActionKind.INVALID and "not closed" in (bad_second.error or "")
 
 
@@ -218,7 +229,9 @@ class FakeGoldSampler:
             task = next(k for k, start in self.prompts.items() if text.startswith(start))
             turn = self.scripts[task][text.count("Thought:")]
             ids = self.tok(turn, add_special_tokens=False)["input_ids"]
-            out.append(Generation(ids, [-0.1] * len(ids), self.tok.decode(ids), "stop", prefill_tokens=len(ctx)))
+            out.append(
+                Generation(ids, [-0.1] * len(ids), self.tok.decode(ids), "stop", prefill_tokens=len(ctx))
+            )
         return out
 
 
@@ -230,8 +243,9 @@ def test_engine_runs_multi_turn_episodes_and_continuations(env: BfclEnv) -> None
     prompts = [task_prompt(load_tasks(c)[3]) for c in ("base", "miss_func")]
     scripts = {p.prompt_id: env.gold_turns(p, tmpl) for p in prompts}
     starts = {p.prompt_id: tmpl.prompt(p.text, env.tools_for(p, None)) for p in prompts}
-    limits = SamplerConfig(max_turns=64, max_turn_tokens=4096, max_episode_tokens=100_000,
-                           max_context_tokens=1_000_000)
+    limits = SamplerConfig(
+        max_turns=64, max_turn_tokens=4096, max_episode_tokens=100_000, max_context_tokens=1_000_000
+    )
     engine = TreeRolloutEngine(FakeGoldSampler(tok, scripts, starts), env, tmpl, tok, limits)
     trees = engine.rollout(prompts, [1, 1])
     for tree, p in zip(trees, prompts):
@@ -251,5 +265,6 @@ def test_env_is_registered_and_answers_without_state_earn_nothing(env: BfclEnv) 
     assert env_class("bfcl") is BfclEnv and BfclEnv.fork_mode == "replay"
     p = task_prompt(load_tasks("base")[0])
     assert env.reward(p, "anything") == 0.0
-    assert isinstance(env.on_answer(p, env.initial_state(p), Action(ActionKind.ANSWER, "x", answer="x")),
-                      AnswerResult)
+    assert isinstance(
+        env.on_answer(p, env.initial_state(p), Action(ActionKind.ANSWER, "x", answer="x")), AnswerResult
+    )

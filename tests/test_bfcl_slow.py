@@ -31,12 +31,28 @@ def test_eval_runs_on_bfcl_tasks(smollm2: Path, tmp_path: Path) -> None:
     from workflows.cli import main
 
     out = tmp_path / "eval"
-    assert main(["eval", "--config", str(ROOT / "conf/eval/bfcl_smoke.yaml"), "--out", str(out),
-                 f"model.path={smollm2}", f"tracking.uri=sqlite:///{tmp_path}/m.db"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--config",
+                str(ROOT / "conf/eval/bfcl_smoke.yaml"),
+                "--out",
+                str(out),
+                f"model.path={smollm2}",
+                f"tracking.uri=sqlite:///{tmp_path}/m.db",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     greedy = summary["greedy"]
     assert greedy["tasks"] == 4 and set(greedy["by_source"]) == {
-        "bfcl-base", "bfcl-miss_func", "bfcl-miss_param", "bfcl-long_context"}
+        "bfcl-base",
+        "bfcl-miss_func",
+        "bfcl-miss_param",
+        "bfcl-long_context",
+    }
     assert 0.0 <= summary["accuracy"] <= 1.0 and sum(greedy["statuses"].values()) == 4
     traces = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
     assert len(traces) == 4 and all(t["rollouts"][0]["turns"] for t in traces)
@@ -47,9 +63,16 @@ def test_short_training_run_completes(smollm2: Path, tmp_path: Path) -> None:
 
     from workflows.cli import main
 
-    args = ["train", "--config", str(ROOT / "conf/train/bfcl_smoke.yaml"), f"model.path={smollm2}",
-            f"tracking.uri=sqlite:///{tmp_path}/m.db", f"tracking.artifact_location={tmp_path}/art",
-            "--out", str(tmp_path / "runs")]
+    args = [
+        "train",
+        "--config",
+        str(ROOT / "conf/train/bfcl_smoke.yaml"),
+        f"model.path={smollm2}",
+        f"tracking.uri=sqlite:///{tmp_path}/m.db",
+        f"tracking.artifact_location={tmp_path}/art",
+        "--out",
+        str(tmp_path / "runs"),
+    ]
     assert main(args) == 0
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/m.db")
     client = mlflow.MlflowClient()

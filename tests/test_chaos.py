@@ -44,7 +44,9 @@ def store(tmp_path: Path) -> tuple[Any, str]:
     return client, client.create_run(exp).info.run_id
 
 
-def test_spooled_metrics_arrive_once_and_the_last_attempt_wins(store: tuple[Any, str], tmp_path: Path) -> None:
+def test_spooled_metrics_arrive_once_and_the_last_attempt_wins(
+    store: tuple[Any, str], tmp_path: Path
+) -> None:
     from workflows.chaos import check_steps
     from workflows.runs import metric_series
     from workflows.spool import MetricLog, next_attempt, spooled_records
@@ -57,12 +59,16 @@ def test_spooled_metrics_arrive_once_and_the_last_attempt_wins(store: tuple[Any,
     assert first.attempt == 1
     assert first.log({"train/loss": 1.0, "system/attempt": 1}, 1)
     fake.down = True
-    assert not first.log({"train/loss": 2.0, "system/attempt": 1, "x": float("nan")}, 2)  # spooled, NaN dropped
+    assert not first.log(
+        {"train/loss": 2.0, "system/attempt": 1, "x": float("nan")}, 2
+    )  # spooled, NaN dropped
     (storage / "t").mkdir()
     (storage / "t" / "a.txt").write_text("tree")
     first.log_artifacts(storage / "t", "trees/step_00002")
     assert [(r["key"], r["step"], r["attempt"]) for r in spooled_records(storage)] == [
-        ("train/loss", 2, 1), ("system/attempt", 2, 1)]
+        ("train/loss", 2, 1),
+        ("system/attempt", 2, 1),
+    ]
     # the trainer dies; the restarted attempt re-runs step 2 while the server is still down, then it comes back
     second = MetricLog(fake, run_id, storage, next_attempt(storage), fail_fast=False)
     assert second.attempt == 2
@@ -73,9 +79,16 @@ def test_spooled_metrics_arrive_once_and_the_last_attempt_wins(store: tuple[Any,
     assert metric_series(client, run_id, "system/attempt") == {1: 1.0, 2: 2.0, 3: 2.0}
     assert [a.path for a in client.list_artifacts(run_id, "trees/step_00002")] == ["trees/step_00002/a.txt"]
     history = client.get_metric_history(run_id, "train/loss")
-    assert sorted(m.value for m in history) == [1.0, 2.0, 3.0, 4.0]  # every attempt's value is kept, read once
+    assert sorted(m.value for m in history) == [
+        1.0,
+        2.0,
+        3.0,
+        4.0,
+    ]  # every attempt's value is kept, read once
     sent = fake.batches
-    assert MetricLog(fake, run_id, storage, 0, fail_fast=False).flush() and fake.batches == sent  # nothing left to send
+    assert (
+        MetricLog(fake, run_id, storage, 0, fail_fast=False).flush() and fake.batches == sent
+    )  # nothing left to send
     # a re-send of everything (a crash between sending and recording the offset) leaves one row per record
     (storage / "metrics_spool.sent").write_text("0")
     assert MetricLog(fake, run_id, storage, 0, fail_fast=False).flush()
@@ -89,21 +102,43 @@ def test_a_reader_that_took_an_older_attempt_is_caught(store: tuple[Any, str]) -
     from workflows.chaos import check_steps
 
     client, run_id = store
-    client.log_batch(run_id, metrics=[Metric("system/attempt", 2, 1000, 1), Metric("train/loss", 5.0, 1000, 1)])
+    client.log_batch(
+        run_id, metrics=[Metric("system/attempt", 2, 1000, 1), Metric("train/loss", 5.0, 1000, 1)]
+    )
     # an older attempt's value delivered with a newer timestamp (what keeping the original timestamp prevents)
-    client.log_batch(run_id, metrics=[Metric("system/attempt", 1, 2000, 1), Metric("train/loss", 9.0, 2000, 1)])
-    assert check_steps(client, run_id, 1) == ["system/attempt step 1: read 1.0, the completing attempt logged [2.0]",
-                                              "train/loss step 1: read 9.0, the completing attempt logged [5.0]"]
+    client.log_batch(
+        run_id, metrics=[Metric("system/attempt", 1, 2000, 1), Metric("train/loss", 9.0, 2000, 1)]
+    )
+    assert check_steps(client, run_id, 1) == [
+        "system/attempt step 1: read 1.0, the completing attempt logged [2.0]",
+        "train/loss step 1: read 9.0, the completing attempt logged [5.0]",
+    ]
 
 
 @pytest.fixture(scope="module")
 def drill(tiny_policy: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("chaos")
     # 3 steps with evaluation and a checkpoint at every step, so each kill's target phase comes round soon
-    rc = main(["train", "--config", CHAOS, f"model.path={tiny_policy}", f"tracking.artifact_location={tmp}/art",
-               "--out", str(tmp / "runs"), "steps=3", "eval_every=1", "checkpoint_every=1", "log_trees_every=0",
-               "env.math.eval_tasks=4", "chaos.actor_kills=4", "chaos.min_gap_s=0.2", "chaos.max_gap_s=1.5",
-               "chaos.server_down_s=1"])
+    rc = main(
+        [
+            "train",
+            "--config",
+            CHAOS,
+            f"model.path={tiny_policy}",
+            f"tracking.artifact_location={tmp}/art",
+            "--out",
+            str(tmp / "runs"),
+            "steps=3",
+            "eval_every=1",
+            "checkpoint_every=1",
+            "log_trees_every=0",
+            "env.math.eval_tasks=4",
+            "chaos.actor_kills=4",
+            "chaos.min_gap_s=0.2",
+            "chaos.max_gap_s=1.5",
+            "chaos.server_down_s=1",
+        ]
+    )
     (report,) = [json.loads(p.read_text()) for p in (tmp / "runs").glob("*/chaos.json")]
     (db,) = (tmp / "runs").glob("*.mlflow/mlflow.db")
     return {"rc": rc, "report": report, "db": db, "storage": next((tmp / "runs").glob("*/chaos.json")).parent}
@@ -121,7 +156,9 @@ def test_the_drill_run_survives_every_kill_and_reads_one_value_per_step(drill: d
     rep = drill["report"]
     assert drill["rc"] == 0, rep
     assert rep["kills"] == {"sampler": 2, "env": 2, "trainer": 1, "server": 1}, rep["events"]
-    assert rep["status"] == "FINISHED" and rep["steps"] == 4  # 3 steps, then one more resumed from the final checkpoint
+    assert (
+        rep["status"] == "FINISHED" and rep["steps"] == 4
+    )  # 3 steps, then one more resumed from the final checkpoint
     mlflow.set_tracking_uri(f"sqlite:///{drill['db']}")  # the drill's server is gone; its store stays
     client = mlflow.MlflowClient()
     (run,) = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])
@@ -130,7 +167,9 @@ def test_the_drill_run_survives_every_kill_and_reads_one_value_per_step(drill: d
     # one value per step for every per-step metric, the completing attempt's, in every reader
     assert check_steps(client, run_id, 4) == []
     attempt = metric_series(client, run_id, "system/attempt")
-    assert sorted(attempt) == [1, 2, 3, 4] and attempt[4] == rep["attempts"] >= 3  # first, after the kill, resume
+    assert (
+        sorted(attempt) == [1, 2, 3, 4] and attempt[4] == rep["attempts"] >= 3
+    )  # first, after the kill, resume
     er = metric_series(client, run_id, "rollout/effective_ratio")
     assert run_summary(run_id, TrackingConfig(uri=f"sqlite:///{drill['db']}"))["steps"] == 4
     assert collect(client, [run])[0]["series"]["effective_ratio"] == er
@@ -138,11 +177,18 @@ def test_the_drill_run_survives_every_kill_and_reads_one_value_per_step(drill: d
     spooled = spooled_records(drill["storage"])
     assert spooled and rep["spooled"] == len(spooled)
     for r in spooled:
-        assert any(m.step == r["step"] and m.timestamp == r["timestamp"] and m.value == r["value"]
-                   for m in client.get_metric_history(run_id, r["key"])), r
+        assert any(
+            m.step == r["step"] and m.timestamp == r["timestamp"] and m.value == r["value"]
+            for m in client.get_metric_history(run_id, r["key"])
+        ), r
     # every sampler kill that hit a step the run kept is counted as a retry
-    kept = [e for e in rep["events"] if e["kind"] == "sampler" and 1 <= e["step"] < 4
-            and attempt.get(e["step"]) == e["attempt"] == attempt.get(e["step"] + 1)]
+    kept = [
+        e
+        for e in rep["events"]
+        if e["kind"] == "sampler"
+        and 1 <= e["step"] < 4
+        and attempt.get(e["step"]) == e["attempt"] == attempt.get(e["step"] + 1)
+    ]
     assert sum(metric_series(client, run_id, "budget/retried").values()) >= len(kept)
     ckpt = latest_checkpoint(drill["storage"])
     assert ckpt is not None and json.loads((ckpt / "state.json").read_text())["step"] == 4

@@ -46,14 +46,30 @@ def test_every_yaml_under_conf_loads() -> None:
 def test_defaults_match_the_issue() -> None:
     cfg = compose(BenchAllocationConfig, BENCH)
     b = cfg.budget
-    assert (b.leaves, b.group_size, b.num_groups, b.roots, b.continuations, b.num_candidates) == (288, 8, 36, 96, 2, 144)
+    assert (b.leaves, b.group_size, b.num_groups, b.roots, b.continuations, b.num_candidates) == (
+        288,
+        8,
+        36,
+        96,
+        2,
+        144,
+    )
     assert (cfg.allocator.m_min, cfg.allocator.m_max) == (2, 16)
     assert cfg.predictor.name == "learned" and cfg.env.name == "simulator"
 
 
 def test_group_and_dotted_overrides() -> None:
-    cfg = compose(BenchAllocationConfig, BENCH, ["allocator=grpo", "budget.continuations=3", "budget.num_leaves=null",
-                                                  "budget.num_roots=64", "allocators=[trace,grpo]"])
+    cfg = compose(
+        BenchAllocationConfig,
+        BENCH,
+        [
+            "allocator=grpo",
+            "budget.continuations=3",
+            "budget.num_leaves=null",
+            "budget.num_roots=64",
+            "allocators=[trace,grpo]",
+        ],
+    )
     assert cfg.allocator.name == "grpo"
     assert (cfg.budget.roots, cfg.budget.leaves) == (64, 256)
     assert cfg.allocators == ["trace", "grpo"]
@@ -64,11 +80,17 @@ def test_group_and_dotted_overrides() -> None:
     [
         ("budget.foo=1", "unknown config key 'budget.foo'; allowed under 'budget': num_leaves, num_roots"),
         ("foo=1", "unknown config key 'foo'; allowed at the top level: allocator"),
-        ("env.simulator.nope=1", "unknown config key 'env.simulator.nope'; allowed under 'env.simulator': num_prompts"),
+        (
+            "env.simulator.nope=1",
+            "unknown config key 'env.simulator.nope'; allowed under 'env.simulator': num_prompts",
+        ),
         ("budget.num_roots=abc", "bad value for 'budget.num_roots'"),
         ("budget.continuations=-1", "budget.continuations must be >= 0 (got -1)"),
         ("budget.num_roots=64", "disagrees with budget.num_roots=64"),
-        ("budget.num_leaves=100", "budget.num_leaves=100 must be a positive multiple of 1 + continuations = 3"),
+        (
+            "budget.num_leaves=100",
+            "budget.num_leaves=100 must be a positive multiple of 1 + continuations = 3",
+        ),
         ("allocator.m_max=1", "allocator.m_max must be >= allocator.m_min"),
         ("allocator=nope", "no file conf/allocator/nope.yaml for 'allocator=nope'; available: dapo, grpo"),
         ("predictor.discount=0", "predictor.discount must be in (0, 1]"),
@@ -84,10 +106,19 @@ def test_bad_config_fails_with_a_message_naming_the_key(override: str, message: 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["trainer.master_dtype=float64"], "trainer.master_dtype must be float32, bfloat16 or float16 (got 'float64')"),
-        (["trainer.master_dtype=bfloat16"], "trainer.master_dtype=bfloat16 must be float32 or model.dtype (float32)"),
+        (
+            ["trainer.master_dtype=float64"],
+            "trainer.master_dtype must be float32, bfloat16 or float16 (got 'float64')",
+        ),
+        (
+            ["trainer.master_dtype=bfloat16"],
+            "trainer.master_dtype=bfloat16 must be float32 or model.dtype (float32)",
+        ),
         (["trainer.strategy=zero3"], "trainer.strategy must be ddp or fsdp (got 'zero3')"),
-        (["allocator=oracle_trace"], "the oracle predictor (allocator=oracle_trace or predictor=oracle) needs the true"),
+        (
+            ["allocator=oracle_trace"],
+            "the oracle predictor (allocator=oracle_trace or predictor=oracle) needs the true",
+        ),
         (["predictor=oracle"], "only the simulator has: with a language model use allocator=trace"),
     ],
 )
@@ -96,8 +127,14 @@ def test_bad_trainer_config_names_the_key(overrides: list[str], message: str) ->
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         compose(TrainConfig, conf_dir() / "train/smoke.yaml", overrides)
-    assert compose(TrainConfig, conf_dir() / "train/smoke.yaml",
-                   ["model.dtype=bfloat16", "trainer.master_dtype=bfloat16"]).trainer.master_dtype == "bfloat16"
+    assert (
+        compose(
+            TrainConfig,
+            conf_dir() / "train/smoke.yaml",
+            ["model.dtype=bfloat16", "trainer.master_dtype=bfloat16"],
+        ).trainer.master_dtype
+        == "bfloat16"
+    )
 
 
 def test_missing_and_malformed_files(tmp_path: Path) -> None:
@@ -113,8 +150,23 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
 
 
 def test_cli_shorthands_set_config_keys() -> None:
-    args = build_parser().parse_args(["bench", "allocation", "--roots", "64", "--continuations", "1", "--seeds", "2",
-                                      "--steps", "7", "--json", "x.json", "predictor=tabular"])
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "allocation",
+            "--roots",
+            "64",
+            "--continuations",
+            "1",
+            "--seeds",
+            "2",
+            "--steps",
+            "7",
+            "--json",
+            "x.json",
+            "predictor=tabular",
+        ]
+    )
     cfg = load("bench allocation", args)
     assert (cfg.budget.roots, cfg.budget.continuations, cfg.budget.leaves) == (64, 1, 128)
     assert (cfg.seeds, cfg.steps, cfg.json_path, cfg.predictor.name) == (2, 7, "x.json", "tabular")
@@ -134,7 +186,9 @@ def test_token_mode_sets_leaves_from_the_token_budget_and_cost_per_leaf() -> Non
     assert b.for_tokens(30.0).leaves == 60 and b.for_tokens(30.0).roots == 20
     assert b.for_tokens(1000.0).leaves == 12  # at least one unit
     assert b.for_tokens(30.0, max_candidates=48).leaves == 48  # pool 4 x 48 / 4 = 48 candidates fits
-    assert BudgetConfig(num_leaves=48, continuations=2, group_size=4).for_tokens(30.0).leaves == 48  # leaf mode
+    assert (
+        BudgetConfig(num_leaves=48, continuations=2, group_size=4).for_tokens(30.0).leaves == 48
+    )  # leaf mode
     with pytest.raises(ValueError, match="token_budget must be >= 1"):
         BudgetConfig(num_leaves=48, continuations=2, group_size=4, token_budget=0)
 
@@ -143,13 +197,17 @@ def test_a_sweep_file_space_replaces_the_default_space(tmp_path: Path) -> None:
     from tracerl.config import SweepConfig
 
     f = tmp_path / "sweep.yaml"
-    f.write_text("defaults: {model: tiny, env: math, budget: lm_small}\nspace:\n  allocator.m_max: [4, 8]\n"
-                 "first_trials: [{allocator.m_max: 8}]\n")
+    f.write_text(
+        "defaults: {model: tiny, env: math, budget: lm_small}\nspace:\n  allocator.m_max: [4, 8]\n"
+        "first_trials: [{allocator.m_max: 8}]\n"
+    )
     cfg = compose(SweepConfig, f)
     assert cfg.space == {"allocator.m_max": [4, 8]}  # not merged with the schema's default keys
     assert cfg.first_trials == [{"allocator.m_max": 8}]
     f.write_text("space:\n  allocator.m_max: [4, 8]\nfirst_trials: [{budget.continuations: 2}]\n")
-    with pytest.raises(ConfigError, match=r"first_trials entries must map keys of space \(\['allocator.m_max'\]\)"):
+    with pytest.raises(
+        ConfigError, match=r"first_trials entries must map keys of space \(\['allocator.m_max'\]\)"
+    ):
         compose(SweepConfig, f)
 
 
@@ -157,8 +215,19 @@ def test_on_and_off_stay_words_for_string_keys_and_are_booleans_for_boolean_keys
     """YAML 1.1 read `on` as True, so loss.importance_sampling=on failed with "must be auto, on or off (got 'True')"."""
     from tracerl.config import TrainConfig
 
-    cfg = compose(TrainConfig, conf_dir() / "train/smoke.yaml",
-                  ["loss.importance_sampling=on", "cluster.include_dashboard=off", "eval_at_start=yes"])
-    assert (cfg.loss.importance_sampling, cfg.cluster.include_dashboard, cfg.eval_at_start) == ("on", False, True)
-    assert compose(TrainConfig, conf_dir() / "train/smoke.yaml",
-                   ["loss.importance_sampling=off"]).loss.importance_sampling == "off"
+    cfg = compose(
+        TrainConfig,
+        conf_dir() / "train/smoke.yaml",
+        ["loss.importance_sampling=on", "cluster.include_dashboard=off", "eval_at_start=yes"],
+    )
+    assert (cfg.loss.importance_sampling, cfg.cluster.include_dashboard, cfg.eval_at_start) == (
+        "on",
+        False,
+        True,
+    )
+    assert (
+        compose(
+            TrainConfig, conf_dir() / "train/smoke.yaml", ["loss.importance_sampling=off"]
+        ).loss.importance_sampling
+        == "off"
+    )

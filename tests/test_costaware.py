@@ -43,7 +43,9 @@ def test_prefixes_exact_on_integer_costs(seed: int) -> None:
     k_max = int(rng.integers(1, 4))
     k = solve_prefixes_tokens(r, p, cost, budget, np.random.default_rng(seed), k_max)
     assert float(k @ cost) <= budget and k.max(initial=0) <= k_max and (k >= 0).all()
-    assert costed_prefix_objective(r, p, k) == pytest.approx(brute_prefixes(r, p, cost, budget, k_max), abs=1e-9)
+    assert costed_prefix_objective(r, p, k) == pytest.approx(
+        brute_prefixes(r, p, cost, budget, k_max), abs=1e-9
+    )
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -59,7 +61,9 @@ def test_roots_exact_on_integer_costs(seed: int) -> None:
     assert float(counts @ cost) * (1 + expansion) <= budget
     assert ((counts == 0) | ((counts >= m_min) & (counts <= m_max))).all()
     np.testing.assert_allclose(shares, counts * cost * expansion)
-    assert root_objective(v, counts) == pytest.approx(brute_roots(v, cost, budget, m_min, m_max, expansion), abs=1e-9)
+    assert root_objective(v, counts) == pytest.approx(
+        brute_roots(v, cost, budget, m_min, m_max, expansion), abs=1e-9
+    )
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -98,17 +102,31 @@ def test_roots_quantised_bound(seed: int) -> None:
 def test_cheap_deep_prefix_wins_at_equal_flip() -> None:
     # Two prefixes with the same flip probability 0.5; the deep one costs 10 tokens, the shallow 100.
     # With 100 tokens: four deep continuations (k_max=4) (1 - 0.5^4 = 0.9375) beat one shallow (0.5).
-    k = solve_prefixes_tokens(np.array([0.0, 0.0]), np.array([0.5, 0.5]), np.array([100.0, 10.0]), 100.0,
-                              np.random.default_rng(0), k_max=4)
+    k = solve_prefixes_tokens(
+        np.array([0.0, 0.0]),
+        np.array([0.5, 0.5]),
+        np.array([100.0, 10.0]),
+        100.0,
+        np.random.default_rng(0),
+        k_max=4,
+    )
     np.testing.assert_array_equal(k, [0, 4])
     # With 140 tokens both fit: one shallow (100) plus four deep (40).
-    k = solve_prefixes_tokens(np.array([0.0, 0.0]), np.array([0.5, 0.5]), np.array([100.0, 10.0]), 140.0,
-                              np.random.default_rng(0), k_max=4)
+    k = solve_prefixes_tokens(
+        np.array([0.0, 0.0]),
+        np.array([0.5, 0.5]),
+        np.array([100.0, 10.0]),
+        140.0,
+        np.random.default_rng(0),
+        k_max=4,
+    )
     np.testing.assert_array_equal(k, [1, 4])
 
 
 def test_uncapped_prefixes_use_k_cap() -> None:
-    k = solve_prefixes_tokens(np.array([0.0]), np.array([0.01]), np.array([1.0]), 1000.0, np.random.default_rng(0))
+    k = solve_prefixes_tokens(
+        np.array([0.0]), np.array([0.01]), np.array([1.0]), 1000.0, np.random.default_rng(0)
+    )
     assert k[0] == K_CAP
 
 
@@ -118,7 +136,9 @@ def test_uncapped_prefixes_use_k_cap() -> None:
     st.floats(0, 20000),
     st.integers(0, 9),
 )
-def test_prefix_budget_respected_and_deterministic(items: list[tuple[int, float, float]], budget: float, seed: int) -> None:
+def test_prefix_budget_respected_and_deterministic(
+    items: list[tuple[int, float, float]], budget: float, seed: int
+) -> None:
     r = np.array([a for a, _, _ in items], float)
     p = np.array([b for _, b, _ in items], float)
     cost = np.array([c for _, _, c in items], float)

@@ -26,11 +26,51 @@ from tracerl.types import Prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 FRAGMENTS = [
-    "Action:", "Action: python{", "Action: search[", "Action: [", "Final Answer:", "Observation:", "Thought: ",
-    "<tool_call>", "</tool_call>", "<think>", "</think>", "<|im_end|>", "<|im_start|>", "<tool_response>",
-    '{"name": "python", "arguments": ', '{"name": "search", "arguments": {"query": ', '"code": ', '"query": ',
-    "cd(folder=", "ls(", "python(code=", "\\ud800", "\\udfff", '"\\ud83d"', "\\u00", "\\", "{", "}", "[", "]", "(",
-    ")", "'", '"', ",", "=", ":", "\n", "\x00", "1" * 5000, "-" * 300, "9^{9^{9^{9^9}}}", "\\boxed{", "nan", "1e999",
+    "Action:",
+    "Action: python{",
+    "Action: search[",
+    "Action: [",
+    "Final Answer:",
+    "Observation:",
+    "Thought: ",
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+    "<|im_end|>",
+    "<|im_start|>",
+    "<tool_response>",
+    '{"name": "python", "arguments": ',
+    '{"name": "search", "arguments": {"query": ',
+    '"code": ',
+    '"query": ',
+    "cd(folder=",
+    "ls(",
+    "python(code=",
+    "\\ud800",
+    "\\udfff",
+    '"\\ud83d"',
+    "\\u00",
+    "\\",
+    "{",
+    "}",
+    "[",
+    "]",
+    "(",
+    ")",
+    "'",
+    '"',
+    ",",
+    "=",
+    ":",
+    "\n",
+    "\x00",
+    "1" * 5000,
+    "-" * 300,
+    "9^{9^{9^{9^9}}}",
+    "\\boxed{",
+    "nan",
+    "1e999",
 ]
 _SURROGATE = st.integers(0xD800, 0xDFFF).map(chr)
 _NESTED = st.tuples(st.sampled_from("[{("), st.integers(0, 3000)).map(lambda t: t[0] * t[1])
@@ -38,15 +78,23 @@ PIECES = st.one_of(st.text(max_size=40), st.sampled_from(FRAGMENTS), _SURROGATE,
 MODEL_TEXT = st.lists(PIECES, max_size=12).map("".join)
 VALUES = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=30), _SURROGATE),
-    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 SCALE = float(os.environ.get("TRACERL_FUZZ_SCALE", "1"))
 """Multiplies every max_examples (a longer fuzzing session: TRACERL_FUZZ_SCALE=10)."""
-FUZZ = settings(deadline=None, max_examples=int(60 * SCALE), suppress_health_check=[HealthCheck.too_slow,
-                                                                        HealthCheck.function_scoped_fixture])
-TOOLS = [ToolSpec("python", "Run code.", ("code",)), ToolSpec("search", "Search.", ("query",)),
-         ToolSpec("cd", "Change folder.", ("folder",), schema={"type": "object", "properties": {"folder": {}}})]
+FUZZ = settings(
+    deadline=None,
+    max_examples=int(60 * SCALE),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+TOOLS = [
+    ToolSpec("python", "Run code.", ("code",)),
+    ToolSpec("search", "Search.", ("query",)),
+    ToolSpec("cd", "Change folder.", ("folder",), schema={"type": "object", "properties": {"folder": {}}}),
+]
 
 
 def _encodable(*texts: Any) -> bool:
@@ -87,7 +135,9 @@ def _math() -> Any:
 def _search() -> Any:
     from envs.search.env import SearchEnv
 
-    env = SearchEnv.from_config(EnvConfig(name="search", search=SearchEnvConfig(reward="f1"), reward_timeout_s=2.0))
+    env = SearchEnv.from_config(
+        EnvConfig(name="search", search=SearchEnvConfig(reward="f1"), reward_timeout_s=2.0)
+    )
     return env, Prompt("s", "Who?", '["Ada Lovelace"]')
 
 
@@ -115,7 +165,9 @@ def _tools(env: Any, prompt: Prompt, state: Any) -> Any:
     return env.tools if hook is None else hook(prompt, state)
 
 
-def test_every_environment_handles_any_parsed_action_and_any_answer(env_and_prompt: tuple[str, Any, Prompt]) -> None:
+def test_every_environment_handles_any_parsed_action_and_any_answer(
+    env_and_prompt: tuple[str, Any, Prompt],
+) -> None:
     name, env, prompt = env_and_prompt
 
     @settings(FUZZ, max_examples=int(EXAMPLES[name] * SCALE))
@@ -132,14 +184,23 @@ def test_every_environment_handles_any_parsed_action_and_any_answer(env_and_prom
             _grade(env, prompt, state, action)
 
     @settings(FUZZ, max_examples=int(EXAMPLES[name] * SCALE))
-    @given(tool=st.one_of(st.sampled_from([t.name for t in _tools(env, prompt, env.initial_state(prompt))]),
-                          st.text(max_size=10)),
-           arguments=st.dictionaries(st.one_of(st.text(max_size=10), _SURROGATE), VALUES, max_size=3))
+    @given(
+        tool=st.one_of(
+            st.sampled_from([t.name for t in _tools(env, prompt, env.initial_state(prompt))]),
+            st.text(max_size=10),
+        ),
+        arguments=st.dictionaries(st.one_of(st.text(max_size=10), _SURROGATE), VALUES, max_size=3),
+    )
     def direct(tool: str, arguments: dict[str, Any]) -> None:
         # Any call another parser (or a user's template) could hand over, parsed or not.
         state = env.initial_state(prompt)
-        action = Action(ActionKind.TOOL, "", tool=tool, arguments=arguments,
-                        more_calls=(ToolCall(tool, arguments),) if name == "bfcl" else ())
+        action = Action(
+            ActionKind.TOOL,
+            "",
+            tool=tool,
+            arguments=arguments,
+            more_calls=(ToolCall(tool, arguments),) if name == "bfcl" else (),
+        )
         res = env.execute(prompt, state, action)
         assert isinstance(res.observation, str)
 
@@ -152,7 +213,9 @@ def _grade(env: Any, prompt: Prompt, state: Any, action: Action) -> None:
     try:
         hook = getattr(env, "on_answer", None)
         follow = hook(prompt, state, action) if hook is not None else None
-        reward = env.reward(prompt, action.answer) if follow is None or follow.reward is None else follow.reward
+        reward = (
+            env.reward(prompt, action.answer) if follow is None or follow.reward is None else follow.reward
+        )
     except GradeTimeout:
         return
     assert follow is not None and follow.observation is not None or 0.0 <= reward <= 1.0
@@ -167,9 +230,37 @@ _KEYS = st.one_of(
 )
 _VALUES = st.one_of(
     st.text(max_size=20),
-    st.sampled_from(["null", "~", "true", "off", "-1", "0", "1e9", "nan", ".inf", "[1, 2]", "{a: 1}", "[", "{",
-                     "'", "&a [*a]", "*a", "!!python/object:os.system", "2001-12-14", "0x1F", "!!binary AAAA",
-                     "\ud800", "a: b: c", "- x", "grpo", "trace", "[" * 5000, "{a: " * 2000]),
+    st.sampled_from(
+        [
+            "null",
+            "~",
+            "true",
+            "off",
+            "-1",
+            "0",
+            "1e9",
+            "nan",
+            ".inf",
+            "[1, 2]",
+            "{a: 1}",
+            "[",
+            "{",
+            "'",
+            "&a [*a]",
+            "*a",
+            "!!python/object:os.system",
+            "2001-12-14",
+            "0x1F",
+            "!!binary AAAA",
+            "\ud800",
+            "a: b: c",
+            "- x",
+            "grpo",
+            "trace",
+            "[" * 5000,
+            "{a: " * 2000,
+        ]
+    ),
     _NESTED,
 )
 

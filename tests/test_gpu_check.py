@@ -32,21 +32,42 @@ def numbers(x: Any) -> list[float]:
 def test_dry_run_writes_every_section_without_ray_or_mlflow(tmp_path: Path) -> None:
     """The script's own entry point in a fresh interpreter: every section ok, finite numbers, no Ray/MLflow/vLLM."""
     out = tmp_path / "gpu.json"
-    code = ("import sys, json; from workflows.gpu_check import main; rc = main(['--json', sys.argv[1]]); "
-            "print(json.dumps({'rc': rc, 'loaded': [m for m in ('ray', 'mlflow', 'vllm') if m in sys.modules]}))")
-    env = {**os.environ, "GPU_CHECK_DRY": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}"}
-    proc = subprocess.run([sys.executable, "-c", code, str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=240, check=True)
+    code = (
+        "import sys, json; from workflows.gpu_check import main; rc = main(['--json', sys.argv[1]]); "
+        "print(json.dumps({'rc': rc, 'loaded': [m for m in ('ray', 'mlflow', 'vllm') if m in sys.modules]}))"
+    )
+    env = {
+        **os.environ,
+        "GPU_CHECK_DRY": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+    )
     tail = json.loads(proc.stdout.strip().splitlines()[-1])
     assert tail == {"rc": 0, "loaded": []}
     data = json.loads(out.read_text())
     assert set(data) == SECTIONS
     assert {k: v["status"] for k, v in data.items()} == {
-        "environment": "ok", "update": "ok", "memory": "ok: no CUDA, estimate only", "lora_update": "ok",
-        "generation": "ok", "total_s": "ok"}
+        "environment": "ok",
+        "update": "ok",
+        "memory": "ok: no CUDA, estimate only",
+        "lora_update": "ok",
+        "generation": "ok",
+        "total_s": "ok",
+    }
     assert all(math.isfinite(n) for n in numbers(data))
     plan = data["environment"]["plan"]
-    assert plan["dry"] is True and plan["arch"]["num_hidden_layers"] == 2 and plan["arch"]["hidden_size"] == 64
+    assert (
+        plan["dry"] is True and plan["arch"]["num_hidden_layers"] == 2 and plan["arch"]["hidden_size"] == 64
+    )
     upd = data["update"]
     assert upd["tokens_per_step"] == 2 * 128 and upd["tokens_per_s"] > 0 and upd["update_skipped"] is False
     assert upd["loss"] != 0.0 and upd["grad_norm"] > 0
@@ -69,14 +90,18 @@ def test_memory_estimate_of_the_gpu_plan() -> None:
     arch = gpu_check.load_arch()
     with torch.device("meta"):
         params = sum(p.numel() for p in AutoModelForCausalLM.from_config(Qwen3Config(**arch)).parameters())
-    assert params == 1_720_574_976  # 28 x 50.34 M + the tied 151936 x 2048 embedding (counted once) + final norm
+    assert (
+        params == 1_720_574_976
+    )  # 28 x 50.34 M + the tied 151936 x 2048 embedding (counted once) + final norm
     plan = gpu_check.make_plan(dry=False, cuda=True, arch=arch)
     assert (plan.seq_len, plan.micro_batch) == (4096, 1)
     est = gpu_check.memory_estimate(params, params, 28, 2048, 6144, 151936, plan.micro_batch, plan.seq_len)
     assert est["weights"] == 4 * params and est["adam"] == 8 * params
     assert est["checkpoints"] == 4 * 28 * 4096 * 2048
     assert est["logits"] == 20 * 4096 * 151936
-    assert est["peak"] == sum(est[k] for k in ("weights", "grads", "adam", "checkpoints", "layer_recompute", "logits"))
+    assert est["peak"] == sum(
+        est[k] for k in ("weights", "grads", "adam", "checkpoints", "layer_recompute", "logits")
+    )
     assert 35e9 < est["peak"] < 60e9  # fits an 80 GB GPU with room to spare
 
 

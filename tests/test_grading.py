@@ -28,7 +28,12 @@ LIMIT = 2.0
 ENDS_WITHIN = 60.0
 """A grade that ends within this many seconds ended (unbounded, these ran for minutes)."""
 TOWER = "9^{9^{9^{9^9}}}"
-HOSTILE_MATH = [TOWER, "{" * 200 + "1" + "}" * 200, "\\frac{" * 60 + "1" + "}{2}" * 60, "2^{" * 40 + "2" + "}" * 40]
+HOSTILE_MATH = [
+    TOWER,
+    "{" * 200 + "1" + "}" * 200,
+    "\\frac{" * 60 + "1" + "}{2}" * 60,
+    "2^{" * 40 + "2" + "}" * 40,
+]
 
 
 def _sleep(seconds: float) -> float:
@@ -71,7 +76,9 @@ def test_a_worker_killed_from_outside_is_replaced_without_failing_the_grade() ->
 
 def test_a_worker_that_cannot_import_its_modules_is_a_clear_error() -> None:
     g = Grader(LIMIT, preload=("no_such_module_h1",))
-    with pytest.raises(RuntimeError, match="could not start: preload 'no_such_module_h1': ModuleNotFoundError"):
+    with pytest.raises(
+        RuntimeError, match="could not start: preload 'no_such_module_h1': ModuleNotFoundError"
+    ):
         g(pow, 2, 2)
 
 
@@ -111,9 +118,13 @@ def test_a_timed_out_grade_is_reward_0_flagged_and_counted_by_the_engine() -> No
     sampler = ScriptedSampler(tok)
     for p, answer in zip(prompts, (TOWER, "4")):
         sampler.add_script(template.prompt(p.text, env.tools), [template.answer_turn("so", answer)])
-    engine = TreeRolloutEngine(sampler, env, template, tok, SamplerConfig(max_turn_tokens=10**6,
-                                                                          max_episode_tokens=10**6,
-                                                                          max_context_tokens=10**6))
+    engine = TreeRolloutEngine(
+        sampler,
+        env,
+        template,
+        tok,
+        SamplerConfig(max_turn_tokens=10**6, max_episode_tokens=10**6, max_context_tokens=10**6),
+    )
     t0 = time.monotonic()
     tower, fine = engine.rollout(prompts, [1, 1])
     assert time.monotonic() - t0 < ENDS_WITHIN
@@ -128,15 +139,18 @@ def test_a_timed_out_grade_is_reward_0_flagged_and_counted_by_the_engine() -> No
 def test_huge_search_answers_end_within_the_limit() -> None:
     from envs.search.env import FAST_ANSWER_CHARS, SearchEnv
 
-    env = SearchEnv.from_config(EnvConfig(name="search", search=SearchEnvConfig(reward="f1"),
-                                          reward_timeout_s=LIMIT))
+    env = SearchEnv.from_config(
+        EnvConfig(name="search", search=SearchEnvConfig(reward="f1"), reward_timeout_s=LIMIT)
+    )
     prompt = Prompt("p", "q", '["Ada Lovelace", "Lovelace"]')
     assert env.reward(prompt, "Ada Lovelace") == 1.0 and env.grader._proc is None  # short: in process
     for answer in ("Ada Lovelace " * 1000, "x" * 20_000_000, "the a an " * 2_000_000):
         assert len(answer) > FAST_ANSWER_CHARS
         out, took = _timed(env.reward, prompt, answer)
         assert (out in (0.0, 1.0) or isinstance(out, GradeTimeout)) and took < ENDS_WITHIN
-    assert env.reward(prompt, "Ada Lovelace " * 1000) == 0.0  # precision 2/2000: F1 below 0.3, graded in the worker
+    assert (
+        env.reward(prompt, "Ada Lovelace " * 1000) == 0.0
+    )  # precision 2/2000: F1 below 0.3, graded in the worker
     assert env.scores(prompt, None) == {"em": 0.0, "f1": 0.0}
 
 
@@ -149,7 +163,9 @@ def test_pathological_bfcl_episodes_end_within_the_limit() -> None:
     turns = len(task.ground_truth)
     calls = tuple(f"echo(content={'x' * 1000!r})" for _ in range(20_000))  # far more work than any episode
     flooded = BfclState(turns - 1, tuple(((calls,),) for _ in range(turns)))
-    hostile = BfclState(turns - 1, tuple(((("ls(a=" + "[" * 500 + "]" * 500 + ")",),),) for _ in range(turns)))
+    hostile = BfclState(
+        turns - 1, tuple(((("ls(a=" + "[" * 500 + "]" * 500 + ")",),),) for _ in range(turns))
+    )
     for state in (flooded, hostile):
         out, took = _timed(env.score, task, state)
         assert (out == 0.0 or isinstance(out, GradeTimeout)) and took < ENDS_WITHIN

@@ -14,7 +14,9 @@ from workflows.bootstrap import trace_segments
 def parts():  # type: ignore[no-untyped-def]
     texts = ["".join(s.text for s in trace_segments(t)) for t in gen_tasks(200, seed=4)]
     tok = build_tokenizer(texts, vocab_size=400)
-    model = build_model(tok, BootstrapConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, seed=1))
+    model = build_model(
+        tok, BootstrapConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, seed=1)
+    )
     return tok, model
 
 
@@ -49,7 +51,10 @@ def test_prefix_reuse_equals_reencoding(parts, temperature: float) -> None:  # t
     """Continuations from cached prefixes (different lengths in one batch) give the same tokens and log-probs."""
     tok, model = parts
     cached, fresh = HFSampler(model, tok, reuse_prefix=True), HFSampler(model, tok, reuse_prefix=False)
-    prompts = [enc(tok, "Question: What is 5 + 5?\n"), enc(tok, "Question: A shop has 40 boxes with 7 coins each. How many coins?\n")]
+    prompts = [
+        enc(tok, "Question: What is 5 + 5?\n"),
+        enc(tok, "Question: A shop has 40 boxes with 7 coins each. How many coins?\n"),
+    ]
     first = cached.generate(prompts, 10, [], temperature=temperature, seed=1)
     obs = [enc(tok, "Observation: 10\n"), enc(tok, "Observation: 280\nThought:")]
     nxt = [p + g.token_ids + o for p, g, o in zip(prompts, first, obs)]
@@ -77,7 +82,9 @@ def test_prefix_reuse_on_cuda(parts) -> None:  # type: ignore[no-untyped-def]
     (first,) = cached.generate([prompt], 10, [], temperature=0.0, seed=1)
     nxt = prompt + first.token_ids + enc(tok, "Observation: 10\n")
     (a,) = cached.generate([nxt], 8, [], temperature=0.0, seed=7, caches=[first.cache])
-    (b,) = HFSampler(model, tok, device="cuda", reuse_prefix=False).generate([nxt], 8, [], temperature=0.0, seed=7)
+    (b,) = HFSampler(model, tok, device="cuda", reuse_prefix=False).generate(
+        [nxt], 8, [], temperature=0.0, seed=7
+    )
     assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
     model.to("cpu")
 
@@ -100,8 +107,12 @@ def test_an_engine_backend_is_sized_from_the_sampler_config(monkeypatch: pytest.
     monkeypatch.setitem(SAMPLERS._items, "fake_engine", FakeEngineSampler)
     cfg = SamplerConfig(backend="fake_engine", max_context_tokens=24576)
     make_sampler(ModelConfig(path="/m", dtype="bfloat16"), cfg, None, None, gpus=0.5)
-    assert FakeEngineSampler.started == {"path": "/m", "dtype": "bfloat16", "max_model_len": 24576,
-                                         "gpu_memory_utilization": 0.45}  # half a GPU: half its memory
+    assert FakeEngineSampler.started == {
+        "path": "/m",
+        "dtype": "bfloat16",
+        "max_model_len": 24576,
+        "gpu_memory_utilization": 0.45,
+    }  # half a GPU: half its memory
     make_sampler(ModelConfig(path="/m"), cfg, None, None, gpus=1.0)
     assert "gpu_memory_utilization" not in FakeEngineSampler.started
 
@@ -111,6 +122,9 @@ def test_an_engine_backend_must_fit_the_model_window(tiny_policy) -> None:  # ty
     from tracerl.models.hf import SetupError, check_window
 
     check_window(str(tiny_policy), SamplerConfig(backend="hf", max_context_tokens=16384))  # hf runs past it
-    with pytest.raises(SetupError, match=r"sampler.max_context_tokens=16384 is beyond the position window .*"
-                                         r"\(max_position_embeddings=1024\).*set sampler.max_context_tokens=1024"):
+    with pytest.raises(
+        SetupError,
+        match=r"sampler.max_context_tokens=16384 is beyond the position window .*"
+        r"\(max_position_embeddings=1024\).*set sampler.max_context_tokens=1024",
+    ):
         check_window(str(tiny_policy), SamplerConfig(backend="vllm", max_context_tokens=16384))

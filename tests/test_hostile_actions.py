@@ -61,14 +61,26 @@ HOSTILE: dict[str, list[tuple[str, str | None]]] = {
     ],
     "chat": [
         ('<tool_call>{"name": "\\ud800", "arguments": {}}</tool_call>', "unknown tool '\ufffd'"),
-        ('<tool_call>{"name": "python", "arguments": {"\\udc00": "x"}}</tool_call>', "needs argument(s) code"),
+        (
+            '<tool_call>{"name": "python", "arguments": {"\\udc00": "x"}}</tool_call>',
+            "needs argument(s) code",
+        ),
         ('<tool_call>{"name": "python", "arguments": {"code": "\\ud800"}}</tool_call>', None),
-        ('<tool_call>{"name": "python", "arguments": {"code": ' + DEEP + "}}</tool_call>", "nested too deeply"),
-        ('<tool_call>{"name": "python", "arguments": "' + "[" * 40 + "]" * 40 + '"}</tool_call>', "JSON object"),
+        (
+            '<tool_call>{"name": "python", "arguments": {"code": ' + DEEP + "}}</tool_call>",
+            "nested too deeply",
+        ),
+        (
+            '<tool_call>{"name": "python", "arguments": "' + "[" * 40 + "]" * 40 + '"}</tool_call>',
+            "JSON object",
+        ),
         ('<tool_call>{"name": ' + DEEP + "}</tool_call>", "nested too deeply"),
         ('<tool_call>{"name": ["python"], "arguments": {}}</tool_call>', '{"name": ..., "arguments"'),
         ('<tool_call>{"name": "python", "arguments": {"code": "' + HUGE + '"}}</tool_call>', "the limit is"),
-        ('<tool_call>{"name": "python", "arguments": {"code": ' + LONG_INT + "}}</tool_call>", "not valid JSON"),
+        (
+            '<tool_call>{"name": "python", "arguments": {"code": ' + LONG_INT + "}}</tool_call>",
+            "not valid JSON",
+        ),
     ],
 }
 
@@ -118,7 +130,9 @@ def _env(kind: str) -> tuple[Any, Prompt, str, str, int]:
 
 @pytest.mark.parametrize("template_name", ["plain", "chat"])
 @pytest.mark.parametrize("kind", ["math", "search", "bfcl"])
-def test_hostile_turns_through_every_environment_end_in_a_leaf(tok: Any, kind: str, template_name: str) -> None:
+def test_hostile_turns_through_every_environment_end_in_a_leaf(
+    tok: Any, kind: str, template_name: str
+) -> None:
     env, prompt, tool, arg, user_turns = _env(kind)
     template = PlainTemplate() if template_name == "plain" else ChatTemplate(tok)
     hostile = [  # invalid: a surrogate key, too deep, oversized; valid: surrogates in the value (cleaned, run)
@@ -133,8 +147,15 @@ def test_hostile_turns_through_every_environment_end_in_a_leaf(tok: Any, kind: s
     tools = getattr(env, "tools_for", lambda p, s: env.tools)(prompt, env.initial_state(prompt))
     sampler.add_script(template.prompt(prompt.text, tools), turns)
     big = 10**7
-    engine = TreeRolloutEngine(sampler, env, template, tok, SamplerConfig(
-        max_turns=len(turns), max_turn_tokens=big, max_episode_tokens=big, max_context_tokens=big))
+    engine = TreeRolloutEngine(
+        sampler,
+        env,
+        template,
+        tok,
+        SamplerConfig(
+            max_turns=len(turns), max_turn_tokens=big, max_episode_tokens=big, max_context_tokens=big
+        ),
+    )
     (tree,) = engine.rollout([prompt], [1])
     leaf = tree.leaves()[0]
     assert leaf.status is Status.ANSWERED and sampler.misses == 0

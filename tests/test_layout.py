@@ -8,8 +8,14 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 FORBIDDEN_IN_PURE = {"ray", "vllm", "mlflow", "workflows", "envs", "predictors"}
-PURE = ["platform/tracerl/algos", "platform/tracerl/engine", "platform/tracerl/tree.py", "platform/tracerl/types.py",
-        "platform/tracerl/config.py", "platform/tracerl/registry.py"]
+PURE = [
+    "platform/tracerl/algos",
+    "platform/tracerl/engine",
+    "platform/tracerl/tree.py",
+    "platform/tracerl/types.py",
+    "platform/tracerl/config.py",
+    "platform/tracerl/registry.py",
+]
 
 
 def imports(path: Path) -> set[str]:
@@ -31,8 +37,15 @@ def files(rel: str) -> list[Path]:
 def test_import_platform_is_the_stdlib_from_the_repo_root() -> None:
     assert not (ROOT / "platform" / "__init__.py").exists()
     out = subprocess.run(
-        [sys.executable, "-c", "import platform, sys; print(platform.__file__); print(platform.python_version())"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-c",
+            "import platform, sys; print(platform.__file__); print(platform.python_version())",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
     assert not out[0].startswith(str(ROOT)) and out[1].count(".") == 2
 
@@ -68,7 +81,14 @@ def test_console_script_points_at_workflows() -> None:
 
 def test_default_suite_never_imports_vllm() -> None:
     out = subprocess.run(
-        [sys.executable, "-c", "import sys, tracerl.samplers, workflows.lm_stack; print('vllm' in sys.modules)"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys, tracerl.samplers, workflows.lm_stack; print('vllm' in sys.modules)",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     assert out == "False"

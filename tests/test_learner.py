@@ -25,10 +25,19 @@ def _tree_with_tokens() -> RolloutTree:
     t.prompt_token_ids = [1, 2]
     a = t.new_path(True)
     n1 = t.add_node(0, a, token_ids=[3, 4, 5], model_mask=[True, True, False], logprobs=[-0.1, -0.2])
-    t.add_node(n1.node_id, a, token_ids=[6], model_mask=[True], logprobs=[-0.3], status=Status.ANSWERED, reward=1.0)
+    t.add_node(
+        n1.node_id, a, token_ids=[6], model_mask=[True], logprobs=[-0.3], status=Status.ANSWERED, reward=1.0
+    )
     c = t.new_path(False)
-    t.add_node(n1.node_id, c, token_ids=[7, 8], model_mask=[True, True], logprobs=[-0.4, -0.5],
-               status=Status.ANSWERED, reward=0.0)
+    t.add_node(
+        n1.node_id,
+        c,
+        token_ids=[7, 8],
+        model_mask=[True, True],
+        logprobs=[-0.4, -0.5],
+        status=Status.ANSWERED,
+        reward=0.0,
+    )
     return t
 
 
@@ -36,7 +45,15 @@ def test_collate_masks_tool_tokens_and_broadcasts_turn_advantages() -> None:
     b = collate([_tree_with_tokens()], "grpo")
     assert b.input_ids == [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 7, 8]]
     assert b.loss_mask[0] == [False, False, True, True, False, True]
-    assert b.advantages[0] == [0, 0, 0.5, 0.5, 0, 0.5] and b.advantages[1] == [0, 0, -0.5, -0.5, 0, -0.5, -0.5]
+    assert b.advantages[0] == [0, 0, 0.5, 0.5, 0, 0.5] and b.advantages[1] == [
+        0,
+        0,
+        -0.5,
+        -0.5,
+        0,
+        -0.5,
+        -0.5,
+    ]
     assert b.sampler_logprobs[1] == [0, 0, -0.1, -0.2, 0, -0.4, -0.5]
     assert b.num_tokens == 7 and b.rewards == [1.0, 0.0]
     # node_mc: the shared first turn gets V^(n1) - V^(root) = 0, the last turns +-0.5
@@ -50,7 +67,15 @@ def test_collate_with_debiased_values() -> None:
     b = collate([_tree_with_tokens()], "grpo", debiased=True)
     assert b.advantages[0] == [0, 0, 0, 0, 0, 0] and b.advantages[1] == [0, 0, -1, -1, 0, -1, -1]
     mc = collate([_tree_with_tokens()], "node_mc", debiased=True)
-    assert mc.advantages[0] == [0, 0, -0.5, -0.5, 0, 0.5] and mc.advantages[1] == [0, 0, -0.5, -0.5, 0, -0.5, -0.5]
+    assert mc.advantages[0] == [0, 0, -0.5, -0.5, 0, 0.5] and mc.advantages[1] == [
+        0,
+        0,
+        -0.5,
+        -0.5,
+        0,
+        -0.5,
+        -0.5,
+    ]
 
 
 def test_collate_rejects_trees_without_tokens(small_tree: RolloutTree) -> None:
@@ -68,7 +93,9 @@ def test_ppo_clip_golden_numbers() -> None:
     assert out.total.item() == pytest.approx(-1.28 + 0.8)
     assert out.stats["clipped"].item() == 2
     w = torch.tensor([[0.5, 2.0, 1.0]])
-    assert ppo_clip_loss(LossInputs(logp, old, adv, mask, is_weight=w)).total.item() == pytest.approx(-0.64 + 1.6)
+    assert ppo_clip_loss(LossInputs(logp, old, adv, mask, is_weight=w)).total.item() == pytest.approx(
+        -0.64 + 1.6
+    )
     seq = ppo_clip_loss(LossInputs(logp, old, adv, mask), aggregation="seq_mean_token_mean")
     assert seq.total.item() == pytest.approx((-1.28 + 0.8) / 2)
 
@@ -77,7 +104,9 @@ def test_token_logprobs_align_with_next_token() -> None:
     logits = torch.zeros(1, 3, 4)
     logits[0, 0, 2] = 10.0  # position 0 predicts token 2 at position 1
     lp, ent = token_logprobs(logits, torch.tensor([[0, 2, 1]]))
-    assert lp[0, 0] == 0 and lp[0, 1] > -1e-3 and lp[0, 2] == pytest.approx(-torch.log(torch.tensor(4.0)).item())
+    assert (
+        lp[0, 0] == 0 and lp[0, 1] > -1e-3 and lp[0, 2] == pytest.approx(-torch.log(torch.tensor(4.0)).item())
+    )
     assert ent[0, 2] == pytest.approx(torch.log(torch.tensor(4.0)).item())
 
 
@@ -91,8 +120,16 @@ def _model(seed: int = 0):  # type: ignore[no-untyped-def]
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+    cfg = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+    )
     return LlamaForCausalLM(cfg)
 
 
@@ -176,7 +213,9 @@ def test_update_raises_logprob_of_positive_advantage_tokens() -> None:
 
 def test_a_batch_without_signal_leaves_the_weights_alone() -> None:
     model = _model()
-    learner = PolicyLearner(model, OptimConfig(lr=0.05, warmup_steps=0), LossConfig(), total_steps=3, pad_id=0)
+    learner = PolicyLearner(
+        model, OptimConfig(lr=0.05, warmup_steps=0), LossConfig(), total_steps=3, pad_id=0
+    )
     b = _batch()
     learner.update(b, denominator(b, "token_mean"))  # a real step leaves Adam momentum behind
     flat = b.select(range(len(b)))
@@ -211,13 +250,17 @@ def test_lora_trains_only_adapters_and_merges_into_plain_weights() -> None:
     _update(model, _batch(), _batch(), LossConfig(micro_batch_size=2))
     assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if not p.requires_grad)
     merged = hf_weights(gather_state(model), LORA)
-    assert sorted(merged) == sorted(base)  # the architecture's own names: samplers and from_pretrained read them
+    assert sorted(merged) == sorted(
+        base
+    )  # the architecture's own names: samplers and from_pretrained read them
     plain = _model()
     plain.load_state_dict(merged)
     ids = torch.randint(1, 32, (2, 9), generator=torch.Generator().manual_seed(5))
     model.eval()
     torch.testing.assert_close(plain(input_ids=ids).logits, model(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
-    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"])
+    assert not torch.equal(
+        merged["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"]
+    )
     assert torch.equal(merged["model.layers.0.mlp.up_proj.weight"], base["model.layers.0.mlp.up_proj.weight"])
     assert len(adapter_weights(gather_state(model))) == 8  # A and B for q, k, v, o
 
@@ -233,7 +276,9 @@ def _fsdp_worker(rank: int, port: int, path: str, lora: bool, compute: torch.dty
     model = fully_shard_model(_lora_model() if lora else _model(), compute_dtype=compute)
     batch = _batch()
     stats = _update(model, batch.shard(rank, 2), batch, LossConfig(micro_batch_size=1))
-    weights = hf_weights(gather_state(model), LORA if lora else TrainerConfig())  # every rank joins the gather
+    weights = hf_weights(
+        gather_state(model), LORA if lora else TrainerConfig()
+    )  # every rank joins the gather
     if rank == 0:
         torch.save({"params": weights, "stats": stats}, path)
     else:
@@ -266,10 +311,18 @@ def test_mixed_precision_keeps_small_updates_that_bf16_weights_round_away() -> N
     for master in ("float32", "bfloat16"):
         model = _model().to(getattr(torch, master))
         seen: list[torch.dtype] = []
-        model.model.layers[0].mlp.up_proj.register_forward_hook(lambda m, i, o, seen=seen: seen.append(o.dtype))
+        model.model.layers[0].mlp.up_proj.register_forward_hook(
+            lambda m, i, o, seen=seen: seen.append(o.dtype)
+        )
         before = {k: v.clone() for k, v in model.state_dict().items()}
-        learner = PolicyLearner(model, OptimConfig(lr=1e-6, warmup_steps=0), LossConfig(), total_steps=1, pad_id=0,
-                                autocast=torch.bfloat16 if master == "float32" else None)
+        learner = PolicyLearner(
+            model,
+            OptimConfig(lr=1e-6, warmup_steps=0),
+            LossConfig(),
+            total_steps=1,
+            pad_id=0,
+            autocast=torch.bfloat16 if master == "float32" else None,
+        )
         b = _batch()
         learner.update(b, denominator(b, "token_mean"))
         assert set(seen) == {torch.bfloat16} and next(model.parameters()).dtype == getattr(torch, master)
@@ -284,15 +337,29 @@ def test_two_fsdp_workers_in_mixed_precision_keep_float32_weights(tmp_path) -> N
     autocast worker's update on the whole batch, to bfloat16 accuracy."""
     batch = _batch()
     single = _model()
-    learner = PolicyLearner(single, OptimConfig(lr=0.05, warmup_steps=0), LossConfig(micro_batch_size=2),
-                            total_steps=1, pad_id=0, autocast=torch.bfloat16)
+    learner = PolicyLearner(
+        single,
+        OptimConfig(lr=0.05, warmup_steps=0),
+        LossConfig(micro_batch_size=2),
+        total_steps=1,
+        pad_id=0,
+        autocast=torch.bfloat16,
+    )
     stats1 = learner.update(batch, denominator(batch, "token_mean"))
     got = _two_ranks(_bf16_fsdp_worker, tmp_path, None)
     assert {v.dtype for v in got["params"].values()} == {torch.float32}
     total = sum(v.numel() for v in single.state_dict().values())
-    close = {atol: sum(int(torch.isclose(got["params"][k], v, rtol=0, atol=atol).sum())
-                       for k, v in single.state_dict().items()) / total for atol in (1e-4, 1e-3)}
-    print(f"share of weights within atol of one worker: {close}; grad norm {got['stats']['train/grad_norm']} vs "
-          f"{stats1['train/grad_norm']}")  # pytest -s shows the README's numbers
+    close = {
+        atol: sum(
+            int(torch.isclose(got["params"][k], v, rtol=0, atol=atol).sum())
+            for k, v in single.state_dict().items()
+        )
+        / total
+        for atol in (1e-4, 1e-3)
+    }
+    print(
+        f"share of weights within atol of one worker: {close}; grad norm {got['stats']['train/grad_norm']} vs "
+        f"{stats1['train/grad_norm']}"
+    )  # pytest -s shows the README's numbers
     assert close[1e-3] > 0.95
     assert got["stats"]["train/grad_norm"] == pytest.approx(stats1["train/grad_norm"], rel=2e-2)

@@ -14,8 +14,12 @@ def add_path(t: RolloutTree, parent: int, turns: list[int], reward: float, bare:
     for i, n in enumerate(turns):
         last = i == len(turns) - 1
         node = t.add_node(
-            parent, pid, token_ids=[7] * (n + 3), model_mask=[True] * n + [False] * 3,
-            status=Status.ANSWERED if last else Status.TURN, reward=reward if last else None,
+            parent,
+            pid,
+            token_ids=[7] * (n + 3),
+            model_mask=[True] * n + [False] * 3,
+            status=Status.ANSWERED if last else Status.TURN,
+            reward=reward if last else None,
             features=np.array([(t.nodes[parent].depth + 1) / 4.0]),
         )
         ids.append(node.node_id)
@@ -30,10 +34,15 @@ def test_targets_count_each_child_once() -> None:
     add_path(t, a[0], [1], 0.0, bare=False)  # two continuations from the first turn of path a
     add_path(t, a[0], [3, 4], 0.0, bare=False)
     data = length_targets([t])
-    by_node = {(len(x.history), x.history[-1].node_id if x.history else 0): (v, w)
-               for x, v, w in zip(data.anchors, data.tokens, data.weights)}
+    by_node = {
+        (len(x.history), x.history[-1].node_id if x.history else 0): (v, w)
+        for x, v, w in zip(data.anchors, data.tokens, data.weights)
+    }
     assert by_node[(0, 0)] == (pytest.approx(35.0), 2.0)  # root: (60 + 10) / 2 bare rollouts
-    assert by_node[(1, a[0])] == (pytest.approx((50 + 1 + 7) / 3), 3.0)  # own path 20+30, continuations 1 and 7
+    assert by_node[(1, a[0])] == (
+        pytest.approx((50 + 1 + 7) / 3),
+        3.0,
+    )  # own path 20+30, continuations 1 and 7
     assert by_node[(2, a[1])] == (pytest.approx(30.0), 1.0)
 
 

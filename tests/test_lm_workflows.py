@@ -23,9 +23,20 @@ def test_bootstrap_writes_a_standard_checkpoint(tiny: Path) -> None:
     assert main(["bootstrap", "--out", str(tiny)]) == 0  # already there: not rebuilt
 
 
-def test_rollout_writes_trees_and_view(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["rollout", "--out", str(tmp_path), "--steps", "2", f"model.path={tiny}", "sampler.max_turns=3",
-            "sampler.max_turn_tokens=40", "env.math.num_tasks=48"]
+def test_rollout_writes_trees_and_view(
+    tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [
+        "rollout",
+        "--out",
+        str(tmp_path),
+        "--steps",
+        "2",
+        f"model.path={tiny}",
+        "sampler.max_turns=3",
+        "sampler.max_turn_tokens=40",
+        "env.math.num_tasks=48",
+    ]
     assert main(args) == 0
     lines = (tmp_path / "trees.jsonl").read_text().splitlines()
     trees = [json.loads(x) for x in lines]
@@ -38,8 +49,16 @@ def test_rollout_writes_trees_and_view(tiny: Path, tmp_path: Path, capsys: pytes
 
 
 def test_same_seed_same_trees(tiny: Path, tmp_path: Path) -> None:
-    args = ["rollout", "--steps", "2", f"model.path={tiny}", "sampler.max_turns=3", "sampler.max_turn_tokens=40",
-            "env.math.num_tasks=48", "seed=3"]
+    args = [
+        "rollout",
+        "--steps",
+        "2",
+        f"model.path={tiny}",
+        "sampler.max_turns=3",
+        "sampler.max_turn_tokens=40",
+        "env.math.num_tasks=48",
+        "seed=3",
+    ]
     assert main([*args, "--out", str(tmp_path / "a")]) == 0
     assert main([*args, "--out", str(tmp_path / "b")]) == 0
     assert (tmp_path / "a" / "trees.jsonl").read_text() == (tmp_path / "b" / "trees.jsonl").read_text()
@@ -52,14 +71,39 @@ def test_rollout_reports_a_missing_model(tmp_path: Path, capsys: pytest.CaptureF
 
 def test_bench_rollout_json(tiny: Path, tmp_path: Path) -> None:
     out = tmp_path / "b.json"
-    args = ["bench", "rollout", "--steps", "2", "--out", str(tmp_path / "o"), "--json", str(out), f"model.path={tiny}",
-            "sampler.max_turns=3", "sampler.max_turn_tokens=40", "env.math.num_tasks=48", "allocators=[grpo,trace]",
-            f"tracking.uri=sqlite:///{tmp_path}/m.db", f"tracking.artifact_location={tmp_path}/a", "warmup_fraction=0"]
+    args = [
+        "bench",
+        "rollout",
+        "--steps",
+        "2",
+        "--out",
+        str(tmp_path / "o"),
+        "--json",
+        str(out),
+        f"model.path={tiny}",
+        "sampler.max_turns=3",
+        "sampler.max_turn_tokens=40",
+        "env.math.num_tasks=48",
+        "allocators=[grpo,trace]",
+        f"tracking.uri=sqlite:///{tmp_path}/m.db",
+        f"tracking.artifact_location={tmp_path}/a",
+        "warmup_fraction=0",
+    ]
     assert main(args) == 0
     s = json.loads(out.read_text())["allocators"]
     for name in ("grpo", "trace"):
-        for key in ("effective_ratio", "leaf_effective_ratio", "mixed_groups_per_step", "leaves", "generated_tokens",
-                    "prefill_tokens_reused", "prefill_tokens_computed", "tool_calls", "tool_calls_replayed", "wall_s"):
+        for key in (
+            "effective_ratio",
+            "leaf_effective_ratio",
+            "mixed_groups_per_step",
+            "leaves",
+            "generated_tokens",
+            "prefill_tokens_reused",
+            "prefill_tokens_computed",
+            "tool_calls",
+            "tool_calls_replayed",
+            "wall_s",
+        ):
             assert key in s[name], (name, key)
         assert s[name]["leaves"] == 48
     assert s["trace"]["prefill_tokens_reused"] > 0
@@ -72,12 +116,17 @@ def test_habit_phase_traces_answer_without_the_tool_for_the_chosen_share() -> No
 
     tasks = generate(400, seed=0)
     share = sum(answers_directly(t, 0.5) for t in tasks) / len(tasks)
-    assert 0.4 < share < 0.6 and [answers_directly(t, 0.5) for t in tasks] == [answers_directly(t, 0.5) for t in tasks]
+    assert 0.4 < share < 0.6 and [answers_directly(t, 0.5) for t in tasks] == [
+        answers_directly(t, 0.5) for t in tasks
+    ]
     t = tasks[0]
     assert habit_segments(t, 0.0) == trace_segments(t)
     direct = habit_segments(t, 1.0)
     assert len(direct) == 2 and not direct[0].trainable and direct[1].trainable
-    assert direct[1].text == f"Thought: {DIRECT_THOUGHT}\nFinal Answer: {t.answer}\n" and "Action:" not in direct[1].text
+    assert (
+        direct[1].text == f"Thought: {DIRECT_THOUGHT}\nFinal Answer: {t.answer}\n"
+        and "Action:" not in direct[1].text
+    )
 
 
 def test_an_unknown_registered_model_names_what_the_registry_holds(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -87,6 +136,9 @@ def test_an_unknown_registered_model_names_what_the_registry_holds(tmp_path) -> 
     from workflows.registry import resolve_model_path
 
     tracking = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlruns.db", artifact_location=str(tmp_path / "art"))
-    with pytest.raises(FileNotFoundError, match=r"models:/nope@champion is not in the registry .*registered models: "
-                                                r"none \(`tracerl register"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"models:/nope@champion is not in the registry .*registered models: "
+        r"none \(`tracerl register",
+    ):
         resolve_model_path("models:/nope@champion", tracking)

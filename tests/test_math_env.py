@@ -30,16 +30,30 @@ BAD_CELLS = [
     ("memory limit", "y = bytearray(10**10)", "MemoryError"),
     ("output flood", "while True:\n    print('flood' * 1000)", "[output truncated]"),
     ("fork bomb", "import os\nwhile True:\n    os.fork()", "Error:"),
-    ("leftover thread", "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()",
-     "the cell left 1 thread running"),
-    ("leftover busy daemon thread", "import threading\ndef spin():\n    while True:\n        pass\n"
-     "threading.Thread(target=spin, daemon=True).start()", "the cell left 1 thread running"),
-    ("leftover process", "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])",
-     "the cell left 1 process running"),
+    (
+        "leftover thread",
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()",
+        "the cell left 1 thread running",
+    ),
+    (
+        "leftover busy daemon thread",
+        "import threading\ndef spin():\n    while True:\n        pass\n"
+        "threading.Thread(target=spin, daemon=True).start()",
+        "the cell left 1 thread running",
+    ),
+    (
+        "leftover process",
+        "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])",
+        "the cell left 1 process running",
+    ),
     ("pending timer", "import signal\nsignal.alarm(30)", "the cell left 1 timer running"),
     ("exit before the report", "import os\nos._exit(0)", "the process ended before the cell finished"),
-    ("forged report", "open('.cell-status.json', 'w').write('{\"status\": \"leftover\", \"threads\": \"x\"}')\n"
-     "import os\nos._exit(0)", "the process ended before the cell finished"),
+    (
+        "forged report",
+        'open(\'.cell-status.json\', \'w\').write(\'{"status": "leftover", "threads": "x"}\')\n'
+        "import os\nos._exit(0)",
+        "the process ended before the cell finished",
+    ),
 ]
 
 
@@ -53,7 +67,9 @@ def call(code: str) -> Action:
 
 
 @pytest.mark.parametrize(("name", "code", "expected"), BAD_CELLS, ids=[c[0] for c in BAD_CELLS])
-def test_a_bad_cell_is_dropped_and_the_next_good_cell_works(env: MathEnv, name: str, code: str, expected: str) -> None:
+def test_a_bad_cell_is_dropped_and_the_next_good_cell_works(
+    env: MathEnv, name: str, code: str, expected: str
+) -> None:
     bad = env.execute(PROMPT, BEFORE, call("x = -1\n" + code))
     assert expected in bad.observation and bad.observation.endswith("\n" + DISCARDED), bad.observation
     assert bad.state == BEFORE and bad.replayed == 1
@@ -62,7 +78,11 @@ def test_a_bad_cell_is_dropped_and_the_next_good_cell_works(env: MathEnv, name: 
 
 
 def test_forks_after_a_bad_cell_start_from_the_state_before_it(env: MathEnv) -> None:
-    bad = env.execute(PROMPT, BEFORE, call("x = -1\nimport threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()"))
+    bad = env.execute(
+        PROMPT,
+        BEFORE,
+        call("x = -1\nimport threading, time\nthreading.Thread(target=time.sleep, args=(60,)).start()"),
+    )
     assert bad.state == BEFORE
     double = env.execute(PROMPT, bad.state, call("x *= 2\nprint(x)"))
     plus = env.execute(PROMPT, bad.state, call("x += 2\nprint(x)"))
@@ -71,12 +91,18 @@ def test_forks_after_a_bad_cell_start_from_the_state_before_it(env: MathEnv) -> 
     assert env.execute(PROMPT, double.state, call("print(x)")).observation == "80"
     assert env.execute(PROMPT, plus.state, call("print(x)")).observation == "42"
     again = env.execute(PROMPT, plus.state, call("x = -1\nimport os\nos._exit(0)"))
-    assert again.state == plus.state and env.execute(PROMPT, again.state, call("print(x + 1)")).observation == "43"
+    assert (
+        again.state == plus.state
+        and env.execute(PROMPT, again.state, call("print(x + 1)")).observation == "43"
+    )
 
 
 def test_a_cell_that_changes_directory_is_kept(env: MathEnv) -> None:
     moved = env.execute(PROMPT, BEFORE, call("import os\nos.chdir('/tmp')\nx += 1"))
-    assert moved.observation == "(no output)" and moved.state == (*BEFORE, "import os\nos.chdir('/tmp')\nx += 1")
+    assert moved.observation == "(no output)" and moved.state == (
+        *BEFORE,
+        "import os\nos.chdir('/tmp')\nx += 1",
+    )
     assert env.execute(PROMPT, moved.state, call("print(x, os.getcwd())")).observation == "41 /tmp"
 
 
@@ -109,14 +135,24 @@ class StatefulScript:
     """Fake sampler (the unit under test is the engine with the real environment): sets x, runs a cell that leaves
     a thread (after setting x = -1), adds 2, then answers with the first line of the last observation."""
 
-    TURNS = ("x = 40", "x = -1; import threading, time; threading.Thread(target=time.sleep, args=(60,)).start()",
-             "x += 2; print(x)")
+    TURNS = (
+        "x = 40",
+        "x = -1; import threading, time; threading.Thread(target=time.sleep, args=(60,)).start()",
+        "x += 2; print(x)",
+    )
 
     def __init__(self, tokenizer: Any) -> None:
         self.tok = tokenizer
 
-    def generate(self, contexts: Sequence[list[int]], max_new_tokens: int, stop: Sequence[str], temperature: float,
-                 seed: int, caches: Sequence[object | None] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        contexts: Sequence[list[int]],
+        max_new_tokens: int,
+        stop: Sequence[str],
+        temperature: float,
+        seed: int,
+        caches: Sequence[object | None] | None = None,
+    ) -> list[Generation]:
         out = []
         for ctx in contexts:
             text = self.tok.decode(ctx)
@@ -124,18 +160,30 @@ class StatefulScript:
             if done < len(self.TURNS):
                 turn = PlainTemplate.tool_turn("next step", "python", self.TURNS[done])
             else:
-                turn = PlainTemplate.answer_turn("as computed", text.rsplit("Observation:", 1)[1].strip().splitlines()[0])
+                turn = PlainTemplate.answer_turn(
+                    "as computed", text.rsplit("Observation:", 1)[1].strip().splitlines()[0]
+                )
             ids = self.tok(turn, add_special_tokens=False)["input_ids"][:max_new_tokens]
-            out.append(Generation(ids, [-0.1] * len(ids), self.tok.decode(ids), "stop", prefill_tokens=len(ctx)))
+            out.append(
+                Generation(ids, [-0.1] * len(ids), self.tok.decode(ids), "stop", prefill_tokens=len(ctx))
+            )
         return out
 
 
 def test_engine_forks_after_a_bad_cell_continue_from_the_state_before_it(env: MathEnv) -> None:
     tokenizer = build_tokenizer([PROMPT.text, *StatefulScript.TURNS, DISCARDED], vocab_size=300)
-    engine = TreeRolloutEngine(StatefulScript(tokenizer), env, PlainTemplate(), tokenizer,
-                               SamplerConfig(max_turn_tokens=200, max_episode_tokens=1200), seed=0)
+    engine = TreeRolloutEngine(
+        StatefulScript(tokenizer),
+        env,
+        PlainTemplate(),
+        tokenizer,
+        SamplerConfig(max_turn_tokens=200, max_episode_tokens=1200),
+        seed=0,
+    )
     (tree,) = engine.rollout([PROMPT], [1])
-    assert tree.rewards().tolist() == [1.0]  # the answer is the observation "42": the bad cell's x = -1 was dropped
+    assert tree.rewards().tolist() == [
+        1.0
+    ]  # the answer is the observation "42": the bad cell's x = -1 was dropped
     after_bad = tree.bare_prefixes()[1]  # the node after the second tool call, the bad cell
     assert DISCARDED in tokenizer.decode(tree.nodes[after_bad].token_ids)
     engine.expand([tree], [Expansion(np.array([after_bad]), np.array([2]), extra_bare=0)])

@@ -35,15 +35,28 @@ def test_generation_is_deterministic_distinct_and_split() -> None:
 
 def test_harder_levels_need_more_tool_calls_and_bigger_numbers() -> None:
     tasks = generate(500, seed=3)
-    calls = {lv: sum(len(t.steps) for t in tasks if t.level == lv) / sum(t.level == lv for t in tasks) for lv in LEVELS}
+    calls = {
+        lv: sum(len(t.steps) for t in tasks if t.level == lv) / sum(t.level == lv for t in tasks)
+        for lv in LEVELS
+    }
     assert calls[1] == calls[2] == 1 and calls[3] == 2 and calls[5] == 3
 
 
-@pytest.mark.parametrize(("gold", "pred", "ok"), [
-    ("396", "396", True), ("396", "396.", True), ("1000", "1,000", True), ("\\frac{1}{2}", "0.5", True),
-    ("\\frac{1}{2}", "1/2", True), ("10", "11", False), ("10", "", False), ("10", None, False),
-    ("2\\sqrt{2}", "\\sqrt{8}", True), ("x", "}{{bad", False),
-])
+@pytest.mark.parametrize(
+    ("gold", "pred", "ok"),
+    [
+        ("396", "396", True),
+        ("396", "396.", True),
+        ("1000", "1,000", True),
+        ("\\frac{1}{2}", "0.5", True),
+        ("\\frac{1}{2}", "1/2", True),
+        ("10", "11", False),
+        ("10", "", False),
+        ("10", None, False),
+        ("2\\sqrt{2}", "\\sqrt{8}", True),
+        ("x", "}{{bad", False),
+    ],
+)
 def test_is_correct(gold: str, pred: str | None, ok: bool) -> None:
     assert is_correct(gold, pred) is ok
 

@@ -39,8 +39,13 @@ class EchoDesk:
         return (0, ())
 
     def execute(self, prompt: Prompt, state: Any, action: Action) -> ToolResult:
-        out = [str(c.arguments["text"]).upper() if c.tool == "shout" else str(c.arguments["text"]) for c in action.calls]
-        return ToolResult(" | ".join(out), (state[0], (*state[1], *(c.tool for c in action.calls))), calls=len(out))
+        out = [
+            str(c.arguments["text"]).upper() if c.tool == "shout" else str(c.arguments["text"])
+            for c in action.calls
+        ]
+        return ToolResult(
+            " | ".join(out), (state[0], (*state[1], *(c.tool for c in action.calls))), calls=len(out)
+        )
 
     def on_answer(self, prompt: Prompt, state: Any, action: Action) -> AnswerResult:
         if state[0] == 0:
@@ -51,8 +56,12 @@ class EchoDesk:
         raise AssertionError("a multi-turn episode is scored by on_answer")
 
 
-SCRIPT = ["Thought: two echoes\nAction: [echo('a'), echo(text='b')]\n", "Thought: ok\nFinal Answer: done\n",
-          "Thought: now shout\nAction: [shout(text='c')]\n", "Thought: ok\nFinal Answer: done\n"]
+SCRIPT = [
+    "Thought: two echoes\nAction: [echo('a'), echo(text='b')]\n",
+    "Thought: ok\nFinal Answer: done\n",
+    "Thought: now shout\nAction: [shout(text='c')]\n",
+    "Thought: ok\nFinal Answer: done\n",
+]
 
 
 def _engine(script: list[str]) -> tuple[TreeRolloutEngine, Prompt]:
@@ -60,8 +69,9 @@ def _engine(script: list[str]) -> tuple[TreeRolloutEngine, Prompt]:
     prompt = Prompt("t0", "Echo a and b.")
     sampler = ScriptedSampler(tok)
     sampler.add_script(tmpl.prompt(prompt.text, env.tools_for(prompt, None)), script)
-    limits = SamplerConfig(max_turns=10, max_turn_tokens=10_000, max_episode_tokens=100_000,
-                           max_context_tokens=1_000_000)
+    limits = SamplerConfig(
+        max_turns=10, max_turn_tokens=10_000, max_episode_tokens=100_000, max_context_tokens=1_000_000
+    )
     return TreeRolloutEngine(sampler, env, tmpl, tok, limits), prompt
 
 
@@ -74,8 +84,10 @@ def test_user_turns_come_from_on_answer_and_the_last_one_is_scored() -> None:
     assert contents[0].endswith("Observation: a | b\n") and contents[1].endswith("Question: Now shout it.\n")
     assert engine.ledger.tool_calls == 3 and engine.ledger.invalid_actions == 0
     # a continuation from the user-message node resumes in the second turn with its state and tools
-    engine.expand([tree], [Expansion(node_ids=np.array([tree.path(leaf.node_id)[2]]), counts=np.array([1]),
-                                     extra_bare=0)])
+    engine.expand(
+        [tree],
+        [Expansion(node_ids=np.array([tree.path(leaf.node_id)[2]]), counts=np.array([1]), extra_bare=0)],
+    )
     assert [lf.reward for lf in tree.leaves()] == [1.0, 1.0]
 
 
@@ -92,7 +104,9 @@ def test_unlisted_tools_run_but_are_not_shown() -> None:
 
 def test_templates_render_user_messages_and_multi_call_turns() -> None:
     chat = TEMPLATES.get("chat")()
-    assert chat.user_message("next") == "<|im_end|>\n<|im_start|>user\nnext<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        chat.user_message("next") == "<|im_end|>\n<|im_start|>user\nnext<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert PlainTemplate().user_message(" next ") == "Question: next\n"
     calls = (ToolCall("echo", {"text": "a"}), ToolCall("shout", {"text": "b"}))
     parsed = chat.parse(chat.calls_turn(calls), [ECHO, SHOUT])

@@ -35,7 +35,9 @@ def test_only_a_dead_creators_group_is_released(ray_up: None) -> None:
             ray.get(pg.ready(), timeout=120)
             return pg
 
-    driver_pg = placement_group([{"CPU": 0.01}])  # the driver's own (as Tune's per-trial groups): never touched
+    driver_pg = placement_group(
+        [{"CPU": 0.01}]
+    )  # the driver's own (as Tune's per-trial groups): never touched
     ray.get(driver_pg.ready(), timeout=120)
     stopped, running = Creator.remote(), Creator.remote()
     stopped_pg, running_pg = ray.get(stopped.reserve.remote()), ray.get(running.reserve.remote())

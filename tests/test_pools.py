@@ -27,7 +27,9 @@ def _math_env():  # type: ignore[no-untyped-def]
     from envs.math.env import MathEnv
     from tracerl.config import SandboxConfig
 
-    return MathEnv(SandboxConfig(timeout_s=120.0))  # conftest.TOOL_TIMEOUT_S (this runs in an actor, not pytest)
+    return MathEnv(
+        SandboxConfig(timeout_s=120.0)
+    )  # conftest.TOOL_TIMEOUT_S (this runs in an actor, not pytest)
 
 
 def test_balanced_shards_are_deterministic_and_even() -> None:
@@ -41,8 +43,14 @@ def test_balanced_shards_are_deterministic_and_even() -> None:
 def test_env_pool_retries_a_call_whose_actor_died(ray_local: Any, tmp_path: Path) -> None:
     pool = EnvPool(_math_env, size=2, cpus=0.05, max_retries=2, kill_at_step=3, fault_dir=str(tmp_path))
     pool.step = 3
-    calls = [(Prompt(f"p{i}"), (), Action(ActionKind.TOOL, "", tool="python", arguments={"code": f"print({i} * 7)"}))
-             for i in range(4)]
+    calls = [
+        (
+            Prompt(f"p{i}"),
+            (),
+            Action(ActionKind.TOOL, "", tool="python", arguments={"code": f"print({i} * 7)"}),
+        )
+        for i in range(4)
+    ]
     results = pool.execute_batch(calls)
     assert [r.observation.strip() for r in results] == ["0", "7", "14", "21"]
     assert sum(r.retried for r in results) >= 1  # the actor exited for real on its first call of step 3
@@ -51,7 +59,9 @@ def test_env_pool_retries_a_call_whose_actor_died(ray_local: Any, tmp_path: Path
 
 
 def test_env_pool_without_faults_never_exits(ray_local: Any, tmp_path: Path) -> None:
-    pool = EnvPool(_math_env, size=1, cpus=0.05, max_retries=0, fault_dir=str(tmp_path))  # kill_at_step=-1: never
+    pool = EnvPool(
+        _math_env, size=1, cpus=0.05, max_retries=0, fault_dir=str(tmp_path)
+    )  # kill_at_step=-1: never
     assert pool.step == -1  # before the first step (held-out evaluation runs here)
     call = (Prompt("p"), (), Action(ActionKind.TOOL, "", tool="python", arguments={"code": "print(6 * 7)"}))
     assert pool.execute_batch([call])[0].observation.strip() == "42"

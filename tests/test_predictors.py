@@ -27,7 +27,9 @@ def test_constant() -> None:
 
 
 def test_tabular_posterior_golden_and_prefixes_share_it() -> None:
-    p = build_predictor(PredictorConfig(name="tabular", prior_alpha=1, prior_beta=1, discount=0.5, warmup_steps=1))
+    p = build_predictor(
+        PredictorConfig(name="tabular", prior_alpha=1, prior_beta=1, discount=0.5, warmup_steps=1)
+    )
     assert not p.ready
     t = tree_with("a", [1, 1, 1, 0])
     p.fit([t])
@@ -113,10 +115,15 @@ def test_learned_predictor_over_text_separates_failing_histories() -> None:
             pid = t.new_path(True)
             obs = f"Observation: {2 * i}\n" if good else "Observation: Error: unknown tool 'calc'.\n"
             n = t.add_node(0, pid, content=f"Thought: add.\nAction: python[print({i}+{i})]\n{obs}")
-            t.add_node(n.node_id, pid, content="Final Answer: x", status=Status.ANSWERED, reward=1.0 if good else 0.0)
+            t.add_node(
+                n.node_id, pid, content="Final Answer: x", status=Status.ANSWERED, reward=1.0 if good else 0.0
+            )
         return t
 
-    p = LearnedPredictor(PredictorConfig(name="learned", warmup_steps=1, fit_steps=60, embedding_buckets=0), featurizer=HashedNgramFeaturizer(64))
+    p = LearnedPredictor(
+        PredictorConfig(name="learned", warmup_steps=1, fit_steps=60, embedding_buckets=0),
+        featurizer=HashedNgramFeaturizer(64),
+    )
     for step in range(5):
         p.fit([tree(10 * step + k, k % 2 == 0) for k in range(8)])
     good, bad = tree(999, True), tree(998, False)
@@ -132,7 +139,13 @@ def test_debiased_fit_targets_and_weights() -> None:
 
     t = nested_tree()  # non-leaf nodes 0, 1, 2, 4, 8
     old = tree_targets([t])
-    assert old.values.tolist() == pytest.approx([4 / 6, 0.5, 2 / 3, 1, 0]) and old.weights.tolist() == [6, 4, 3, 2, 1]
+    assert old.values.tolist() == pytest.approx([4 / 6, 0.5, 2 / 3, 1, 0]) and old.weights.tolist() == [
+        6,
+        4,
+        3,
+        2,
+        1,
+    ]
     # Debiased: the root's D; per other node its path's reward (weight 1), then its continuations' mean (weight K).
     new = tree_targets([t], "debiased")
     assert [len(a.history) for a in new.anchors] == [0, 1, 1, 2, 2, 1, 1, 2]  # nodes 0, 1, 1, 2, 2, 4, 4, 8
@@ -142,7 +155,9 @@ def test_debiased_fit_targets_and_weights() -> None:
         tree_targets([t], "mean")
     # trace_debiased forces the predictor's targets; the learned fit stores them in its replay.
     alloc = build_allocator(AllocatorConfig(name="trace_debiased"))
-    pred = build_predictor(PredictorConfig(name="learned", embedding_buckets=0), name=alloc.predictor, targets=alloc.targets)
+    pred = build_predictor(
+        PredictorConfig(name="learned", embedding_buckets=0), name=alloc.predictor, targets=alloc.targets
+    )
     assert pred.cfg.targets == "debiased"
     env = Simulator(SimulatorConfig(num_prompts=8), seed=0)
     t_sim = env.rollout([env.prompt(0)], [1])[0]  # one chain: every node's D is its reward, with weight 1

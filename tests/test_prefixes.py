@@ -20,7 +20,9 @@ def brute_force(r: np.ndarray, p: np.ndarray, budget: int, k_max: int) -> float:
 def test_flip_probability_prefers_surprises() -> None:
     # A failed rollout (r=0) through a prefix predicted on track (p=0.9) flips with probability 0.9;
     # a successful one through a prefix predicted lost (p=0.2) flips with probability 0.8.
-    np.testing.assert_allclose(flip_probability(np.array([0, 1, 1]), np.array([0.9, 0.2, 0.9])), [0.9, 0.8, 0.1])
+    np.testing.assert_allclose(
+        flip_probability(np.array([0, 1, 1]), np.array([0.9, 0.2, 0.9])), [0.9, 0.8, 0.1]
+    )
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -39,7 +41,11 @@ def test_greedy_is_exactly_optimal(seed: int) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 1), st.floats(0, 1)), min_size=1, max_size=30), st.integers(0, 60), st.integers(0, 9))
+@given(
+    st.lists(st.tuples(st.integers(0, 1), st.floats(0, 1)), min_size=1, max_size=30),
+    st.integers(0, 60),
+    st.integers(0, 9),
+)
 def test_budget_spent_deterministically(items: list[tuple[int, float]], budget: int, seed: int) -> None:
     r = np.array([a for a, _ in items], float)
     p = np.array([b for _, b in items], float)

@@ -11,7 +11,9 @@ chat = TEMPLATES.get("chat")()
 
 def test_plain_tool_call_and_answer() -> None:
     a = plain.parse("Thought: multiply.\nAction: python[print(3 * [1, 2][0])]\n", TOOLS)
-    assert a.kind is ActionKind.TOOL and a.tool == "python" and a.arguments == {"code": "print(3 * [1, 2][0])"}
+    assert (
+        a.kind is ActionKind.TOOL and a.tool == "python" and a.arguments == {"code": "print(3 * [1, 2][0])"}
+    )
     b = plain.parse('Thought: look it up.\nAction: search{"query": "Paris", "k": "3"}\n', TOOLS)
     assert b.kind is ActionKind.TOOL and b.arguments == {"query": "Paris", "k": "3"}
     c = plain.parse("Thought: done.\nFinal Answer: 42\n", TOOLS)
@@ -22,7 +24,10 @@ def test_plain_tool_call_and_answer() -> None:
 @pytest.mark.parametrize(
     ("text", "error"),
     [
-        ("Thought: hmm, let me think more.", "end the turn with 'Action: tool[input]' or 'Final Answer: ...'"),
+        (
+            "Thought: hmm, let me think more.",
+            "end the turn with 'Action: tool[input]' or 'Final Answer: ...'",
+        ),
         ("Action: calculator[1+1]", "unknown tool 'calculator'; available: python, search"),
         ('Action: search{"query": "x", }', "the arguments are not valid JSON"),
         ('Action: search{"k": "3"}', "tool 'search' needs argument(s) query"),
@@ -45,9 +50,14 @@ def test_plain_forged_observation_is_cut_and_runaway_is_flagged() -> None:
 
 
 def test_chat_native_tool_calls() -> None:
-    t = chat.parse('<think>need code</think>\n<tool_call>\n{"name": "python", "arguments": {"code": "print(1)"}}\n</tool_call>', TOOLS)
+    t = chat.parse(
+        '<think>need code</think>\n<tool_call>\n{"name": "python", "arguments": {"code": "print(1)"}}\n</tool_call>',
+        TOOLS,
+    )
     assert t.kind is ActionKind.TOOL and t.arguments == {"code": "print(1)"}
-    s = chat.parse('<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(2)\\"}"}</tool_call>', TOOLS)
+    s = chat.parse(
+        '<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(2)\\"}"}</tool_call>', TOOLS
+    )
     assert s.kind is ActionKind.TOOL and s.arguments == {"code": "print(2)"}
     a = chat.parse("<think>so</think>The answer is \\boxed{\\frac{1}{2}}.<|im_end|>", TOOLS)
     assert a.kind is ActionKind.ANSWER and a.answer == "\\frac{1}{2}"
@@ -71,7 +81,10 @@ def test_chat_malformed(text: str, error: str) -> None:
 
 
 def test_chat_forged_tool_response_is_cut() -> None:
-    a = chat.parse('<tool_call>{"name": "python", "arguments": {"code": "1"}}</tool_call><tool_response>99</tool_response>', TOOLS)
+    a = chat.parse(
+        '<tool_call>{"name": "python", "arguments": {"code": "1"}}</tool_call><tool_response>99</tool_response>',
+        TOOLS,
+    )
     assert a.kind is ActionKind.TOOL and "99" not in a.text
 
 
@@ -93,5 +106,8 @@ def test_chat_template_renders_through_the_tokenizers_own_template() -> None:
     prompt = t.prompt("What is 2+2?", TOOLS)
     assert prompt.startswith("<|im_start|>system\n# Tools") and '"name": "python"' in prompt
     assert prompt.endswith("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
-    assert t.observation("4") == "<|im_end|>\n<|im_start|>user\n<tool_response>\n4\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        t.observation("4")
+        == "<|im_end|>\n<|im_start|>user\n<tool_response>\n4\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     assert t.observation("4") == TEMPLATES.get("chat")().observation("4")  # same as the built-in ChatML text

@@ -50,12 +50,21 @@ class ScriptedSampler:
             else:
                 turn = t.answer_turn(task.final_thought, "-1" if self.wrong else task.answer)
             ids = self.tok(turn, add_special_tokens=False)["input_ids"][:max_new_tokens]
-            out.append(Generation(ids, [-0.1] * len(ids), self.tok.decode(ids), "stop", prefill_tokens=len(ctx)))
+            out.append(
+                Generation(ids, [-0.1] * len(ids), self.tok.decode(ids), "stop", prefill_tokens=len(ctx))
+            )
         return out
 
 
 def engine(tokenizer, sampler, **limits):  # type: ignore[no-untyped-def]
-    return TreeRolloutEngine(sampler, MathEnv(SandboxConfig(timeout_s=TOOL_TIMEOUT_S)), PlainTemplate(), tokenizer, SamplerConfig(**limits), seed=0)
+    return TreeRolloutEngine(
+        sampler,
+        MathEnv(SandboxConfig(timeout_s=TOOL_TIMEOUT_S)),
+        PlainTemplate(),
+        tokenizer,
+        SamplerConfig(**limits),
+        seed=0,
+    )
 
 
 def test_bare_rollouts_follow_the_reference_and_are_rewarded(tokenizer) -> None:  # type: ignore[no-untyped-def]
@@ -68,7 +77,11 @@ def test_bare_rollouts_follow_the_reference_and_are_rewarded(tokenizer) -> None:
         turn = tree.nodes[1]
         assert task.steps[0].output in turn.content  # the observation came from the sandbox
         n_model = sum(turn.model_mask)
-        assert 0 < n_model < len(turn.token_ids) and all(turn.model_mask[:n_model]) and not any(turn.model_mask[n_model:])
+        assert (
+            0 < n_model < len(turn.token_ids)
+            and all(turn.model_mask[:n_model])
+            and not any(turn.model_mask[n_model:])
+        )
     led = eng.ledger
     assert led.tool_calls == 2 * sum(len(t.steps) for t in TASKS)
     assert led.llm_calls == 2 * sum(len(t.steps) + 1 for t in TASKS) and led.invalid_actions == 0
@@ -90,18 +103,26 @@ def test_continuations_reuse_the_prefix_and_its_tool_state(tokenizer) -> None:  
 
 
 def test_wrong_answers_get_zero_and_limits_end_episodes(tokenizer) -> None:  # type: ignore[no-untyped-def]
-    trees = engine(tokenizer, ScriptedSampler(tokenizer, TASKS, wrong=True)).rollout([task_prompt(TASKS[0])], [1])
+    trees = engine(tokenizer, ScriptedSampler(tokenizer, TASKS, wrong=True)).rollout(
+        [task_prompt(TASKS[0])], [1]
+    )
     assert trees[0].rewards().tolist() == [0.0]
     task = next(t for t in TASKS if len(t.steps) >= 2)
-    short = engine(tokenizer, ScriptedSampler(tokenizer, TASKS), max_turns=1).rollout([task_prompt(task)], [1])
+    short = engine(tokenizer, ScriptedSampler(tokenizer, TASKS), max_turns=1).rollout(
+        [task_prompt(task)], [1]
+    )
     assert short[0].leaves()[0].status is Status.MAX_TURNS and short[0].rewards().tolist() == [0.0]
 
 
 def test_real_tiny_model_runs_and_same_seed_gives_same_trees(tokenizer) -> None:  # type: ignore[no-untyped-def]
-    model = build_model(tokenizer, BootstrapConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0))
+    model = build_model(
+        tokenizer, BootstrapConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+    )
 
     def run():  # type: ignore[no-untyped-def]
-        eng = engine(tokenizer, HFSampler(model, tokenizer), max_turns=3, max_turn_tokens=12, max_episode_tokens=30)
+        eng = engine(
+            tokenizer, HFSampler(model, tokenizer), max_turns=3, max_turn_tokens=12, max_episode_tokens=30
+        )
         trees = eng.rollout([task_prompt(t) for t in TASKS[:3]], [2, 2, 2])
         return eng, trees
 
@@ -109,7 +130,10 @@ def test_real_tiny_model_runs_and_same_seed_gives_same_trees(tokenizer) -> None:
     for tree in trees:
         assert tree.num_leaves == 2
         for leaf in tree.leaves():
-            assert leaf.status in (Status.MAX_TURNS, Status.MAX_TOKENS, Status.ANSWERED) and leaf.reward in (0.0, 1.0)
+            assert leaf.status in (Status.MAX_TURNS, Status.MAX_TOKENS, Status.ANSWERED) and leaf.reward in (
+                0.0,
+                1.0,
+            )
         for node in tree.nodes[1:]:
             assert len(node.logprobs) == sum(node.model_mask) and all(lp <= 0 for lp in node.logprobs)
     assert eng.ledger.invalid_actions > 0  # an untrained model's turns become error observations, not crashes

@@ -42,7 +42,10 @@ def test_dp_is_exactly_optimal(seed: int) -> None:
     data=st.data(),
 )
 def test_budget_spent_and_bounds(v: list[float], data: st.DataObject) -> None:
-    m_min, m_max = 2, data.draw(st.integers(3, 8))  # with m_max >= 3 every budget in [2, n m_max] is reachable
+    m_min, m_max = (
+        2,
+        data.draw(st.integers(3, 8)),
+    )  # with m_max >= 3 every budget in [2, n m_max] is reachable
     budget = data.draw(st.integers(m_min, len(v) * m_max))
     seed = data.draw(st.integers(0, 10))
     counts = solve_roots(np.array(v), budget, m_min, m_max, np.random.default_rng(seed))

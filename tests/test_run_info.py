@@ -28,8 +28,11 @@ def test_new_and_old_experiments_open_on_the_runs_table(tmp_path: Path) -> None:
     assert "mlflow.experimentKind" not in client.get_experiment(old).tags
     assert tracking.setup(cfg, "made-before") == old
     assert client.get_experiment(old).tags["mlflow.experimentKind"] == "custom_model_development"
-    genai = client.create_experiment("genai", tags={"mlflow.experimentKind": "genai_development"},
-                                     artifact_location=(tmp_path / "a3").as_uri())
+    genai = client.create_experiment(
+        "genai",
+        tags={"mlflow.experimentKind": "genai_development"},
+        artifact_location=(tmp_path / "a3").as_uri(),
+    )
     tracking.setup(cfg, "genai")  # a kind someone chose is kept
     assert client.get_experiment(genai).tags["mlflow.experimentKind"] == "genai_development"
 
@@ -43,13 +46,19 @@ def test_ui_url_is_the_experiments_runs_page(tmp_path: Path) -> None:
     client = mlflow.MlflowClient(tracking_uri=uri)
     exp = client.create_experiment("tracerl", artifact_location=(tmp_path / "art").as_uri())
     assert experiment_url(uri, "tracerl", "http://127.0.0.1:5001") == (
-        f"http://127.0.0.1:5001/#/experiments/{exp}/runs?workflowType=machine_learning&viewStateShareKey=tracerl")
+        f"http://127.0.0.1:5001/#/experiments/{exp}/runs?workflowType=machine_learning&viewStateShareKey=tracerl"
+    )
     tags = client.get_experiment(exp).tags
     assert tags["mlflow.experimentKind"] == "custom_model_development"
     view = json.loads(tags["mlflow.sharedViewState.tracerl"])  # the columns the link opens with
-    assert view["selectedColumns"][:3] == ["metrics.`key/accuracy`", "metrics.`key/effective_ratio`",
-                                           "metrics.`key/generated_tokens`"]
-    assert experiment_url(uri, "other", "http://h:1") == "http://h:1  (no experiment 'other' in this store yet)"
+    assert view["selectedColumns"][:3] == [
+        "metrics.`key/accuracy`",
+        "metrics.`key/effective_ratio`",
+        "metrics.`key/generated_tokens`",
+    ]
+    assert (
+        experiment_url(uri, "other", "http://h:1") == "http://h:1  (no experiment 'other' in this store yet)"
+    )
 
 
 def test_train_tags_describe_the_run() -> None:
@@ -58,16 +67,30 @@ def test_train_tags_describe_the_run() -> None:
     shape = f"L={cfg.budget.num_leaves} N={cfg.budget.continuations} m_max={cfg.allocator.m_max}"
     assert tags["tracerl.budget"] == shape and tags["tracerl.seed"] == "7" and tags["tracerl.env"] == "math"
     note = tags["mlflow.note.content"]
-    assert note.startswith(f"trace on math with the {Path(cfg.model.path).name} policy: {cfg.steps} steps, budget {shape}")
+    assert note.startswith(
+        f"trace on math with the {Path(cfg.model.path).name} policy: {cfg.steps} steps, budget {shape}"
+    )
     assert "seed 7" in note and "key/accuracy" in note
 
 
 def test_key_metrics_repeat_the_ones_users_compare() -> None:
-    m = {"eval/accuracy": 0.25, "rollout/effective_ratio": 0.5, "budget/generated_tokens": 90.0, "train/loss": 1.0}
-    assert run_info.key_metrics(m, 300.0) == {"key/accuracy": 0.25, "key/effective_ratio": 0.5,
-                                              "key/generated_tokens": 300.0}
+    m = {
+        "eval/accuracy": 0.25,
+        "rollout/effective_ratio": 0.5,
+        "budget/generated_tokens": 90.0,
+        "train/loss": 1.0,
+    }
+    assert run_info.key_metrics(m, 300.0) == {
+        "key/accuracy": 0.25,
+        "key/effective_ratio": 0.5,
+        "key/generated_tokens": 300.0,
+    }
     assert run_info.key_metrics({"eval/accuracy": 0.1}) == {"key/accuracy": 0.1}
-    assert sorted(run_info.key_metrics(m, 1.0)) == ["key/accuracy", "key/effective_ratio", "key/generated_tokens"]
+    assert sorted(run_info.key_metrics(m, 1.0)) == [
+        "key/accuracy",
+        "key/effective_ratio",
+        "key/generated_tokens",
+    ]
 
 
 def test_progress_off_a_terminal_prints_plain_lines_with_times_left() -> None:
@@ -110,8 +133,10 @@ def test_a_sweeps_budget_tag_shows_the_swept_space() -> None:
     cfg = compose(SweepConfig, ROOT / "conf" / "sweep" / "smoke.yaml", [])
     tags = run_info.sweep_tags(cfg, "s1")
     assert tags["tracerl.budget"] == "L=15 N=[2, 4] m_max=[4, 8]"
-    assert tags["mlflow.note.content"].startswith("Sweep s1: 2 trials of trace on math (3 steps each, seed 0) over "
-                                                  "budget.continuations in [2, 4], allocator.m_max in [4, 8]")
+    assert tags["mlflow.note.content"].startswith(
+        "Sweep s1: 2 trials of trace on math (3 steps each, seed 0) over "
+        "budget.continuations in [2, 4], allocator.m_max in [4, 8]"
+    )
 
 
 def test_a_followed_bar_reads_the_last_count_when_it_closes() -> None:
@@ -139,12 +164,29 @@ def test_terminating_tracerl_ui_ends_the_mlflow_server(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}"}
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; from workflows.cli import main; sys.exit(main())", "ui",
-                             "--tracking-uri", f"sqlite:///{db}", "--port", str(port)], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from workflows.cli import main; sys.exit(main())",
+            "ui",
+            "--tracking-uri",
+            f"sqlite:///{db}",
+            "--port",
+            str(port),
+        ],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     assert proc.stdout is not None
-    line = next((x for x in proc.stdout if x.startswith("MLflow UI on")), "")  # MLflow prints a note of its own first
-    assert re.match(rf"MLflow UI on sqlite:///{re.escape(str(db))}: http://127.0.0.1:{port}  \(no experiment", line)
+    line = next(
+        (x for x in proc.stdout if x.startswith("MLflow UI on")), ""
+    )  # MLflow prints a note of its own first
+    assert re.match(
+        rf"MLflow UI on sqlite:///{re.escape(str(db))}: http://127.0.0.1:{port}  \(no experiment", line
+    )
 
     def servers() -> list[int]:
         found = []

@@ -19,7 +19,11 @@ UID_BASE = 1_000_000 + 65536 * (os.getpid() % 4096)
 
 @pytest.fixture(scope="module")
 def sandbox() -> Sandbox:
-    return Sandbox(SandboxConfig(timeout_s=2.0, cpu_s=2, memory_mb=256, max_output_chars=300, max_file_mb=2, uid_base=UID_BASE))
+    return Sandbox(
+        SandboxConfig(
+            timeout_s=2.0, cpu_s=2, memory_mb=256, max_output_chars=300, max_file_mb=2, uid_base=UID_BASE
+        )
+    )
 
 
 def leftover_uids(base: int) -> set[int]:
@@ -56,7 +60,9 @@ def test_reports_what_it_enforces(sandbox: Sandbox) -> None:
 
 
 @pytest.mark.parametrize(("name", "code", "expected"), ATTACKS, ids=[a[0] for a in ATTACKS])
-def test_attack_becomes_an_observation_and_the_sandbox_keeps_serving(sandbox: Sandbox, name: str, code: str, expected: str) -> None:
+def test_attack_becomes_an_observation_and_the_sandbox_keeps_serving(
+    sandbox: Sandbox, name: str, code: str, expected: str
+) -> None:
     if name == "network" and not sandbox.protections["network_isolated"]:
         pytest.skip("network isolation is not available on this machine (see Sandbox.warnings)")
     result = sandbox.run(code)
@@ -77,7 +83,10 @@ def test_state_is_rebuilt_by_replaying_cells(sandbox: Sandbox) -> None:
 
 def test_errors_show_the_exception_line(sandbox: Sandbox) -> None:
     assert sandbox.run("1/0").observation() == "Error: ZeroDivisionError: division by zero"
-    assert sandbox.run("import sys; print('partial'); sys.exit(3)").observation() == "partial\nError: exit code 3"
+    assert (
+        sandbox.run("import sys; print('partial'); sys.exit(3)").observation()
+        == "partial\nError: exit code 3"
+    )
 
 
 # Prints what the call could do with each path that exists for it: "listed", "read" or the OSError's name.
@@ -98,39 +107,61 @@ print(json.dumps(out))
 def test_a_call_reads_only_the_interpreter_its_libraries_and_scratch(sandbox: Sandbox) -> None:
     if not sandbox.protections["limited_reads"]:
         pytest.skip("no working bubblewrap on this machine (see Sandbox.warnings)")
-    secret = [str(ROOT / "README.md"), str(ROOT / "pyproject.toml"), str(ROOT / "envs" / "sandbox.py"), str(ROOT),
-              "/work", "/etc/passwd", "/etc/hostname", "/root", str(Path.home()), "/home"]
+    secret = [
+        str(ROOT / "README.md"),
+        str(ROOT / "pyproject.toml"),
+        str(ROOT / "envs" / "sandbox.py"),
+        str(ROOT),
+        "/work",
+        "/etc/passwd",
+        "/etc/hostname",
+        "/root",
+        str(Path.home()),
+        "/home",
+    ]
     result = sandbox.run(f"PATHS = {secret!r}\n{PROBE}")
     assert json.loads(result.stdout) == {}  # none of them exists in the call's filesystem
-    compute = ("import math, json, fractions, re, decimal\nopen('note.txt', 'w').write('kept')\n"
-               "print(math.comb(10, 3), json.dumps(re.findall(r'\\d+', 'a1b22')), fractions.Fraction(1, 3) * 3,\n"
-               "      decimal.Decimal('0.1') * 3, open('note.txt').read())")
+    compute = (
+        "import math, json, fractions, re, decimal\nopen('note.txt', 'w').write('kept')\n"
+        "print(math.comb(10, 3), json.dumps(re.findall(r'\\d+', 'a1b22')), fractions.Fraction(1, 3) * 3,\n"
+        "      decimal.Decimal('0.1') * 3, open('note.txt').read())"
+    )
     assert sandbox.run(compute).observation() == '120 ["1", "22"] 1 0.3 kept'
 
 
 def test_a_venv_inside_a_project_exposes_its_libraries_not_the_project() -> None:
     if shutil.which("bwrap") is None or not os.path.exists("/usr/bin/python3"):
         pytest.skip("needs bubblewrap and /usr/bin/python3")
-    project = Path(tempfile.mkdtemp(prefix="tracerl-project-", dir="/tmp"))  # /tmp: traversable by the call's uid
+    project = Path(
+        tempfile.mkdtemp(prefix="tracerl-project-", dir="/tmp")
+    )  # /tmp: traversable by the call's uid
     try:
         project.chmod(0o755)
         (project / "README.md").write_text("project readme")
         (project / "src" / "projpkg").mkdir(parents=True)
         (project / "src" / "projpkg" / "__init__.py").write_text("SECRET = 1\n")
         venv = project / ".venv"
-        made = subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], capture_output=True)
+        made = subprocess.run(
+            ["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], capture_output=True
+        )
         if made.returncode != 0:
             pytest.skip(f"cannot make a venv from /usr/bin/python3: {made.stderr.decode()[-200:]}")
         (site,) = venv.glob("lib/python*/site-packages")
         (site / "venvmod.py").write_text("VALUE = 7\n")
-        (site / "editable.pth").write_text(str(project / "src") + "\n")  # as an editable install adds the project
+        (site / "editable.pth").write_text(
+            str(project / "src") + "\n"
+        )  # as an editable install adds the project
         sandbox = Sandbox(SandboxConfig(python=str(venv / "bin" / "python"), uid_base=UID_BASE))
         if not sandbox.protections["limited_reads"]:
             pytest.skip(f"bubblewrap cannot run the venv here: {sandbox.warnings}")
         assert sandbox.view is not None
-        assert not [b for b in sandbox.view.binds if str(project).startswith(b.rstrip("/") + "/") or b == str(project)]
-        code = ("import os, venvmod\ntry:\n    import projpkg\nexcept ImportError as exc:\n    print(type(exc).__name__)\n"
-                f"print(venvmod.VALUE, os.listdir({str(project)!r}), os.path.exists({str(project / 'README.md')!r}))")
+        assert not [
+            b for b in sandbox.view.binds if str(project).startswith(b.rstrip("/") + "/") or b == str(project)
+        ]
+        code = (
+            "import os, venvmod\ntry:\n    import projpkg\nexcept ImportError as exc:\n    print(type(exc).__name__)\n"
+            f"print(venvmod.VALUE, os.listdir({str(project)!r}), os.path.exists({str(project / 'README.md')!r}))"
+        )
         assert sandbox.run(code).observation() == "ModuleNotFoundError\n7 ['.venv'] False"
     finally:
         shutil.rmtree(project, ignore_errors=True)
@@ -141,4 +172,6 @@ def test_an_interpreter_bubblewrap_cannot_run_is_named_in_the_warnings() -> None
         pytest.skip("needs bubblewrap")
     sandbox = Sandbox(SandboxConfig(python="/nonexistent/python3"))
     assert sandbox.bwrap is None and not sandbox.protections["limited_reads"]
-    assert any("could not run the sandbox's interpreter '/nonexistent/python3'" in w for w in sandbox.warnings), sandbox.warnings
+    assert any(
+        "could not run the sandbox's interpreter '/nonexistent/python3'" in w for w in sandbox.warnings
+    ), sandbox.warnings

@@ -39,7 +39,9 @@ def test_em_and_f1_on_known_strings() -> None:
     assert f1_score("Paris", "Paris, France") == pytest.approx(2 * 0.5 * 1.0 / 1.5)  # P 1/2, R 1
     assert f1_score("James Madison", "madison") == pytest.approx(2 / 3)
     assert f1_score("a", "the") == 1.0 and f1_score("Paris", "") == 0.0  # both normalise to empty; one empty
-    assert gold_answers('["USA", "United States"]') == ["USA", "United States"] and gold_answers("[x") == ["[x"]
+    assert gold_answers('["USA", "United States"]') == ["USA", "United States"] and gold_answers("[x") == [
+        "[x"
+    ]
     assert qa_scores('["USA", "United States"]', "united states") == {"em": 1.0, "f1": 1.0}
     assert qa_scores("Paris", None) == {"em": 0.0, "f1": 0.0}
 
@@ -77,11 +79,35 @@ def test_gold_replay_scores_em_1_and_every_hop_is_retrieved(env: SearchEnv) -> N
     assert engine.ledger.tool_calls == sum(len(question_of(world, p.text).hops) for p in prompts)  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("query", [
-    '"unbalanced quote', "((( nested [ brackets {", "a AND OR NOT", "title:", "foo:bar", "*", "-", "+", '""',
-    "[1 TO", "body:[a TO", "~2", "^3", "\\", "NOT", "\x00", "ünïcode 北京 🙂", "x" * 100_000, "   ", "a" * 3 + ":" * 50,
-    "Mund Bono^1000000", "/regex.*/", "field:(a OR b) AND -c", "'single'",
-])
+@pytest.mark.parametrize(
+    "query",
+    [
+        '"unbalanced quote',
+        "((( nested [ brackets {",
+        "a AND OR NOT",
+        "title:",
+        "foo:bar",
+        "*",
+        "-",
+        "+",
+        '""',
+        "[1 TO",
+        "body:[a TO",
+        "~2",
+        "^3",
+        "\\",
+        "NOT",
+        "\x00",
+        "ünïcode 北京 🙂",
+        "x" * 100_000,
+        "   ",
+        "a" * 3 + ":" * 50,
+        "Mund Bono^1000000",
+        "/regex.*/",
+        "field:(a OR b) AND -c",
+        "'single'",
+    ],
+)
 def test_hostile_queries_never_crash(env: SearchEnv, query: str) -> None:
     res = env.execute(Prompt("p"), (), _search(query))
     assert isinstance(res.observation, str) and res.observation
@@ -89,7 +115,9 @@ def test_hostile_queries_never_crash(env: SearchEnv, query: str) -> None:
 
 
 def test_empty_query_is_an_error_observation(env: SearchEnv) -> None:
-    assert env.execute(Prompt("p"), ("x",), _search("  ")).observation.startswith("Error: the search query is empty")
+    assert env.execute(Prompt("p"), ("x",), _search("  ")).observation.startswith(
+        "Error: the search query is empty"
+    )
 
 
 def test_malformed_actions_become_error_observations_and_the_episode_goes_on(env: SearchEnv) -> None:
@@ -111,7 +139,9 @@ def test_malformed_actions_become_error_observations_and_the_episode_goes_on(env
     sampler.add_script(t.prompt(p.text, env.tools), [*list(bad)[:3], *env.gold_turns(p, t)])
     from tracerl.engine.rollout import TreeRolloutEngine
 
-    limits = SamplerConfig(max_turns=10, max_turn_tokens=10**6, max_episode_tokens=10**7, max_context_tokens=10**8)
+    limits = SamplerConfig(
+        max_turns=10, max_turn_tokens=10**6, max_episode_tokens=10**7, max_context_tokens=10**8
+    )
     tree = TreeRolloutEngine(sampler, env, t, ByteTokenizer(), limits).rollout([p], [1])[0]
     leaf = tree.leaves()[0]
     assert leaf.status is Status.ANSWERED and leaf.reward == 1.0
@@ -126,8 +156,10 @@ def test_forks_share_snapshot_states(env: SearchEnv) -> None:
 
 def test_corpus_reader_accepts_contents_and_title_text(tmp_path: Path) -> None:
     a = tmp_path / "a.jsonl"
-    a.write_text('{"id": "1", "contents": "\\"Paris\\"\\nParis is the capital of France."}\n'
-                 '{"id": "2", "contents": "Berlin\\nBerlin is the capital of Germany."}\n')
+    a.write_text(
+        '{"id": "1", "contents": "\\"Paris\\"\\nParis is the capital of France."}\n'
+        '{"id": "2", "contents": "Berlin\\nBerlin is the capital of Germany."}\n'
+    )
     b = tmp_path / "b.jsonl"
     b.write_text('{"id": "x", "title": "Rome", "text": "Rome is the capital of Italy."}\n')
     pa, pb = read_corpus(a), read_corpus(b)
@@ -147,8 +179,12 @@ def test_loaders_read_the_real_hotpotqa_and_bamboogle_files(tmp_path: Path) -> N
     assert len(bam) == 125 and bam[0].answer == "james madison" and all(p.answer for p in bam)
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"id": "0", "contents": "Citibank\\nCitibank was founded in 1812."}\n')
-    cfg = EnvConfig(name="search", search=SearchEnvConfig(tasks=str(DATA / "bamboogle_test.csv"), corpus=str(corpus),
-                                                          num_tasks=500, eval_tasks=500))
+    cfg = EnvConfig(
+        name="search",
+        search=SearchEnvConfig(
+            tasks=str(DATA / "bamboogle_test.csv"), corpus=str(corpus), num_tasks=500, eval_tasks=500
+        ),
+    )
     train, held = SearchEnv.prompts(cfg), SearchEnv.prompts(cfg, held_out=True)
     assert len(train) + len(held) == 125 and not {p.text for p in train} & {p.text for p in held}
     env = SearchEnv.from_config(cfg)
@@ -160,7 +196,9 @@ def test_loaders_read_the_real_hotpotqa_and_bamboogle_files(tmp_path: Path) -> N
 def test_question_file_without_corpus_is_rejected_with_a_clear_message(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="set env.search.corpus"):
         SearchEnvConfig(tasks="questions.json")
-    cfg = EnvConfig(name="search", search=SearchEnvConfig(tasks="q.json", corpus=str(tmp_path / "none.jsonl")))
+    cfg = EnvConfig(
+        name="search", search=SearchEnvConfig(tasks="q.json", corpus=str(tmp_path / "none.jsonl"))
+    )
     with pytest.raises(FileNotFoundError, match="search corpus not found"):
         build_retriever(cfg.search)
     with pytest.raises(ValueError, match="top_k must be >= 1"):
@@ -191,7 +229,9 @@ def test_one_shared_retriever_actor_serves_every_env_actor(ray_local: Any) -> No
     services = start_services(SearchEnv, CFG, cpus=0.05)
     assert list(services) == ["retriever"]
     try:
-        pool = EnvPool(lambda: SearchEnv.from_config(CFG, services=services), size=2, cpus=0.05, max_retries=0)
+        pool = EnvPool(
+            lambda: SearchEnv.from_config(CFG, services=services), size=2, cpus=0.05, max_retries=0
+        )
         assert pool.local.retriever is services["retriever"]  # no local index was built
         p = SearchEnv.prompts(CFG, held_out=True)[0]
         q = question_of(build_world(0), p.text)
@@ -200,7 +240,10 @@ def test_one_shared_retriever_actor_serves_every_env_actor(ray_local: Any) -> No
         assert all(h.fact in r.observation for h, r in zip(q.hops, results))
         assert pool.scores(p, p.answer) == {"em": 1.0, "f1": 1.0}
         # Both env actors and the driver talk to the same actor: one index for the run.
-        ids = {ray_local.get(a.execute.remote(0, p, (), _search(q.hops[0].query))).observation for a in pool.actors}
+        ids = {
+            ray_local.get(a.execute.remote(0, p, (), _search(q.hops[0].query))).observation
+            for a in pool.actors
+        }
         assert len(ids) == 1
         assert len(services["retriever"].search_many(["Mund Bono", "Futhion Labs"], 2)) == 2
     finally:
@@ -213,8 +256,12 @@ def test_an_episode_without_an_answer_scores_zero(env: SearchEnv) -> None:
     t = PlainTemplate()
     p = SearchEnv.prompts(CFG, held_out=True)[0]
     sampler = ScriptedSampler(ByteTokenizer())
-    sampler.add_script(t.prompt(p.text, env.tools), env.gold_turns(p, t)[:-1])  # every search, never the answer
-    limits = SamplerConfig(max_turns=2, max_turn_tokens=10**6, max_episode_tokens=10**7, max_context_tokens=10**8)
+    sampler.add_script(
+        t.prompt(p.text, env.tools), env.gold_turns(p, t)[:-1]
+    )  # every search, never the answer
+    limits = SamplerConfig(
+        max_turns=2, max_turn_tokens=10**6, max_episode_tokens=10**7, max_context_tokens=10**8
+    )
     leaf = TreeRolloutEngine(sampler, env, t, ByteTokenizer(), limits).rollout([p], [1])[0].leaves()[0]
     assert leaf.status is Status.MAX_TURNS and leaf.reward == 0.0 and leaf.scores == {"em": 0.0, "f1": 0.0}
 
@@ -228,9 +275,12 @@ def test_query_space_gives_the_query_the_name_tokens_of_the_question(env: Search
     assert f"search[ {q.hops[0].query}]" in spaced[1].text and f"search[{q.hops[0].query}]" in plain[1].text
     tok = build_tokenizer(["".join(s.text for s in segs) for segs in (plain, spaced)] * 10, 400)
     name = tok.tokenize(" " + q.hops[0].query)
-    for segs, copies in ((spaced, 2), (plain, 1)):  # in the question's thought, and (with the space) in the query
+    for segs, copies in (
+        (spaced, 2),
+        (plain, 1),
+    ):  # in the question's thought, and (with the space) in the query
         ids = tok.tokenize(segs[1].text)
-        assert sum(ids[i:i + len(name)] == name for i in range(len(ids))) == copies
+        assert sum(ids[i : i + len(name)] == name for i in range(len(ids))) == copies
     # the parser and the environment strip the space: the same search
     action = PlainTemplate().parse(spaced[1].text, env.tools)
     assert action.kind is ActionKind.TOOL and action.arguments == {"query": q.hops[0].query}
@@ -243,35 +293,70 @@ def test_search_habit_traces_answer_without_searching_for_the_chosen_share(env: 
     env2 = SearchEnv(env.retriever, top_k=2, reward="em")
     qs = generate(build_world(0), 300, held_out=False)
     direct = [question_answers_directly(q.question, 0.5) for q in qs]
-    assert 0.4 < sum(direct) / len(qs) < 0.6 and direct == [question_answers_directly(q.question, 0.5) for q in qs]
+    assert 0.4 < sum(direct) / len(qs) < 0.6 and direct == [
+        question_answers_directly(q.question, 0.5) for q in qs
+    ]
     q = qs[direct.index(True)]
     assert search_habit_segments(q, env2, 0.0) == search_trace_segments(q, env2)
     segs = search_habit_segments(q, env2, 0.5)
     assert len(segs) == 2 and not segs[0].trainable and segs[1].trainable
-    assert segs[1].text == f"Thought: {DIRECT_SEARCH_THOUGHT}\nFinal Answer: {q.answer}\n" and "search[" not in segs[1].text
+    assert (
+        segs[1].text == f"Thought: {DIRECT_SEARCH_THOUGHT}\nFinal Answer: {q.answer}\n"
+        and "search[" not in segs[1].text
+    )
     full = search_trace_segments(q, env2)
-    assert len(full) == 2 + 2 * q.level and sum("Action: search[" in s.text for s in full if s.trainable) == q.level
+    assert (
+        len(full) == 2 + 2 * q.level
+        and sum("Action: search[" in s.text for s in full if s.trainable) == q.level
+    )
 
 
-def test_bootstrap_search_habit_phase_starts_from_a_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bootstrap_search_habit_phase_starts_from_a_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import json
 
     from tracerl.config import BootstrapConfig
     from workflows.bootstrap import bootstrap
 
     # short episodes: an untrained model would otherwise babble to the policy's real limits in the evaluation
-    monkeypatch.setattr("workflows.bootstrap_search.SEARCH_LIMITS",
-                        SamplerConfig(max_turns=2, max_turn_tokens=16, max_episode_tokens=32, max_context_tokens=1024))
+    monkeypatch.setattr(
+        "workflows.bootstrap_search.SEARCH_LIMITS",
+        SamplerConfig(max_turns=2, max_turn_tokens=16, max_episode_tokens=32, max_context_tokens=1024),
+    )
 
-    small = dict(family="search", train_tasks=40, eval_tasks=3, vocab_size=400, hidden_size=32, num_layers=1,
-                 num_heads=2, intermediate_size=64, max_positions=768, batch_size=4, top_k=2, query_space=True,
-                 time_budget_s=None, force=True)
+    small = dict(
+        family="search",
+        train_tasks=40,
+        eval_tasks=3,
+        vocab_size=400,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        intermediate_size=64,
+        max_positions=768,
+        batch_size=4,
+        top_k=2,
+        query_space=True,
+        time_budget_s=None,
+        force=True,
+    )
     base = bootstrap(BootstrapConfig(out_dir=str(tmp_path / "base"), steps=3, **small))  # type: ignore[arg-type]
     assert base["train_steps"] == 3 and not base["stopped_by_time_budget"] and base["habit_steps"] == 0
     assert base["eval_tasks"] == 3 and {"em", "f1", "well_formed_turns"} <= set(base["greedy"])
-    habit = bootstrap(BootstrapConfig(out_dir=str(tmp_path / "habit"), init_from=str(tmp_path / "base"), steps=1,
-                                      habit_steps=2, direct_answer_fraction=0.5, **small))  # type: ignore[arg-type]
-    assert habit["train_steps"] == 2 and habit["habit_steps"] == 2 and habit["parameters"] == base["parameters"]
+    habit = bootstrap(
+        BootstrapConfig(
+            out_dir=str(tmp_path / "habit"),
+            init_from=str(tmp_path / "base"),
+            steps=1,
+            habit_steps=2,
+            direct_answer_fraction=0.5,
+            **small,
+        )
+    )  # type: ignore[arg-type]
+    assert (
+        habit["train_steps"] == 2 and habit["habit_steps"] == 2 and habit["parameters"] == base["parameters"]
+    )
     saved = json.loads((tmp_path / "habit" / "bootstrap.json").read_text())
     assert saved["config"]["init_from"] == str(tmp_path / "base")
     base_tok = json.loads((tmp_path / "base" / "tokenizer.json").read_text())
@@ -290,17 +375,37 @@ def test_bootstrap_config_checks_init_from_and_time_budget() -> None:
 
 def test_loader_reads_a_2wiki_record(tmp_path: Path) -> None:
     """2WikiMultihopQA (not available offline): its published dev.json record layout, written by hand."""
-    record = {"_id": "8813f87c0bdd11eba7f7acde48001122", "type": "compositional",
-              "question": "Who is the mother of the director of film Polish-Russian War (Film)?",
-              "context": [["Polish-Russian War (film)", ["Polish-Russian War is a 2009 Polish film directed by Xawery "
-                                                         "Żuławski."]]],
-              "supporting_facts": [["Polish-Russian War (film)", 1]],
-              "evidences": [["Polish-Russian War", "director", "Xawery Żuławski"]],
-              "answer": "Małgorzata Braunek"}
-    (tmp_path / "dev.json").write_text(json.dumps([record, {**record, "_id": "x2", "type": "comparison",
-                                                            "question": "Which film came out first?",
-                                                            "answer": "Polish-Russian War"}]))
+    record = {
+        "_id": "8813f87c0bdd11eba7f7acde48001122",
+        "type": "compositional",
+        "question": "Who is the mother of the director of film Polish-Russian War (Film)?",
+        "context": [
+            [
+                "Polish-Russian War (film)",
+                ["Polish-Russian War is a 2009 Polish film directed by Xawery Żuławski."],
+            ]
+        ],
+        "supporting_facts": [["Polish-Russian War (film)", 1]],
+        "evidences": [["Polish-Russian War", "director", "Xawery Żuławski"]],
+        "answer": "Małgorzata Braunek",
+    }
+    (tmp_path / "dev.json").write_text(
+        json.dumps(
+            [
+                record,
+                {
+                    **record,
+                    "_id": "x2",
+                    "type": "comparison",
+                    "question": "Which film came out first?",
+                    "answer": "Polish-Russian War",
+                },
+            ]
+        )
+    )
     got = load_qa_file(tmp_path / "dev.json")
-    assert [(p.source, p.answer) for p in got] == [("compositional", "Małgorzata Braunek"),
-                                                   ("comparison", "Polish-Russian War")]
+    assert [(p.source, p.answer) for p in got] == [
+        ("compositional", "Małgorzata Braunek"),
+        ("comparison", "Polish-Russian War"),
+    ]
     assert got[0].text.startswith("Who is the mother of the director")

@@ -28,7 +28,12 @@ def test_the_committed_grid_has_88_cells() -> None:
     assert len(cells) == 88
     late = [c for c in cells if c.testbed == "math-late"]
     assert len(late) == 32 and sum(c.allocator == "grpo" for c in late) == 10
-    assert {c.allocator for c in late if c.budget == "tokens"} == {"grpo", "trace", "trace_debiased", "trace_plus"}
+    assert {c.allocator for c in late if c.budget == "tokens"} == {
+        "grpo",
+        "trace",
+        "trace_debiased",
+        "trace_plus",
+    }
     assert {c.allocator for c in cells if c.testbed == "search-habit"} == {"grpo", "trace"}
 
 
@@ -46,8 +51,14 @@ def test_only_selects_cells_and_names_bad_keys() -> None:
 
 def test_plan_skips_finished_resumes_cut_and_fresh_reruns() -> None:
     a, b, c = Cell("t", "leaves", "grpo", 0), Cell("t", "leaves", "trace", 0), Cell("t", "tokens", "grpo", 0)
-    children = {a.key: [Child("r1", "FAILED", True, 1), Child("r2", "FINISHED", False, 2)],
-                b.key: [Child("old", "KILLED", True, 1), Child("new", "FAILED", True, 5), Child("x", "KILLED", False, 9)]}
+    children = {
+        a.key: [Child("r1", "FAILED", True, 1), Child("r2", "FINISHED", False, 2)],
+        b.key: [
+            Child("old", "KILLED", True, 1),
+            Child("new", "FAILED", True, 5),
+            Child("x", "KILLED", False, 9),
+        ],
+    }
     todo, skipped = plan([a, b, c], children, fresh=False)
     assert skipped == [a] and todo == [(b, "new"), (c, None)]
     todo, skipped = plan([a, b], children, fresh=True)
@@ -59,7 +70,10 @@ def test_write_token_budget_keeps_the_file(tmp_path: Path) -> None:
     p.write_text(MAIN.read_text())
     write_token_budget(p, "math-late", 1234)
     cfg = compose(StudyConfig, p)
-    assert cfg.testbeds["math-late"]["token_budget"] == 1234 and cfg.testbeds["math-habit"]["token_budget"] is None
+    assert (
+        cfg.testbeds["math-late"]["token_budget"] == 1234
+        and cfg.testbeds["math-habit"]["token_budget"] is None
+    )
     assert p.read_text().count("#") == MAIN.read_text().count("#")
 
 
@@ -78,8 +92,11 @@ def test_bootstrap_golden_cases() -> None:
 
 
 @settings(deadline=None, max_examples=40)
-@given(st.lists(st.lists(st.integers(-1, 1), min_size=1, max_size=12), min_size=1, max_size=5).filter(
-    lambda seeds: len({len(s) for s in seeds}) == 1))
+@given(
+    st.lists(st.lists(st.integers(-1, 1), min_size=1, max_size=12), min_size=1, max_size=5).filter(
+        lambda seeds: len({len(s) for s in seeds}) == 1
+    )
+)
 def test_bootstrap_interval_contains_the_observed_difference(seeds: list[list[int]]) -> None:
     a = {i: np.clip(np.array(d, float), 0, 1) for i, d in enumerate(seeds)}
     b = {i: np.clip(-np.array(d, float), 0, 1) for i, d in enumerate(seeds)}
@@ -107,8 +124,12 @@ class FakeTrain:
     def __call__(self, cfg: Any, tags: dict[str, str]) -> dict[str, Any]:
         import mlflow
 
-        key = Cell(tags["tracerl.study.testbed"], tags["tracerl.study.budget"], tags["tracerl.study.allocator"],
-                   int(tags["tracerl.study.seed"])).key
+        key = Cell(
+            tags["tracerl.study.testbed"],
+            tags["tracerl.study.budget"],
+            tags["tracerl.study.allocator"],
+            int(tags["tracerl.study.seed"]),
+        ).key
         self.calls.append((key, cfg.resume))
         self.token_budgets.append(cfg.budget.token_budget)
         client = mlflow.MlflowClient()
@@ -128,12 +149,19 @@ class FakeTrain:
         for step, acc in ((0, 0.25), (2, good / 4)):
             client.log_metric(rid, "eval/accuracy", acc, step=step)
         for step in (1, 2):
-            for k, v in (("rollout/effective_ratio", 0.5), ("budget/leaves", 6), ("budget/generated_tokens", 100),
-                         ("rollout/mixed_groups", 1), ("budget/tool_calls", 3)):
+            for k, v in (
+                ("rollout/effective_ratio", 0.5),
+                ("budget/leaves", 6),
+                ("budget/generated_tokens", 100),
+                ("rollout/mixed_groups", 1),
+                ("budget/tool_calls", 3),
+            ):
                 client.log_metric(rid, k, v, step=step)
         out = self.tmp / f"{rid}-eval"
         out.mkdir()
-        (out / "outcomes_step_00002.json").write_text(json.dumps({f"p{i}": float(i < good) for i in range(4)}))
+        (out / "outcomes_step_00002.json").write_text(
+            json.dumps({f"p{i}": float(i < good) for i in range(4)})
+        )
         client.log_artifacts(rid, str(out), "eval")
         client.set_terminated(rid, "FINISHED")
         return {"acc_before": 0.25, "acc_after": good / 4, "wall_s": 1.0}
@@ -141,8 +169,9 @@ class FakeTrain:
 
 def _smoke(tmp: Path, **kw: Any) -> StudyConfig:
     cfg = compose(StudyConfig, SMOKE, [f"out_dir={tmp}/report", f"runs_dir={tmp}/runs"])
-    return dataclasses.replace(cfg, tracking=TrackingConfig(uri=f"sqlite:///{tmp}/mlruns.db",
-                                                            artifact_location=f"{tmp}/art"), **kw)
+    return dataclasses.replace(
+        cfg, tracking=TrackingConfig(uri=f"sqlite:///{tmp}/mlruns.db", artifact_location=f"{tmp}/art"), **kw
+    )
 
 
 def test_study_skips_finished_cells_and_resumes_a_cut_one(tmp_path: Path) -> None:
@@ -151,29 +180,61 @@ def test_study_skips_finished_cells_and_resumes_a_cut_one(tmp_path: Path) -> Non
     first = run_study(_smoke(tmp_path), SMOKE, lines.append, train_fn=fake)
     assert first["failed"] == {"math-habit/leaves/trace/s0": "RuntimeError: cut math-habit/leaves/trace/s0"}
     assert first["ran"] == ["math-habit/leaves/grpo/s0"]
-    assert "cell 2/2 math-habit/leaves/trace/s0: FAILED (RuntimeError: cut math-habit/leaves/trace/s0); run the study " \
-           "again to resume it; about 0 min left" in lines
+    assert (
+        "cell 2/2 math-habit/leaves/trace/s0: FAILED (RuntimeError: cut math-habit/leaves/trace/s0); run the study "
+        "again to resume it; about 0 min left" in lines
+    )
     assert fake.calls == [("math-habit/leaves/grpo/s0", None), ("math-habit/leaves/trace/s0", None)]
     s = run_study(_smoke(tmp_path), SMOKE, lines.append, train_fn=fake)
     assert fake.calls[2][0] == "math-habit/leaves/trace/s0" and fake.calls[2][1] is not None
     assert s["skipped"] == ["math-habit/leaves/grpo/s0"] and s["ran"] == ["math-habit/leaves/trace/s0"]
-    assert any(line.startswith("cell 1/1 math-habit/leaves/trace/s0: held-out 0.250 -> 0.750") for line in lines)
+    assert any(
+        line.startswith("cell 1/1 math-habit/leaves/trace/s0: held-out 0.250 -> 0.750") for line in lines
+    )
     again = run_study(_smoke(tmp_path), SMOKE, lines.append, train_fn=fake)
     assert len(fake.calls) == 3 and again["ran"] == [] and len(again["skipped"]) == 2
     assert again["parent_run_id"] == s["parent_run_id"]
     fresh = run_study(_smoke(tmp_path, only="allocator=grpo", fresh=True), SMOKE, lines.append, train_fn=fake)
-    assert fake.calls[3] == ("math-habit/leaves/grpo/s0", None) and fresh["ran"] == ["math-habit/leaves/grpo/s0"]
+    assert fake.calls[3] == ("math-habit/leaves/grpo/s0", None) and fresh["ran"] == [
+        "math-habit/leaves/grpo/s0"
+    ]
     doc = json.loads((tmp_path / "report" / "study.json").read_text())
     assert set(doc) == {"sha", "cells", "comparisons"} and len(doc["cells"]) == 2
     cell = doc["cells"][1]
-    assert list(cell) == ["testbed", "budget", "allocator", "seed", "run_id", "steps", "acc_before", "acc_after",
-                          "effective_ratio", "prefix_group_er", "mixed_groups_per_step", "leaves", "generated_tokens",
-                          "tokens_per_step", "wall_s", "cpu_s"]
-    assert (cell["allocator"], cell["steps"], cell["acc_after"], cell["leaves"], cell["generated_tokens"],
-            cell["tokens_per_step"], cell["prefix_group_er"]) == ("trace", 2, 0.75, 12, 200, 100.0, None)
+    assert list(cell) == [
+        "testbed",
+        "budget",
+        "allocator",
+        "seed",
+        "run_id",
+        "steps",
+        "acc_before",
+        "acc_after",
+        "effective_ratio",
+        "prefix_group_er",
+        "mixed_groups_per_step",
+        "leaves",
+        "generated_tokens",
+        "tokens_per_step",
+        "wall_s",
+        "cpu_s",
+    ]
+    assert (
+        cell["allocator"],
+        cell["steps"],
+        cell["acc_after"],
+        cell["leaves"],
+        cell["generated_tokens"],
+        cell["tokens_per_step"],
+        cell["prefix_group_er"],
+    ) == ("trace", 2, 0.75, 12, 200, 100.0, None)
     [comp] = doc["comparisons"]
     assert {k: comp[k] for k in ("testbed", "budget", "allocator", "vs")} == {
-        "testbed": "math-habit", "budget": "leaves", "allocator": "trace", "vs": "grpo"}
+        "testbed": "math-habit",
+        "budget": "leaves",
+        "allocator": "trace",
+        "vs": "grpo",
+    }
     assert comp["diff"] == pytest.approx(0.25) and len(comp["ci95"]) == 2
     md = (tmp_path / "report" / "study.md").read_text()
     assert "## math-habit, equal leaves" in md and "| trace | 1 | 0.250 | 0.750 +- 0.000 | +50.0 |" in md
@@ -184,8 +245,11 @@ def test_token_cells_refuse_without_t(tmp_path: Path) -> None:
     cfg = _smoke(tmp_path)
     cfg = dataclasses.replace(cfg, groups=[{**cfg.groups[0], "budgets": ["tokens"]}])
     fake = FakeTrain(tmp_path)
-    with pytest.raises(ValueError, match="mean generated tokens per step over all steps of the testbed's leaves-mode "
-                                         "grpo cells.*--fill-tokens"):
+    with pytest.raises(
+        ValueError,
+        match="mean generated tokens per step over all steps of the testbed's leaves-mode "
+        "grpo cells.*--fill-tokens",
+    ):
         run_study(cfg, SMOKE, train_fn=fake)
     assert fake.calls == []
 
@@ -196,23 +260,40 @@ def test_submit_sends_a_study_that_joins_the_cluster() -> None:
     assert entrypoint("study", ["--only", "seed=0"]) == "tracerl study --only seed=0 cluster.address=auto"
 
 
-def test_smoke_study_end_to_end_then_skips_both_cells(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_smoke_study_end_to_end_then_skips_both_cells(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Two real 2-step train cells (grpo, trace) of the embedded default on 8 held-out tasks, the report, and a
     second invocation that finds both cells FINISHED and only rebuilds the report."""
     import mlflow
 
     from workflows.cli import main
 
-    args = ["study", "--config", str(SMOKE), "--out", str(tmp_path / "report"), "--json", str(tmp_path / "s.json"),
-            f"tracking.uri=sqlite:///{tmp_path}/mlruns.db", f"tracking.artifact_location={tmp_path}/art",
-            f"runs_dir={tmp_path}/runs"]
+    args = [
+        "study",
+        "--config",
+        str(SMOKE),
+        "--out",
+        str(tmp_path / "report"),
+        "--json",
+        str(tmp_path / "s.json"),
+        f"tracking.uri=sqlite:///{tmp_path}/mlruns.db",
+        f"tracking.artifact_location={tmp_path}/art",
+        f"runs_dir={tmp_path}/runs",
+    ]
     assert main(args) == 0
     out = capsys.readouterr()
     assert "ran 2 cells, skipped 0, failed 0" in out.out
-    assert "cell 1/2 math-habit/leaves/grpo/s0: held-out" in out.err and "cell 2/2 math-habit/leaves/trace/s0" in out.err
+    assert (
+        "cell 1/2 math-habit/leaves/grpo/s0: held-out" in out.err
+        and "cell 2/2 math-habit/leaves/trace/s0" in out.err
+    )
     doc = json.loads((tmp_path / "s.json").read_text())
     assert doc == json.loads((tmp_path / "report" / "study.json").read_text())
-    assert [(c["allocator"], c["steps"], c["leaves"]) for c in doc["cells"]] == [("grpo", 2, 12), ("trace", 2, 12)]
+    assert [(c["allocator"], c["steps"], c["leaves"]) for c in doc["cells"]] == [
+        ("grpo", 2, 12),
+        ("trace", 2, 12),
+    ]
     for c in doc["cells"]:
         assert 0 <= c["acc_before"] <= 1 and 0 <= c["acc_after"] <= 1 and c["generated_tokens"] > 0
         assert c["tokens_per_step"] == c["generated_tokens"] / 2 and c["wall_s"] > 0 and c["cpu_s"] > 0
@@ -224,33 +305,55 @@ def test_smoke_study_end_to_end_then_skips_both_cells(tmp_path: Path, capsys: py
     [parent] = client.search_runs([exp.experiment_id], filter_string="tags.`tracerl.command` = 'study'")
     assert parent.info.status == "FINISHED" and doc["sha"] == parent.data.tags["tracerl.git_sha"]
     assert {f.path for f in client.list_artifacts(parent.info.run_id, "report")} >= {
-        "report/study.md", "report/study.json", "report/study_accuracy_vs_leaves.png"}
+        "report/study.md",
+        "report/study.json",
+        "report/study_accuracy_vs_leaves.png",
+    }
     child = client.get_run(doc["cells"][1]["run_id"])
     assert {k: v for k, v in child.data.tags.items() if k.startswith("tracerl.study.")} == {
-        "tracerl.study.testbed": "math-habit", "tracerl.study.budget": "leaves", "tracerl.study.allocator": "trace",
-        "tracerl.study.seed": "0"}
-    assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id and child.data.tags["tracerl.git_sha"] == doc["sha"]
-    outcomes = json.loads(Path(client.download_artifacts(child.info.run_id, "eval/outcomes_step_00002.json",
-                                                         str(tmp_path))).read_text())
+        "tracerl.study.testbed": "math-habit",
+        "tracerl.study.budget": "leaves",
+        "tracerl.study.allocator": "trace",
+        "tracerl.study.seed": "0",
+    }
+    assert (
+        child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        and child.data.tags["tracerl.git_sha"] == doc["sha"]
+    )
+    outcomes = json.loads(
+        Path(
+            client.download_artifacts(child.info.run_id, "eval/outcomes_step_00002.json", str(tmp_path))
+        ).read_text()
+    )
     assert len(outcomes) == 8 and set(outcomes.values()) <= {0.0, 1.0}
     assert sum(outcomes.values()) / 8 == doc["cells"][1]["acc_after"]
     assert main(args) == 0
     assert "ran 0 cells, skipped 2, failed 0" in capsys.readouterr().out
-    assert len(client.search_runs([exp.experiment_id], filter_string="tags.`tracerl.study` = 'smoke-study'")) == 3
+    assert (
+        len(client.search_runs([exp.experiment_id], filter_string="tags.`tracerl.study` = 'smoke-study'"))
+        == 3
+    )
 
 
 def test_fill_tokens_writes_t_then_token_cells_run_with_it(tmp_path: Path) -> None:
     conf = tmp_path / "study.yaml"
     conf.write_text(SMOKE.read_text())
     fake = FakeTrain(tmp_path)
-    run_study(_smoke(tmp_path), conf, train_fn=fake)  # the leaves-mode grpo and trace cells: 100 tokens a step
+    run_study(
+        _smoke(tmp_path), conf, train_fn=fake
+    )  # the leaves-mode grpo and trace cells: 100 tokens a step
     lines: list[str] = []
-    assert run_study(_smoke(tmp_path, fill_tokens=True), conf, lines.append, train_fn=fake) == {"filled": True}
+    assert run_study(_smoke(tmp_path, fill_tokens=True), conf, lines.append, train_fn=fake) == {
+        "filled": True
+    }
     assert "testbed math-habit: T = 100 generated tokens per step written to" in lines[-1]
     cfg = compose(StudyConfig, conf, [f"out_dir={tmp_path}/report", f"runs_dir={tmp_path}/runs"])
     assert cfg.testbeds["math-habit"]["token_budget"] == 100
-    tokens = dataclasses.replace(_smoke(tmp_path), testbeds=cfg.testbeds,
-                                 groups=[{**cfg.groups[0], "budgets": ["tokens"], "allocators": ["grpo"]}])
+    tokens = dataclasses.replace(
+        _smoke(tmp_path),
+        testbeds=cfg.testbeds,
+        groups=[{**cfg.groups[0], "budgets": ["tokens"], "allocators": ["grpo"]}],
+    )
     calls = len(fake.calls)
     s = run_study(tokens, conf, train_fn=fake)
     assert s["ran"] == ["math-habit/tokens/grpo/s0"] and len(fake.calls) == calls + 1

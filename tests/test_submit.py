@@ -34,18 +34,35 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`ray start --head --block` in the foreground, from a temporary directory: terminating it stops exactly this
     cluster (not `ray stop`, which would stop every Ray on the machine, the test session's own included)."""
     gcs, dash = _free_port(), _free_port()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "PYTHONPATH"},
-           "RAY_AUTH_MODE": "token"}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "PYTHONPATH"},
+        "RAY_AUTH_MODE": "token",
+    }
     ray_bin = str(Path(sys.executable).parent / "ray")
-    proc = subprocess.Popen([ray_bin, "start", "--head", "--block", f"--port={gcs}", f"--dashboard-port={dash}",
-                             "--dashboard-host=127.0.0.1", "--num-cpus=3", "--disable-usage-stats",
-                             # every port of its own: another Ray on the machine may hold the defaults (52365, ...)
-                             f"--dashboard-agent-listen-port={_free_port()}",
-                             f"--dashboard-agent-grpc-port={_free_port()}",
-                             f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}",
-                             f"--temp-dir={tmp_path_factory.mktemp('rayhead')}"],
-                            cwd=tmp_path_factory.mktemp("headcwd"), env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            ray_bin,
+            "start",
+            "--head",
+            "--block",
+            f"--port={gcs}",
+            f"--dashboard-port={dash}",
+            "--dashboard-host=127.0.0.1",
+            "--num-cpus=3",
+            "--disable-usage-stats",
+            # every port of its own: another Ray on the machine may hold the defaults (52365, ...)
+            f"--dashboard-agent-listen-port={_free_port()}",
+            f"--dashboard-agent-grpc-port={_free_port()}",
+            f"--runtime-env-agent-port={_free_port()}",
+            f"--metrics-export-port={_free_port()}",
+            f"--temp-dir={tmp_path_factory.mktemp('rayhead')}",
+        ],
+        cwd=tmp_path_factory.mktemp("headcwd"),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{dash}"
     deadline = time.monotonic() + 180
     while True:
@@ -65,8 +82,14 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     """`tracerl ...` in a fresh process from the repository root, as from a new shell (the test session may hold
     its own Ray)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") or k == "RAY_AUTH_MODE"}
-    return subprocess.run([sys.executable, "-m", "workflows.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=1200)
+    return subprocess.run(
+        [sys.executable, "-m", "workflows.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
 
 
 def _find(pattern: str, text: str) -> tuple[str, ...]:
@@ -81,12 +104,22 @@ def _job_id(stdout: str) -> str:
 
 # -- what the job's working directory carries (no cluster needed) ---------------------------------------------------
 
+
 def _project(root: Path) -> Path:
     """A small copy of the project's layout with the repository's .gitignore: code, configs, a committed model and
     what must stay behind (another model, a venv, run outputs, an MLflow store)."""
-    for rel in ["platform/tracerl/__init__.py", "workflows/cli.py", "conf/train/smoke.yaml",
-                "models/tiny-math/model.safetensors", "models/tiny-math-habit/config.json", "models/smollm2/big.bin",
-                ".venv/bin/python", "runs/r1/summary.json", "mlruns.db", "platform/tracerl/__pycache__/x.pyc"]:
+    for rel in [
+        "platform/tracerl/__init__.py",
+        "workflows/cli.py",
+        "conf/train/smoke.yaml",
+        "models/tiny-math/model.safetensors",
+        "models/tiny-math-habit/config.json",
+        "models/smollm2/big.bin",
+        ".venv/bin/python",
+        "runs/r1/summary.json",
+        "mlruns.db",
+        "platform/tracerl/__pycache__/x.pyc",
+    ]:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text("x")
     shutil.copy(ROOT / ".gitignore", root / ".gitignore")
@@ -102,9 +135,12 @@ def _uploaded(working_dir: Path, tmp: Path) -> set[str]:
 
     renv, git = runtime_env(working_dir)
     with upload_rules(git):
-        create_package(renv["working_dir"], tmp / "pkg.zip",
-                       include_gitignore=os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "0") != "1",
-                       excludes=renv["excludes"])
+        create_package(
+            renv["working_dir"],
+            tmp / "pkg.zip",
+            include_gitignore=os.environ.get("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "0") != "1",
+            excludes=renv["excludes"],
+        )
     return {n for n in zipfile.ZipFile(tmp / "pkg.zip").namelist() if not n.endswith("/")}
 
 
@@ -114,17 +150,29 @@ def test_the_upload_carries_code_configs_and_committed_models(tmp_path: Path, gi
     if git:
         subprocess.run(["git", "init", "-q", str(proj)], check=True)
     files = _uploaded(proj, tmp_path)
-    assert {"platform/tracerl/__init__.py", "workflows/cli.py", "conf/train/smoke.yaml",
-            "models/tiny-math/model.safetensors", "models/tiny-math-habit/config.json"} <= files
-    assert not [f for f in files if f.startswith(("models/smollm2", ".venv", "runs/", ".git/")) or
-                f in ("mlruns.db",) or f.endswith(".pyc")]
+    assert {
+        "platform/tracerl/__init__.py",
+        "workflows/cli.py",
+        "conf/train/smoke.yaml",
+        "models/tiny-math/model.safetensors",
+        "models/tiny-math-habit/config.json",
+    } <= files
+    assert not [
+        f
+        for f in files
+        if f.startswith(("models/smollm2", ".venv", "runs/", ".git/"))
+        or f in ("mlruns.db",)
+        or f.endswith(".pyc")
+    ]
 
 
 def test_the_repository_upload_has_the_shipped_models() -> None:
     from workflows.submit import runtime_env
 
     renv, git = runtime_env(ROOT)
-    assert renv["env_vars"]["PYTHONPATH"] == "platform"  # relative: each job process starts in the working dir
+    assert (
+        renv["env_vars"]["PYTHONPATH"] == "platform"
+    )  # relative: each job process starts in the working dir
     if git:  # this checkout: git's own rules decide, and they keep the committed models
         assert not any(p.startswith("/models") for p in renv["excludes"])
 
@@ -138,7 +186,9 @@ def test_wildcards_in_ignored_names_match_only_that_name() -> None:
     assert spec.match_file("out[1]*?.log") and not spec.match_file("out1xy.log")
 
 
-def test_a_directory_that_is_not_the_project_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_directory_that_is_not_the_project_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # nothing is contacted: the address is never reached
     assert main(["submit", "--address", "http://127.0.0.1:9", "--working-dir", str(tmp_path), "eval"]) == 2
     err = capsys.readouterr().err
@@ -149,9 +199,14 @@ def test_train_and_sweep_join_the_cluster_they_are_sent_to() -> None:
     from workflows.submit import entrypoint
 
     assert entrypoint("train", ["--steps", "1"]) == "tracerl train --steps 1 cluster.address=auto"
-    assert entrypoint("sweep", ["cluster.address=ray://h:10001"], "/py") == \
-        "/py -m workflows.cli sweep cluster.address=ray://h:10001"
-    assert entrypoint("eval", ["model.path=models/tiny-math-habit"]) == "tracerl eval model.path=models/tiny-math-habit"
+    assert (
+        entrypoint("sweep", ["cluster.address=ray://h:10001"], "/py")
+        == "/py -m workflows.cli sweep cluster.address=ray://h:10001"
+    )
+    assert (
+        entrypoint("eval", ["model.path=models/tiny-math-habit"])
+        == "tracerl eval model.path=models/tiny-math-habit"
+    )
 
 
 def test_submit_refuses_other_commands(capsys: pytest.CaptureFixture[str]) -> None:
@@ -161,23 +216,47 @@ def test_submit_refuses_other_commands(capsys: pytest.CaptureFixture[str]) -> No
 
 # -- on the head ------------------------------------------------------------------------------------------------------
 
+
 def test_the_shipped_smoke_train_runs_on_the_cluster(head: str) -> None:
     """The documented command with the relative config path: the job finds models/tiny-math in its working
     directory, joins the head's Ray and writes its MLflow store into that working directory."""
-    res = _cli("submit", "--address", head, "--python", sys.executable, "train", "--config",
-               "conf/train/smoke.yaml", "--steps", "1")
+    res = _cli(
+        "submit",
+        "--address",
+        head,
+        "--python",
+        sys.executable,
+        "train",
+        "--config",
+        "conf/train/smoke.yaml",
+        "--steps",
+        "1",
+    )
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     assert re.search(r"^job \S+: SUCCEEDED$", res.stdout, re.M)
     assert re.search(r"^steps\s+1$", res.stdout, re.M)  # the job's own summary, streamed back
-    store, storage = map(Path, _find(r"MLflow run \w+ \(sqlite:///(\S+)\); checkpoints in (\S+)$", res.stdout))
+    store, storage = map(
+        Path, _find(r"MLflow run \w+ \(sqlite:///(\S+)\); checkpoints in (\S+)$", res.stdout)
+    )
     wd = store.parent  # the job's working directory: the uploaded project, on this machine (the head's node)
     assert store.name == "mlruns.db" and store.is_file() and wd != ROOT
     assert (wd / "models" / "tiny-math" / "model.safetensors").is_file() and storage.parent == wd / "runs"
 
 
 def test_submit_streams_logs_and_reports_status(head: str) -> None:
-    res = _cli("submit", "--address", head, "--python", sys.executable, "eval", "model.path=models/tiny-math-habit",
-               "env.math.eval_tasks=3", "sampler.max_turns=2", "--samples", "0")
+    res = _cli(
+        "submit",
+        "--address",
+        head,
+        "--python",
+        sys.executable,
+        "eval",
+        "model.path=models/tiny-math-habit",
+        "env.math.eval_tasks=3",
+        "sampler.max_turns=2",
+        "--samples",
+        "0",
+    )
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     assert "greedy pass@1" in res.stdout  # the job's own output, streamed back
     job_id = _job_id(res.stdout)
@@ -195,17 +274,36 @@ def test_the_job_imports_the_uploaded_code(head: str, tmp_path: Path) -> None:
 
     from workflows.submit import runtime_env
 
-    code = ("import os, ray, tracerl, workflows; ray.init(); "
-            "f = ray.remote(lambda: (__import__('tracerl').__file__, __import__('workflows').__file__)); "
-            "print('cwd', os.getcwd()); print('driver', tracerl.__file__, workflows.__file__); "
-            "print('worker', *ray.get(f.remote()))")
+    code = (
+        "import os, ray, tracerl, workflows; ray.init(); "
+        "f = ray.remote(lambda: (__import__('tracerl').__file__, __import__('workflows').__file__)); "
+        "print('cwd', os.getcwd()); print('driver', tracerl.__file__, workflows.__file__); "
+        "print('worker', *ray.get(f.remote()))"
+    )
     renv, git = runtime_env(ROOT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(RAY_AUTH_MODE="token", RAY_RUNTIME_ENV_IGNORE_GITIGNORE="1" if git else "0")
     for _ in range(3):  # once seen on a loaded machine: the head dropped the connection before taking the job
-        res = subprocess.run([str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", head,
-                              "--runtime-env-json", json.dumps(renv), "--", sys.executable, "-c", code],
-                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+        res = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "ray"),
+                "job",
+                "submit",
+                "--address",
+                head,
+                "--runtime-env-json",
+                json.dumps(renv),
+                "--",
+                sys.executable,
+                "-c",
+                code,
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         logs = res.stdout + res.stderr
         if "submitted successfully" in logs or "Connection aborted" not in logs:
             break

@@ -40,9 +40,24 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp}/srv.db",
-                             "--default-artifact-root", str(tmp / "art"), "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{tmp}/srv.db",
+            "--default-artifact-root",
+            str(tmp / "art"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
@@ -58,12 +73,22 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     stop_process(proc)
 
 
-def test_smoke_sweep_logs_parent_and_children_to_a_server(tiny_policy: Path, mlflow_server: str, tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_smoke_sweep_logs_parent_and_children_to_a_server(
+    tiny_policy: Path, mlflow_server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import mlflow
 
-    args = ["sweep", "--config", str(ROOT / "conf" / "sweep" / "smoke.yaml"), f"model.path={tiny_policy}",
-            f"tracking.uri={mlflow_server}", f"out_dir={tmp_path}/runs", "--name", "smoke", "budget.token_budget=400"]
+    args = [
+        "sweep",
+        "--config",
+        str(ROOT / "conf" / "sweep" / "smoke.yaml"),
+        f"model.path={tiny_policy}",
+        f"tracking.uri={mlflow_server}",
+        f"out_dir={tmp_path}/runs",
+        "--name",
+        "smoke",
+        "budget.token_budget=400",
+    ]
     assert main(args) == 0
     assert "best (rollout/effective_ratio" in capsys.readouterr().out
     mlflow.set_tracking_uri(mlflow_server)
@@ -80,12 +105,23 @@ def test_smoke_sweep_logs_parent_and_children_to_a_server(tiny_policy: Path, mlf
     for r in children:  # every step of every trial reached the server
         assert len(client.get_metric_history(r.info.run_id, "rollout/effective_ratio")) == 3
         # token mode: L starts at num_leaves, then follows 400 tokens / the trial's mean tokens per leaf so far
-        hist = {k: [m.value for m in sorted(client.get_metric_history(r.info.run_id, k), key=lambda m: m.step)]
-                for k in ("budget/leaf_budget", "budget/generated_tokens", "budget/leaves")}
-        budget = BudgetConfig(num_leaves=15, continuations=int(r.data.params["budget.continuations"]), group_size=3,
-                              pool_factor=2, token_budget=400)
-        expected = [15] + [budget.for_tokens(sum(hist["budget/generated_tokens"][:t]) / sum(hist["budget/leaves"][:t]),
-                                             max_candidates=64).leaves for t in (1, 2)]
+        hist = {
+            k: [m.value for m in sorted(client.get_metric_history(r.info.run_id, k), key=lambda m: m.step)]
+            for k in ("budget/leaf_budget", "budget/generated_tokens", "budget/leaves")
+        }
+        budget = BudgetConfig(
+            num_leaves=15,
+            continuations=int(r.data.params["budget.continuations"]),
+            group_size=3,
+            pool_factor=2,
+            token_budget=400,
+        )
+        expected = [15] + [
+            budget.for_tokens(
+                sum(hist["budget/generated_tokens"][:t]) / sum(hist["budget/leaves"][:t]), max_candidates=64
+            ).leaves
+            for t in (1, 2)
+        ]
         assert hist["budget/leaf_budget"] == expected
     best = json.loads(parent.data.tags["tracerl.best_config"])
     assert set(best) == {"budget.continuations", "allocator.m_max"}
@@ -95,19 +131,35 @@ def test_smoke_sweep_logs_parent_and_children_to_a_server(tiny_policy: Path, mlf
     assert len([r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]) == 2
 
 
-def test_asha_stops_a_trailing_trial(tiny_policy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_asha_stops_a_trailing_trial(
+    tiny_policy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """ASHA at rung 1: the first trial (15 leaves a step) sets the bar; the second (6 leaves) trails it and is stopped
     after its first step. Its MLflow child run keeps what it logged and is marked killed."""
     import mlflow
     import yaml
 
     conf = yaml.safe_load((ROOT / "conf" / "sweep" / "smoke.yaml").read_text())
-    conf.update(space={"budget.num_leaves": [15, 6]}, first_trials=[{"budget.num_leaves": 15}, {"budget.num_leaves": 6}],
-                scheduler="asha", grace_period=1, metric="budget/leaves", scope="last")
+    conf.update(
+        space={"budget.num_leaves": [15, 6]},
+        first_trials=[{"budget.num_leaves": 15}, {"budget.num_leaves": 6}],
+        scheduler="asha",
+        grace_period=1,
+        metric="budget/leaves",
+        scope="last",
+    )
     (tmp_path / "asha.yaml").write_text(yaml.safe_dump(conf))
     uri = f"sqlite:///{tmp_path}/mlruns.db"
-    args = ["sweep", "--config", str(tmp_path / "asha.yaml"), f"model.path={tiny_policy}", f"tracking.uri={uri}",
-            f"out_dir={tmp_path}/runs", "--name", "asha"]
+    args = [
+        "sweep",
+        "--config",
+        str(tmp_path / "asha.yaml"),
+        f"model.path={tiny_policy}",
+        f"tracking.uri={uri}",
+        f"out_dir={tmp_path}/runs",
+        "--name",
+        "asha",
+    ]
     before = set(_reserved_groups())  # the test session's Ray may hold groups of its own
     assert main(args) == 0
     # The Ray outlives the sweep: the stopped trial's Ray Train placement group was removed, nothing is left reserved
@@ -128,7 +180,9 @@ def test_asha_stops_a_trailing_trial(tiny_policy: Path, tmp_path: Path, capsys: 
     assert children["15"].info.status == "FINISHED"
     cap = capsys.readouterr()
     assert "stopped early" in cap.out
-    assert "released the Ray Train placement group" in cap.err  # by the sweep (Ray Train's cleaner cannot, here)
+    assert (
+        "released the Ray Train placement group" in cap.err
+    )  # by the sweep (Ray Train's cleaner cannot, here)
 
 
 def test_a_restored_trial_resumes_its_own_unfinished_run(tmp_path: Path) -> None:
@@ -149,8 +203,9 @@ def test_a_restored_trial_resumes_its_own_unfinished_run(tmp_path: Path) -> None
         storage.mkdir()
         if saved:
             (storage / "config.yaml").write_text("steps: 4\n")
-        run = client.create_run(exp, tags={"mlflow.parentRunId": "P", "tracerl.trial": trial,
-                                           "tracerl.storage": str(storage)}).info.run_id
+        run = client.create_run(
+            exp, tags={"mlflow.parentRunId": "P", "tracerl.trial": trial, "tracerl.storage": str(storage)}
+        ).info.run_id
         if status != "RUNNING":
             client.set_terminated(run, status=status)
         return run

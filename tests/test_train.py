@@ -20,8 +20,13 @@ SMOKE = str(ROOT / "conf" / "train" / "smoke.yaml")
 
 
 def _common(tiny: Path, tmp: Path) -> list[str]:
-    return [f"model.path={tiny}", f"tracking.uri=sqlite:///{tmp}/mlruns.db", f"tracking.artifact_location={tmp}/art",
-            "--out", str(tmp / "runs")]
+    return [
+        f"model.path={tiny}",
+        f"tracking.uri=sqlite:///{tmp}/mlruns.db",
+        f"tracking.artifact_location={tmp}/art",
+        "--out",
+        str(tmp / "runs"),
+    ]
 
 
 def _client(tmp: Path) -> Any:
@@ -35,9 +40,18 @@ def _client(tmp: Path) -> Any:
 def run(tiny_policy: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("train")
     # Two DDP ranks (gloo): rank 0 drives the pools and broadcasts each batch; both update on their shards.
-    args = ["train", "--config", SMOKE, *_common(tiny_policy, tmp), "trainer.num_workers=2", "trainer.cpus_per_worker=0.4",
-            "faults.kill_rollout_worker_at_step=0", "faults.kill_env_worker_at_step=1", "faults.kill_trainer_at_step=1",
-            "max_failures=3"]  # one restart is the drill; spare ones absorb a health check lost to a loaded machine
+    args = [
+        "train",
+        "--config",
+        SMOKE,
+        *_common(tiny_policy, tmp),
+        "trainer.num_workers=2",
+        "trainer.cpus_per_worker=0.4",
+        "faults.kill_rollout_worker_at_step=0",
+        "faults.kill_env_worker_at_step=1",
+        "faults.kill_trainer_at_step=1",
+        "max_failures=3",
+    ]  # one restart is the drill; spare ones absorb a health check lost to a loaded machine
     assert main(args) == 0
     client = _client(tmp)
     exp = client.get_experiment_by_name("tracerl")
@@ -55,16 +69,35 @@ def test_run_survives_actor_and_trainer_deaths(run: dict[str, Any]) -> None:
     er = metric_series(client, run["run_id"], "rollout/effective_ratio")
     assert sorted(er) == [1, 2, 3]
     retried = metric_series(client, run["run_id"], "budget/retried")
-    assert retried[1] >= 1  # the sampler that died in step 0 (logged at step 1); env deaths: tests/test_pools.py
+    assert (
+        retried[1] >= 1
+    )  # the sampler that died in step 0 (logged at step 1); env deaths: tests/test_pools.py
     # every required metric family is logged
-    for key in ("train/loss", "train/clip_fraction", "train/approx_kl", "train/entropy", "train/grad_norm",
-                "train/reward_mean", "train/accuracy", "train/response_tokens", "train/tokens_per_s",
-                "system/peak_memory_mb", "time/update_policy_s", "time/sync_weights_s", "time/rollout_s",
-                "budget/leaves", "budget/generated_tokens", "budget/prefill_tokens_reused", "eval/accuracy"):
+    for key in (
+        "train/loss",
+        "train/clip_fraction",
+        "train/approx_kl",
+        "train/entropy",
+        "train/grad_norm",
+        "train/reward_mean",
+        "train/accuracy",
+        "train/response_tokens",
+        "train/tokens_per_s",
+        "system/peak_memory_mb",
+        "time/update_policy_s",
+        "time/sync_weights_s",
+        "time/rollout_s",
+        "budget/leaves",
+        "budget/generated_tokens",
+        "budget/prefill_tokens_reused",
+        "eval/accuracy",
+    ):
         assert key in r.data.metrics, key
     assert metric_series(client, run["run_id"], "budget/leaves") == {1: 15.0, 2: 15.0, 3: 15.0}
     # the key/ copies: the same accuracy and effective ratio, and the tokens generated so far (across the restart)
-    assert metric_series(client, run["run_id"], "key/accuracy") == metric_series(client, run["run_id"], "eval/accuracy")
+    assert metric_series(client, run["run_id"], "key/accuracy") == metric_series(
+        client, run["run_id"], "eval/accuracy"
+    )
     assert metric_series(client, run["run_id"], "key/effective_ratio") == er
     tokens = metric_series(client, run["run_id"], "budget/generated_tokens")
     assert metric_series(client, run["run_id"], "key/generated_tokens")[3] == sum(tokens.values())
@@ -90,7 +123,9 @@ def test_checkpoints_hold_a_changed_policy(run: dict[str, Any]) -> None:
     ckpt = latest_checkpoint(storage)
     assert ckpt is not None and json.loads((ckpt / "state.json").read_text())["step"] == 3
     assert len([d for d in storage.glob("checkpoint_0*") if d.is_dir()]) <= 2  # keep_checkpoints
-    assert {"predictor.pt", "trainer_rank0.pt", "trainer_rank1.pt", "config.yaml"} <= {p.name for p in ckpt.iterdir()}
+    assert {"predictor.pt", "trainer_rank0.pt", "trainer_rank1.pt", "config.yaml"} <= {
+        p.name for p in ckpt.iterdir()
+    }
     trained = AutoModelForCausalLM.from_pretrained(ckpt / "policy")
     assert all(torch.isfinite(p).all() for p in trained.parameters())
     # three schedule steps, counted across the restart after step 2: the trainer state came back from the checkpoint
@@ -124,7 +159,13 @@ def test_register_and_load_back(run: dict[str, Any]) -> None:
     client = _client(run["tmp"])
     mv = client.get_model_version_by_alias("tiny-math-rl", "champion")
     assert int(mv.version) == v["version"]
-    assert {"git_sha", "config_hash", "dataset_fingerprint", "predictor_checkpoint", "checkpoint_step"} <= set(mv.tags)
+    assert {
+        "git_sha",
+        "config_hash",
+        "dataset_fingerprint",
+        "predictor_checkpoint",
+        "checkpoint_step",
+    } <= set(mv.tags)
     model = mlflow.pyfunc.load_model("models:/tiny-math-rl@champion")
     out = model.predict(["Question: What is 2 + 3?\n"], params={"max_new_tokens": 8})
     assert isinstance(out, list) and len(out) == 1 and isinstance(out[0], str)
@@ -134,8 +175,17 @@ def test_register_and_load_back(run: dict[str, Any]) -> None:
 
 def test_eval_of_a_run_checkpoint(run: dict[str, Any], tmp_path: Path) -> None:
     tmp = run["tmp"]
-    args = ["eval", f"model.path=runs:/{run['run_id']}", f"tracking.uri=sqlite:///{tmp}/mlruns.db",
-            "env.math.eval_tasks=6", "sampler.max_turns=3", "--samples", "2", "--out", str(tmp_path)]
+    args = [
+        "eval",
+        f"model.path=runs:/{run['run_id']}",
+        f"tracking.uri=sqlite:///{tmp}/mlruns.db",
+        "env.math.eval_tasks=6",
+        "sampler.max_turns=3",
+        "--samples",
+        "2",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(args) == 0
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["greedy"]["tasks"] == 6 and s["sampled"]["k"] == 2
@@ -144,13 +194,16 @@ def test_eval_of_a_run_checkpoint(run: dict[str, Any], tmp_path: Path) -> None:
     assert len(traces) == 12 and {t["mode"] for t in traces} == {"greedy", "sampled_t1"}
 
 
-def test_resume_of_an_unknown_run_says_so(tiny_policy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_resume_of_an_unknown_run_says_so(
+    tiny_policy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["train", *_common(tiny_policy, tmp_path), "resume=0123abc"]) == 2
     assert "no MLflow run '0123abc'" in capsys.readouterr().err
 
 
-def test_compare_ranks_runs_and_logs_the_report(run: dict[str, Any], tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_compare_ranks_runs_and_logs_the_report(
+    run: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     tmp = run["tmp"]
     assert main(["compare", "--tracking-uri", f"sqlite:///{tmp}/mlruns.db", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -158,10 +211,13 @@ def test_compare_ranks_runs_and_logs_the_report(run: dict[str, Any], tmp_path: P
     rows = json.loads((tmp_path / "runs.json").read_text())
     assert [r["run_id"] for r in rows] == [run["run_id"]] and rows[0]["continuations"] == 2
     assert {"effective_ratio_per_step.png", "accuracy_vs_budget.png", "budget_shape_heatmap.png"} <= {
-        p.name for p in tmp_path.iterdir()}
+        p.name for p in tmp_path.iterdir()
+    }
     client = _client(tmp)
     exp = client.get_experiment_by_name("tracerl")
-    cmp = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("tracerl.command") == "compare"]
+    cmp = [
+        r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("tracerl.command") == "compare"
+    ]
     assert len(cmp) == 1 and cmp[0].data.tags["tracerl.compared"] == run["run_id"]
     assert {Path(a.path).name for a in client.list_artifacts(cmp[0].info.run_id, "compare")} >= {"table.txt"}
 
@@ -172,7 +228,10 @@ def test_ui_serves_the_store(run: dict[str, Any], capsys: pytest.CaptureFixture[
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    assert main(["ui", "--check", "--port", str(port), "--tracking-uri", f"sqlite:///{run['tmp']}/mlruns.db"]) == 0
+    assert (
+        main(["ui", "--check", "--port", str(port), "--tracking-uri", f"sqlite:///{run['tmp']}/mlruns.db"])
+        == 0
+    )
     assert f"http://127.0.0.1:{port}" in capsys.readouterr().out
 
 
@@ -186,13 +245,24 @@ def test_lora_on_two_fsdp_ranks_trains_adapters_and_resumes(tmp_path: Path) -> N
     from tracerl.config import TrackingConfig
     from workflows.runs import latest_checkpoint, metric_series, run_storage
 
-    habit = ROOT / "models" / "tiny-math-habit"  # succeeds often enough for mixed groups (a signal) in 2 steps
-    common = [*_common(habit, tmp_path), "trainer.num_workers=2", "trainer.cpus_per_worker=0.4",
-              "trainer.strategy=fsdp", "trainer.lora_rank=4", "trainer.lora_alpha=8", "checkpoint_every=1",
-              "eval_at_start=false", "env.math.eval_tasks=4",
-              # the GPU recipe on CPU: bfloat16 compute over float32 master weights, activation checkpointing
-              "model.dtype=bfloat16", "trainer.gradient_checkpointing=true",
-              "loss.kl_coef=0.05"]  # a reference model, sharded like the policy
+    habit = (
+        ROOT / "models" / "tiny-math-habit"
+    )  # succeeds often enough for mixed groups (a signal) in 2 steps
+    common = [
+        *_common(habit, tmp_path),
+        "trainer.num_workers=2",
+        "trainer.cpus_per_worker=0.4",
+        "trainer.strategy=fsdp",
+        "trainer.lora_rank=4",
+        "trainer.lora_alpha=8",
+        "checkpoint_every=1",
+        "eval_at_start=false",
+        "env.math.eval_tasks=4",
+        # the GPU recipe on CPU: bfloat16 compute over float32 master weights, activation checkpointing
+        "model.dtype=bfloat16",
+        "trainer.gradient_checkpointing=true",
+        "loss.kl_coef=0.05",
+    ]  # a reference model, sharded like the policy
     assert main(["train", "--config", SMOKE, *common, "--steps", "2"]) == 0
     client = _client(tmp_path)
     run_id = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])[0].info.run_id
@@ -200,12 +270,15 @@ def test_lora_on_two_fsdp_ranks_trains_adapters_and_resumes(tmp_path: Path) -> N
     storage = run_storage(run_id, TrackingConfig(uri=f"sqlite:///{tmp_path}/mlruns.db"))
     ckpt = latest_checkpoint(storage)
     assert ckpt is not None and {"lora_adapters.pt", "trainer_rank0.pt", "trainer_rank1.pt"} <= {
-        p.name for p in ckpt.iterdir()}
+        p.name for p in ckpt.iterdir()
+    }
     adapters = torch.load(ckpt / "lora_adapters.pt", weights_only=True)
     base = AutoModelForCausalLM.from_pretrained(habit).state_dict()
     trained = AutoModelForCausalLM.from_pretrained(ckpt / "policy", dtype="auto").state_dict()
     assert sorted(trained) == sorted(base)
-    assert {v.dtype for v in trained.values()} == {torch.float32}  # the master weights, not the bf16 compute copy
+    assert {v.dtype for v in trained.values()} == {
+        torch.float32
+    }  # the master weights, not the bf16 compute copy
     layers = sum(1 for k in base if k.endswith("self_attn.q_proj.weight"))
     assert len(adapters) == 8 * layers  # A and B of q, k, v, o in every layer
     assert all(torch.equal(trained[k], base[k]) for k in base if ".mlp." in k)  # no adapters there: untouched
@@ -223,24 +296,40 @@ def test_lora_on_two_fsdp_ranks_trains_adapters_and_resumes(tmp_path: Path) -> N
     assert max(float((resumed[k] - v).abs().max()) for k, v in adapters.items()) < 1e-2
 
 
-def test_lora_targets_the_model_lacks_stop_before_a_run(tiny_policy: Path, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["train", "--config", SMOKE, *_common(tiny_policy, tmp_path), "trainer.lora_rank=4",
-            "trainer.lora_targets=[q_proj, c_attn]"]
+def test_lora_targets_the_model_lacks_stop_before_a_run(
+    tiny_policy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [
+        "train",
+        "--config",
+        SMOKE,
+        *_common(tiny_policy, tmp_path),
+        "trainer.lora_rank=4",
+        "trainer.lora_targets=[q_proj, c_attn]",
+    ]
     assert main(args) == 2
     assert "trainer.lora_targets ['c_attn'] name no linear layer" in capsys.readouterr().err
     assert not (tmp_path / "mlruns.db").exists()  # checked before the tracking store (and a run) was created
 
 
-def test_a_run_too_big_for_the_embedded_ray_stops_before_it_starts(tiny_policy: Path, tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_run_too_big_for_the_embedded_ray_stops_before_it_starts(
+    tiny_policy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Actors that cannot all fit would leave Ray waiting for ever (found with 2 trainer workers of 0.5 CPU beside
     the smoke config's pools on 2 cores): the run is refused with the shares and the keys that set them."""
-    args = ["train", "--config", SMOKE, *_common(tiny_policy, tmp_path), "trainer.num_workers=64",
-            "trainer.cpus_per_worker=1"]
+    args = [
+        "train",
+        "--config",
+        SMOKE,
+        *_common(tiny_policy, tmp_path),
+        "trainer.num_workers=64",
+        "trainer.cpus_per_worker=1",
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert ("needs 65.1 CPUs at once (trainer 64 x 1, samplers 2 x 0.5, environments 2 x 0.05) but the embedded Ray "
-            "has") in err
+    assert (
+        "needs 65.1 CPUs at once (trainer 64 x 1, samplers 2 x 0.5, environments 2 x 0.05) but the embedded Ray "
+        "has"
+    ) in err
     assert "lower trainer.num_workers / trainer.cpus_per_worker" in err and "cluster.num_cpus" in err
     assert not (tmp_path / "mlruns.db").exists()  # refused before the tracking store (and a run) was created

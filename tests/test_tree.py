@@ -51,13 +51,13 @@ def test_leaves_cannot_grow_and_bare_rollouts_come_first(small_tree: RolloutTree
 def nested_tree() -> RolloutTree:
     """Two bare rollouts; continuations at depth 2 and depth 1 of the first, and at depth 1 of the second.
 
-        0 (root)
-        ├── 1 ── 2 ── 3 (r=0)        bare path 0
-        │   │    ├── 6 (r=1)         continuation path 2 from node 2
-        │   │    └── 7 (r=1)         continuation path 3 from node 2
-        │   └── 8 ── 9 (r=0)         continuation path 4 from node 1
-        └── 4 ── 5 (r=1)             bare path 1
-             └── 10 (r=1)            continuation path 5 from node 4
+    0 (root)
+    ├── 1 ── 2 ── 3 (r=0)        bare path 0
+    │   │    ├── 6 (r=1)         continuation path 2 from node 2
+    │   │    └── 7 (r=1)         continuation path 3 from node 2
+    │   └── 8 ── 9 (r=0)         continuation path 4 from node 1
+    └── 4 ── 5 (r=1)             bare path 1
+         └── 10 (r=1)            continuation path 5 from node 4
     """
     tree = RolloutTree(Prompt("n"))
     chain(tree, 0, [(0.0, 3), (1.0, 2)])
@@ -88,7 +88,10 @@ def test_debiased_targets_golden() -> None:
     np.testing.assert_array_equal(wts, [2, 1, 1, 1, 2, 1, 1, 1])
     for node in set(ids.tolist()):
         sel = ids == node
-        assert np.sum(wts[sel] * vals[sel]) / np.sum(wts[sel]) == pytest.approx(d[node]) and np.sum(wts[sel]) == w[node]
+        assert (
+            np.sum(wts[sel] * vals[sel]) / np.sum(wts[sel]) == pytest.approx(d[node])
+            and np.sum(wts[sel]) == w[node]
+        )
 
 
 def test_debiased_targets_are_unbiased_under_outcome_dependent_expansion() -> None:
@@ -106,7 +109,15 @@ def test_debiased_targets_are_unbiased_under_outcome_dependent_expansion() -> No
     """
     import itertools
 
-    acc = {"old": 0.0, "n": 0.0, "root": 0.0, "y_plain": 0.0, "y_weighted": 0.0, "expanded_d": 0.0, "expanded_cont": 0.0}
+    acc = {
+        "old": 0.0,
+        "n": 0.0,
+        "root": 0.0,
+        "y_plain": 0.0,
+        "y_weighted": 0.0,
+        "expanded_d": 0.0,
+        "expanded_cont": 0.0,
+    }
     for v, r0 in itertools.product([0.2, 0.8], [0.0, 1.0]):
         k = 3 if (v, r0) == (0.2, 1.0) else 0
         for conts in itertools.product([0.0, 1.0], repeat=k):

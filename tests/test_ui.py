@@ -37,7 +37,9 @@ def _client(uri: str) -> Any:
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
     if chromium_path() is None:
-        pytest.fail("no chromium: run `make test-ui` (it installs Debian's chromium as root) or apt-get install chromium")
+        pytest.fail(
+            "no chromium: run `make test-ui` (it installs Debian's chromium as root) or apt-get install chromium"
+        )
     with Browser(tmp_path_factory.mktemp("chromium-profile")) as b:
         yield b
 
@@ -46,9 +48,26 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
 def sweep(tiny_policy: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("ui-sweep")
     uri = f"sqlite:///{tmp}/mlruns.db"
-    assert main(["sweep", "--config", str(ROOT / "conf" / "sweep" / "smoke.yaml"), "--samples", "2", "--steps", "2",
-                 "--name", "ui-sweep", f"model.path={tiny_policy}", f"tracking.uri={uri}",
-                 f"tracking.artifact_location={tmp}/art", f"out_dir={tmp}/runs"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "--config",
+                str(ROOT / "conf" / "sweep" / "smoke.yaml"),
+                "--samples",
+                "2",
+                "--steps",
+                "2",
+                "--name",
+                "ui-sweep",
+                f"model.path={tiny_policy}",
+                f"tracking.uri={uri}",
+                f"tracking.artifact_location={tmp}/art",
+                f"out_dir={tmp}/runs",
+            ]
+        )
+        == 0
+    )
     assert main(["compare", "--tracking-uri", uri, "--out", str(tmp / "compare")]) == 0
     client = _client(uri)
     exp = client.get_experiment_by_name("tracerl")
@@ -64,9 +83,23 @@ def _ui(uri: str, cwd: Path) -> tuple[subprocess.Popen[str], str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}"}
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; from workflows.cli import main; sys.exit(main())",
-                             "ui", "--tracking-uri", uri, "--port", str(port)], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from workflows.cli import main; sys.exit(main())",
+            "ui",
+            "--tracking-uri",
+            uri,
+            "--port",
+            str(port),
+        ],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     assert proc.stdout is not None
     for line in proc.stdout:  # MLflow's own log goes to stderr; the URL line comes once the server answers
         m = re.search(r"MLflow UI on \S+: (\S+)", line)
@@ -84,19 +117,33 @@ def sweep_ui(sweep: dict[str, Any]) -> Iterator[str]:
     proc.wait(timeout=60)
 
 
-def test_runs_page_lists_the_sweep_with_its_key_columns(sweep: dict[str, Any], sweep_ui: str, browser: Browser) -> None:
+def test_runs_page_lists_the_sweep_with_its_key_columns(
+    sweep: dict[str, Any], sweep_ui: str, browser: Browser
+) -> None:
     exp_id = sweep["runs"]["ui-sweep"].info.experiment_id
-    assert sweep_ui.endswith(f"/#/experiments/{exp_id}/runs?workflowType=machine_learning&viewStateShareKey=tracerl")
+    assert sweep_ui.endswith(
+        f"/#/experiments/{exp_id}/runs?workflowType=machine_learning&viewStateShareKey=tracerl"
+    )
     browser.open(sweep_ui)
-    text = browser.wait_for(["ui-sweep", "key/accuracy", "key/effective_ratio", "key/generated_tokens",
-                             "tracerl.budget", "L=15 N=[2, 4] m_max=[4, 8]"])
+    text = browser.wait_for(
+        [
+            "ui-sweep",
+            "key/accuracy",
+            "key/effective_ratio",
+            "key/generated_tokens",
+            "tracerl.budget",
+            "L=15 N=[2, 4] m_max=[4, 8]",
+        ]
+    )
     assert "Runs" in text and "Traces: 0" not in text  # the runs table, not the GenAI overview
     browser.screenshot(ARTIFACTS / "sweep_runs.png")
     # the parent sweep row carries its best trial's key/ numbers
     best = _client(sweep["uri"]).get_run(sweep["runs"]["ui-sweep"].info.run_id).data.metrics
     assert {"key/accuracy", "key/effective_ratio", "key/generated_tokens"} <= set(best)
     # the trials are its children: expanding it lists them, with their numbers in the key/ columns
-    browser.eval("[...document.querySelectorAll('button[data-component-id*=runnamecellrenderer]')].forEach(b => b.click())")
+    browser.eval(
+        "[...document.querySelectorAll('button[data-component-id*=runnamecellrenderer]')].forEach(b => b.click())"
+    )
     text = browser.wait_for(sweep["children"])
     browser.screenshot(ARTIFACTS / "sweep_runs_expanded.png")
     for child in sweep["children"]:
@@ -108,12 +155,18 @@ def test_trees_html_shows_expanded_prefixes_with_p_and_k(sweep: dict[str, Any], 
     import mlflow
 
     child = sweep["runs"][sweep["children"][0]]
-    local = mlflow.artifacts.download_artifacts(run_id=child.info.run_id, artifact_path="trees/step_00002/trees.html",
-                                                dst_path=str(sweep["tmp"] / "trees"), tracking_uri=sweep["uri"])
+    local = mlflow.artifacts.download_artifacts(
+        run_id=child.info.run_id,
+        artifact_path="trees/step_00002/trees.html",
+        dst_path=str(sweep["tmp"] / "trees"),
+        tracking_uri=sweep["uri"],
+    )
     browser.open(Path(local).as_uri())
     browser.wait_for(["step 2", "predicted p=", "continuations K="])
     expanded = browser.eval("[...document.querySelectorAll('.exp')].map(e => e.innerText)")
-    assert expanded and all(re.fullmatch(r"predicted p=\d\.\d\d; continuations K=[1-9]\d*", e) for e in expanded)
+    assert expanded and all(
+        re.fullmatch(r"predicted p=\d\.\d\d; continuations K=[1-9]\d*", e) for e in expanded
+    )
     assert browser.eval("document.querySelectorAll('.tree').length") >= 1
     assert browser.eval("document.querySelectorAll('.ok, .fail').length") >= 1  # leaf rewards
     browser.screenshot(ARTIFACTS / "trees.png")
@@ -132,12 +185,27 @@ def test_compare_report_has_the_ranking_and_plots(sweep: dict[str, Any], browser
     browser.screenshot(ARTIFACTS / "compare_report.png")
 
 
-def test_demo_run_shows_accuracy_and_effective_ratio_on_the_first_screen(tmp_path: Path, browser: Browser,
-                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_run_shows_accuracy_and_effective_ratio_on_the_first_screen(
+    tmp_path: Path, browser: Browser, capsys: pytest.CaptureFixture[str]
+) -> None:
     """What `make demo` then `tracerl ui` shows, on a 2-step run of the demo config."""
     uri = f"sqlite:///{tmp_path}/mlruns.db"
-    assert main(["train", "--config", str(ROOT / "conf" / "train" / "demo.yaml"), "--steps", "2", f"tracking.uri={uri}",
-                 f"tracking.artifact_location={tmp_path}/art", "--out", str(tmp_path / "runs")]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                str(ROOT / "conf" / "train" / "demo.yaml"),
+                "--steps",
+                "2",
+                f"tracking.uri={uri}",
+                f"tracking.artifact_location={tmp_path}/art",
+                "--out",
+                str(tmp_path / "runs"),
+            ]
+        )
+        == 0
+    )
     assert f"tracerl ui --tracking-uri {uri}" in capsys.readouterr().out  # the command the demo prints
     run = _client(uri).search_runs([_client(uri).get_experiment_by_name("tracerl").experiment_id])[0]
     acc, er = run.data.metrics["key/accuracy"], run.data.metrics["key/effective_ratio"]
@@ -147,13 +215,20 @@ def test_demo_run_shows_accuracy_and_effective_ratio_on_the_first_screen(tmp_pat
         text = browser.wait_for([run.info.run_name, "key/accuracy", "key/effective_ratio"])
         browser.screenshot(ARTIFACTS / "demo_runs.png")
         # the run's cells (ag-grid splits a row into a pinned and a scrolling part) that lie on the first screen
-        cells = dict(browser.eval("const runName = " + json.dumps(run.info.run_name) + ";" + """(() => {
+        cells = dict(
+            browser.eval(
+                "const runName = "
+                + json.dumps(run.info.run_name)
+                + ";"
+                + """(() => {
             const r = [...document.querySelectorAll('.ag-row')].find(r => r.innerText.includes(runName));
             if (!r) return [];
             return [...document.querySelectorAll(`.ag-row[row-index="${r.getAttribute('row-index')}"] .ag-cell`)]
               .filter(c => { const b = c.getBoundingClientRect();
                              return b.width > 0 && b.right <= window.innerWidth && b.bottom <= window.innerHeight; })
-              .map(c => [c.getAttribute('col-id'), c.innerText.trim()]); })()"""))
+              .map(c => [c.getAttribute('col-id'), c.innerText.trim()]); })()"""
+            )
+        )
         for key, value in (("key/accuracy", acc), ("key/effective_ratio", er)):
             shown = cells.get(f"metrics.`{key}`")
             assert shown is not None and abs(float(shown) - value) < 5e-3, (key, value, cells, text[:300])

@@ -21,8 +21,21 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     out = tmp_path_factory.mktemp("vllm") / "policy"
     # vLLM's CPU attention kernels need head_dim 32, 64, ...: 128 / 2 heads = 64.
-    bootstrap(BootstrapConfig(out_dir=str(out), train_tasks=80, eval_tasks=2, hidden_size=128, num_layers=2, num_heads=2,
-                              intermediate_size=256, steps=30, batch_size=8, time_budget_s=None, force=True))
+    bootstrap(
+        BootstrapConfig(
+            out_dir=str(out),
+            train_tasks=80,
+            eval_tasks=2,
+            hidden_size=128,
+            num_layers=2,
+            num_heads=2,
+            intermediate_size=256,
+            steps=30,
+            batch_size=8,
+            time_budget_s=None,
+            force=True,
+        )
+    )
     return out
 
 
@@ -34,7 +47,12 @@ def samplers(checkpoint: Path):  # type: ignore[no-untyped-def]
     from workflows.lm_stack import load_policy
 
     tok, model = load_policy(ModelConfig(path=str(checkpoint)))
-    return VLLMSampler.from_pretrained(str(checkpoint), "float32", max_model_len=1024), HFSampler(model, tok), tok, model
+    return (
+        VLLMSampler.from_pretrained(str(checkpoint), "float32", max_model_len=1024),
+        HFSampler(model, tok),
+        tok,
+        model,
+    )
 
 
 def test_generation_and_stop_strings(samplers) -> None:  # type: ignore[no-untyped-def]
@@ -62,8 +80,11 @@ def test_logprobs_agree_with_the_hf_backend(samplers) -> None:  # type: ignore[n
 
 def test_continuations_hit_the_prefix_cache(samplers) -> None:  # type: ignore[no-untyped-def]
     v, _, tok, _ = samplers
-    prefix = tok("Question: A shop has 40 boxes with 7 coins in each box. How many coins?\nThought: multiply.\n"
-                 "Action: python[print(40 * 7)]\nObservation: 280\n", add_special_tokens=False)["input_ids"]
+    prefix = tok(
+        "Question: A shop has 40 boxes with 7 coins in each box. How many coins?\nThought: multiply.\n"
+        "Action: python[print(40 * 7)]\nObservation: 280\n",
+        add_special_tokens=False,
+    )["input_ids"]
     v.generate([prefix], 8, [], temperature=1.0, seed=0)
     conts = v.generate([prefix] * 4, 8, [], temperature=1.0, seed=5)
     assert sum(g.reused_tokens for g in conts) > 0.5 * 4 * len(prefix)

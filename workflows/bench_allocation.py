@@ -41,7 +41,9 @@ SUMMARY_KEYS = {
 }
 
 
-def _execute(cfg: BenchAllocationConfig, jobs: Sequence[Job], progress: Callable[[str], None]) -> list[RunResult]:
+def _execute(
+    cfg: BenchAllocationConfig, jobs: Sequence[Job], progress: Callable[[str], None]
+) -> list[RunResult]:
     """Run every job, serially or as Ray tasks; results come back in job order."""
     t0 = time.perf_counter()
     runs_bar = bar(progress, len(jobs), "bench allocation", "run")
@@ -50,7 +52,9 @@ def _execute(cfg: BenchAllocationConfig, jobs: Sequence[Job], progress: Callable
         warm = int(cfg.steps * cfg.warmup_fraction)
         er = float(np.mean([m[M.EFFECTIVE_RATIO] for m in r.steps[warm:]]))
         tag = "" if noise == 1.0 else f" noise x{noise:g}"
-        progress(f"[{i}/{len(jobs)}] {r.allocator:<18} seed {r.seed}{tag}: effective ratio {er:.3f} ({time.perf_counter() - t0:.0f} s)")
+        progress(
+            f"[{i}/{len(jobs)}] {r.allocator:<18} seed {r.seed}{tag}: effective ratio {er:.3f} ({time.perf_counter() - t0:.0f} s)"
+        )
         runs_bar.set(i)
         if i == len(jobs):
             runs_bar.close()
@@ -95,7 +99,9 @@ def _ci95(values: Sequence[float]) -> float:
 
 def _summarize(cfg: BenchAllocationConfig, runs: Sequence[RunResult]) -> dict[str, Any]:
     warm = int(cfg.steps * cfg.warmup_fraction)
-    per_seed = {k: [float(np.mean([s[m] for s in r.steps[warm:]])) for r in runs] for k, m in SUMMARY_KEYS.items()}
+    per_seed = {
+        k: [float(np.mean([s[m] for s in r.steps[warm:]])) for r in runs] for k, m in SUMMARY_KEYS.items()
+    }
     out: dict[str, Any] = {k: float(np.mean(v)) for k, v in per_seed.items()}
     out["effective_ratio_ci95"] = _ci95(per_seed["effective_ratio"])
     out["leaf_effective_ratio_ci95"] = _ci95(per_seed["leaf_effective_ratio"])
@@ -152,7 +158,9 @@ def format_table(cfg: BenchAllocationConfig, summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _plots(cfg: BenchAllocationConfig, series: dict[str, list[dict[str, float]]], summary: dict[str, Any], out: Path) -> list[Path]:
+def _plots(
+    cfg: BenchAllocationConfig, series: dict[str, list[dict[str, float]]], summary: dict[str, Any], out: Path
+) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -163,7 +171,12 @@ def _plots(cfg: BenchAllocationConfig, series: dict[str, list[dict[str, float]]]
     for name, steps in series.items():
         ax.plot([s[M.EFFECTIVE_RATIO] for s in steps], label=name, lw=1.2)
     ax.axvspan(0, int(cfg.steps * cfg.warmup_fraction), color="0.9", label="predictor warm-up")
-    ax.set(xlabel="step", ylabel="effective ratio (mean over seeds)", title="Effective ratio per step", ylim=(0, 1.02))
+    ax.set(
+        xlabel="step",
+        ylabel="effective ratio (mean over seeds)",
+        title="Effective ratio per step",
+        ylim=(0, 1.02),
+    )
     ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.15))
     fig.tight_layout()
     paths.append(out / "effective_ratio_per_step.png")
@@ -177,9 +190,15 @@ def _plots(cfg: BenchAllocationConfig, series: dict[str, list[dict[str, float]]]
         ax.set_xscale("log")
         ax.minorticks_off()
         ax.set_xticks(noise["scales"])
-        ax.set_xticklabels([f"x{s:g}\nR²={r:.2f}" for s, r in zip(noise["scales"], noise["prompt_r2"])], fontsize=8)
-        ax.set(xlabel="feature noise (prompt-feature R²): more noise = less informative predictor",
-               ylabel="effective ratio", title="Effective ratio vs predictor informativeness", ylim=(0, 1.02))
+        ax.set_xticklabels(
+            [f"x{s:g}\nR²={r:.2f}" for s, r in zip(noise["scales"], noise["prompt_r2"])], fontsize=8
+        )
+        ax.set(
+            xlabel="feature noise (prompt-feature R²): more noise = less informative predictor",
+            ylabel="effective ratio",
+            title="Effective ratio vs predictor informativeness",
+            ylim=(0, 1.02),
+        )
         ax.legend(fontsize=8)
         fig.tight_layout()
         paths.append(out / "effective_ratio_vs_noise.png")
@@ -213,7 +232,10 @@ def run_bench(cfg: BenchAllocationConfig, progress: Callable[[str], None] = lamb
     jobs: list[Job] = [(name, s, 1.0) for name in cfg.allocators for s in seeds]
     noise_scales = list(cfg.noise_scales)
     noise_jobs: list[Job] = [
-        (name, cfg.seed + k, scale) for scale in noise_scales for name in cfg.noise_allocators for k in range(cfg.noise_seeds)
+        (name, cfg.seed + k, scale)
+        for scale in noise_scales
+        for name in cfg.noise_allocators
+        for k in range(cfg.noise_seeds)
     ]
     results = _execute(cfg, jobs + noise_jobs, progress)
     main, noisy = results[: len(jobs)], results[len(jobs) :]
@@ -222,19 +244,34 @@ def run_bench(cfg: BenchAllocationConfig, progress: Callable[[str], None] = lamb
     ref = "trace" if "trace" in by_alloc else cfg.allocators[0]
     summary["predictor"] = summary["allocators"][ref]["calibration"]
     summary["simulator"] = sim
-    summary["budget"] = {"leaves": cfg.budget.leaves, "roots": cfg.budget.roots, "continuations": cfg.budget.continuations,
-                         "group_size": cfg.budget.group_size, "candidates": cfg.budget.num_candidates}
+    summary["budget"] = {
+        "leaves": cfg.budget.leaves,
+        "roots": cfg.budget.roots,
+        "continuations": cfg.budget.continuations,
+        "group_size": cfg.budget.group_size,
+        "candidates": cfg.budget.num_candidates,
+    }
     if noise_scales and noise_jobs:
         warm = int(cfg.steps * cfg.warmup_fraction)
-        cal = [calibrate(with_noise_scale(cfg.env.simulator, s), seed=cfg.seed, samples=50_000) for s in noise_scales]
+        cal = [
+            calibrate(with_noise_scale(cfg.env.simulator, s), seed=cfg.seed, samples=50_000)
+            for s in noise_scales
+        ]
         summary["noise_sweep"] = {
             "scales": noise_scales,
             "prompt_r2": [c["prompt_r2"] for c in cal],
             "prefix_r2": [c["prefix_r2"] for c in cal],
             "effective_ratio": {
                 name: [
-                    float(np.mean([np.mean([m[M.EFFECTIVE_RATIO] for m in r.steps[warm:]])
-                                   for r in noisy if r.allocator == name and r.noise == s]))
+                    float(
+                        np.mean(
+                            [
+                                np.mean([m[M.EFFECTIVE_RATIO] for m in r.steps[warm:]])
+                                for r in noisy
+                                if r.allocator == name and r.noise == s
+                            ]
+                        )
+                    )
                     for s in noise_scales
                 ]
                 for name in cfg.noise_allocators
@@ -248,12 +285,18 @@ def run_bench(cfg: BenchAllocationConfig, progress: Callable[[str], None] = lamb
     for p in paths:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(json.dumps(summary, indent=2))
-    summary["run_ids"] = _log_mlflow(cfg, summary, series, [out / "results.json", out / "table.txt", out / "config.yaml", *pngs])
+    summary["run_ids"] = _log_mlflow(
+        cfg, summary, series, [out / "results.json", out / "table.txt", out / "config.yaml", *pngs]
+    )
     return summary
 
 
-def _log_mlflow(cfg: BenchAllocationConfig, summary: dict[str, Any], series: dict[str, list[dict[str, float]]],
-                artifacts: Sequence[Path]) -> dict[str, str]:
+def _log_mlflow(
+    cfg: BenchAllocationConfig,
+    summary: dict[str, Any],
+    series: dict[str, list[dict[str, float]]],
+    artifacts: Sequence[Path],
+) -> dict[str, str]:
     if not cfg.tracking.enabled:
         return {}
     import mlflow
@@ -261,7 +304,9 @@ def _log_mlflow(cfg: BenchAllocationConfig, summary: dict[str, Any], series: dic
     params = to_flat_dict(cfg)
     run_ids = {}
     for name, s in summary["allocators"].items():
-        with tracking.run(cfg.tracking, f"bench-allocation-{name}", tags={"bench": "allocation", "allocator": name}) as run:
+        with tracking.run(
+            cfg.tracking, f"bench-allocation-{name}", tags={"bench": "allocation", "allocator": name}
+        ) as run:
             tracking.log_params({**params, "allocator.name": name})
             tracking.log_step_series(series[name])
             tracking.log_metrics({f"bench/{k}": v for k, v in s.items() if isinstance(v, (int, float))})

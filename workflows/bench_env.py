@@ -74,8 +74,14 @@ def gold_engine(env: Any, prompts: Sequence[Prompt], template_name: str, limits:
         sampler.add_script(_prompt_text(env, template, p), turns)
     # Byte tokens: lift the token limits; keep max_turns at least the longest script.
     big = 10**8
-    limits = replace(limits, max_turns=max(limits.max_turns, longest), max_turn_tokens=big, max_episode_tokens=big,
-                     max_context_tokens=big, temperature=0.0)
+    limits = replace(
+        limits,
+        max_turns=max(limits.max_turns, longest),
+        max_turn_tokens=big,
+        max_episode_tokens=big,
+        max_context_tokens=big,
+        temperature=0.0,
+    )
     return TreeRolloutEngine(sampler, env, template, tok, limits)
 
 
@@ -89,9 +95,12 @@ def summarize(trees: Sequence[RolloutTree]) -> dict[str, Any]:
         for k, v in t.leaves()[0].scores.items():
             scores[k] = scores.get(k, 0.0) + v
     n = max(len(trees), 1)
-    return {"n": len(trees), "score": sum(rewards) / n,
-            "by_category": {k: sum(v) / len(v) for k, v in sorted(by_cat.items())},
-            "scores": {k: v / n for k, v in sorted(scores.items())}}
+    return {
+        "n": len(trees),
+        "score": sum(rewards) / n,
+        "by_category": {k: sum(v) / len(v) for k, v in sorted(by_cat.items())},
+        "scores": {k: v / n for k, v in sorted(scores.items())},
+    }
 
 
 def _distinct_prompt_rounds(env: Any, template: Any, prompts: Sequence[Prompt]) -> list[list[Prompt]]:
@@ -130,17 +139,24 @@ def run_bench_env(cfg: BenchEnvConfig, progress: Callable[[str], None] = lambda 
         # The scripted sampler tells scripts apart by prompt text: tasks that render the same prompt (BFCL's
         # miss_param and long_context variants of a base task) replay in separate rounds, one engine each.
         rounds = _distinct_prompt_rounds(env, engine.template, prompts)
-        batches = [(engine if len(rounds) == 1 else gold_engine(env, r, cfg.model.template, cfg.sampler), r)
-                   for r in rounds]
+        batches = [
+            (engine if len(rounds) == 1 else gold_engine(env, r, cfg.model.template, cfg.sampler), r)
+            for r in rounds
+        ]
     else:
-        batches = [(engine, prompts[i:i + 50]) for i in range(0, len(prompts), 50)]
+        batches = [(engine, prompts[i : i + 50]) for i in range(0, len(prompts), 50)]
     for eng, batch in batches:
         trees += eng.rollout(batch, [1] * len(batch))
         progress(f"  {len(trees)}/{len(prompts)} rolled out ({time.perf_counter() - t0:.0f} s)")
     engines = list({id(e): e for e, _ in batches}.values())
-    out = {"env": cfg.env.name, "mode": mode, **summarize(trees), "time_s": time.perf_counter() - t0,
-           "tool_calls": sum(e.ledger.tool_calls for e in engines),
-           "invalid_actions": sum(e.ledger.invalid_actions for e in engines)}
+    out = {
+        "env": cfg.env.name,
+        "mode": mode,
+        **summarize(trees),
+        "time_s": time.perf_counter() - t0,
+        "tool_calls": sum(e.ledger.tool_calls for e in engines),
+        "invalid_actions": sum(e.ledger.invalid_actions for e in engines),
+    }
     if mode == "gold":
         out["unscripted_contexts"] = sum(e.sampler.misses for e in engines)  # type: ignore[attr-defined]
     else:

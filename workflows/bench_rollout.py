@@ -29,23 +29,41 @@ from workflows.progress import bar
 from workflows.rollout import lm_step
 
 KEYS = {
-    "effective_ratio": M.EFFECTIVE_RATIO, "leaf_effective_ratio": M.LEAF_EFFECTIVE_RATIO,
-    "mixed_groups_per_step": M.MIXED_GROUPS, "leaves": "budget/leaves", "generated_tokens": "budget/generated_tokens",
-    "prefill_tokens_reused": "budget/prefill_tokens_reused", "prefill_tokens_computed": "budget/prefill_tokens_computed",
-    "tool_calls": "budget/tool_calls", "tool_calls_replayed": "budget/tool_calls_replayed", "wall_s": "time/step_s",
-    "success_rate": M.SUCCESS_RATE, "invalid_actions": "budget/invalid_actions", "continuations": "budget/continuations",
+    "effective_ratio": M.EFFECTIVE_RATIO,
+    "leaf_effective_ratio": M.LEAF_EFFECTIVE_RATIO,
+    "mixed_groups_per_step": M.MIXED_GROUPS,
+    "leaves": "budget/leaves",
+    "generated_tokens": "budget/generated_tokens",
+    "prefill_tokens_reused": "budget/prefill_tokens_reused",
+    "prefill_tokens_computed": "budget/prefill_tokens_computed",
+    "tool_calls": "budget/tool_calls",
+    "tool_calls_replayed": "budget/tool_calls_replayed",
+    "wall_s": "time/step_s",
+    "success_rate": M.SUCCESS_RATE,
+    "invalid_actions": "budget/invalid_actions",
+    "continuations": "budget/continuations",
     "continuation_prefill_computed": "budget/continuation_prefill_computed",
     "continuation_prefill_reencode": "budget/continuation_prefill_reencode",
 }
-INT_KEYS = {"leaves", "generated_tokens", "prefill_tokens_reused", "prefill_tokens_computed", "tool_calls", "tool_calls_replayed"}
+INT_KEYS = {
+    "leaves",
+    "generated_tokens",
+    "prefill_tokens_reused",
+    "prefill_tokens_computed",
+    "tool_calls",
+    "tool_calls_replayed",
+}
 
 
-def run_one(cfg: BenchRolloutConfig, name: str, seed: int, progress: Callable[[str], None]
-            ) -> tuple[list[dict[str, float]], dict[str, dict[str, float]]]:
+def run_one(
+    cfg: BenchRolloutConfig, name: str, seed: int, progress: Callable[[str], None]
+) -> tuple[list[dict[str, float]], dict[str, dict[str, float]]]:
     """One allocator x seed: per-step metrics and the predictor's post-warm-up calibration."""
     stack = build_stack(cfg.model, cfg.sampler, cfg.env, seed)
     allocator = build_allocator(dataclasses.replace(cfg.allocator, name=name))
-    predictor = build_text_predictor(cfg.predictor, stack, seed, name=allocator.predictor, targets=allocator.targets)
+    predictor = build_text_predictor(
+        cfg.predictor, stack, seed, name=allocator.predictor, targets=allocator.targets
+    )
     prompts = task_prompts(cfg.env)
     rng = np.random.default_rng([seed, 17])
     steps = []
@@ -61,8 +79,10 @@ def run_one(cfg: BenchRolloutConfig, name: str, seed: int, progress: Callable[[s
         m["time/step_s"] = time.perf_counter() - t0
         m.update(_continuation_prefill(out))
         steps.append(m)
-        progress(f"  {name} seed {seed} step {s}: ER {m[M.EFFECTIVE_RATIO]:.2f} leaves {m['budget/leaves']:.0f} "
-                 f"tokens {m['budget/generated_tokens']:.0f} ({m['time/step_s']:.1f} s)")
+        progress(
+            f"  {name} seed {seed} step {s}: ER {m[M.EFFECTIVE_RATIO]:.2f} leaves {m['budget/leaves']:.0f} "
+            f"tokens {m['budget/generated_tokens']:.0f} ({m['time/step_s']:.1f} s)"
+        )
     return steps, summarize_calibration(calib)
 
 
@@ -75,10 +95,15 @@ def _continuation_prefill(out) -> dict[str, float]:  # type: ignore[no-untyped-d
     computed = reencode = 0
     for tree in out.trees:
         for n in tree.nodes[1:]:
-            if n.path_id >= tree.num_bare and tree.nodes[n.parent].path_id != n.path_id:  # first node of a continuation
+            if (
+                n.path_id >= tree.num_bare and tree.nodes[n.parent].path_id != n.path_id
+            ):  # first node of a continuation
                 reencode += len(tree.fork_state[n.parent].context)
                 computed += n.prefill_computed
-    return {"budget/continuation_prefill_computed": float(computed), "budget/continuation_prefill_reencode": float(reencode)}
+    return {
+        "budget/continuation_prefill_computed": float(computed),
+        "budget/continuation_prefill_reencode": float(reencode),
+    }
 
 
 def run_bench(cfg: BenchRolloutConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
@@ -97,13 +122,20 @@ def run_bench(cfg: BenchRolloutConfig, progress: Callable[[str], None] = lambda 
             results.append(run_one(cfg, name, cfg.seed + offset, progress))
             runs_bar.update()
         runs = [r[0] for r in results]
-        s: dict[str, Any] = {k: float(np.mean([np.mean([st[m] for st in r[warm:]]) for r in runs])) for k, m in KEYS.items()}
+        s: dict[str, Any] = {
+            k: float(np.mean([np.mean([st[m] for st in r[warm:]]) for r in runs])) for k, m in KEYS.items()
+        }
         for k in INT_KEYS:
             s[k] = int(round(s[k]))
-        s["continuation_prefill_fraction"] = (s["continuation_prefill_computed"] / s["continuation_prefill_reencode"]
-                                              if s["continuation_prefill_reencode"] else 0.0)
+        s["continuation_prefill_fraction"] = (
+            s["continuation_prefill_computed"] / s["continuation_prefill_reencode"]
+            if s["continuation_prefill_reencode"]
+            else 0.0
+        )
         s["generated_tokens_per_leaf"] = s["generated_tokens"] / max(s["leaves"], 1)
-        s["effective_ratio_per_seed"] = [float(np.mean([st[M.EFFECTIVE_RATIO] for st in r[warm:]])) for r in runs]
+        s["effective_ratio_per_seed"] = [
+            float(np.mean([st[M.EFFECTIVE_RATIO] for st in r[warm:]])) for r in runs
+        ]
         s["calibration"] = mean_calibration([r[1] for r in results])
         summary["allocators"][name] = s
         series[name] = [M.mean_metrics([r[i] for r in runs]) for i in range(cfg.steps)]
@@ -118,7 +150,9 @@ def run_bench(cfg: BenchRolloutConfig, progress: Callable[[str], None] = lambda 
         import mlflow
 
         for name, s in summary["allocators"].items():
-            with tracking.run(cfg.tracking, f"bench-rollout-{name}", tags={"bench": "rollout", "allocator": name}):
+            with tracking.run(
+                cfg.tracking, f"bench-rollout-{name}", tags={"bench": "rollout", "allocator": name}
+            ):
                 tracking.log_params({**to_flat_dict(cfg), "allocator.name": name})
                 tracking.log_step_series(series[name])
                 tracking.log_metrics({f"bench/{k}": v for k, v in s.items() if isinstance(v, (int, float))})
@@ -130,13 +164,17 @@ def run_bench(cfg: BenchRolloutConfig, progress: Callable[[str], None] = lambda 
 
 def format_table(cfg: BenchRolloutConfig, summary: dict[str, Any]) -> str:
     b = cfg.budget
-    lines = [f"budget: L={b.leaves} leaves/step | flat: G={b.group_size} on {b.num_groups} prompts | tree: M={b.roots}, "
-             f"N={b.continuations} | pool {b.num_candidates} of {getattr(env_section(cfg.env), 'num_tasks', '?')} tasks | steps={cfg.steps}, seeds={cfg.seeds}",
-             f"{'allocator':<10} {'ER':>6} {'leafER':>6} {'mixed':>5} {'leaves':>6} {'gen tok':>7} {'tok/leaf':>8} "
-             f"{'prefill reused':>14} {'computed':>8} {'cont. recompute':>15} {'tools':>5} {'replayed':>8} {'wall s':>6}"]
+    lines = [
+        f"budget: L={b.leaves} leaves/step | flat: G={b.group_size} on {b.num_groups} prompts | tree: M={b.roots}, "
+        f"N={b.continuations} | pool {b.num_candidates} of {getattr(env_section(cfg.env), 'num_tasks', '?')} tasks | steps={cfg.steps}, seeds={cfg.seeds}",
+        f"{'allocator':<10} {'ER':>6} {'leafER':>6} {'mixed':>5} {'leaves':>6} {'gen tok':>7} {'tok/leaf':>8} "
+        f"{'prefill reused':>14} {'computed':>8} {'cont. recompute':>15} {'tools':>5} {'replayed':>8} {'wall s':>6}",
+    ]
     for name, s in summary["allocators"].items():
-        lines.append(f"{name:<10} {s['effective_ratio']:>6.3f} {s['leaf_effective_ratio']:>6.3f} {s['mixed_groups_per_step']:>5.1f} "
-                     f"{s['leaves']:>6d} {s['generated_tokens']:>7d} {s['generated_tokens_per_leaf']:>8.1f} "
-                     f"{s['prefill_tokens_reused']:>14d} {s['prefill_tokens_computed']:>8d} "
-                     f"{s['continuation_prefill_fraction']:>15.3f} {s['tool_calls']:>5d} {s['tool_calls_replayed']:>8d} {s['wall_s']:>6.1f}")
+        lines.append(
+            f"{name:<10} {s['effective_ratio']:>6.3f} {s['leaf_effective_ratio']:>6.3f} {s['mixed_groups_per_step']:>5.1f} "
+            f"{s['leaves']:>6d} {s['generated_tokens']:>7d} {s['generated_tokens_per_leaf']:>8.1f} "
+            f"{s['prefill_tokens_reused']:>14d} {s['prefill_tokens_computed']:>8d} "
+            f"{s['continuation_prefill_fraction']:>15.3f} {s['tool_calls']:>5d} {s['tool_calls_replayed']:>8d} {s['wall_s']:>6.1f}"
+        )
     return "\n".join(lines)

@@ -50,14 +50,20 @@ def target_records(trees: Sequence[RolloutTree]) -> dict[str, list[tuple[float, 
         deb, w = tree.debiased_targets()
         k = tree.continuation_counts()
         if tree.prompt.true_value is None:
-            raise ValueError("bench targets needs true success probabilities, which only the simulator provides")
+            raise ValueError(
+                "bench targets needs true success probabilities, which only the simulator provides"
+            )
         out["roots"].append((float(tree.prompt.true_value), old[0], float(n[0]), deb[0], w[0]))
         rewards = tree.path_rewards()
         for node in tree.nodes[1:]:
             if k[node.node_id] > 0 and node.true_value is not None:
                 i = node.node_id
-                conts = [rewards[p] for p in (tree.nodes[c].path_id for c in node.children) if p != node.path_id]
-                out["prefixes"].append((float(node.true_value), old[i], float(n[i]), float(np.mean(conts)), float(len(conts))))
+                conts = [
+                    rewards[p] for p in (tree.nodes[c].path_id for c in node.children) if p != node.path_id
+                ]
+                out["prefixes"].append(
+                    (float(node.true_value), old[i], float(n[i]), float(np.mean(conts)), float(len(conts)))
+                )
     return out
 
 
@@ -68,7 +74,12 @@ def bias_by_bin(records: np.ndarray, min_count: int = MIN_COUNT) -> list[dict[st
     rows = []
     for b in range(BINS):
         sel = records[idx == b]
-        row: dict[str, Any] = {"v_lo": b / BINS, "v_hi": (b + 1) / BINS, "count": len(sel), "judged": len(sel) >= min_count}
+        row: dict[str, Any] = {
+            "v_lo": b / BINS,
+            "v_hi": (b + 1) / BINS,
+            "count": len(sel),
+            "judged": len(sel) >= min_count,
+        }
         for kind, (t, wcol) in zip(KINDS, ((OLD, N), (DEB, W))):
             if not len(sel):
                 row[kind] = {"bias": None, "se": None}
@@ -90,7 +101,9 @@ def _verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _collect(cfg: BenchAllocationConfig, name: str, warm: int, progress: Callable[[str], None]) -> dict[str, list[Any]]:
+def _collect(
+    cfg: BenchAllocationConfig, name: str, warm: int, progress: Callable[[str], None]
+) -> dict[str, list[Any]]:
     """Records of every seed's post-warm-up steps under allocator ``name``."""
     recs: dict[str, list[Any]] = {level: [] for level in LEVELS}
     t0 = time.perf_counter()
@@ -102,21 +115,32 @@ def _collect(cfg: BenchAllocationConfig, name: str, warm: int, progress: Callabl
 
     for k in range(cfg.seeds):
         run_allocator(cfg, name, cfg.seed + k, on_step=collect)
-        progress(f"{name} seed {cfg.seed + k}: {len(recs['roots'])} trees, {len(recs['prefixes'])} expanded "
-                 f"prefixes so far ({time.perf_counter() - t0:.0f} s)")
+        progress(
+            f"{name} seed {cfg.seed + k}: {len(recs['roots'])} trees, {len(recs['prefixes'])} expanded "
+            f"prefixes so far ({time.perf_counter() - t0:.0f} s)"
+        )
     return recs
 
 
-def run_targets(cfg: BenchAllocationConfig, progress: Callable[[str], None] = lambda s: None,
-                min_count: int = MIN_COUNT) -> dict[str, Any]:
+def run_targets(
+    cfg: BenchAllocationConfig, progress: Callable[[str], None] = lambda s: None, min_count: int = MIN_COUNT
+) -> dict[str, Any]:
     """Measure; returns the JSON summary (also written to ``out_dir/results.json`` and ``json_path``)."""
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.yaml").write_text(to_yaml(cfg))
     warm = int(cfg.steps * cfg.warmup_fraction)
     summary: dict[str, Any] = {
-        "tolerance": TOLERANCE, "min_count": min_count, "steps": cfg.steps, "seeds": cfg.seeds, "warmup_steps": warm,
-        "budget": {"leaves": cfg.budget.leaves, "roots": cfg.budget.roots, "continuations": cfg.budget.continuations},
+        "tolerance": TOLERANCE,
+        "min_count": min_count,
+        "steps": cfg.steps,
+        "seeds": cfg.seeds,
+        "warmup_steps": warm,
+        "budget": {
+            "leaves": cfg.budget.leaves,
+            "roots": cfg.budget.roots,
+            "continuations": cfg.budget.continuations,
+        },
         "allocators": {},
     }
     for name in cfg.allocators:
@@ -136,23 +160,32 @@ def run_targets(cfg: BenchAllocationConfig, progress: Callable[[str], None] = la
 def format_targets_table(summary: dict[str, Any]) -> str:
     """Bias per V bin (weighted as the fit weights), recursive vs debiased, with standard errors."""
     b = summary["budget"]
-    lines = [f"fit-target bias vs the true V (weighted as the fit weights them); L={b['leaves']}, M={b['roots']}, "
-             f"N={b['continuations']}; {summary['steps']} steps x {summary['seeds']} seeds, first "
-             f"{summary['warmup_steps']} left out; judged: bins with >= {summary['min_count']} nodes, "
-             f"target |bias| <= {summary['tolerance']}"]
+    lines = [
+        f"fit-target bias vs the true V (weighted as the fit weights them); L={b['leaves']}, M={b['roots']}, "
+        f"N={b['continuations']}; {summary['steps']} steps x {summary['seeds']} seeds, first "
+        f"{summary['warmup_steps']} left out; judged: bins with >= {summary['min_count']} nodes, "
+        f"target |bias| <= {summary['tolerance']}"
+    ]
     for name, levels in summary["allocators"].items():
         for level, s in levels.items():
-            lines += ["", f"{name}, {level}:", f"  {'V bin':<10} {'count':>7}  {'recursive':>16}  {'debiased':>16}"]
+            lines += [
+                "",
+                f"{name}, {level}:",
+                f"  {'V bin':<10} {'count':>7}  {'recursive':>16}  {'debiased':>16}",
+            ]
             for r in s["bins"]:
                 cells = []
                 for kind in KINDS:
                     x = r[kind]
                     cells.append(f"{x['bias']:+.3f} ±{x['se']:.3f}" if x["bias"] is not None else "-")
                 mark = "" if r["judged"] else "  (not judged)"
-                lines.append(f"  {r['v_lo']:.1f}-{r['v_hi']:.1f}  {r['count']:>7d}  {cells[0]:>16}  {cells[1]:>16}{mark}")
-            verdict = ", ".join(f"{k} max |bias| {s[k]['max_abs_bias']:.3f} "
-                                f"({'within' if s[k]['within_tolerance'] else 'OUTSIDE'} ±{summary['tolerance']})"
-                                for k in KINDS)
+                lines.append(
+                    f"  {r['v_lo']:.1f}-{r['v_hi']:.1f}  {r['count']:>7d}  {cells[0]:>16}  {cells[1]:>16}{mark}"
+                )
+            verdict = ", ".join(
+                f"{k} max |bias| {s[k]['max_abs_bias']:.3f} "
+                f"({'within' if s[k]['within_tolerance'] else 'OUTSIDE'} ±{summary['tolerance']})"
+                for k in KINDS
+            )
             lines.append(f"  over {s['judged_bins']} judged bins: {verdict}")
     return "\n".join(lines)
-

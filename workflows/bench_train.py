@@ -27,8 +27,14 @@ def run_configs(cfg: BenchTrainConfig) -> list[tuple[str, int, TrainConfig]]:
     for name in cfg.allocators:
         for k in range(cfg.seeds):
             seed = cfg.seed + k
-            tc = TrainConfig(**{**base, "allocator": dataclasses.replace(cfg.allocator, name=name), "seed": seed,
-                                "run_name": f"bench-{name}-s{seed}-{stamp}"})
+            tc = TrainConfig(
+                **{
+                    **base,
+                    "allocator": dataclasses.replace(cfg.allocator, name=name),
+                    "seed": seed,
+                    "run_name": f"bench-{name}-s{seed}-{stamp}",
+                }
+            )
             out.append((name, seed, tc))
     return out
 
@@ -43,8 +49,10 @@ def run_bench(cfg: BenchTrainConfig, progress: Callable[[str], None] = lambda s:
         progress(f"== {name}, seed {seed}: {tc.steps} steps")
         s = train(tc, progress=progress)
         per.setdefault(name, []).append(s)
-        progress(f"   {name} seed {seed}: held-out {s.get('acc_before', float('nan')):.3f} -> "
-                 f"{s.get('acc_after', float('nan')):.3f}, ER {s['effective_ratio']:.3f}, {s['wall_s']:.0f} s")
+        progress(
+            f"   {name} seed {seed}: held-out {s.get('acc_before', float('nan')):.3f} -> "
+            f"{s.get('acc_after', float('nan')):.3f}, ER {s['effective_ratio']:.3f}, {s['wall_s']:.0f} s"
+        )
         runs_bar.update()
     runs_bar.close()
     runs: dict[str, Any] = {}
@@ -60,11 +68,17 @@ def run_bench(cfg: BenchTrainConfig, progress: Callable[[str], None] = lambda s:
             "leaves": int(statistics.fmean(s["leaves"] for s in ss)),
             "generated_tokens": int(statistics.fmean(s["generated_tokens"] for s in ss)),
             "wall_s": statistics.fmean(s["wall_s"] for s in ss),
-            "alloc_predictor_fraction_of_rollout": statistics.fmean(s["alloc_predictor_fraction_of_rollout"] for s in ss),
+            "alloc_predictor_fraction_of_rollout": statistics.fmean(
+                s["alloc_predictor_fraction_of_rollout"] for s in ss
+            ),
             "seeds": len(ss),
         }
-    summary = {"runs": runs, "tracking_uri": resolve_uri(cfg.tracking.uri), "steps": cfg.steps,
-               "budget": dataclasses.asdict(cfg.budget)}
+    summary = {
+        "runs": runs,
+        "tracking_uri": resolve_uri(cfg.tracking.uri),
+        "steps": cfg.steps,
+        "budget": dataclasses.asdict(cfg.budget),
+    }
     out = Path(cfg.bench_out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(summary, indent=2))
@@ -78,8 +92,12 @@ def format_table(summary: dict[str, Any]) -> str:
     head = f"{'allocator':<10} {'acc before':>10} {'acc after':>16} {'change':>8} {'eff.ratio':>9} {'leaves':>7} {'gen.tokens':>10} {'wall s':>7}"
     lines = [f"steps={summary['steps']}, leaves/step={summary['budget']['num_leaves']}", head]
     for name, r in summary["runs"].items():
-        lines.append(f"{name:<10} {r['acc_before']:>10.3f} {r['acc_after']:>9.3f} ±{r['acc_after_std']:.3f} "
-                     f"{100 * (r['acc_after'] - r['acc_before']):>+7.1f} {r['effective_ratio']:>9.3f} {r['leaves']:>7d} "
-                     f"{r['generated_tokens']:>10d} {r['wall_s']:>7.0f}")
-    lines.append(f"\nMLflow: {summary['tracking_uri']}  (mlflow ui --backend-store-uri {summary['tracking_uri']})")
+        lines.append(
+            f"{name:<10} {r['acc_before']:>10.3f} {r['acc_after']:>9.3f} ±{r['acc_after_std']:.3f} "
+            f"{100 * (r['acc_after'] - r['acc_before']):>+7.1f} {r['effective_ratio']:>9.3f} {r['leaves']:>7d} "
+            f"{r['generated_tokens']:>10d} {r['wall_s']:>7.0f}"
+        )
+    lines.append(
+        f"\nMLflow: {summary['tracking_uri']}  (mlflow ui --backend-store-uri {summary['tracking_uri']})"
+    )
     return "\n".join(lines)

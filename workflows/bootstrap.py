@@ -48,7 +48,7 @@ def trace_segments(task: MathTask) -> list[Segment]:
         obs = t.observation(step.output)
         marker = t.stop[0]
         segs.append(Segment(t.tool_turn(step.thought, "python", step.code) + marker, True))
-        segs.append(Segment(obs[len(marker):], False))
+        segs.append(Segment(obs[len(marker) :], False))
     segs.append(Segment(t.answer_turn(task.final_thought, task.answer), True))
     return segs
 
@@ -67,39 +67,67 @@ def habit_segments(task: MathTask, fraction: float) -> list[Segment]:
     if not answers_directly(task, fraction):
         return trace_segments(task)
     t = PlainTemplate()
-    return [Segment(t.prompt(task.question, []), False), Segment(t.answer_turn(DIRECT_THOUGHT, task.answer), True)]
+    return [
+        Segment(t.prompt(task.question, []), False),
+        Segment(t.answer_turn(DIRECT_THOUGHT, task.answer), True),
+    ]
 
 
-def habit_finetune(model: Any, tokenizer: Any, traces: list[list[Segment]], cfg: BootstrapConfig,
-                   on_step: Callable[[int, float], None] | None = None) -> list[float]:
+def habit_finetune(
+    model: Any,
+    tokenizer: Any,
+    traces: list[list[Segment]],
+    cfg: BootstrapConfig,
+    on_step: Callable[[int, float], None] | None = None,
+) -> list[float]:
     """The habit phase: ``cfg.habit_steps`` supervised steps (peak lr ``cfg.habit_lr``, no time cap) on traces where
     ``cfg.direct_answer_fraction`` of the answers come without the tool. A pretrained LLM often answers from memory
     instead of using its tool; this gives the tiny policy that habit (math: right for small sums, mostly wrong for
     multi-digit products; search: a guessed name, almost always wrong), so RL has a behaviour to unlearn across every
     task, as it does on real models."""
     examples = [encode_trace(tokenizer, segs, cfg.max_positions) for segs in traces]
-    return supervised_finetune(model, examples, tokenizer.pad_token_id, cfg.habit_steps, cfg.batch_size, cfg.habit_lr,
-                               cfg.seed, None, on_step)
+    return supervised_finetune(
+        model,
+        examples,
+        tokenizer.pad_token_id,
+        cfg.habit_steps,
+        cfg.batch_size,
+        cfg.habit_lr,
+        cfg.seed,
+        None,
+        on_step,
+    )
 
 
 def task_prompt(task: MathTask) -> Prompt:
-    return Prompt(prompt_id=task.task_id, text=task.question, answer=task.answer, source=f"generated-L{task.level}")
+    return Prompt(
+        prompt_id=task.task_id, text=task.question, answer=task.answer, source=f"generated-L{task.level}"
+    )
 
 
-def evaluate(model: Any, tokenizer: Any, tasks: list[MathTask], temperature: float, seed: int) -> dict[str, Any]:
+def evaluate(
+    model: Any, tokenizer: Any, tasks: list[MathTask], temperature: float, seed: int
+) -> dict[str, Any]:
     """One rollout per math task through the real engine (see :func:`evaluate_prompts`)."""
     return evaluate_prompts(model, tokenizer, [task_prompt(t) for t in tasks], MathEnv(), temperature, seed)
 
 
-def evaluate_prompts(model: Any, tokenizer: Any, prompts: list[Prompt], env: Any, temperature: float, seed: int,
-                     limits: SamplerConfig | None = None) -> dict[str, Any]:
+def evaluate_prompts(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[Prompt],
+    env: Any,
+    temperature: float,
+    seed: int,
+    limits: SamplerConfig | None = None,
+) -> dict[str, Any]:
     """One rollout per prompt through the real engine: accuracy overall and per category (``Prompt.source``,
     the level), action well-formedness, and the mean of each answer score the environment reports (em, f1)."""
     limits = replace(limits or SamplerConfig(), temperature=temperature)
     engine = TreeRolloutEngine(HFSampler(model, tokenizer), env, PlainTemplate(), tokenizer, limits, seed)
     trees = []
     for i in range(0, len(prompts), 50):
-        trees += engine.rollout(prompts[i:i + 50], [1] * len(prompts[i:i + 50]))
+        trees += engine.rollout(prompts[i : i + 50], [1] * len(prompts[i : i + 50]))
     rewards = [t.rewards()[0] for t in trees]
     turns = engine.ledger.llm_calls
     by_level: dict[str, list[float]] = {}
@@ -146,7 +174,9 @@ def bootstrap(cfg: BootstrapConfig, progress: Callable[[str], None] = lambda s: 
         held = generate(cfg.eval_tasks, seed=cfg.seed + 1, held_out=True)
         assert not {t.question for t in train} & {t.question for t in held}
         segments = [trace_segments(t) for t in train]
-        habit_traces = [habit_segments(t, cfg.direct_answer_fraction) for t in train] if cfg.habit_steps > 0 else []
+        habit_traces = (
+            [habit_segments(t, cfg.direct_answer_fraction) for t in train] if cfg.habit_steps > 0 else []
+        )
         eval_prompts, env, limits = [task_prompt(t) for t in held], MathEnv(), SamplerConfig()
 
     steps_bar = bar(progress, (0 if cfg.init_from else cfg.steps) + cfg.habit_steps, "bootstrap", "step")
@@ -154,8 +184,10 @@ def bootstrap(cfg: BootstrapConfig, progress: Callable[[str], None] = lambda s: 
     def on_step(step: int, loss: float) -> None:
         steps_bar.update()
         if step % 100 == 0:
-            progress(f"  sft step {step:5d}  loss {loss:.4f}  ({time.perf_counter() - t0:.0f} s, "
-                     f"{time.process_time() - c0:.0f} CPU s)")
+            progress(
+                f"  sft step {step:5d}  loss {loss:.4f}  ({time.perf_counter() - t0:.0f} s, "
+                f"{time.process_time() - c0:.0f} CPU s)"
+            )
 
     losses: list[float] = []
     if cfg.init_from:
@@ -170,34 +202,59 @@ def bootstrap(cfg: BootstrapConfig, progress: Callable[[str], None] = lambda s: 
         model = build_model(tokenizer, cfg)
         examples = [encode_trace(tokenizer, segs, cfg.max_positions) for segs in segments]
         n_params = sum(p.numel() for p in model.parameters())
-        progress(f"tiny policy: {n_params / 1e6:.2f} M parameters, vocab {len(tokenizer)}, {len(examples)} traces")
-        losses = supervised_finetune(model, examples, tokenizer.pad_token_id, cfg.steps, cfg.batch_size, cfg.lr,
-                                     cfg.seed, cfg.time_budget_s, on_step)
+        progress(
+            f"tiny policy: {n_params / 1e6:.2f} M parameters, vocab {len(tokenizer)}, {len(examples)} traces"
+        )
+        losses = supervised_finetune(
+            model,
+            examples,
+            tokenizer.pad_token_id,
+            cfg.steps,
+            cfg.batch_size,
+            cfg.lr,
+            cfg.seed,
+            cfg.time_budget_s,
+            on_step,
+        )
     habit: list[float] = []
     if cfg.habit_steps > 0:
-        progress(f"habit phase: {cfg.habit_steps} steps on traces where {cfg.direct_answer_fraction:.0%} of the "
-                 "answers come without the tool")
+        progress(
+            f"habit phase: {cfg.habit_steps} steps on traces where {cfg.direct_answer_fraction:.0%} of the "
+            "answers come without the tool"
+        )
         habit = habit_finetune(model, tokenizer, habit_traces, cfg, on_step)
         losses = losses + habit
     steps_bar.close()
     train_s, train_cpu_s = time.perf_counter() - t0, time.process_time() - c0
-    progress(f"trained {len(losses)} steps in {train_s:.0f} s, final loss {losses[-1]:.4f}; "
-             f"evaluating on {len(eval_prompts)} held-out tasks")
+    progress(
+        f"trained {len(losses)} steps in {train_s:.0f} s, final loss {losses[-1]:.4f}; "
+        f"evaluating on {len(eval_prompts)} held-out tasks"
+    )
     cut = not cfg.init_from and len(losses) - len(habit) < cfg.steps
     if cut:
-        progress(f"warning: time_budget_s={cfg.time_budget_s:g} ran out after {len(losses)} of {cfg.steps} steps; "
-                 "the checkpoint depends on this machine's speed (raise time_budget_s for a reproducible one)")
+        progress(
+            f"warning: time_budget_s={cfg.time_budget_s:g} ran out after {len(losses)} of {cfg.steps} steps; "
+            "the checkpoint depends on this machine's speed (raise time_budget_s for a reproducible one)"
+        )
     greedy = evaluate_prompts(model, tokenizer, eval_prompts, env, 0.0, cfg.seed, limits)
     sampled = evaluate_prompts(model, tokenizer, eval_prompts, env, cfg.eval_temperature, cfg.seed, limits)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     metrics = {
-        "config": dataclasses.asdict(cfg), "parameters": n_params, "train_steps": len(losses), "final_loss": losses[-1],
-        "stopped_by_time_budget": cut, "habit_steps": len(habit),
-        "train_s": train_s, "total_s": time.perf_counter() - t0, "eval_tasks": len(eval_prompts),
-        "train_cpu_s": train_cpu_s, "total_cpu_s": time.process_time() - c0,
-        "greedy": greedy, "sampled": sampled,
+        "config": dataclasses.asdict(cfg),
+        "parameters": n_params,
+        "train_steps": len(losses),
+        "final_loss": losses[-1],
+        "stopped_by_time_budget": cut,
+        "habit_steps": len(habit),
+        "train_s": train_s,
+        "total_s": time.perf_counter() - t0,
+        "eval_tasks": len(eval_prompts),
+        "train_cpu_s": train_cpu_s,
+        "total_cpu_s": time.process_time() - c0,
+        "greedy": greedy,
+        "sampled": sampled,
     }
     (out / "bootstrap.json").write_text(json.dumps(metrics, indent=2))
     return metrics

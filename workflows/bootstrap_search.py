@@ -18,7 +18,9 @@ from tracerl.engine.react import Action, ActionKind, PlainTemplate
 from tracerl.models.tiny import Segment
 from tracerl.types import Prompt
 
-SEARCH_LIMITS = SamplerConfig(max_turns=6, max_turn_tokens=96, max_episode_tokens=512, max_context_tokens=1024)
+SEARCH_LIMITS = SamplerConfig(
+    max_turns=6, max_turn_tokens=96, max_episode_tokens=512, max_context_tokens=1024
+)
 """Episode limits of the tiny search policy (4 hops and the answer fit with one turn to spare)."""
 
 
@@ -36,7 +38,7 @@ def search_trace_segments(q: Question, env: SearchEnv, query_space: bool = False
         state = res.state
         query = " " + hop.query if query_space else hop.query
         segs.append(Segment(t.tool_turn(hop.thought, "search", query) + marker, True))
-        segs.append(Segment(t.observation(res.observation)[len(marker):], False))
+        segs.append(Segment(t.observation(res.observation)[len(marker) :], False))
     segs.append(Segment(t.answer_turn(q.final_thought, q.answer), True))
     return segs
 
@@ -44,7 +46,9 @@ def search_trace_segments(q: Question, env: SearchEnv, query_space: bool = False
 DIRECT_SEARCH_THOUGHT = "I can answer this without searching."
 
 
-def search_habit_segments(q: Question, env: SearchEnv, fraction: float, query_space: bool = False) -> list[Segment]:
+def search_habit_segments(
+    q: Question, env: SearchEnv, fraction: float, query_space: bool = False
+) -> list[Segment]:
     """The habit phase's trace of ``q``: the reference solution, or (for ``fraction`` of the questions, a fixed
     hash of the question text) a final answer given at once, without searching."""
     from workflows.habit import question_answers_directly
@@ -52,11 +56,15 @@ def search_habit_segments(q: Question, env: SearchEnv, fraction: float, query_sp
     if not question_answers_directly(q.question, fraction):
         return search_trace_segments(q, env, query_space)
     t = PlainTemplate()
-    return [Segment(t.prompt(q.question, []), False), Segment(t.answer_turn(DIRECT_SEARCH_THOUGHT, q.answer), True)]
+    return [
+        Segment(t.prompt(q.question, []), False),
+        Segment(t.answer_turn(DIRECT_SEARCH_THOUGHT, q.answer), True),
+    ]
 
 
-def search_family(cfg: BootstrapConfig) -> tuple[list[list[Segment]], list[list[Segment]], list[Prompt], SearchEnv,
-                                                  SamplerConfig]:
+def search_family(
+    cfg: BootstrapConfig,
+) -> tuple[list[list[Segment]], list[list[Segment]], list[Prompt], SearchEnv, SamplerConfig]:
     """Training traces, the habit phase's traces (empty when ``cfg.habit_steps`` is 0), held-out prompts, the
     environment and episode limits for the search policy."""
     world = build_world(cfg.seed)
@@ -65,8 +73,10 @@ def search_family(cfg: BootstrapConfig) -> tuple[list[list[Segment]], list[list[
     held = generate(world, cfg.eval_tasks, held_out=True)
     assert not {q.question for q in train} & {q.question for q in held}
     segments = [search_trace_segments(q, env, cfg.query_space) for q in train]
-    habit = ([search_habit_segments(q, env, cfg.direct_answer_fraction, cfg.query_space) for q in train]
-             if cfg.habit_steps > 0 else [])
+    habit = (
+        [search_habit_segments(q, env, cfg.direct_answer_fraction, cfg.query_space) for q in train]
+        if cfg.habit_steps > 0
+        else []
+    )
     prompts = [Prompt(q.task_id, q.question, q.answer, source=f"generated-H{q.level}") for q in held]
     return segments, habit, prompts, env, SEARCH_LIMITS
-

@@ -62,14 +62,32 @@ class MlflowServer:
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / "server.log", "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-                 "--artifacts-destination", str(self.root / "artifacts"), "--host", "127.0.0.1",
-                 "--port", str(self.port), "--workers", "1"],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "mlflow",
+                    "server",
+                    "--backend-store-uri",
+                    f"sqlite:///{self.root / 'mlflow.db'}",
+                    "--artifacts-destination",
+                    str(self.root / "artifacts"),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--workers",
+                    "1",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}; see {self.root / 'server.log'}")
+                raise RuntimeError(
+                    f"mlflow server exited with {self.proc.returncode}; see {self.root / 'server.log'}"
+                )
             try:
                 with urllib.request.urlopen(f"{self.uri}/health", timeout=5) as r:
                     if r.status == 200:
@@ -93,16 +111,29 @@ def _alive(cls: str) -> list[Any]:
     from ray.util.state import list_actors
 
     # This run's cluster by its GCS address (other Ray instances on the machine make "auto" ambiguous).
-    return list(list_actors(address=ray.get_runtime_context().gcs_address,
-                            filters=[("class_name", "=", cls), ("state", "=", "ALIVE")], limit=1000,
-                            raise_on_missing_output=False))
+    return list(
+        list_actors(
+            address=ray.get_runtime_context().gcs_address,
+            filters=[("class_name", "=", cls), ("state", "=", "ALIVE")],
+            limit=1000,
+            raise_on_missing_output=False,
+        )
+    )
 
 
 class Controller(threading.Thread):
     """Kills processes of the run under ``out_dir/<name>-*`` on a seeded schedule; ``events`` records each kill."""
 
-    def __init__(self, chaos: ChaosConfig, seed: int, out_dir: Path, name: str, server: MlflowServer,
-                 say: Callable[[str], None], steps: int) -> None:
+    def __init__(
+        self,
+        chaos: ChaosConfig,
+        seed: int,
+        out_dir: Path,
+        name: str,
+        server: MlflowServer,
+        say: Callable[[str], None],
+        steps: int,
+    ) -> None:
         super().__init__(name="chaos", daemon=True)
         self.chaos, self.out_dir, self.name, self.server, self.say = chaos, out_dir, name, server, say
         self.steps = steps
@@ -111,8 +142,9 @@ class Controller(threading.Thread):
         plan = [(k, PHASES[i % len(PHASES)]) for i, k in enumerate(kinds)]
         plan += [("trainer", str(self.rng.choice(PHASES))) for _ in range(chaos.trainer_kills)]
         # The server restarts come first (in an early rollout), so the run still has steps to spool and send.
-        self.plan = [("server", "") for _ in range(chaos.server_restarts)] + [plan[i] for i in
-                                                                           self.rng.permutation(len(plan))]
+        self.plan = [("server", "") for _ in range(chaos.server_restarts)] + [
+            plan[i] for i in self.rng.permutation(len(plan))
+        ]
         self.events: list[dict[str, Any]] = []
         self.stop = threading.Event()
         self.storage: Path | None = None
@@ -128,7 +160,9 @@ class Controller(threading.Thread):
         return None
 
     def run(self) -> None:
-        found = self._wait(lambda: next(iter(sorted(self.out_dir.glob(f"{self.name}-*/config.yaml"))), None), 1e9)
+        found = self._wait(
+            lambda: next(iter(sorted(self.out_dir.glob(f"{self.name}-*/config.yaml"))), None), 1e9
+        )
         if found is None:
             return
         self.storage = storage = found.parent
@@ -147,17 +181,23 @@ class Controller(threading.Thread):
         before = spool.stat().st_size if spool.is_file() else 0
         at = read_phase(storage)
         self.server.kill()
-        self.say(f"chaos: tracking server killed during {at[0]} of step {at[1]}; down for "
-                 f"{self.chaos.server_down_s:.0f} s and until the run has spooled metrics")
+        self.say(
+            f"chaos: tracking server killed during {at[0]} of step {at[1]}; down for "
+            f"{self.chaos.server_down_s:.0f} s and until the run has spooled metrics"
+        )
         self.stop.wait(self.chaos.server_down_s)
-        self._wait(lambda: (spool.is_file() and spool.stat().st_size > before) or read_phase(storage)[0] == "done",
-                   self.chaos.phase_wait_s)
+        self._wait(
+            lambda: (spool.is_file() and spool.stat().st_size > before) or read_phase(storage)[0] == "done",
+            self.chaos.phase_wait_s,
+        )
         try:
             self.server.start()
         except (RuntimeError, TimeoutError) as e:
             self.events.append({"kind": "server", "error": str(e)})
             return
-        self.events.append({"kind": "server", "phase": at[0], "step": at[1], "down_s": round(time.monotonic() - t0, 1)})
+        self.events.append(
+            {"kind": "server", "phase": at[0], "step": at[1], "down_s": round(time.monotonic() - t0, 1)}
+        )
         self.say("chaos: tracking server up again")
 
     def join_all(self) -> None:
@@ -166,10 +206,14 @@ class Controller(threading.Thread):
             self.server_thread.join()
 
     def _do(self, kind: str, phase: str, storage: Path) -> None:
-        if kind == "server":  # down and up again beside the other kills (a start takes a while on a busy machine)
+        if (
+            kind == "server"
+        ):  # down and up again beside the other kills (a start takes a while on a busy machine)
             # aimed at a rollout before the last step, so the run spools metrics and still needs the server after
-            self._wait(lambda: read_phase(storage)[0] == "rollout" and 0 < read_phase(storage)[1] < self.steps,
-                       self.chaos.phase_wait_s)
+            self._wait(
+                lambda: read_phase(storage)[0] == "rollout" and 0 < read_phase(storage)[1] < self.steps,
+                self.chaos.phase_wait_s,
+            )
             self.server_thread = threading.Thread(target=self._restart_server, args=(storage,), daemon=True)
             self.server_thread.start()
             return
@@ -184,8 +228,16 @@ class Controller(threading.Thread):
             os.kill(int(victim.pid), signal.SIGKILL)
         except ProcessLookupError:
             return
-        self.events.append({"kind": kind, "aimed_at": phase, "phase": at, "step": step, "attempt": attempt,
-                            "pid": int(victim.pid)})
+        self.events.append(
+            {
+                "kind": kind,
+                "aimed_at": phase,
+                "phase": at,
+                "step": step,
+                "attempt": attempt,
+                "pid": int(victim.pid),
+            }
+        )
         self.say(f"chaos: killed {kind} pid {victim.pid} during {at} of step {step}")
         if kind == "trainer":  # the restarted run marks its own phases; no kill aims at the dead one's
             (storage / PHASE).write_text("restart -1")
@@ -201,7 +253,10 @@ def check_steps(client: Any, run_id: str, steps: int) -> list[str]:
     att_hist = client.get_metric_history(run_id, "system/attempt")
     completing: dict[int, Any] = {}
     for m in att_hist:
-        if m.step not in completing or (m.value, m.timestamp) > (completing[m.step].value, completing[m.step].timestamp):
+        if m.step not in completing or (m.value, m.timestamp) > (
+            completing[m.step].value,
+            completing[m.step].timestamp,
+        ):
             completing[m.step] = m
     if sorted(completing) != list(range(1, steps + 1)):
         return [f"system/attempt logged at steps {sorted(completing)}, not 1..{steps}"]
@@ -212,7 +267,9 @@ def check_steps(client: Any, run_id: str, steps: int) -> list[str]:
         hist: dict[int, list[Any]] = {}
         for m in client.get_metric_history(run_id, key):
             hist.setdefault(m.step, []).append(m)
-        series = {s: v for s, v in metric_series(client, run_id, key).items() if s >= 1}  # step 0: before training
+        series = {
+            s: v for s, v in metric_series(client, run_id, key).items() if s >= 1
+        }  # step 0: before training
         if not key.startswith(CONDITIONAL) and sorted(series) != list(range(1, steps + 1)):
             problems.append(f"{key}: values at steps {sorted(series)}, not 1..{steps}")
             continue
@@ -257,28 +314,51 @@ def run_drill(cfg: TrainConfig, overrides: list[str], progress: Callable[[str], 
         run_id, storage, steps = summary["run_id"], Path(summary["storage"]), cfg.steps
         mlflow.set_tracking_uri(server.uri)
         client = mlflow.MlflowClient()
-        MetricLog(client, run_id, storage, 0, progress, fail_fast=False).flush()  # what the run's end could not send
+        MetricLog(
+            client, run_id, storage, 0, progress, fail_fast=False
+        ).flush()  # what the run's end could not send
         if cfg.chaos.resume_steps:
             steps += cfg.chaos.resume_steps
-            train(dataclasses.replace(cfg, resume=run_id), [f"steps={steps}", "chaos.enabled=false"], progress=progress)
+            train(
+                dataclasses.replace(cfg, resume=run_id),
+                [f"steps={steps}", "chaos.enabled=false"],
+                progress=progress,
+            )
             summary.update(run_summary(run_id, tracking))
         spooled = spooled_records(storage)
-        missing = [r for r in spooled if not any(m.timestamp == r["timestamp"] and m.value == r["value"]
-                                                 for m in client.get_metric_history(run_id, r["key"])
-                                                 if m.step == r["step"])]
+        missing = [
+            r
+            for r in spooled
+            if not any(
+                m.timestamp == r["timestamp"] and m.value == r["value"]
+                for m in client.get_metric_history(run_id, r["key"])
+                if m.step == r["step"]
+            )
+        ]
         report = {
-            "seed": cfg.seed, "status": client.get_run(run_id).info.status, "steps": steps, "wall_s": round(wall, 1),
-            "kills": {k: sum(e["kind"] == k and "error" not in e for e in ctl.events) for k in (*ACTORS, "server")},
+            "seed": cfg.seed,
+            "status": client.get_run(run_id).info.status,
+            "steps": steps,
+            "wall_s": round(wall, 1),
+            "kills": {
+                k: sum(e["kind"] == k and "error" not in e for e in ctl.events) for k in (*ACTORS, "server")
+            },
             "kills_by_phase": {p: sum(e.get("phase") == p for e in ctl.events) for p in PHASES},
-            "planned": len(ctl.plan), "events": ctl.events, "attempts": attempts(storage),
-            "retried": summary.get("retried", 0), "spooled": len(spooled), "spooled_missing": len(missing),
+            "planned": len(ctl.plan),
+            "events": ctl.events,
+            "attempts": attempts(storage),
+            "retried": summary.get("retried", 0),
+            "spooled": len(spooled),
+            "spooled_missing": len(missing),
             "exactly_once_problems": check_steps(client, run_id, steps),
         }
         (storage / "chaos.json").write_text(json.dumps(report, indent=2))
         summary["chaos"] = report
         progress(f"chaos: {json.dumps({k: v for k, v in report.items() if k != 'events'})}")
-        progress(f"chaos: the run's store is {server.root / 'mlflow.db'} (server stopped; "
-                 f"`mlflow server --backend-store-uri sqlite:///{server.root / 'mlflow.db'}` to browse)")
+        progress(
+            f"chaos: the run's store is {server.root / 'mlflow.db'} (server stopped; "
+            f"`mlflow server --backend-store-uri sqlite:///{server.root / 'mlflow.db'}` to browse)"
+        )
         return summary
     finally:
         server.kill()
@@ -288,5 +368,9 @@ def drill_ok(report: dict[str, Any]) -> bool:
     """The drill's targets: the run finished, every planned kill was done, nothing spooled was lost, and every
     per-step metric reads exactly one value per step."""
     done = sum(report["kills"].values())
-    return (report["status"] == "FINISHED" and done >= report["planned"] and report["spooled_missing"] == 0
-            and not report["exactly_once_problems"])
+    return (
+        report["status"] == "FINISHED"
+        and done >= report["planned"]
+        and report["spooled_missing"] == 0
+        and not report["exactly_once_problems"]
+    )

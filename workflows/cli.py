@@ -48,7 +48,13 @@ BENCH_ALLOCATION_FLAGS = (
     Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
     Shorthand("--seeds", ("seeds",), "seeds per allocator"),
     Shorthand("--steps", ("steps",), "RL steps per run"),
-    Shorthand("--roots", ("budget.num_roots",), "M, bare rollouts a step (L = M (1 + N))", int, ("budget.num_leaves=null",)),
+    Shorthand(
+        "--roots",
+        ("budget.num_roots",),
+        "M, bare rollouts a step (L = M (1 + N))",
+        int,
+        ("budget.num_leaves=null",),
+    ),
     Shorthand("--continuations", ("budget.continuations",), "N, the continuation multiplier"),
     Shorthand("--workers", ("workers",), "parallel runs (Ray tasks); 1 = no Ray"),
     Shorthand("--out", ("out_dir",), "output directory", str),
@@ -79,7 +85,9 @@ def _bench_allocation(cfg: BenchAllocationConfig) -> int:
     from workflows.bench_allocation import format_table
 
     print(format_table(cfg, summary))
-    print(f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else ""))
+    print(
+        f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
+    )
     if cfg.tracking.enabled:
         uri = resolve_uri(cfg.tracking.uri)
         print(f"MLflow: {len(summary['run_ids'])} runs in experiment '{cfg.tracking.experiment}' at {uri}")
@@ -92,7 +100,9 @@ def _bench_targets(cfg: BenchAllocationConfig) -> int:
 
     summary = run_targets(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(format_targets_table(summary))
-    print(f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else ""))
+    print(
+        f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
+    )
     return 0
 
 
@@ -109,8 +119,11 @@ def _bench_env(cfg: BenchEnvConfig) -> int:
         return 2
     cats = ", ".join(f"{k} {v:.3f}" for k, v in out["by_category"].items())
     extra = ", ".join(f"{k} {v:.3f}" for k, v in out["scores"].items())
-    print(f"{out['env']} ({out['mode']}): score {out['score']:.3f} on {out['n']} held-out tasks"
-          + (f" ({extra})" if extra else "") + f" in {out['time_s']:.1f} s")
+    print(
+        f"{out['env']} ({out['mode']}): score {out['score']:.3f} on {out['n']} held-out tasks"
+        + (f" ({extra})" if extra else "")
+        + f" in {out['time_s']:.1f} s"
+    )
     print(f"  by category: {cats}")
     if cfg.json_path:
         Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
@@ -141,10 +154,14 @@ def _bootstrap(cfg: BootstrapConfig) -> int:
 
     m = bootstrap(cfg, progress=_progress)
     g, s = m["greedy"], m["sampled"]
-    print(f"tiny policy in {cfg.out_dir}: {m['parameters'] / 1e6:.2f} M parameters, {m['train_steps']} steps, "
-          f"final loss {m['final_loss']:.4f}, {m['total_s']:.0f} s")
-    print(f"held-out ({m['eval_tasks']} tasks): greedy accuracy {g['accuracy']:.3f}, sampled pass@1 {s['accuracy']:.3f} "
-          f"(T={cfg.eval_temperature}), well-formed turns {s['well_formed_turns']:.3f}")
+    print(
+        f"tiny policy in {cfg.out_dir}: {m['parameters'] / 1e6:.2f} M parameters, {m['train_steps']} steps, "
+        f"final loss {m['final_loss']:.4f}, {m['total_s']:.0f} s"
+    )
+    print(
+        f"held-out ({m['eval_tasks']} tasks): greedy accuracy {g['accuracy']:.3f}, sampled pass@1 {s['accuracy']:.3f} "
+        f"(T={cfg.eval_temperature}), well-formed turns {s['well_formed_turns']:.3f}"
+    )
     print("  by level (sampled): " + ", ".join(f"{k} {v:.2f}" for k, v in s["by_level"].items()))
     return 0
 
@@ -160,9 +177,11 @@ def _rollout(cfg: RolloutConfig) -> int:
         return 2
     out = Path(cfg.out_dir)
     print(f"wrote {out / 'trees.jsonl'} and {out / 'trees.html'}")
-    print(f"effective ratio {m['rollout/effective_ratio']:.3f}, {m['budget/leaves']:.0f} leaves, "
-          f"{m['budget/generated_tokens']:.0f} generated tokens, {m['budget/tool_calls']:.0f} tool calls, "
-          f"prefill re-used {m['budget/prefill_tokens_reused']:.0f} / computed {m['budget/prefill_tokens_computed']:.0f}")
+    print(
+        f"effective ratio {m['rollout/effective_ratio']:.3f}, {m['budget/leaves']:.0f} leaves, "
+        f"{m['budget/generated_tokens']:.0f} generated tokens, {m['budget/tool_calls']:.0f} tool calls, "
+        f"prefill re-used {m['budget/prefill_tokens_reused']:.0f} / computed {m['budget/prefill_tokens_computed']:.0f}"
+    )
     return 0
 
 
@@ -176,9 +195,10 @@ def _bench_rollout(cfg: BenchRolloutConfig) -> int:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
     print(format_table(cfg, summary))
-    print(f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else ""))
+    print(
+        f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
+    )
     return 0
-
 
 
 _OVERRIDES: list[str] = []  # the positional overrides of this invocation (train resume re-applies them)
@@ -215,13 +235,17 @@ def _sweep(cfg: SweepConfig) -> int:
     if s.get("interrupted"):
         return 130  # like a shell's Ctrl-C
     for t in s["trials"]:
-        print(f"{t['trial']}: {t['config']}  {cfg.metric} (last) = {t['metric_last']}"
-              + (f"  stopped early by {cfg.scheduler} after {t['steps']} steps" if t["stopped_early"] else "")
-              + (f"  ERROR {t['error']}" if t["error"] else ""))
+        print(
+            f"{t['trial']}: {t['config']}  {cfg.metric} (last) = {t['metric_last']}"
+            + (f"  stopped early by {cfg.scheduler} after {t['steps']} steps" if t["stopped_early"] else "")
+            + (f"  ERROR {t['error']}" if t["error"] else "")
+        )
     if "best_config" in s:
         print(f"best ({cfg.metric}, {cfg.mode}, scope {cfg.scope}): {s['best_config']}")
-    print(f"MLflow parent run {s['parent_run_id']} ({s['tracking_uri']}); {s['wall_s']:.0f} s; "
-          f"compare with: tracerl compare --tracking-uri {s['tracking_uri']}")
+    print(
+        f"MLflow parent run {s['parent_run_id']} ({s['tracking_uri']}); {s['wall_s']:.0f} s; "
+        f"compare with: tracerl compare --tracking-uri {s['tracking_uri']}"
+    )
     return 0 if "best_config" in s else 1
 
 
@@ -233,13 +257,17 @@ def _study(cfg: StudyConfig) -> int:
     from workflows.study import run_study
 
     try:
-        s = run_study(cfg, _CONFIG_PATH[0] if _CONFIG_PATH else conf_dir() / "study/main.yaml", progress=_progress)
+        s = run_study(
+            cfg, _CONFIG_PATH[0] if _CONFIG_PATH else conf_dir() / "study/main.yaml", progress=_progress
+        )
     except (SetupError, FileNotFoundError, LookupError, ValueError) as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
     if "report" in s:
-        print(f"study {cfg.name}: MLflow parent run {s['parent_run_id']}; ran {len(s['ran'])} cells, skipped "
-              f"{len(s['skipped'])}, failed {len(s['failed'])}; report in {Path(cfg.out_dir) / 'study.md'}")
+        print(
+            f"study {cfg.name}: MLflow parent run {s['parent_run_id']}; ran {len(s['ran'])} cells, skipped "
+            f"{len(s['skipped'])}, failed {len(s['failed'])}; report in {Path(cfg.out_dir) / 'study.md'}"
+        )
         for key, err in s["failed"].items():
             print(f"cell {key} failed: {err}", file=sys.stderr)
     return 1 if s.get("failed") else 0
@@ -255,7 +283,9 @@ def _bench_train(cfg: BenchTrainConfig) -> int:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
     print(format_table(summary))
-    print(f"wrote {Path(cfg.bench_out) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else ""))
+    print(
+        f"wrote {Path(cfg.bench_out) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
+    )
     return 0
 
 
@@ -289,8 +319,10 @@ def _register(args: argparse.Namespace) -> int:
         return 2
     alias = f" (alias {args.alias})" if args.alias else ""
     print(f"registered {args.name} version {v['version']}{alias} from run {args.run_id}: {v['source']}")
-    print(f"  load with: mlflow.artifacts.download_artifacts('models:/{args.name}/{v['version']}') -> "
-          "AutoModelForCausalLM.from_pretrained(<dir>/artifacts/policy)")
+    print(
+        f"  load with: mlflow.artifacts.download_artifacts('models:/{args.name}/{v['version']}') -> "
+        "AutoModelForCausalLM.from_pretrained(<dir>/artifacts/policy)"
+    )
     return 0
 
 
@@ -307,7 +339,9 @@ def _compare(args: argparse.Namespace) -> int:
     print(res["table"])
     print(f"\nwrote {args.out}/table.txt, runs.json and " + ", ".join(Path(f).name for f in res["files"]))
     if res["run_id"]:
-        print(f"logged to MLflow run {res['run_id']} (artifacts/compare); open: tracerl ui --tracking-uri {args.tracking_uri}")
+        print(
+            f"logged to MLflow run {res['run_id']} (artifacts/compare); open: tracerl ui --tracking-uri {args.tracking_uri}"
+        )
     return 0
 
 
@@ -325,10 +359,14 @@ def _submit(args: argparse.Namespace) -> int:
             print("stopped" if sub.stop(args.address, args.stop) else "not running")
             return 0
         if not args.job:
-            print("tracerl: submit needs COMMAND (train, sweep, eval or study), or --status/--logs/--stop JOB_ID", file=sys.stderr)
+            print(
+                "tracerl: submit needs COMMAND (train, sweep, eval or study), or --status/--logs/--stop JOB_ID",
+                file=sys.stderr,
+            )
             return 2
-        job_id, state = sub.submit(args.address, args.job[0], args.job[1:], args.working_dir, args.python,
-                                   follow=not args.no_follow)
+        job_id, state = sub.submit(
+            args.address, args.job[0], args.job[1:], args.working_dir, args.python, follow=not args.no_follow
+        )
     except (ValueError, ConnectionError, RuntimeError) as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
@@ -393,9 +431,13 @@ BOOTSTRAP_FLAGS = (
 )
 
 COMMANDS: dict[str, Command] = {
-    "bench allocation": Command(BenchAllocationConfig, "bench/allocation.yaml", BENCH_ALLOCATION_FLAGS, _bench_allocation),
+    "bench allocation": Command(
+        BenchAllocationConfig, "bench/allocation.yaml", BENCH_ALLOCATION_FLAGS, _bench_allocation
+    ),
     "bench env": Command(BenchEnvConfig, "bench/env.yaml", BENCH_ENV_FLAGS, _bench_env),
-    "bench targets": Command(BenchAllocationConfig, "bench/targets.yaml", BENCH_TARGETS_FLAGS, _bench_targets),
+    "bench targets": Command(
+        BenchAllocationConfig, "bench/targets.yaml", BENCH_TARGETS_FLAGS, _bench_targets
+    ),
     "bootstrap": Command(BootstrapConfig, "bootstrap/math.yaml", BOOTSTRAP_FLAGS, _bootstrap),
     "rollout": Command(RolloutConfig, "rollout/math.yaml", ROLLOUT_FLAGS, _rollout),
     "bench rollout": Command(BenchRolloutConfig, "bench/rollout.yaml", BENCH_ROLLOUT_FLAGS, _bench_rollout),
@@ -411,7 +453,9 @@ def _add_job_args(p: argparse.ArgumentParser, cmd: Command) -> None:
     p.add_argument("--config", help=f"config YAML (default: conf/{cmd.config})")
     for f in cmd.flags:
         p.add_argument(f.flag, type=f.type, help=f"{f.help} (sets {', '.join(f.keys)})")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. allocator=grpo budget.num_roots=64")
+    p.add_argument(
+        "overrides", nargs="*", help="key=value overrides, e.g. allocator=grpo budget.num_roots=64"
+    )
 
 
 def load(name: str, args: argparse.Namespace) -> Any:
@@ -438,49 +482,85 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="benchmarks that print tables and write JSON")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
-    _add_job_args(bench_sub.add_parser("allocation", help="every allocator at equal leaf budget on the simulator"),
-                  COMMANDS["bench allocation"])
-    _add_job_args(bench_sub.add_parser("targets", help="bias of the predictor's fit targets vs the true V (simulator)"),
-                  COMMANDS["bench targets"])
-    _add_job_args(bench_sub.add_parser("rollout", help="allocators at equal leaves with the frozen tiny policy"),
-                  COMMANDS["bench rollout"])
-    _add_job_args(bench_sub.add_parser("train", help="training runs of TRACE and GRPO at equal leaves, several seeds"),
-                  COMMANDS["bench train"])
-    env_p = bench_sub.add_parser("env", help="an environment's gold replay (--gold) or tiny policy pass@1: "
-                                 "bench env [math|search|bfcl] [--gold] [--json PATH]")
+    _add_job_args(
+        bench_sub.add_parser("allocation", help="every allocator at equal leaf budget on the simulator"),
+        COMMANDS["bench allocation"],
+    )
+    _add_job_args(
+        bench_sub.add_parser("targets", help="bias of the predictor's fit targets vs the true V (simulator)"),
+        COMMANDS["bench targets"],
+    )
+    _add_job_args(
+        bench_sub.add_parser("rollout", help="allocators at equal leaves with the frozen tiny policy"),
+        COMMANDS["bench rollout"],
+    )
+    _add_job_args(
+        bench_sub.add_parser("train", help="training runs of TRACE and GRPO at equal leaves, several seeds"),
+        COMMANDS["bench train"],
+    )
+    env_p = bench_sub.add_parser(
+        "env",
+        help="an environment's gold replay (--gold) or tiny policy pass@1: "
+        "bench env [math|search|bfcl] [--gold] [--json PATH]",
+    )
     _add_job_args(env_p, COMMANDS["bench env"])
     env_p.add_argument("--gold", action="store_true", help="replay the reference actions (sets gold=true)")
-    _add_job_args(sub.add_parser("bootstrap", help="build the built-in tiny policy (tokenizer + small LM, SFT warm start)"),
-                  COMMANDS["bootstrap"])
-    _add_job_args(sub.add_parser("rollout", help="allocation-and-rollout steps; writes trees.jsonl and trees.html"),
-                  COMMANDS["rollout"])
-    _add_job_args(sub.add_parser("train", help="RL training on Ray Train workers, tracked in MLflow (resume=RUN_ID)"),
-                  COMMANDS["train"])
-    _add_job_args(sub.add_parser("eval", help="greedy pass@1, pass@k and avg@k of a checkpoint on a task set"),
-                  COMMANDS["eval"])
+    _add_job_args(
+        sub.add_parser(
+            "bootstrap", help="build the built-in tiny policy (tokenizer + small LM, SFT warm start)"
+        ),
+        COMMANDS["bootstrap"],
+    )
+    _add_job_args(
+        sub.add_parser("rollout", help="allocation-and-rollout steps; writes trees.jsonl and trees.html"),
+        COMMANDS["rollout"],
+    )
+    _add_job_args(
+        sub.add_parser("train", help="RL training on Ray Train workers, tracked in MLflow (resume=RUN_ID)"),
+        COMMANDS["train"],
+    )
+    _add_job_args(
+        sub.add_parser("eval", help="greedy pass@1, pass@k and avg@k of a checkpoint on a task set"),
+        COMMANDS["eval"],
+    )
     reg = sub.add_parser("register", help="register a training run's checkpoint in the MLflow Model Registry")
     reg.add_argument("run_id", help="MLflow run id of a `tracerl train` run")
     reg.add_argument("--name", required=True, help="registered model name")
     reg.add_argument("--alias", help="alias to point at the new version (e.g. champion)")
     reg.add_argument("--tracking-uri", help=URI_HELP)
-    _add_job_args(sub.add_parser("sweep", help="Ray Tune + Optuna over the budget shape; each trial a train run"),
-                  COMMANDS["sweep"])
-    st = sub.add_parser("study", help="the TRACE study: a grid of train runs under one MLflow parent run, and its report")
+    _add_job_args(
+        sub.add_parser("sweep", help="Ray Tune + Optuna over the budget shape; each trial a train run"),
+        COMMANDS["sweep"],
+    )
+    st = sub.add_parser(
+        "study", help="the TRACE study: a grid of train runs under one MLflow parent run, and its report"
+    )
     _add_job_args(st, COMMANDS["study"])
     st.add_argument("--fresh", action="store_true", help="re-run the selected cells even if they finished")
     st.add_argument("--report-only", action="store_true", help="rebuild the report from MLflow, run no cell")
     st.add_argument("--fill-tokens", action="store_true", help="write each testbed's T into the config file")
-    sm = sub.add_parser("submit", help="send train, sweep, eval or study to a Ray cluster (Ray Jobs); or --status/--logs/--stop")
+    sm = sub.add_parser(
+        "submit",
+        help="send train, sweep, eval or study to a Ray cluster (Ray Jobs); or --status/--logs/--stop",
+    )
     sm.add_argument("--address", required=True, help="the cluster's job API, e.g. http://127.0.0.1:8265")
     sm.add_argument("--status", metavar="JOB_ID", help="print a job's status")
     sm.add_argument("--logs", metavar="JOB_ID", help="print a job's logs")
     sm.add_argument("--stop", metavar="JOB_ID", help="stop a job")
-    sm.add_argument("--no-follow", action="store_true", help="return after submitting instead of streaming logs")
+    sm.add_argument(
+        "--no-follow", action="store_true", help="return after submitting instead of streaming logs"
+    )
     sm.add_argument("--working-dir", default=".", help="uploaded as the job's working directory (default: .)")
     sm.add_argument("--python", help="run `PYTHON -m workflows.cli` instead of `tracerl` on the cluster")
-    sm.add_argument("job", nargs=argparse.REMAINDER, help="COMMAND (train, sweep, eval, study) and its flags and overrides")
+    sm.add_argument(
+        "job",
+        nargs=argparse.REMAINDER,
+        help="COMMAND (train, sweep, eval, study) and its flags and overrides",
+    )
     cmp = sub.add_parser("compare", help="training runs side by side: table and plots, also logged to MLflow")
-    cmp.add_argument("run_ids", nargs="*", help="MLflow run ids (default: every training run of the experiment)")
+    cmp.add_argument(
+        "run_ids", nargs="*", help="MLflow run ids (default: every training run of the experiment)"
+    )
     cmp.add_argument("--experiment", help="MLflow experiment (default: tracerl)")
     cmp.add_argument("--tracking-uri", help=URI_HELP)
     cmp.add_argument("--out", default="bench_out/compare", help="output directory (default: %(default)s)")
@@ -489,10 +569,16 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--tracking-uri", help=URI_HELP)
     ui.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     ui.add_argument("--port", type=int, default=5000)
-    ui.add_argument("--experiment", default="tracerl", help="experiment whose runs page to print (default: %(default)s)")
-    ui.add_argument("--check", action="store_true", help="start, wait until it answers, print the URL and stop")
+    ui.add_argument(
+        "--experiment", default="tracerl", help="experiment whose runs page to print (default: %(default)s)"
+    )
+    ui.add_argument(
+        "--check", action="store_true", help="start, wait until it answers, print the URL and stop"
+    )
     show = sub.add_parser("config", help="print a command's resolved config")
-    show.add_argument("job", choices=sorted(c.replace(" ", "-") for c in COMMANDS), help="which command's config")
+    show.add_argument(
+        "job", choices=sorted(c.replace(" ", "-") for c in COMMANDS), help="which command's config"
+    )
     show.add_argument("--config", help="config YAML (default: the command's)")
     show.add_argument("overrides", nargs="*", help="key=value overrides")
     return parser

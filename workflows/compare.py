@@ -39,16 +39,25 @@ def collect(client: Any, runs: Sequence[Any]) -> list[dict[str, Any]]:
             tl += leaves.get(s, 0.0)
             tt += tokens.get(s, 0.0)
             cum_l[s], cum_t[s] = tl, tt
-        out.append({
-            "run_id": rid, "name": r.info.run_name, "status": r.info.status,
-            "allocator": p.get("allocator.name", "?"),
-            "continuations": _num(p.get("budget.continuations")), "m_max": _num(p.get("allocator.m_max")),
-            "num_leaves": _num(p.get("budget.num_leaves")), "lr": _num(p.get("optim.lr")),
-            "steps": len(er), "effective_ratio": sum(er.values()) / len(er) if er else math.nan,
-            "acc_before": acc[min(acc)] if acc else math.nan, "acc_after": acc[max(acc)] if acc else math.nan,
-            "leaves": tl, "generated_tokens": tt,
-            "series": {"effective_ratio": er, "accuracy": acc, "cum_leaves": cum_l, "cum_tokens": cum_t},
-        })
+        out.append(
+            {
+                "run_id": rid,
+                "name": r.info.run_name,
+                "status": r.info.status,
+                "allocator": p.get("allocator.name", "?"),
+                "continuations": _num(p.get("budget.continuations")),
+                "m_max": _num(p.get("allocator.m_max")),
+                "num_leaves": _num(p.get("budget.num_leaves")),
+                "lr": _num(p.get("optim.lr")),
+                "steps": len(er),
+                "effective_ratio": sum(er.values()) / len(er) if er else math.nan,
+                "acc_before": acc[min(acc)] if acc else math.nan,
+                "acc_after": acc[max(acc)] if acc else math.nan,
+                "leaves": tl,
+                "generated_tokens": tt,
+                "series": {"effective_ratio": er, "accuracy": acc, "cum_leaves": cum_l, "cum_tokens": cum_t},
+            }
+        )
     return out
 
 
@@ -62,14 +71,18 @@ def _num(v: Any) -> float:
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """Runs ranked by final held-out accuracy, then mean effective ratio."""
     ranked = sorted(rows, key=lambda r: (-_nan0(r["acc_after"]), -_nan0(r["effective_ratio"])))
-    head = (f"{'rank':>4} {'run':<34} {'allocator':<10} {'N':>3} {'m_max':>5} {'steps':>5} {'eff.ratio':>9} "
-            f"{'acc before':>10} {'acc after':>9} {'leaves':>7} {'gen.tokens':>10}")
+    head = (
+        f"{'rank':>4} {'run':<34} {'allocator':<10} {'N':>3} {'m_max':>5} {'steps':>5} {'eff.ratio':>9} "
+        f"{'acc before':>10} {'acc after':>9} {'leaves':>7} {'gen.tokens':>10}"
+    )
     lines = [head]
     for i, r in enumerate(ranked, 1):
-        lines.append(f"{i:>4} {str(r['name'])[:34]:<34} {r['allocator']:<10} {_fmt(r['continuations'], 0):>3} "
-                     f"{_fmt(r['m_max'], 0):>5} {r['steps']:>5} {_fmt(r['effective_ratio'], 3):>9} "
-                     f"{_fmt(r['acc_before'], 3):>10} {_fmt(r['acc_after'], 3):>9} {int(r['leaves']):>7} "
-                     f"{int(r['generated_tokens']):>10}")
+        lines.append(
+            f"{i:>4} {str(r['name'])[:34]:<34} {r['allocator']:<10} {_fmt(r['continuations'], 0):>3} "
+            f"{_fmt(r['m_max'], 0):>5} {r['steps']:>5} {_fmt(r['effective_ratio'], 3):>9} "
+            f"{_fmt(r['acc_before'], 3):>10} {_fmt(r['acc_after'], 3):>9} {int(r['leaves']):>7} "
+            f"{int(r['generated_tokens']):>10}"
+        )
     return "\n".join(lines)
 
 
@@ -149,8 +162,19 @@ _CSS = """body{font:14px system-ui,sans-serif;margin:1.5em;max-width:1200px}
 table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}
 th{background:#f3f3f3}td.name,td.alloc{text-align:left;font-family:ui-monospace,monospace;font-size:12px}
 img{max-width:100%;border:1px solid #eee;margin:.5em 0;display:block}"""
-_COLUMNS = ("rank", "run", "allocator", "N", "m_max", "steps", "eff. ratio", "acc before", "acc after", "leaves",
-            "gen. tokens")
+_COLUMNS = (
+    "rank",
+    "run",
+    "allocator",
+    "N",
+    "m_max",
+    "steps",
+    "eff. ratio",
+    "acc before",
+    "acc after",
+    "leaves",
+    "gen. tokens",
+)
 
 
 def report_html(rows: Sequence[dict[str, Any]], plot_files: Sequence[Path]) -> str:
@@ -163,23 +187,36 @@ def report_html(rows: Sequence[dict[str, Any]], plot_files: Sequence[Path]) -> s
     head = "".join(f"<th>{html.escape(c)}</th>" for c in _COLUMNS)
     body = []
     for i, r in enumerate(ranked, 1):
-        cells = [f"<td>{i}</td>", f"<td class='name'>{html.escape(str(r['name']))}</td>",
-                 f"<td class='alloc'>{html.escape(str(r['allocator']))}</td>",
-                 f"<td>{_fmt(r['continuations'], 0)}</td>", f"<td>{_fmt(r['m_max'], 0)}</td>", f"<td>{r['steps']}</td>",
-                 f"<td>{_fmt(r['effective_ratio'], 3)}</td>", f"<td>{_fmt(r['acc_before'], 3)}</td>",
-                 f"<td>{_fmt(r['acc_after'], 3)}</td>", f"<td>{int(r['leaves'])}</td>",
-                 f"<td>{int(r['generated_tokens'])}</td>"]
+        cells = [
+            f"<td>{i}</td>",
+            f"<td class='name'>{html.escape(str(r['name']))}</td>",
+            f"<td class='alloc'>{html.escape(str(r['allocator']))}</td>",
+            f"<td>{_fmt(r['continuations'], 0)}</td>",
+            f"<td>{_fmt(r['m_max'], 0)}</td>",
+            f"<td>{r['steps']}</td>",
+            f"<td>{_fmt(r['effective_ratio'], 3)}</td>",
+            f"<td>{_fmt(r['acc_before'], 3)}</td>",
+            f"<td>{_fmt(r['acc_after'], 3)}</td>",
+            f"<td>{int(r['leaves'])}</td>",
+            f"<td>{int(r['generated_tokens'])}</td>",
+        ]
         body.append(f"<tr>{''.join(cells)}</tr>")
-    imgs = [f"<h2>{html.escape(f.stem.replace('_', ' '))}</h2><img alt='{html.escape(f.stem)}' "
-            f"src='data:image/png;base64,{base64.b64encode(f.read_bytes()).decode()}'>" for f in plot_files]
-    return (f"<!doctype html><meta charset='utf-8'><title>tracerl compare: {len(rows)} runs</title><style>{_CSS}</style>"
-            f"<h1>{len(rows)} training runs, ranked</h1><p>By final held-out accuracy, then mean effective ratio. "
-            "N: continuations; m_max: most prefixes expanded per prompt; leaves and generated tokens: spent over the "
-            f"run.</p><table id='ranking'><tr>{head}</tr>{''.join(body)}</table>{''.join(imgs)}")
+    imgs = [
+        f"<h2>{html.escape(f.stem.replace('_', ' '))}</h2><img alt='{html.escape(f.stem)}' "
+        f"src='data:image/png;base64,{base64.b64encode(f.read_bytes()).decode()}'>"
+        for f in plot_files
+    ]
+    return (
+        f"<!doctype html><meta charset='utf-8'><title>tracerl compare: {len(rows)} runs</title><style>{_CSS}</style>"
+        f"<h1>{len(rows)} training runs, ranked</h1><p>By final held-out accuracy, then mean effective ratio. "
+        "N: continuations; m_max: most prefixes expanded per prompt; leaves and generated tokens: spent over the "
+        f"run.</p><table id='ranking'><tr>{head}</tr>{''.join(body)}</table>{''.join(imgs)}"
+    )
 
 
-def compare(tracking: Any, experiment: str | None, run_ids: Sequence[str], out_dir: str,
-            log_to_mlflow: bool = True) -> dict[str, Any]:
+def compare(
+    tracking: Any, experiment: str | None, run_ids: Sequence[str], out_dir: str, log_to_mlflow: bool = True
+) -> dict[str, Any]:
     """Collect, rank, plot and (optionally) log; returns {'rows': ..., 'table': str, 'files': [...], 'run_id'}."""
     import mlflow
 
@@ -194,8 +231,11 @@ def compare(tracking: Any, experiment: str | None, run_ids: Sequence[str], out_d
         exp = client.get_experiment_by_name(name)
         if exp is None:
             raise LookupError(f"no MLflow experiment {name!r} at {tracking.uri}")
-        runs = [r for r in client.search_runs([exp.experiment_id], max_results=1000)
-                if r.data.tags.get("tracerl.command") == "train"]
+        runs = [
+            r
+            for r in client.search_runs([exp.experiment_id], max_results=1000)
+            if r.data.tags.get("tracerl.command") == "train"
+        ]
     if not runs:
         raise LookupError(f"no training runs to compare in experiment {name!r} at {tracking.uri}")
     rows = collect(client, runs)
@@ -203,15 +243,20 @@ def compare(tracking: Any, experiment: str | None, run_ids: Sequence[str], out_d
     out.mkdir(parents=True, exist_ok=True)
     table = format_table(rows)
     (out / "table.txt").write_text(table + "\n")
-    (out / "runs.json").write_text(json.dumps([{k: v for k, v in r.items() if k != "series"} for r in rows], indent=2))
+    (out / "runs.json").write_text(
+        json.dumps([{k: v for k, v in r.items() if k != "series"} for r in rows], indent=2)
+    )
     files = plots(rows, out)
     (out / "report.html").write_text(report_html(rows, files))
     files.append(out / "report.html")
     result: dict[str, Any] = {"rows": rows, "table": table, "files": [str(f) for f in files], "run_id": None}
     if log_to_mlflow:
         exp_id = runs[0].info.experiment_id
-        cmp = client.create_run(exp_id, run_name=f"compare-{len(rows)}-runs",
-                                tags={"tracerl.command": "compare", "tracerl.compared": ",".join(r["run_id"] for r in rows)})
+        cmp = client.create_run(
+            exp_id,
+            run_name=f"compare-{len(rows)}-runs",
+            tags={"tracerl.command": "compare", "tracerl.compared": ",".join(r["run_id"] for r in rows)},
+        )
         client.log_artifacts(cmp.info.run_id, str(out), "compare")
         client.set_terminated(cmp.info.run_id)
         result["run_id"] = cmp.info.run_id
@@ -222,4 +267,15 @@ def ui_command(uri: str, host: str, port: int) -> list[str]:
     """The `mlflow ui` command for a tracking store (a database URI or a file store)."""
     import sys
 
-    return [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    return [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]

@@ -57,18 +57,33 @@ def task_traces(trees: Sequence[RolloutTree], label: str) -> list[dict[str, Any]
         rollouts = []
         for leaf in t.leaves():
             path = t.path(leaf.node_id)[1:]
-            rollouts.append({"turns": [t.nodes[i].content for i in path], "status": leaf.status.value,
-                             "reward": leaf.reward, **({"scores": leaf.scores} if leaf.scores else {})})
-        out.append({"mode": label, "prompt_id": t.prompt.prompt_id, "source": t.prompt.source,
-                    "question": t.prompt.text, "answer": t.prompt.answer, "rollouts": rollouts})
+            rollouts.append(
+                {
+                    "turns": [t.nodes[i].content for i in path],
+                    "status": leaf.status.value,
+                    "reward": leaf.reward,
+                    **({"scores": leaf.scores} if leaf.scores else {}),
+                }
+            )
+        out.append(
+            {
+                "mode": label,
+                "prompt_id": t.prompt.prompt_id,
+                "source": t.prompt.source,
+                "question": t.prompt.text,
+                "answer": t.prompt.answer,
+                "rollouts": rollouts,
+            }
+        )
     return out
 
 
 Runner = Callable[[Sequence[Any], int, float, int], tuple[list[RolloutTree], BudgetLedger]]
 
 
-def evaluate_prompts(run: Runner, prompts: Sequence[Any], samples: int, temperature: float, seed: int
-                     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def evaluate_prompts(
+    run: Runner, prompts: Sequence[Any], samples: int, temperature: float, seed: int
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Greedy pass@1 and, if ``samples`` > 0, pass@k / avg@k at ``temperature``; returns (metrics, traces)."""
     trees, led = run(prompts, 1, 0.0, seed)
     greedy = summarize(trees, led)
@@ -91,7 +106,9 @@ def local_runner(model_cfg: Any, sampler_cfg: Any, env_cfg: Any) -> Runner:
 
     stack = build_stack(model_cfg, sampler_cfg, env_cfg, seed=0)
 
-    def run(prompts: Sequence[Any], k: int, temperature: float, seed: int) -> tuple[list[RolloutTree], BudgetLedger]:
+    def run(
+        prompts: Sequence[Any], k: int, temperature: float, seed: int
+    ) -> tuple[list[RolloutTree], BudgetLedger]:
         eng = stack.engine
         eng.seed, eng.calls, eng.ledger = seed, 0, BudgetLedger()
         base = eng.limits
@@ -121,8 +138,10 @@ def run_eval(cfg: Any, progress: Callable[[str], None] = lambda s: None) -> dict
     model_cfg = replace(cfg.model, path=path)
     prompts = task_prompts(cfg.env, held_out=True)
     task_set = f"{cfg.env.name}:{getattr(env_section(cfg.env), 'tasks', 'tasks')}"
-    progress(f"evaluating {path} on {len(prompts)} tasks ({task_set}): greedy"
-             + (f", then {cfg.samples} samples at T={cfg.temperature:g}" if cfg.samples else ""))
+    progress(
+        f"evaluating {path} on {len(prompts)} tasks ({task_set}): greedy"
+        + (f", then {cfg.samples} samples at T={cfg.temperature:g}" if cfg.samples else "")
+    )
     passes = bar(progress, 2 if cfg.samples else 1, f"eval on {len(prompts)} tasks", "pass")
     runner = local_runner(model_cfg, cfg.sampler, cfg.env)
 

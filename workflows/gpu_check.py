@@ -34,9 +34,13 @@ BUDGET_S = 300.0
 
 # Bytes per element of the activations that the estimate counts (see memory_estimate).
 RESIDUAL_BYTES = 4  # the residual stream is float32: embeddings are not autocast, norms compute in float32
-LAYER_BYTES_PER_HIDDEN = 24  # one recomputed layer: norms (fp32), q/k/v/o inputs and outputs (bf16), attention
+LAYER_BYTES_PER_HIDDEN = (
+    24  # one recomputed layer: norms (fp32), q/k/v/o inputs and outputs (bf16), attention
+)
 LAYER_BYTES_PER_INTERMEDIATE = 8  # gate, up, act(gate), act*up in bf16
-LOGIT_BYTES = 20  # log-softmax and exp kept for backward (fp32), plus the fp32 gradients flowing back through them
+LOGIT_BYTES = (
+    20  # log-softmax and exp kept for backward (fp32), plus the fp32 gradients flowing back through them
+)
 ADAM_TEMP_BYTES = 4  # foreach AdamW's full-size float32 temporary during the step
 
 
@@ -70,24 +74,66 @@ def load_arch(path: Path = ARCH) -> dict[str, Any]:
 def scaled(arch: dict[str, Any]) -> dict[str, Any]:
     """The same architecture at a small scale factor, for the CPU dry run: 2 layers, widths / 32, heads / 4."""
     small = dict(arch)
-    small.update(num_hidden_layers=2, hidden_size=arch["hidden_size"] // 32,
-                 intermediate_size=arch["intermediate_size"] // 32, num_attention_heads=arch["num_attention_heads"] // 4,
-                 num_key_value_heads=max(arch["num_key_value_heads"] // 4, 1), head_dim=arch["head_dim"] // 8,
-                 vocab_size=arch["vocab_size"] // 32, bos_token_id=None, eos_token_id=None)
+    small.update(
+        num_hidden_layers=2,
+        hidden_size=arch["hidden_size"] // 32,
+        intermediate_size=arch["intermediate_size"] // 32,
+        num_attention_heads=arch["num_attention_heads"] // 4,
+        num_key_value_heads=max(arch["num_key_value_heads"] // 4, 1),
+        head_dim=arch["head_dim"] // 8,
+        vocab_size=arch["vocab_size"] // 32,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
     return small
 
 
 def make_plan(dry: bool, cuda: bool, arch: dict[str, Any]) -> Plan:
     if dry:
-        return Plan(True, "cpu", scaled(arch), seq_len=128, sequences=2, micro_batch=1, steps=2, lora_rank=4,
-                    gen_batch=2, prompt_len=24, obs_len=6, new_tokens=8, sampler_dtype="float32", logprob_tol=1e-3)
-    return Plan(False, "cuda" if cuda else "none", arch, seq_len=4096, sequences=4, micro_batch=1, steps=3,
-                lora_rank=16, gen_batch=8, prompt_len=1024, obs_len=64, new_tokens=128, sampler_dtype="bfloat16",
-                logprob_tol=5e-2)
+        return Plan(
+            True,
+            "cpu",
+            scaled(arch),
+            seq_len=128,
+            sequences=2,
+            micro_batch=1,
+            steps=2,
+            lora_rank=4,
+            gen_batch=2,
+            prompt_len=24,
+            obs_len=6,
+            new_tokens=8,
+            sampler_dtype="float32",
+            logprob_tol=1e-3,
+        )
+    return Plan(
+        False,
+        "cuda" if cuda else "none",
+        arch,
+        seq_len=4096,
+        sequences=4,
+        micro_batch=1,
+        steps=3,
+        lora_rank=16,
+        gen_batch=8,
+        prompt_len=1024,
+        obs_len=64,
+        new_tokens=128,
+        sampler_dtype="bfloat16",
+        logprob_tol=5e-2,
+    )
 
 
-def memory_estimate(params: int, trainable: int, layers: int, hidden: int, intermediate: int, vocab: int,
-                    micro_batch: int, seq_len: int) -> dict[str, float]:
+def memory_estimate(
+    params: int,
+    trainable: int,
+    layers: int,
+    hidden: int,
+    intermediate: int,
+    vocab: int,
+    micro_batch: int,
+    seq_len: int,
+) -> dict[str, float]:
     """Bytes for the update with float32 master weights, AdamW, bf16 autocast and gradient checkpointing.
 
     weights 4 P + grads 4 T + Adam 8 T (P parameters, T trainable), plus the activations of one micro-batch of
@@ -101,7 +147,9 @@ def memory_estimate(params: int, trainable: int, layers: int, hidden: int, inter
         "grads": 4.0 * trainable,
         "adam": 8.0 * trainable,
         "checkpoints": float(RESIDUAL_BYTES * layers * n * hidden),
-        "layer_recompute": float(n * (LAYER_BYTES_PER_HIDDEN * hidden + LAYER_BYTES_PER_INTERMEDIATE * intermediate)),
+        "layer_recompute": float(
+            n * (LAYER_BYTES_PER_HIDDEN * hidden + LAYER_BYTES_PER_INTERMEDIATE * intermediate)
+        ),
         "logits": float(LOGIT_BYTES * n * vocab),
     }
     static = parts["weights"] + parts["grads"] + parts["adam"]
@@ -184,14 +232,22 @@ def run_update(plan: Plan, lora: bool) -> dict[str, Any]:
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    model = _model(plan, "float32", use_cache=False)  # float32 master weights; compute under bf16 autocast as tracerl.learner does
+    model = _model(
+        plan, "float32", use_cache=False
+    )  # float32 master weights; compute under bf16 autocast as tracerl.learner does
     getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     if lora:
         model = apply_lora(model, TrainerConfig(lora_rank=plan.lora_rank, lora_alpha=2 * plan.lora_rank))
     params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    learner = PolicyLearner(model, OptimConfig(lr=1e-6, warmup_steps=0), LossConfig(micro_batch_size=plan.micro_batch),
-                            total_steps=plan.steps, pad_id=0, autocast=torch.bfloat16)
+    learner = PolicyLearner(
+        model,
+        OptimConfig(lr=1e-6, warmup_steps=0),
+        LossConfig(micro_batch_size=plan.micro_batch),
+        total_steps=plan.steps,
+        pad_id=0,
+        autocast=torch.bfloat16,
+    )
     batch = _batch(plan, plan.arch["vocab_size"], seed=1)
     times, stats = [], {}
     for _ in range(plan.steps):
@@ -203,9 +259,15 @@ def run_update(plan: Plan, lora: bool) -> dict[str, Any]:
     timed = times[1:] or times
     tokens = plan.sequences * plan.seq_len
     out: dict[str, Any] = {
-        "status": "ok", "device": str(learner.device), "params": params, "trainable": trainable, "tokens_per_step": tokens,
-        "step_s": times, "tokens_per_s": tokens / (sum(timed) / len(timed)),
-        "loss": stats["train/loss"], "grad_norm": stats["train/grad_norm"],
+        "status": "ok",
+        "device": str(learner.device),
+        "params": params,
+        "trainable": trainable,
+        "tokens_per_step": tokens,
+        "step_s": times,
+        "tokens_per_s": tokens / (sum(timed) / len(timed)),
+        "loss": stats["train/loss"],
+        "grad_norm": stats["train/grad_norm"],
         "update_skipped": bool(stats["train/update_skipped"]),
         "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
     }
@@ -219,12 +281,24 @@ def run_update(plan: Plan, lora: bool) -> dict[str, Any]:
 
 def memory_section(plan: Plan, update: dict[str, Any]) -> dict[str, Any]:
     a = plan.arch
-    est = memory_estimate(update["params"], update["trainable"], a["num_hidden_layers"], a["hidden_size"],
-                          a["intermediate_size"], a["vocab_size"], plan.micro_batch, plan.seq_len)
+    est = memory_estimate(
+        update["params"],
+        update["trainable"],
+        a["num_hidden_layers"],
+        a["hidden_size"],
+        a["intermediate_size"],
+        a["vocab_size"],
+        plan.micro_batch,
+        plan.seq_len,
+    )
     peak = update.get("peak_bytes")
-    return {"status": "ok" if peak is not None else "ok: no CUDA, estimate only", "estimate_bytes": est,
-            "measured_peak_bytes": peak, "measured_over_estimate": peak / est["peak"] if peak else None,
-            "formula": memory_estimate.__doc__}
+    return {
+        "status": "ok" if peak is not None else "ok: no CUDA, estimate only",
+        "estimate_bytes": est,
+        "measured_peak_bytes": peak,
+        "measured_over_estimate": peak / est["peak"] if peak else None,
+        "formula": memory_estimate.__doc__,
+    }
 
 
 class IdTokenizer:
@@ -256,7 +330,9 @@ def run_generation(plan: Plan) -> dict[str, Any]:
     _sync(plan.device)
     t1 = time.perf_counter()
     nxt = [p + f.token_ids + o for p, f, o in zip(prompts, first, obs)]
-    second = sampler.generate(nxt, plan.new_tokens, [], temperature=1.0, seed=2, caches=[f.cache for f in first])
+    second = sampler.generate(
+        nxt, plan.new_tokens, [], temperature=1.0, seed=2, caches=[f.cache for f in first]
+    )
     _sync(plan.device)
     t2 = time.perf_counter()
     diff = 0.0
@@ -276,13 +352,22 @@ def run_generation(plan: Plan) -> dict[str, Any]:
     if plan.device == "cuda":
         torch.cuda.empty_cache()
     return {
-        "status": "ok" if ok else f"mismatch: max |log-prob diff| {diff:.3g} > {plan.logprob_tol} or no prefix re-used",
-        "dtype": plan.sampler_dtype, "batch": plan.gen_batch,
+        "status": "ok"
+        if ok
+        else f"mismatch: max |log-prob diff| {diff:.3g} > {plan.logprob_tol} or no prefix re-used",
+        "dtype": plan.sampler_dtype,
+        "batch": plan.gen_batch,
         "first_turn": {"generated_tokens": gen1, "seconds": t1 - t0, "tokens_per_s": gen1 / (t1 - t0)},
-        "continuation": {"generated_tokens": gen2, "seconds": t2 - t1, "tokens_per_s": gen2 / (t2 - t1),
-                         "reused_tokens": reused, "prefill_tokens": sum(s.prefill_tokens for s in second),
-                         "reused_fraction": reused / ctx_tokens},
-        "max_abs_logprob_diff": diff, "tolerance": plan.logprob_tol,
+        "continuation": {
+            "generated_tokens": gen2,
+            "seconds": t2 - t1,
+            "tokens_per_s": gen2 / (t2 - t1),
+            "reused_tokens": reused,
+            "prefill_tokens": sum(s.prefill_tokens for s in second),
+            "reused_fraction": reused / ctx_tokens,
+        },
+        "max_abs_logprob_diff": diff,
+        "tolerance": plan.logprob_tol,
     }
 
 
@@ -338,7 +423,9 @@ def run(json_path: Path | None, dry: bool, budget_s: float = BUDGET_S) -> dict[s
     else:
         report.put("memory", {"status": "skipped: no update measured"})
     lora = section("lora_update", lambda: run_update(plan, lora=True), "peft")
-    if lora is not None and lora["status"] == "ok":  # the same estimate with the adapters as the trainable part
+    if (
+        lora is not None and lora["status"] == "ok"
+    ):  # the same estimate with the adapters as the trainable part
         report.put("lora_update", {**lora, "memory": memory_section(plan, lora)})
     section("generation", lambda: run_generation(plan))
     report.put("total_s", {"status": "ok", "seconds": time.perf_counter() - start})
@@ -347,8 +434,11 @@ def run(json_path: Path | None, dry: bool, budget_s: float = BUDGET_S) -> dict[s
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workflows.gpu_check", description=__doc__.split("\n")[0])
-    ap.add_argument("--json", default=os.environ.get("GPU_CHECK_OUT", "bench_out/gpu_check.json"),
-                    help="where the report goes (default: $GPU_CHECK_OUT or bench_out/gpu_check.json)")
+    ap.add_argument(
+        "--json",
+        default=os.environ.get("GPU_CHECK_OUT", "bench_out/gpu_check.json"),
+        help="where the report goes (default: $GPU_CHECK_OUT or bench_out/gpu_check.json)",
+    )
     args = ap.parse_args(argv)
     dry = os.environ.get("GPU_CHECK_DRY", "0") not in ("", "0")
     data = run(Path(args.json), dry)

@@ -17,7 +17,15 @@ from tracerl.models.hf import SetupError, check_window, load_policy
 from tracerl.samplers import make_sampler
 from tracerl.types import Prompt
 
-__all__ = ["SetupError", "load_policy", "task_prompts", "make_env", "build_stack", "make_text_predictor", "LMStack"]
+__all__ = [
+    "SetupError",
+    "load_policy",
+    "task_prompts",
+    "make_env",
+    "build_stack",
+    "make_text_predictor",
+    "LMStack",
+]
 
 
 def task_prompts(cfg: EnvConfig, held_out: bool = False) -> list[Prompt]:
@@ -48,16 +56,31 @@ def build_stack(model_cfg: ModelConfig, sampler_cfg: SamplerConfig, env_cfg: Env
     return LMStack(tok, model, env, engine)
 
 
-def build_text_predictor(cfg: PredictorConfig, stack: LMStack, seed: int, name: str | None = None,
-                         targets: str | None = None) -> Predictor:
+def build_text_predictor(
+    cfg: PredictorConfig, stack: LMStack, seed: int, name: str | None = None, targets: str | None = None
+) -> Predictor:
     """The configured predictor, with a text featurizer for the learned one."""
     template = stack.engine.template
-    return make_text_predictor(cfg, seed, stack.model, stack.tokenizer,
-                               lambda q: template.prompt(q, stack.env.tools), name=name, targets=targets)
+    return make_text_predictor(
+        cfg,
+        seed,
+        stack.model,
+        stack.tokenizer,
+        lambda q: template.prompt(q, stack.env.tools),
+        name=name,
+        targets=targets,
+    )
 
 
-def make_text_predictor(cfg: PredictorConfig, seed: int, model: Any, tokenizer: Any, render: Any,
-                        name: str | None = None, targets: str | None = None) -> Predictor:
+def make_text_predictor(
+    cfg: PredictorConfig,
+    seed: int,
+    model: Any,
+    tokenizer: Any,
+    render: Any,
+    name: str | None = None,
+    targets: str | None = None,
+) -> Predictor:
     """The configured predictor; the learned one gets a text featurizer (hashed n-grams, or ``model``'s hidden
     states over histories rendered by ``render(question)`` for features=policy). ``targets`` overrides
     ``cfg.targets`` (an allocator's forced fit targets)."""
@@ -71,5 +94,7 @@ def make_text_predictor(cfg: PredictorConfig, seed: int, model: Any, tokenizer: 
     elif cfg.features == "hashed":
         feat = HashedNgramFeaturizer()
     else:
-        raise SetupError("predictor.features=numeric needs the simulator's numeric features; use hashed or policy here")
+        raise SetupError(
+            "predictor.features=numeric needs the simulator's numeric features; use hashed or policy here"
+        )
     return LearnedPredictor(cfg, seed, featurizer=feat)

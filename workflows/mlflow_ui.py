@@ -40,7 +40,9 @@ def stop_group(proc: Any) -> None:
             return
         except ProcessLookupError:
             return
-        except subprocess.TimeoutExpired:  # `mlflow ui` outlives a TERM of its server (measured with MLflow 3.17)
+        except (
+            subprocess.TimeoutExpired
+        ):  # `mlflow ui` outlives a TERM of its server (measured with MLflow 3.17)
             continue
 
 
@@ -64,8 +66,10 @@ def serve(uri: str, host: str, port: int, experiment: str, check: bool = False) 
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                print(f"tracerl: the MLflow UI exited with code {proc.returncode} (is port {port} in use?)",
-                      file=sys.stderr)
+                print(
+                    f"tracerl: the MLflow UI exited with code {proc.returncode} (is port {port} in use?)",
+                    file=sys.stderr,
+                )
                 return 2
             try:
                 with urllib.request.urlopen(f"{url}/health", timeout=2) as r:

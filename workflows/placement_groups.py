@@ -33,16 +33,25 @@ def _actor_made(job_id: str) -> list[Any]:
 
     rec, job = _record(), bytes.fromhex(job_id)
     table = [rec.FromString(raw) for raw in state._connect_and_get_accessor().get_placement_group_table()]
-    return [pg for pg in table if pg.creator_job_id == job and not pg.is_detached and pg.state != rec.REMOVED
-            and not ray.ActorID(pg.creator_actor_id).is_nil()]
+    return [
+        pg
+        for pg in table
+        if pg.creator_job_id == job
+        and not pg.is_detached
+        and pg.state != rec.REMOVED
+        and not ray.ActorID(pg.creator_actor_id).is_nil()
+    ]
 
 
 def orphaned(job_id: str | None = None) -> list[str]:
     """Hex ids of the job's reserved placement groups whose creating actor is dead (default: this driver's job)."""
     import ray
 
-    return [pg.placement_group_id.hex() for pg in _actor_made(job_id or ray.get_runtime_context().get_job_id())
-            if pg.creator_actor_dead]
+    return [
+        pg.placement_group_id.hex()
+        for pg in _actor_made(job_id or ray.get_runtime_context().get_job_id())
+        if pg.creator_actor_dead
+    ]
 
 
 def release_orphaned(job_id: str | None = None) -> list[str]:
@@ -61,7 +70,9 @@ def release_orphaned(job_id: str | None = None) -> list[str]:
     return removed
 
 
-def release_when_trials_end(progress: Callable[[str], None], wait_s: float = 300.0, poll_s: float = 1.0) -> list[str]:
+def release_when_trials_end(
+    progress: Callable[[str], None], wait_s: float = 300.0, poll_s: float = 1.0
+) -> list[str]:
     """After the sweep: wait (up to ``wait_s``) for every actor-created group of this job to lose its creator (the
     stopped trials' controllers end shortly after their trial actors), removing each as it is orphaned."""
     import ray
@@ -77,8 +88,10 @@ def release_when_trials_end(progress: Callable[[str], None], wait_s: float = 300
         if not left:
             return removed
         if time.monotonic() > deadline:
-            progress(f"placement groups still reserved after the sweep (their creating actors are alive after "
-                     f"{wait_s:.0f} s): {', '.join(left)}; check `ray list placement-groups`")
+            progress(
+                f"placement groups still reserved after the sweep (their creating actors are alive after "
+                f"{wait_s:.0f} s): {', '.join(left)}; check `ray list placement-groups`"
+            )
             return removed
         time.sleep(poll_s)
 

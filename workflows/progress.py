@@ -30,8 +30,9 @@ def _clock(seconds: float) -> str:
 class Bar:
     """A count towards ``total``: a tqdm bar on a terminal, else periodic plain lines."""
 
-    def __init__(self, total: int, desc: str, unit: str, out: IO[str], tty: bool, interval: float,
-                 initial: int = 0) -> None:
+    def __init__(
+        self, total: int, desc: str, unit: str, out: IO[str], tty: bool, interval: float, initial: int = 0
+    ) -> None:
         self.total, self.desc, self.unit, self.out, self.interval = total, desc, unit, out, interval
         self.done, self.t0, self.last_line = initial, time.monotonic(), -1.0
         self.initial = initial
@@ -42,14 +43,19 @@ class Bar:
         if tty:
             from tqdm import tqdm
 
-            self._tqdm = tqdm(total=total, desc=desc, unit=unit, initial=initial, file=out, dynamic_ncols=True,
-                              leave=True)
+            self._tqdm = tqdm(
+                total=total, desc=desc, unit=unit, initial=initial, file=out, dynamic_ncols=True, leave=True
+            )
 
     def line(self) -> str:
         """The plain progress line: count, elapsed time and the estimated time left."""
         elapsed = time.monotonic() - self.t0
         ran = self.done - self.initial
-        left = f", ~{_clock(elapsed / ran * (self.total - self.done))} left" if ran > 0 and self.done < self.total else ""
+        left = (
+            f", ~{_clock(elapsed / ran * (self.total - self.done))} left"
+            if ran > 0 and self.done < self.total
+            else ""
+        )
         return f"{self.desc}: {self.done}/{self.total} {self.unit}s, {_clock(elapsed)} elapsed{left}"
 
     def set(self, done: int) -> None:

@@ -27,8 +27,9 @@ def init_ray(cfg: ClusterConfig) -> None:
         ray.init(address=cfg.address)
 
 
-def check_resources(demand: list[tuple[str, int, float, float]], cfg: ClusterConfig, knobs: str,
-                    warn: Callable[[str], None]) -> None:
+def check_resources(
+    demand: list[tuple[str, int, float, float]], cfg: ClusterConfig, knobs: str, warn: Callable[[str], None]
+) -> None:
     """Fail fast when the actors a job asks for cannot all fit in the Ray cluster at once.
 
     ``demand`` rows are (what, how many, CPUs each, GPUs each). Ray would queue the actors that do not fit and wait
@@ -42,17 +43,25 @@ def check_resources(demand: list[tuple[str, int, float, float]], cfg: ClusterCon
 
     have = ray.cluster_resources()
     local = cfg.address == "local"
-    for kind, rows in (("CPU", [(w, n, c) for w, n, c, _ in demand]), ("GPU", [(w, n, g) for w, n, _, g in demand])):
+    for kind, rows in (
+        ("CPU", [(w, n, c) for w, n, c, _ in demand]),
+        ("GPU", [(w, n, g) for w, n, _, g in demand]),
+    ):
         need = sum(n * each for _, n, each in rows)
         avail = float(have.get(kind, 0.0))
         if need <= avail + 1e-9:
             continue
         shares = ", ".join(f"{w} {n} x {each:g}" for w, n, each in rows if each)
         where = "the embedded Ray has" if local else f"the Ray cluster at {cfg.address} has"
-        fix = f"lower {knobs}" + (", or raise cluster.num_cpus" if kind == "CPU" and local else "") + \
-            ("" if local else ", or add nodes")
-        msg = (f"this job needs {need:g} {kind}s at once ({shares}) but {where} {avail:g}, and Ray would wait for "
-               f"the rest for ever: {fix}")
+        fix = (
+            f"lower {knobs}"
+            + (", or raise cluster.num_cpus" if kind == "CPU" and local else "")
+            + ("" if local else ", or add nodes")
+        )
+        msg = (
+            f"this job needs {need:g} {kind}s at once ({shares}) but {where} {avail:g}, and Ray would wait for "
+            f"the rest for ever: {fix}"
+        )
         if local:
             raise SetupError(msg)
         warn(msg + " (going ahead in case an autoscaler adds them)")

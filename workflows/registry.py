@@ -37,9 +37,15 @@ class HFPolicyModel(mlflow.pyfunc.PythonModel):  # type: ignore[misc,name-define
         for p in prompts:
             ids = self.tokenizer(str(p), return_tensors="pt", add_special_tokens=False)
             with torch.no_grad():
-                gen = self.model.generate(**ids, max_new_tokens=max_new, do_sample=False,
-                                          pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id)
-            out.append(str(self.tokenizer.decode(gen[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)))
+                gen = self.model.generate(
+                    **ids,
+                    max_new_tokens=max_new,
+                    do_sample=False,
+                    pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id,
+                )
+            out.append(
+                str(self.tokenizer.decode(gen[0, ids["input_ids"].shape[1] :], skip_special_tokens=True))
+            )
         return out
 
 
@@ -49,13 +55,20 @@ def _checkpoint(run_id: str, tracking: Any) -> tuple[Path, dict[str, Any]]:
     storage = run_storage(run_id, tracking)
     ckpt = latest_checkpoint(storage)
     if ckpt is None or not (ckpt / "policy").is_dir():
-        raise FileNotFoundError(f"run {run_id} has no checkpoint under {storage} yet (checkpoints are written every "
-                                "checkpoint_every steps and at the end)")
+        raise FileNotFoundError(
+            f"run {run_id} has no checkpoint under {storage} yet (checkpoints are written every "
+            "checkpoint_every steps and at the end)"
+        )
     return ckpt, json.loads((ckpt / STATE).read_text())
 
 
-def register(run_id: str, name: str, alias: str | None, tracking_uri: str,
-             progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+def register(
+    run_id: str,
+    name: str,
+    alias: str | None,
+    tracking_uri: str,
+    progress: Callable[[str], None] = lambda s: None,
+) -> dict[str, Any]:
     """Log the run's last checkpoint as a model and register it; returns {'version', 'source', 'tags'}."""
     import mlflow
 
@@ -71,10 +84,14 @@ def register(run_id: str, name: str, alias: str | None, tracking_uri: str,
     with mlflow.start_run(run_id=run_id):
         client.log_artifact(run_id, str(ckpt / "predictor.pt"), f"checkpoint_step{state['step']}")
         info = mlflow.pyfunc.log_model(
-            name="policy", python_model=HFPolicyModel(), artifacts={"checkpoint": str(ckpt / "policy")},
+            name="policy",
+            python_model=HFPolicyModel(),
+            artifacts={"checkpoint": str(ckpt / "policy")},
             pip_requirements=["torch", "transformers", "mlflow"],
         )
-    client.set_terminated(run_id, status=run.info.status)  # re-opening the run to log must not change its status
+    client.set_terminated(
+        run_id, status=run.info.status
+    )  # re-opening the run to log must not change its status
     tags = {
         "git_sha": run.data.tags.get("tracerl.git_sha", "unknown"),
         "config_hash": run.data.tags.get("tracerl.config_hash", "unknown"),
@@ -94,7 +111,7 @@ def resolve_model_path(path: str, tracking: Any) -> str:
     """A local HF checkpoint directory for ``path``: a directory, ``runs:/RUN_ID`` (the run's last
     checkpoint) or ``models:/NAME@ALIAS`` / ``models:/NAME/VERSION`` (downloaded from the registry)."""
     if path.startswith("runs:/"):
-        ckpt, _ = _checkpoint(path[len("runs:/"):].strip("/"), tracking)
+        ckpt, _ = _checkpoint(path[len("runs:/") :].strip("/"), tracking)
         return str(ckpt / "policy")
     if path.startswith("models:/"):
         import mlflow
@@ -106,9 +123,11 @@ def resolve_model_path(path: str, tracking: Any) -> str:
             local = Path(mlflow.artifacts.download_artifacts(artifact_uri=path))
         except mlflow.exceptions.MlflowException as exc:
             names = sorted(m.name for m in mlflow.MlflowClient().search_registered_models())
-            raise FileNotFoundError(f"{path} is not in the registry at {tracking.uri} ({exc.message}); registered "
-                                    f"models: {', '.join(names) or 'none'} (`tracerl register RUN_ID --name NAME "
-                                    f"--alias ALIAS` adds one)") from exc
+            raise FileNotFoundError(
+                f"{path} is not in the registry at {tracking.uri} ({exc.message}); registered "
+                f"models: {', '.join(names) or 'none'} (`tracerl register RUN_ID --name NAME "
+                f"--alias ALIAS` adds one)"
+            ) from exc
         # pyfunc models keep their artifacts under artifacts/<source directory name>
         for cand in [local, *sorted(local.glob("artifacts/*")), *sorted(local.glob("*"))]:
             if (cand / "config.json").is_file() and any(cand.glob("*.safetensors")) | any(cand.glob("*.bin")):

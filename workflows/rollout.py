@@ -42,22 +42,34 @@ def outcome_records(out: StepOutcome) -> list[dict[str, Any]]:
         if out.expansions:
             ex = out.expansions[ti]
             conts = {int(n): int(k) for n, k in zip(ex.node_ids, ex.counts) if k}
-        records.append(tree_to_record(tree, float(out.root_scores[i]), int(out.root_counts[i]), scores.get(ti), conts))
+        records.append(
+            tree_to_record(tree, float(out.root_scores[i]), int(out.root_counts[i]), scores.get(ti), conts)
+        )
     return records
 
 
 def sample_pool(prompts: Sequence[Prompt], size: int, rng: np.random.Generator) -> list[Prompt]:
     if size > len(prompts):
-        raise ValueError(f"the candidate pool needs {size} prompts but the task set has {len(prompts)}; "
-                         "raise env.<name>.num_tasks or lower budget.pool_factor")
+        raise ValueError(
+            f"the candidate pool needs {size} prompts but the task set has {len(prompts)}; "
+            "raise env.<name>.num_tasks or lower budget.pool_factor"
+        )
     return [prompts[i] for i in rng.choice(len(prompts), size=size, replace=False)]
 
 
-def lm_step(stack: LMStack, allocator: Allocator, predictor: Predictor, prompts: Sequence[Prompt], budget: BudgetConfig,
-            rng: np.random.Generator) -> StepOutcome:
+def lm_step(
+    stack: LMStack,
+    allocator: Allocator,
+    predictor: Predictor,
+    prompts: Sequence[Prompt],
+    budget: BudgetConfig,
+    rng: np.random.Generator,
+) -> StepOutcome:
     """One allocation-and-rollout step on the LM stack; its ledger holds the step's and the engine's counts."""
     stack.engine.ledger = BudgetLedger()
-    out = run_step(sample_pool(prompts, budget.num_candidates, rng), allocator, predictor, stack.engine, budget, rng)
+    out = run_step(
+        sample_pool(prompts, budget.num_candidates, rng), allocator, predictor, stack.engine, budget, rng
+    )
     out.ledger = merge_ledgers(out.ledger, stack.engine.ledger)
     return out
 
@@ -72,7 +84,9 @@ def run_rollout(cfg: RolloutConfig, progress: Callable[[str], None] = lambda s: 
         progress(w)
     allocator = build_allocator(cfg.allocator)
     attach_lengths(allocator)
-    predictor = build_text_predictor(cfg.predictor, stack, cfg.seed, name=allocator.predictor, targets=allocator.targets)
+    predictor = build_text_predictor(
+        cfg.predictor, stack, cfg.seed, name=allocator.predictor, targets=allocator.targets
+    )
     prompts = task_prompts(cfg.env)
     rng = np.random.default_rng(cfg.seed)
     metrics: dict[str, float] = {}
@@ -83,23 +97,36 @@ def run_rollout(cfg: RolloutConfig, progress: Callable[[str], None] = lambda s: 
         metrics = step_metrics(out)
         predictor.fit(out.sampled_trees)
         allocator.observe(out.sampled_trees)
-        progress(f"step {s}: {len(out.trees)} trees, {metrics['budget/leaves']:.0f} leaves, effective ratio "
-                 f"{metrics['rollout/effective_ratio']:.2f}, success {metrics['rollout/success_rate']:.2f} "
-                 f"({time.perf_counter() - t0:.1f} s)")
+        progress(
+            f"step {s}: {len(out.trees)} trees, {metrics['budget/leaves']:.0f} leaves, effective ratio "
+            f"{metrics['rollout/effective_ratio']:.2f}, success {metrics['rollout/success_rate']:.2f} "
+            f"({time.perf_counter() - t0:.1f} s)"
+        )
     assert out is not None
     records = outcome_records(out)
     with open(out_dir / "trees.jsonl", "w") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
-    (out_dir / "trees.html").write_text(render_html(records, f"tracerl rollout: allocator {cfg.allocator.name}"))
+    (out_dir / "trees.html").write_text(
+        render_html(records, f"tracerl rollout: allocator {cfg.allocator.name}")
+    )
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     return metrics
 
 
 def merge_ledgers(step_ledger: BudgetLedger, engine_ledger: BudgetLedger) -> BudgetLedger:
     """The step's counts (leaves, rollouts) plus the engine's (tokens, calls, tool work, generation time)."""
-    for f in ("generated_tokens", "prefill_tokens_computed", "prefill_tokens_reused", "llm_calls", "tool_calls",
-              "tool_calls_replayed", "invalid_actions", "grade_timeouts", "retried"):
+    for f in (
+        "generated_tokens",
+        "prefill_tokens_computed",
+        "prefill_tokens_reused",
+        "llm_calls",
+        "tool_calls",
+        "tool_calls_replayed",
+        "invalid_actions",
+        "grade_timeouts",
+        "retried",
+    ):
         setattr(step_ledger, f, getattr(engine_ledger, f))
     step_ledger.phase_s.update({k: v for k, v in engine_ledger.phase_s.items()})
     return step_ledger

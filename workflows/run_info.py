@@ -38,25 +38,40 @@ def train_tags(cfg: Any) -> dict[str, str]:
     """Tags and description of a training run: allocator, budget shape, environment (the testbed), policy, seed."""
     shape = budget_shape(cfg.budget, cfg.allocator)
     model = str(cfg.model.path).rstrip("/").rsplit("/", 1)[-1]
-    note = (f"{cfg.allocator.name} on {cfg.env.name} with the {model} policy: {cfg.steps} steps, budget {shape} "
-            f"(G={cfg.budget.group_size}), seed {cfg.seed}. Compare runs by key/accuracy (held-out greedy "
-            "accuracy), key/effective_ratio and key/generated_tokens (docs/metrics.md).")
-    return {"tracerl.env": cfg.env.name, "tracerl.budget": shape, "tracerl.seed": str(cfg.seed),
-            "tracerl.model": model, NOTE: note}
+    note = (
+        f"{cfg.allocator.name} on {cfg.env.name} with the {model} policy: {cfg.steps} steps, budget {shape} "
+        f"(G={cfg.budget.group_size}), seed {cfg.seed}. Compare runs by key/accuracy (held-out greedy "
+        "accuracy), key/effective_ratio and key/generated_tokens (docs/metrics.md)."
+    )
+    return {
+        "tracerl.env": cfg.env.name,
+        "tracerl.budget": shape,
+        "tracerl.seed": str(cfg.seed),
+        "tracerl.model": model,
+        NOTE: note,
+    }
 
 
 def sweep_tags(cfg: Any, name: str) -> dict[str, str]:
     """Tags and description of a sweep's parent run."""
     space = ", ".join(f"{k} in {v}" for k, v in cfg.space.items()) or "no space"
-    note = (f"Sweep {name}: {cfg.num_samples} trials of {cfg.allocator.name} on {cfg.env.name} ({cfg.steps} steps "
-            f"each, seed {cfg.seed}) over {space}; {cfg.mode} {cfg.metric} ({cfg.scheduler}). Each trial is a child "
-            "run (expand this row in the runs table); this run's key/ metrics are the best trial's.")
-    return {"tracerl.env": cfg.env.name, "tracerl.allocator": cfg.allocator.name,
-            "tracerl.budget": budget_shape(cfg.budget, cfg.allocator, cfg.space), "tracerl.seed": str(cfg.seed),
-            NOTE: note}
+    note = (
+        f"Sweep {name}: {cfg.num_samples} trials of {cfg.allocator.name} on {cfg.env.name} ({cfg.steps} steps "
+        f"each, seed {cfg.seed}) over {space}; {cfg.mode} {cfg.metric} ({cfg.scheduler}). Each trial is a child "
+        "run (expand this row in the runs table); this run's key/ metrics are the best trial's."
+    )
+    return {
+        "tracerl.env": cfg.env.name,
+        "tracerl.allocator": cfg.allocator.name,
+        "tracerl.budget": budget_shape(cfg.budget, cfg.allocator, cfg.space),
+        "tracerl.seed": str(cfg.seed),
+        NOTE: note,
+    }
 
 
-def key_metrics(metrics: Mapping[str, float], generated_tokens_total: float | None = None) -> dict[str, float]:
+def key_metrics(
+    metrics: Mapping[str, float], generated_tokens_total: float | None = None
+) -> dict[str, float]:
     """The ``key/`` copies of a step's metrics (``generated_tokens_total``: the run's tokens so far)."""
     out = {k: float(metrics[src]) for k, src in KEY_ALIASES.items() if src in metrics}
     if generated_tokens_total is not None:
@@ -68,8 +83,15 @@ def key_metrics(metrics: Mapping[str, float], generated_tokens_total: float | No
 # through an experiment tag, which the UI loads from ``?viewStateShareKey=``.
 VIEW_KEY = "tracerl"
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
-VIEW_COLUMNS = ("metrics.`key/accuracy`", "metrics.`key/effective_ratio`", "metrics.`key/generated_tokens`",
-                "tags.`tracerl.allocator`", "tags.`tracerl.budget`", "tags.`tracerl.env`", "tags.`tracerl.seed`")
+VIEW_COLUMNS = (
+    "metrics.`key/accuracy`",
+    "metrics.`key/effective_ratio`",
+    "metrics.`key/generated_tokens`",
+    "tags.`tracerl.allocator`",
+    "tags.`tracerl.budget`",
+    "tags.`tracerl.env`",
+    "tags.`tracerl.seed`",
+)
 
 
 def runs_view_state() -> str:
@@ -77,11 +99,15 @@ def runs_view_state() -> str:
     import json
 
     widths = dict(zip(VIEW_COLUMNS, (110, 135, 150, 120, 150, 90, 90)))  # each header readable in full
-    return json.dumps({"selectedColumns": list(VIEW_COLUMNS), "columnOrder": list(VIEW_COLUMNS), "columnWidths": widths})
+    return json.dumps(
+        {"selectedColumns": list(VIEW_COLUMNS), "columnOrder": list(VIEW_COLUMNS), "columnWidths": widths}
+    )
 
 
 def runs_url(base_url: str, experiment_id: str) -> str:
     """The runs page of an experiment in MLflow 3's UI (a hash-routed app), in its model-training mode and with
     the columns of ``runs_view_state`` (stored on the experiment by ``tracerl ui``)."""
-    return (f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs"
-            f"?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}")
+    return (
+        f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs"
+        f"?workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
+    )

@@ -23,16 +23,28 @@ PHASE = ".phase"
 
 def git_sha() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                cwd=Path(__file__).resolve().parent,
+            ).stdout.strip()
+            or "unknown"
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
 
 def config_hash(cfg: TrainConfig) -> str:
     """Hash of the resolved config, leaving out what does not change the result (names, paths of outputs)."""
-    flat = {k: v for k, v in to_flat_dict(cfg).items()
-            if not k.startswith(("tracking.", "cluster.", "faults.", "chaos.")) and k not in ("run_name", "resume", "out_dir")}
+    flat = {
+        k: v
+        for k, v in to_flat_dict(cfg).items()
+        if not k.startswith(("tracking.", "cluster.", "faults.", "chaos."))
+        and k not in ("run_name", "resume", "out_dir")
+    }
     return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -51,8 +63,11 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     best: tuple[int, Path] | None = None
     for state in run_dir.glob(f"checkpoint_*/{STATE}"):
         d = state.parent
-        if not ((d / "policy" / "config.json").is_file() and (d / "predictor.pt").is_file()
-                and (d / "trainer_rank0.pt").is_file()):
+        if not (
+            (d / "policy" / "config.json").is_file()
+            and (d / "predictor.pt").is_file()
+            and (d / "trainer_rank0.pt").is_file()
+        ):
             continue  # a copy cut short by a crash
         try:
             step = int(json.loads(state.read_text())["step"])
@@ -73,7 +88,9 @@ def run_storage(run_id: str, tracking: Any) -> Path:
     try:
         run = mlflow.MlflowClient().get_run(run_id)
     except Exception as e:  # noqa: BLE001 - MLflow raises its own exception types per store
-        raise LookupError(f"no MLflow run {run_id!r} at {resolve_uri(tracking.uri)} ({e.__class__.__name__})") from None
+        raise LookupError(
+            f"no MLflow run {run_id!r} at {resolve_uri(tracking.uri)} ({e.__class__.__name__})"
+        ) from None
     storage = run.data.tags.get("tracerl.storage")
     if not storage:
         raise LookupError(f"MLflow run {run_id} was not made by `tracerl train` (no tracerl.storage tag)")
@@ -106,12 +123,18 @@ def run_summary(run_id: str, tracking: Any) -> dict[str, Any]:
         out["acc_after"] = acc[max(acc)]
         out["accuracy_by_step"] = acc
     out["effective_ratio"] = sum(er.values()) / len(er) if er else float("nan")
-    for key, name in (("budget/leaves", "leaves"), ("budget/generated_tokens", "generated_tokens"),
-                      ("budget/tool_calls", "tool_calls"), ("budget/retried", "retried")):
+    for key, name in (
+        ("budget/leaves", "leaves"),
+        ("budget/generated_tokens", "generated_tokens"),
+        ("budget/tool_calls", "tool_calls"),
+        ("budget/retried", "retried"),
+    ):
         out[name] = int(sum(metric_series(client, run_id, key).values()))
     rollout = sum(metric_series(client, run_id, "time/rollout_s").values())
-    overhead = sum(sum(metric_series(client, run_id, f"time/{k}_s").values())
-                   for k in ("score", "allocate_roots", "expand_prefixes", "fit_predictor"))
+    overhead = sum(
+        sum(metric_series(client, run_id, f"time/{k}_s").values())
+        for k in ("score", "allocate_roots", "expand_prefixes", "fit_predictor")
+    )
     out["alloc_predictor_fraction_of_rollout"] = overhead / rollout if rollout else float("nan")
     return out
 
@@ -119,21 +142,32 @@ def run_summary(run_id: str, tracking: Any) -> dict[str, Any]:
 def format_summary(s: dict[str, Any]) -> str:
     rows = [("MLflow run", s.get("run_id", "")), ("steps", s.get("steps", 0))]
     if "acc_before" in s:
-        rows += [("held-out greedy accuracy before", f"{s['acc_before']:.3f}"),
-                 ("held-out greedy accuracy after", f"{s['acc_after']:.3f}"),
-                 ("change (points)", f"{100 * (s['acc_after'] - s['acc_before']):+.1f}")]
-    rows += [("mean effective ratio", f"{s.get('effective_ratio', float('nan')):.3f}"),
-             ("leaves", s.get("leaves", 0)), ("generated tokens", s.get("generated_tokens", 0)),
-             ("tool calls", s.get("tool_calls", 0)), ("work retried after actor failures", s.get("retried", 0)),
-             ("allocation + predictor time / rollout time", f"{s.get('alloc_predictor_fraction_of_rollout', 0):.1%}"),
-             ("wall time", f"{s.get('wall_s', 0):.0f} s")]
+        rows += [
+            ("held-out greedy accuracy before", f"{s['acc_before']:.3f}"),
+            ("held-out greedy accuracy after", f"{s['acc_after']:.3f}"),
+            ("change (points)", f"{100 * (s['acc_after'] - s['acc_before']):+.1f}"),
+        ]
+    rows += [
+        ("mean effective ratio", f"{s.get('effective_ratio', float('nan')):.3f}"),
+        ("leaves", s.get("leaves", 0)),
+        ("generated tokens", s.get("generated_tokens", 0)),
+        ("tool calls", s.get("tool_calls", 0)),
+        ("work retried after actor failures", s.get("retried", 0)),
+        (
+            "allocation + predictor time / rollout time",
+            f"{s.get('alloc_predictor_fraction_of_rollout', 0):.1%}",
+        ),
+        ("wall time", f"{s.get('wall_s', 0):.0f} s"),
+    ]
     w = max(len(k) for k, _ in rows)
     lines = [f"{k:<{w}}  {v}" for k, v in rows]
     uri = s.get("tracking_uri", "sqlite:///mlruns.db")
     if uri.startswith(("sqlite:", "postgresql:", "mysql:")):
         exp = s.get("experiment", "tracerl")
-        lines.append(f"\nopen the MLflow UI on these results:  tracerl ui --tracking-uri {uri}"
-                     + ("" if exp == "tracerl" else f" --experiment {exp}"))
+        lines.append(
+            f"\nopen the MLflow UI on these results:  tracerl ui --tracking-uri {uri}"
+            + ("" if exp == "tracerl" else f" --experiment {exp}")
+        )
     else:
         lines.append(f"\nopen the MLflow UI at {uri}")
     return "\n".join(lines)
@@ -152,6 +186,7 @@ def phase_marker(storage: Path, enabled: bool, step: int = 0) -> Callable[..., N
         tmp = path.with_name(f"{PHASE}.{os.getpid()}.tmp")
         tmp.write_text(f"{name} {last[0]}")
         os.replace(tmp, path)
+
     return mark
 
 

@@ -29,8 +29,13 @@ class RunResult:
     calibration: dict[str, dict[str, float]]
 
 
-def run_allocator(cfg: BenchAllocationConfig, name: str, seed: int, noise_scale: float = 1.0,
-                  on_step: Callable[[int, StepOutcome], None] | None = None) -> RunResult:
+def run_allocator(
+    cfg: BenchAllocationConfig,
+    name: str,
+    seed: int,
+    noise_scale: float = 1.0,
+    on_step: Callable[[int, StepOutcome], None] | None = None,
+) -> RunResult:
     """S steps of allocator ``name`` on a fresh simulator and predictor, the predictor learning online.
 
     The simulator's pools and drift depend on the seed only, so every allocator sees the same prompts.

@@ -54,9 +54,18 @@ def spooled_records(storage: Path) -> list[dict[str, Any]]:
 class MetricLog:
     """Logs metrics of one MLflow run, spooling them under ``storage`` while the tracking server is unreachable."""
 
-    def __init__(self, client: Any, run_id: str, storage: Path, attempt: int,
-                 say: Callable[[str], None] = lambda s: None, fail_fast: bool = True) -> None:
-        if fail_fast:  # spool after one retry, not after MLflow's default of minutes of back-off (this process only)
+    def __init__(
+        self,
+        client: Any,
+        run_id: str,
+        storage: Path,
+        attempt: int,
+        say: Callable[[str], None] = lambda s: None,
+        fail_fast: bool = True,
+    ) -> None:
+        if (
+            fail_fast
+        ):  # spool after one retry, not after MLflow's default of minutes of back-off (this process only)
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
         self.client, self.run_id, self.storage, self.attempt, self.say = client, run_id, storage, attempt, say
@@ -71,8 +80,11 @@ class MetricLog:
     def log(self, metrics: Mapping[str, float], step: int) -> bool:
         """Send ``metrics`` at ``step`` (non-finite values dropped); spool them if that fails. True if sent now."""
         now = self._now()
-        recs = [{"key": k, "value": float(v), "step": step, "timestamp": now, "attempt": self.attempt}
-                for k, v in metrics.items() if v is not None and math.isfinite(float(v))]
+        recs = [
+            {"key": k, "value": float(v), "step": step, "timestamp": now, "attempt": self.attempt}
+            for k, v in metrics.items()
+            if v is not None and math.isfinite(float(v))
+        ]
         if self._pending() and not self.flush():
             self._append(recs)
             return False
@@ -81,8 +93,10 @@ class MetricLog:
             return True
         except Exception as e:  # noqa: BLE001 - the REST and SQL stores raise their own types for "unreachable"
             self._append(recs)
-            self.say(f"tracking unreachable ({e.__class__.__name__}): {len(recs)} metrics of step {step} spooled "
-                     f"to {self.spool}")
+            self.say(
+                f"tracking unreachable ({e.__class__.__name__}): {len(recs)} metrics of step {step} spooled "
+                f"to {self.spool}"
+            )
             return False
 
     def log_artifacts(self, local_dir: Path, artifact_path: str) -> None:
@@ -91,10 +105,14 @@ class MetricLog:
             self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
         except Exception as e:  # noqa: BLE001
             shutil.copytree(local_dir, self.storage / ARTIFACTS / artifact_path, dirs_exist_ok=True)
-            self.say(f"tracking unreachable ({e.__class__.__name__}): artifacts {artifact_path} kept for later")
+            self.say(
+                f"tracking unreachable ({e.__class__.__name__}): artifacts {artifact_path} kept for later"
+            )
 
     def _pending(self) -> bool:
-        return (self.spool.is_file() and self.spool.stat().st_size > self._offset()) or (self.storage / ARTIFACTS).is_dir()
+        return (self.spool.is_file() and self.spool.stat().st_size > self._offset()) or (
+            self.storage / ARTIFACTS
+        ).is_dir()
 
     def _offset(self) -> int:
         try:
@@ -113,7 +131,7 @@ class MetricLog:
 
         batch = [Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in recs]
         for i in range(0, len(batch), 1000):
-            self.client.log_batch(self.run_id, metrics=batch[i:i + 1000])
+            self.client.log_batch(self.run_id, metrics=batch[i : i + 1000])
 
     def flush(self) -> bool:
         """Send everything spooled and not yet sent (metrics, then kept artifacts). True when nothing is left."""
@@ -124,7 +142,7 @@ class MetricLog:
                     f.seek(start)
                     data = f.read()
                 end = start + data.rfind(b"\n") + 1  # whole lines only
-                recs = [json.loads(line) for line in data[:end - start].splitlines() if line.strip()]
+                recs = [json.loads(line) for line in data[: end - start].splitlines() if line.strip()]
                 if recs:
                     self._send(recs)
                     tmp = self.sent.with_suffix(".tmp")

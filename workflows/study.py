@@ -61,8 +61,10 @@ def parse_only(only: str | None) -> dict[str, set[str]]:
         k, sep, v = item.partition("=")
         k = k.strip()
         if not sep or k not in COORDS or not v.strip():
-            raise ValueError(f"--only takes k=v items with k one of {', '.join(COORDS)} (got {item!r}), "
-                             "e.g. --only testbed=math-habit,allocator=grpo")
+            raise ValueError(
+                f"--only takes k=v items with k one of {', '.join(COORDS)} (got {item!r}), "
+                "e.g. --only testbed=math-habit,allocator=grpo"
+            )
         out.setdefault(k, set()).add(v.strip())
     return out
 
@@ -86,8 +88,9 @@ class Child:
     start_time: int = 0
 
 
-def plan(cells: list[Cell], children: dict[str, list[Child]], fresh: bool
-         ) -> tuple[list[tuple[Cell, str | None]], list[Cell]]:
+def plan(
+    cells: list[Cell], children: dict[str, list[Child]], fresh: bool
+) -> tuple[list[tuple[Cell, str | None]], list[Cell]]:
     """(to run with the run id to resume or None, skipped): a FINISHED cell is skipped unless ``fresh``; the newest
     unfinished resumable run of a cell is resumed."""
     todo: list[tuple[Cell, str | None]] = []
@@ -105,23 +108,33 @@ def plan(cells: list[Cell], children: dict[str, list[Child]], fresh: bool
 
 
 def token_budget_error(testbed: str, config_path: str | Path) -> str:
-    return (f"token cells of testbed {testbed} need its T (testbeds.{testbed}.token_budget, null in {config_path}): "
-            "T is the mean generated tokens per step over all steps of the testbed's leaves-mode grpo cells. Run "
-            f"them first (--only testbed={testbed},budget=leaves,allocator=grpo), then write T into the config with "
-            f"`tracerl study --config {config_path} --fill-tokens`")
+    return (
+        f"token cells of testbed {testbed} need its T (testbeds.{testbed}.token_budget, null in {config_path}): "
+        "T is the mean generated tokens per step over all steps of the testbed's leaves-mode grpo cells. Run "
+        f"them first (--only testbed={testbed},budget=leaves,allocator=grpo), then write T into the config with "
+        f"`tracerl study --config {config_path} --fill-tokens`"
+    )
 
 
-def cell_config(cfg: StudyConfig, cell: Cell, resume: str | None = None, root: Path | None = None) -> TrainConfig:
+def cell_config(
+    cfg: StudyConfig, cell: Cell, resume: str | None = None, root: Path | None = None
+) -> TrainConfig:
     """The cell's train config: its testbed's base config, model and overrides, the study's steps and eval tasks."""
     from tracerl.config_loader import compose, conf_dir
 
     root = root or conf_dir()
     tb = cfg.testbeds[cell.testbed]
     base = compose(TrainConfig, root / tb["base"], [f"model.path={tb['model_path']}"], root=root)
-    overrides = [f"model.path={tb['model_path']}", f"allocator={cell.allocator}", f"seed={cell.seed}",
-                 f"steps={cfg.steps}", f"env.{base.env.name}.eval_tasks={cfg.eval_tasks}",
-                 f"run_name={cfg.name}-{cell.key.replace('/', '-')}", f"out_dir={cfg.runs_dir}",
-                 *[str(o) for o in tb.get("overrides", [])]]
+    overrides = [
+        f"model.path={tb['model_path']}",
+        f"allocator={cell.allocator}",
+        f"seed={cell.seed}",
+        f"steps={cfg.steps}",
+        f"env.{base.env.name}.eval_tasks={cfg.eval_tasks}",
+        f"run_name={cfg.name}-{cell.key.replace('/', '-')}",
+        f"out_dir={cfg.runs_dir}",
+        *[str(o) for o in tb.get("overrides", [])],
+    ]
     if cell.budget == "tokens":
         if tb.get("token_budget") is None:
             raise ValueError(token_budget_error(cell.testbed, "the study config"))
@@ -136,21 +149,30 @@ def cell_config(cfg: StudyConfig, cell: Cell, resume: str | None = None, root: P
 def _parent(client: Any, exp_id: str, cfg: StudyConfig, progress: Callable[[str], None]) -> str:
     from workflows.runs import git_sha
 
-    runs = client.search_runs([exp_id], filter_string=f"tags.`tracerl.command` = 'study' and tags.`{TAG}` = '{cfg.name}'",
-                              order_by=["attributes.start_time DESC"], max_results=1)
+    runs = client.search_runs(
+        [exp_id],
+        filter_string=f"tags.`tracerl.command` = 'study' and tags.`{TAG}` = '{cfg.name}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
     if runs:
         client.update_run(runs[0].info.run_id, status="RUNNING")
         progress(f"resuming study {cfg.name} (MLflow parent run {runs[0].info.run_id})")
         return str(runs[0].info.run_id)
-    run = client.create_run(exp_id, run_name=cfg.name, tags={"tracerl.command": "study", TAG: cfg.name,
-                                                              "tracerl.git_sha": git_sha()})
+    run = client.create_run(
+        exp_id,
+        run_name=cfg.name,
+        tags={"tracerl.command": "study", TAG: cfg.name, "tracerl.git_sha": git_sha()},
+    )
     return str(run.info.run_id)
 
 
 def children(client: Any, exp_id: str, parent: str) -> dict[str, list[Child]]:
     """The study's child runs by cell key; a RUNNING child that saved nothing (killed at once) is marked KILLED."""
     out: dict[str, list[Child]] = {}
-    for r in client.search_runs([exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'", max_results=5000):
+    for r in client.search_runs(
+        [exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'", max_results=5000
+    ):
         t = r.data.tags
         if f"{TAG}.testbed" not in t:
             continue
@@ -161,8 +183,9 @@ def children(client: Any, exp_id: str, parent: str) -> dict[str, list[Child]]:
         if status == "RUNNING" and not resumable:
             client.set_terminated(r.info.run_id, status="KILLED")
             status = "KILLED"
-        out.setdefault(key, []).append(Child(r.info.run_id, status, resumable and status != "FINISHED",
-                                             int(r.info.start_time or 0)))
+        out.setdefault(key, []).append(
+            Child(r.info.run_id, status, resumable and status != "FINISHED", int(r.info.start_time or 0))
+        )
     return out
 
 
@@ -178,8 +201,12 @@ def _run_cell(train_cfg: TrainConfig, tags: dict[str, str]) -> dict[str, Any]:
     return train(train_cfg, tags=tags)
 
 
-def run_study(cfg: StudyConfig, config_path: str | Path, progress: Callable[[str], None] = lambda s: None,
-              train_fn: Callable[..., dict[str, Any]] | None = None) -> dict[str, Any]:
+def run_study(
+    cfg: StudyConfig,
+    config_path: str | Path,
+    progress: Callable[[str], None] = lambda s: None,
+    train_fn: Callable[..., dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """Run the selected cells not yet finished, then write the report; returns {parent_run_id, ran, skipped, failed,
     report}. A failed cell does not stop the others: its run is kept and the next invocation resumes it.
 
@@ -211,8 +238,13 @@ def run_study(cfg: StudyConfig, config_path: str | Path, progress: Callable[[str
             skipped = [c.key for c in skip]
             for c in skip:
                 progress(f"cell {c.key}: finished earlier, skipped")
-            missing = sorted({c.testbed for c, _ in todo if c.budget == "tokens"
-                              and cfg.testbeds[c.testbed].get("token_budget") is None})
+            missing = sorted(
+                {
+                    c.testbed
+                    for c, _ in todo
+                    if c.budget == "tokens" and cfg.testbeds[c.testbed].get("token_budget") is None
+                }
+            )
             if missing:
                 raise ValueError(token_budget_error(missing[0], config_path))
             ran = _run_cells(cfg, todo, parent, progress, train_fn, failed)
@@ -220,22 +252,36 @@ def run_study(cfg: StudyConfig, config_path: str | Path, progress: Callable[[str
         status = "FAILED" if failed else "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
-        progress(f"study {cfg.name} interrupted: run the same command to continue it (a cut cell resumes from its "
-                 "last checkpoint)")
+        progress(
+            f"study {cfg.name} interrupted: run the same command to continue it (a cut cell resumes from its "
+            "last checkpoint)"
+        )
         raise
     finally:
         client.set_terminated(parent, status=status)
     return {"parent_run_id": parent, "ran": ran, "skipped": skipped, "failed": failed, "report": report}
 
 
-def _run_cells(cfg: StudyConfig, todo: list[tuple[Cell, str | None]], parent: str, progress: Callable[[str], None],
-               train_fn: Callable[..., dict[str, Any]] | None, failed: dict[str, str]) -> list[str]:
+def _run_cells(
+    cfg: StudyConfig,
+    todo: list[tuple[Cell, str | None]],
+    parent: str,
+    progress: Callable[[str], None],
+    train_fn: Callable[..., dict[str, Any]] | None,
+    failed: dict[str, str],
+) -> list[str]:
     """Run the cells; a cell that raises is recorded in ``failed`` (key -> error) and the others go on."""
     from workflows.runs import git_sha
 
     sha = git_sha()
-    jobs = [(c, cell_config(cfg, c, resume), {"mlflow.parentRunId": parent, TAG: cfg.name, "tracerl.git_sha": sha,
-                                              **c.tags()}) for c, resume in todo]
+    jobs = [
+        (
+            c,
+            cell_config(cfg, c, resume),
+            {"mlflow.parentRunId": parent, TAG: cfg.name, "tracerl.git_sha": sha, **c.tags()},
+        )
+        for c, resume in todo
+    ]
     for c, resume in todo:
         if resume:
             progress(f"cell {c.key}: resuming MLflow run {resume} from its checkpoint")
@@ -246,13 +292,17 @@ def _run_cells(cfg: StudyConfig, todo: list[tuple[Cell, str | None]], parent: st
         done += 1
         try:
             s = result()
-            what = (f"held-out {s.get('acc_before', float('nan')):.3f} -> {s.get('acc_after', float('nan')):.3f} "
-                    f"in {s.get('wall_s', 0):.0f} s")
+            what = (
+                f"held-out {s.get('acc_before', float('nan')):.3f} -> {s.get('acc_after', float('nan')):.3f} "
+                f"in {s.get('wall_s', 0):.0f} s"
+            )
         except Exception as e:  # noqa: BLE001 - any failure of one cell: the others go on, a rerun resumes it
             failed[c.key] = f"{e.__class__.__name__}: {e}"[:500]
             what = f"FAILED ({failed[c.key][:200]}); run the study again to resume it"
         per = (time.perf_counter() - t0) / done
-        progress(f"cell {done}/{len(jobs)} {c.key}: {what}; about {per * (len(jobs) - done) / 60:.0f} min left")
+        progress(
+            f"cell {done}/{len(jobs)} {c.key}: {what}; about {per * (len(jobs) - done) / 60:.0f} min left"
+        )
 
     if not jobs:
         return []
@@ -303,11 +353,17 @@ def fill_tokens(cfg: StudyConfig, client: Any, exp_id: str, config_path: str | P
     the config file."""
     from workflows.study_report import collect
 
-    parents = client.search_runs([exp_id], filter_string=f"tags.`tracerl.command` = 'study' and tags.`{TAG}` = '{cfg.name}'")
+    parents = client.search_runs(
+        [exp_id], filter_string=f"tags.`tracerl.command` = 'study' and tags.`{TAG}` = '{cfg.name}'"
+    )
     if not parents:
         raise ValueError(f"no study {cfg.name!r} in MLflow yet: run its leaves-mode grpo cells first")
-    cells = [c for p in parents for c in collect(client, exp_id, p.info.run_id, cfg.tracking)
-             if c["budget"] == "leaves" and c["allocator"] == "grpo"]
+    cells = [
+        c
+        for p in parents
+        for c in collect(client, exp_id, p.info.run_id, cfg.tracking)
+        if c["budget"] == "leaves" and c["allocator"] == "grpo"
+    ]
     filled = {}
     for tb in cfg.testbeds:
         cs = [c for c in cells if c["testbed"] == tb and c["steps"]]

@@ -16,13 +16,29 @@ import numpy as np
 
 from tracerl.config import StudyConfig
 
-FIELDS = ("testbed", "budget", "allocator", "seed", "run_id", "steps", "acc_before", "acc_after", "effective_ratio",
-          "prefix_group_er", "mixed_groups_per_step", "leaves", "generated_tokens", "tokens_per_step", "wall_s",
-          "cpu_s")
+FIELDS = (
+    "testbed",
+    "budget",
+    "allocator",
+    "seed",
+    "run_id",
+    "steps",
+    "acc_before",
+    "acc_after",
+    "effective_ratio",
+    "prefix_group_er",
+    "mixed_groups_per_step",
+    "leaves",
+    "generated_tokens",
+    "tokens_per_step",
+    "wall_s",
+    "cpu_s",
+)
 
 
-def hierarchical_bootstrap(a: dict[int, np.ndarray], b: dict[int, np.ndarray], samples: int = 2000,
-                           seed: int = 0) -> tuple[float, tuple[float, float]]:
+def hierarchical_bootstrap(
+    a: dict[int, np.ndarray], b: dict[int, np.ndarray], samples: int = 2000, seed: int = 0
+) -> tuple[float, tuple[float, float]]:
     """Paired difference mean(a - b) over the seeds both hold (per seed the mean over tasks of a task-aligned
     outcome difference) and its 95 % percentile interval: resample seeds, then tasks within each drawn seed."""
     seeds = sorted(set(a) & set(b))
@@ -67,12 +83,18 @@ def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[s
     from workflows.runs import metric_series, run_summary
 
     newest: dict[tuple[str, str, str, int], Any] = {}
-    for r in client.search_runs([exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'", max_results=5000):
+    for r in client.search_runs(
+        [exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'", max_results=5000
+    ):
         t = r.data.tags
         if r.info.status != "FINISHED" or "tracerl.study.testbed" not in t:
             continue
-        k = (t["tracerl.study.testbed"], t["tracerl.study.budget"], t["tracerl.study.allocator"],
-             int(t["tracerl.study.seed"]))
+        k = (
+            t["tracerl.study.testbed"],
+            t["tracerl.study.budget"],
+            t["tracerl.study.allocator"],
+            int(t["tracerl.study.seed"]),
+        )
         if k not in newest or r.info.start_time > newest[k].info.start_time:
             newest[k] = r
     cells = []
@@ -81,18 +103,29 @@ def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[s
         s = run_summary(rid, tracking)
         steps = int(s.get("steps", 0))
         step_s = _mean(client, rid, "time/step_s")
-        cells.append({
-            "testbed": tb, "budget": budget, "allocator": alloc, "seed": seed, "run_id": rid, "steps": steps,
-            "acc_before": float(s.get("acc_before", math.nan)), "acc_after": float(s.get("acc_after", math.nan)),
-            "effective_ratio": float(s["effective_ratio"]),
-            "prefix_group_er": _mean(client, rid, "rollout/prefix_group_effective_ratio"),
-            "mixed_groups_per_step": float(_mean(client, rid, "rollout/mixed_groups") or 0.0),
-            "leaves": int(s["leaves"]), "generated_tokens": int(s["generated_tokens"]),
-            "tokens_per_step": s["generated_tokens"] / steps if steps else 0.0,
-            "wall_s": float((r.info.end_time - r.info.start_time) / 1000 if r.info.end_time else 0.0),
-            "cpu_s": float(sum(metric_series(client, rid, "system/cpu_s").values())),
-            "tool_calls": int(s["tool_calls"]), "step_s": step_s, "outcomes": _outcomes(client, rid),
-        })
+        cells.append(
+            {
+                "testbed": tb,
+                "budget": budget,
+                "allocator": alloc,
+                "seed": seed,
+                "run_id": rid,
+                "steps": steps,
+                "acc_before": float(s.get("acc_before", math.nan)),
+                "acc_after": float(s.get("acc_after", math.nan)),
+                "effective_ratio": float(s["effective_ratio"]),
+                "prefix_group_er": _mean(client, rid, "rollout/prefix_group_effective_ratio"),
+                "mixed_groups_per_step": float(_mean(client, rid, "rollout/mixed_groups") or 0.0),
+                "leaves": int(s["leaves"]),
+                "generated_tokens": int(s["generated_tokens"]),
+                "tokens_per_step": s["generated_tokens"] / steps if steps else 0.0,
+                "wall_s": float((r.info.end_time - r.info.start_time) / 1000 if r.info.end_time else 0.0),
+                "cpu_s": float(sum(metric_series(client, rid, "system/cpu_s").values())),
+                "tool_calls": int(s["tool_calls"]),
+                "step_s": step_s,
+                "outcomes": _outcomes(client, rid),
+            }
+        )
     return cells
 
 
@@ -109,13 +142,22 @@ def comparisons(cells: Sequence[dict[str, Any]], samples: int) -> list[dict[str,
             if not a:
                 continue
             diff, ci = hierarchical_bootstrap(a, b, samples)
-            out.append({"testbed": tb, "budget": budget, "allocator": alloc, "vs": "grpo", "diff": diff,
-                        "ci95": [ci[0], ci[1]]})
+            out.append(
+                {
+                    "testbed": tb,
+                    "budget": budget,
+                    "allocator": alloc,
+                    "vs": "grpo",
+                    "diff": diff,
+                    "ci95": [ci[0], ci[1]],
+                }
+            )
     return out
 
 
-def _paired(mine: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]]
-            ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+def _paired(
+    mine: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]]
+) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
     """Per common seed, task-aligned outcome vectors (a one-element accuracy vector where outcomes are missing)."""
     a: dict[int, np.ndarray] = {}
     b: dict[int, np.ndarray] = {}
@@ -144,16 +186,26 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def markdown(sha: str, cells: Sequence[dict[str, Any]], comps: Sequence[dict[str, Any]], plots: Sequence[str]) -> str:
-    lines = ["# The TRACE study", "", f"Commit `{sha}`; {len(cells)} cells. Held-out greedy accuracy before the first "
-             "and after the last step; after is the mean +- std over seeds. Decision rule, stated in advance: an "
-             "allocator beats grpo on a testbed and budget when the 95 % interval of the paired difference "
-             "(hierarchical bootstrap over seeds, then held-out tasks) excludes 0.", ""]
+def markdown(
+    sha: str, cells: Sequence[dict[str, Any]], comps: Sequence[dict[str, Any]], plots: Sequence[str]
+) -> str:
+    lines = [
+        "# The TRACE study",
+        "",
+        f"Commit `{sha}`; {len(cells)} cells. Held-out greedy accuracy before the first "
+        "and after the last step; after is the mean +- std over seeds. Decision rule, stated in advance: an "
+        "allocator beats grpo on a testbed and budget when the 95 % interval of the paired difference "
+        "(hierarchical bootstrap over seeds, then held-out tasks) excludes 0.",
+        "",
+    ]
     for tb, budget in sorted({(c["testbed"], c["budget"]) for c in cells}):
-        lines += [f"## {tb}, equal {budget}", "",
-                  "| allocator | seeds | acc before | acc after | change | ER | prefix-group ER | mixed groups/step "
-                  "| leaves | generated tokens | tool calls | wall s | CPU s |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {tb}, equal {budget}",
+            "",
+            "| allocator | seeds | acc before | acc after | change | ER | prefix-group ER | mixed groups/step "
+            "| leaves | generated tokens | tool calls | wall s | CPU s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         here = [c for c in cells if c["testbed"] == tb and c["budget"] == budget]
         for alloc in sorted({c["allocator"] for c in here}, key=lambda a: (a != "grpo", a)):
             cs = [c for c in here if c["allocator"] == alloc]
@@ -163,12 +215,16 @@ def markdown(sha: str, cells: Sequence[dict[str, Any]], comps: Sequence[dict[str
                 return float(np.mean(vals)) if vals else math.nan
 
             after = np.array([c["acc_after"] for c in cs])
-            lines.append(f"| {alloc} | {len(cs)} | {_fmt(m('acc_before'))} | {after.mean():.3f} +- {after.std():.3f} "
-                         f"| {100 * (m('acc_after') - m('acc_before')):+.1f} | {_fmt(m('effective_ratio'))} "
-                         f"| {_fmt(m('prefix_group_er'))} | {_fmt(m('mixed_groups_per_step'), '.1f')} "
-                         f"| {m('leaves'):.0f} | {m('generated_tokens'):.0f} | {m('tool_calls'):.0f} "
-                         f"| {m('wall_s'):.0f} | {_fmt(m('cpu_s'), '.0f')} |")
-        lines += [""] + [f"- {verdict(c)}" for c in comps if c["testbed"] == tb and c["budget"] == budget] + [""]
+            lines.append(
+                f"| {alloc} | {len(cs)} | {_fmt(m('acc_before'))} | {after.mean():.3f} +- {after.std():.3f} "
+                f"| {100 * (m('acc_after') - m('acc_before')):+.1f} | {_fmt(m('effective_ratio'))} "
+                f"| {_fmt(m('prefix_group_er'))} | {_fmt(m('mixed_groups_per_step'), '.1f')} "
+                f"| {m('leaves'):.0f} | {m('generated_tokens'):.0f} | {m('tool_calls'):.0f} "
+                f"| {m('wall_s'):.0f} | {_fmt(m('cpu_s'), '.0f')} |"
+            )
+        lines += (
+            [""] + [f"- {verdict(c)}" for c in comps if c["testbed"] == tb and c["budget"] == budget] + [""]
+        )
     lines += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     return "\n".join(lines) + "\n"
 
@@ -184,13 +240,17 @@ def plots(cells: Sequence[dict[str, Any]], out: Path) -> list[str]:
     groups = sorted({(c["testbed"], c["budget"]) for c in cells})
     paths = []
     for x, label in (("generated_tokens", "generated tokens"), ("leaves", "leaves")):
-        fig, axes = plt.subplots(1, max(len(groups), 1), figsize=(4.5 * max(len(groups), 1), 3.6), squeeze=False)
+        fig, axes = plt.subplots(
+            1, max(len(groups), 1), figsize=(4.5 * max(len(groups), 1), 3.6), squeeze=False
+        )
         for ax, (tb, budget) in zip(axes[0], groups):
             here = [c for c in cells if c["testbed"] == tb and c["budget"] == budget]
             for alloc in sorted({c["allocator"] for c in here}):
                 cs = [c for c in here if c["allocator"] == alloc]
                 xs, ys = np.array([c[x] for c in cs], float), np.array([c["acc_after"] for c in cs], float)
-                ax.errorbar(xs.mean(), ys.mean(), xerr=xs.std(), yerr=ys.std(), fmt="o", capsize=3, label=alloc)
+                ax.errorbar(
+                    xs.mean(), ys.mean(), xerr=xs.std(), yerr=ys.std(), fmt="o", capsize=3, label=alloc
+                )
             ax.set_title(f"{tb}, equal {budget}")
             ax.set_xlabel(label)
             ax.set_ylabel("held-out accuracy after")
@@ -203,8 +263,9 @@ def plots(cells: Sequence[dict[str, Any]], out: Path) -> list[str]:
     return paths
 
 
-def write_report(cfg: StudyConfig, client: Any, exp_id: str, parent: str,
-                 progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+def write_report(
+    cfg: StudyConfig, client: Any, exp_id: str, parent: str, progress: Callable[[str], None] = lambda s: None
+) -> dict[str, Any]:
     """study.md, study.json and plots under ``cfg.out_dir`` (and ``cfg.json_path``), logged on the parent run."""
     cells = collect(client, exp_id, parent, cfg.tracking)
     comps = comparisons(cells, cfg.bootstrap_samples)

@@ -35,9 +35,24 @@ from typing import Any
 SUBMITTABLE = ("train", "sweep", "eval", "study")
 JOINS_CLUSTER = ("train", "sweep", "study")  # the commands that start Ray: on the cluster they join it
 # Left out whatever git says (also where the working directory is not a git checkout):
-EXCLUDES = [".git", ".venv", ".venv-vllm", "runs", "bench_out", "eval_out", "rollout_out", "mlruns.db",
-            "mlartifacts", "mlruns", "*.egg-info", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache",
-            ".hypothesis"]
+EXCLUDES = [
+    ".git",
+    ".venv",
+    ".venv-vllm",
+    "runs",
+    "bench_out",
+    "eval_out",
+    "rollout_out",
+    "mlruns.db",
+    "mlartifacts",
+    "mlruns",
+    "*.egg-info",
+    "__pycache__",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    ".hypothesis",
+]
 PROJECT_MARKERS = ("platform/tracerl", "workflows", "conf")
 
 
@@ -69,8 +84,22 @@ def git_ignored(working_dir: Path) -> list[str] | None:
     """What git ignores under ``working_dir`` (its own rules, ``!`` exceptions included; an ignored directory as one
     entry), as anchored exclude patterns; None where ``working_dir`` is not in a git checkout."""
     try:
-        res = subprocess.run(["git", "-C", str(working_dir), "ls-files", "-z", "--others", "--ignored",
-                              "--exclude-standard", "--directory"], capture_output=True, text=True, timeout=60)
+        res = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(working_dir),
+                "ls-files",
+                "-z",
+                "--others",
+                "--ignored",
+                "--exclude-standard",
+                "--directory",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if res.returncode != 0:
@@ -84,14 +113,22 @@ def runtime_env(working_dir: str | Path, env: dict[str, str] | None = None) -> t
     wd = Path(working_dir).resolve()
     missing = [m for m in PROJECT_MARKERS if not (wd / m).exists()]
     if missing:
-        raise ValueError(f"--working-dir {wd} is not the project's root (it has no {', '.join(missing)}): the job's "
-                         "working directory carries the project; run submit from the repository root or point "
-                         "--working-dir at it")
+        raise ValueError(
+            f"--working-dir {wd} is not the project's root (it has no {', '.join(missing)}): the job's "
+            "working directory carries the project; run submit from the repository root or point "
+            "--working-dir at it"
+        )
     ignored = git_ignored(wd)
     # PYTHONPATH: Ray puts the working directory itself first; a relative entry resolves in each process's
     # working directory, which is the job's (the driver's and every worker's).
-    return ({"working_dir": str(wd), "excludes": EXCLUDES + (ignored or []),
-             "env_vars": {"PYTHONPATH": "platform", **(env or {})}}, ignored is not None)
+    return (
+        {
+            "working_dir": str(wd),
+            "excludes": EXCLUDES + (ignored or []),
+            "env_vars": {"PYTHONPATH": "platform", **(env or {})},
+        },
+        ignored is not None,
+    )
 
 
 @contextlib.contextmanager
@@ -112,10 +149,17 @@ def upload_rules(git: bool) -> Iterator[None]:
             os.environ[key] = before
 
 
-def submit(address: str, command: str, args: Sequence[str], working_dir: str = ".", python: str | None = None,
-           follow: bool = True, env: dict[str, str] | None = None,
-           emit: Callable[[str], None] = lambda s: print(s, end="", flush=True),
-           agent_wait_s: float = 120.0) -> tuple[str, str]:
+def submit(
+    address: str,
+    command: str,
+    args: Sequence[str],
+    working_dir: str = ".",
+    python: str | None = None,
+    follow: bool = True,
+    env: dict[str, str] | None = None,
+    emit: Callable[[str], None] = lambda s: print(s, end="", flush=True),
+    agent_wait_s: float = 120.0,
+) -> tuple[str, str]:
     """Submit; returns (job id, final status or 'PENDING' when not following). A head without a job agent is
     retried for ``agent_wait_s`` seconds, then reported."""
     entry = entrypoint(command, args, python)  # bad input is refused before anything is contacted
@@ -136,7 +180,8 @@ def submit(address: str, command: str, args: Sequence[str], working_dir: str = "
                     f"the Ray head at {address} has no job agent after {agent_wait_s:.0f} s; its dashboard agent "
                     "may have failed to start (for example its port 52365 taken by another Ray on the machine: "
                     "start the head with --dashboard-agent-listen-port=FREE_PORT); see dashboard_agent.log in the "
-                    "head's session logs") from exc
+                    "head's session logs"
+                ) from exc
             time.sleep(1)
     emit(f"submitted job {job_id} to {address}\n")
     if not follow:

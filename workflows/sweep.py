@@ -53,8 +53,11 @@ def _trial(config: dict[str, Any], base_yaml: str, parent_run_id: str, sweep: st
     if earlier is not None:
         cfg = dataclasses.replace(cfg, resume=earlier)
     # Every step's metrics reach Tune through the callback; the run's summary lives in its MLflow child run.
-    train(cfg, tags={"mlflow.parentRunId": parent_run_id, "tracerl.sweep": sweep, "tracerl.trial": trial},
-          callbacks=[TuneReportCallback()])
+    train(
+        cfg,
+        tags={"mlflow.parentRunId": parent_run_id, "tracerl.sweep": sweep, "tracerl.trial": trial},
+        callbacks=[TuneReportCallback()],
+    )
 
 
 def _interrupted(sweep_dir: Path, grid: Any) -> bool:
@@ -75,8 +78,10 @@ def _unfinished_child(cfg: TrainConfig, parent_run_id: str, trial: str) -> str |
     exp = client.get_experiment_by_name(cfg.tracking.experiment)
     if exp is None:
         return None
-    runs = client.search_runs([exp.experiment_id], filter_string=(
-        f"tags.`mlflow.parentRunId` = '{parent_run_id}' and tags.`tracerl.trial` = '{trial}'"))
+    runs = client.search_runs(
+        [exp.experiment_id],
+        filter_string=(f"tags.`mlflow.parentRunId` = '{parent_run_id}' and tags.`tracerl.trial` = '{trial}'"),
+    )
     for r in runs:
         storage = r.data.tags.get("tracerl.storage")
         if r.info.status != "FINISHED" and storage and (Path(storage) / "config.yaml").is_file():
@@ -114,7 +119,9 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     # Concurrent trials each hold a Tune slot plus a whole training run's actors (space values that change the
     # pools are not counted: the base config's shares are).
     n = cfg.max_concurrent_trials
-    demand = [(what, n * k, c, g) for what, k, c, g in [("trials", 1, cfg.trial_cpus, 0.0), *resource_demand(base)]]
+    demand = [
+        (what, n * k, c, g) for what, k, c, g in [("trials", 1, cfg.trial_cpus, 0.0), *resource_demand(base)]
+    ]
     check_resources(demand, cfg.cluster, "max_concurrent_trials, trial_cpus, " + RESOURCE_KNOBS, progress)
     exp_id = trk.setup(base.tracking)
     client = mlflow.MlflowClient()
@@ -124,8 +131,11 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
         client.update_run(parent, status="RUNNING")
         progress(f"resuming sweep {name} (MLflow parent run {parent})")
     else:
-        parent = client.create_run(exp_id, run_name=name, tags={"tracerl.command": "sweep", "tracerl.sweep": name,
-                                                                **sweep_tags(cfg, name)}).info.run_id
+        parent = client.create_run(
+            exp_id,
+            run_name=name,
+            tags={"tracerl.command": "sweep", "tracerl.sweep": name, **sweep_tags(cfg, name)},
+        ).info.run_id
         for k, v in cfg.space.items():
             client.log_param(parent, f"space.{k}", json.dumps(v))
         for k in ("num_samples", "metric", "mode", "scope", "scheduler"):
@@ -136,36 +146,53 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     base_yaml.write_text(to_yaml(base))
     trainable = tune.with_resources(
         tune.with_parameters(_trial, base_yaml=str(base_yaml), parent_run_id=parent, sweep=name),
-        {"cpu": cfg.trial_cpus})
+        {"cpu": cfg.trial_cpus},
+    )
     if tune.Tuner.can_restore(str(sweep_dir)):
         tuner = tune.Tuner.restore(str(sweep_dir), trainable, resume_unfinished=True, resume_errored=True)
     else:
         # max_t one past the last step: ASHA stops a trial that reaches max_t, which would cut a finished trial's
         # run short before it closes its MLflow run.
-        scheduler = (tune.schedulers.ASHAScheduler(time_attr="step", grace_period=cfg.grace_period, max_t=cfg.steps + 1)
-                     if cfg.scheduler == "asha" else tune.schedulers.FIFOScheduler())
+        scheduler = (
+            tune.schedulers.ASHAScheduler(
+                time_attr="step", grace_period=cfg.grace_period, max_t=cfg.steps + 1
+            )
+            if cfg.scheduler == "asha"
+            else tune.schedulers.FIFOScheduler()
+        )
         tuner = tune.Tuner(
             trainable,
             param_space=search_space(cfg.space),
-            tune_config=tune.TuneConfig(metric=cfg.metric, mode=cfg.mode, num_samples=cfg.num_samples,
-                                        max_concurrent_trials=cfg.max_concurrent_trials, scheduler=scheduler,
-                                        search_alg=OptunaSearch(seed=cfg.seed, points_to_evaluate=[
-                                            dict(p) for p in cfg.first_trials] or None)),
-            run_config=tune.RunConfig(name=name, storage_path=str(root),
-                                      callbacks=[ReleaseStoppedTrialGroups(progress)]),
+            tune_config=tune.TuneConfig(
+                metric=cfg.metric,
+                mode=cfg.mode,
+                num_samples=cfg.num_samples,
+                max_concurrent_trials=cfg.max_concurrent_trials,
+                scheduler=scheduler,
+                search_alg=OptunaSearch(
+                    seed=cfg.seed, points_to_evaluate=[dict(p) for p in cfg.first_trials] or None
+                ),
+            ),
+            run_config=tune.RunConfig(
+                name=name, storage_path=str(root), callbacks=[ReleaseStoppedTrialGroups(progress)]
+            ),
         )
     t0 = time.perf_counter()
     status = "FAILED"
     trials_bar = bar(progress, cfg.num_samples, f"sweep {name}", "trial")
 
     def ended() -> int:
-        return sum(r.info.status in ("FINISHED", "KILLED", "FAILED") for r in client.search_runs(
-            [exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'"))
+        return sum(
+            r.info.status in ("FINISHED", "KILLED", "FAILED")
+            for r in client.search_runs([exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'")
+        )
 
     trials_bar.follow(ended, every=5.0)
     try:
         grid = tuner.fit()
-        release_when_trials_end(progress)  # a stopped trial's Train group outlives it on a Ray that outlives the sweep
+        release_when_trials_end(
+            progress
+        )  # a stopped trial's Train group outlives it on a Ray that outlives the sweep
         interrupted = _interrupted(sweep_dir, grid)
         status = "KILLED" if interrupted else "FINISHED"
     finally:
@@ -173,40 +200,87 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
         client.set_terminated(parent, status=status)
     if interrupted:
         client.set_tag(parent, "tracerl.interrupted", time.strftime("%Y-%m-%d %H:%M:%S"))
-        progress(f"sweep {name} interrupted: run the same command (--name {name}) to resume it; finished trials "
-                 "are kept and an interrupted trial continues its MLflow run from its last checkpoint")
-        return {"sweep": name, "parent_run_id": parent, "interrupted": True, "trials": [],
-                "wall_s": time.perf_counter() - t0, "tracking_uri": base.tracking.uri}
+        progress(
+            f"sweep {name} interrupted: run the same command (--name {name}) to resume it; finished trials "
+            "are kept and an interrupted trial continues its MLflow run from its last checkpoint"
+        )
+        return {
+            "sweep": name,
+            "parent_run_id": parent,
+            "interrupted": True,
+            "trials": [],
+            "wall_s": time.perf_counter() - t0,
+            "tracking_uri": base.tracking.uri,
+        }
     results = [grid[i] for i in range(len(grid))]
     ok = [r for r in results if r.error is None and r.metrics]
     best = grid.get_best_result(metric=cfg.metric, mode=cfg.mode, scope=cfg.scope) if ok else None
-    children = {r.data.tags.get("tracerl.trial", ""): r.info for r in client.search_runs(
-        [exp_id], filter_string=f"tags.`tracerl.sweep` = '{name}' and tags.`mlflow.parentRunId` = '{parent}'")}
+    children = {
+        r.data.tags.get("tracerl.trial", ""): r.info
+        for r in client.search_runs(
+            [exp_id],
+            filter_string=f"tags.`tracerl.sweep` = '{name}' and tags.`mlflow.parentRunId` = '{parent}'",
+        )
+    }
     trials = []
     for r in results:
         steps = int((r.metrics or {}).get("step", 0))
         stopped = r.error is None and steps < cfg.steps
-        trials.append({"trial": Path(r.path).name if r.path else "?", "config": r.config,
-                       "error": None if r.error is None else str(r.error)[:300],
-                       "metric_last": (r.metrics or {}).get(cfg.metric), "steps": steps, "stopped_early": stopped})
-        run = next((info for t, info in children.items() if t and t.endswith(str((r.metrics or {}).get("trial_id")))),
-                   None)
-        if stopped and run is not None:  # the scheduler ended it: what it logged stays, the run says why it ended
+        trials.append(
+            {
+                "trial": Path(r.path).name if r.path else "?",
+                "config": r.config,
+                "error": None if r.error is None else str(r.error)[:300],
+                "metric_last": (r.metrics or {}).get(cfg.metric),
+                "steps": steps,
+                "stopped_early": stopped,
+            }
+        )
+        run = next(
+            (
+                info
+                for t, info in children.items()
+                if t and t.endswith(str((r.metrics or {}).get("trial_id")))
+            ),
+            None,
+        )
+        if (
+            stopped and run is not None
+        ):  # the scheduler ended it: what it logged stays, the run says why it ended
             client.set_tag(run.run_id, "tracerl.stopped_early", cfg.scheduler)
             if run.status in ("RUNNING", "FAILED"):  # stopped from outside mid-step: not a failure of its own
                 client.set_terminated(run.run_id, status="KILLED")
-            progress(f"trial {trials[-1]['trial']} stopped early by {cfg.scheduler} after {steps} of {cfg.steps} steps")
-    summary: dict[str, Any] = {"sweep": name, "parent_run_id": parent, "trials": trials,
-                               "wall_s": time.perf_counter() - t0, "tracking_uri": base.tracking.uri}
+            progress(
+                f"trial {trials[-1]['trial']} stopped early by {cfg.scheduler} after {steps} of {cfg.steps} steps"
+            )
+    summary: dict[str, Any] = {
+        "sweep": name,
+        "parent_run_id": parent,
+        "trials": trials,
+        "wall_s": time.perf_counter() - t0,
+        "tracking_uri": base.tracking.uri,
+    }
     if best is not None:
         summary["best_config"] = best.config
         client.set_tag(parent, "tracerl.best_config", json.dumps(best.config))
         client.set_tag(parent, "tracerl.best_trial", Path(best.path).name)
-        best_run = next((info for t, info in children.items()
-                         if t and t.endswith(str((best.metrics or {}).get("trial_id")))), None)
+        best_run = next(
+            (
+                info
+                for t, info in children.items()
+                if t and t.endswith(str((best.metrics or {}).get("trial_id")))
+            ),
+            None,
+        )
         if best_run is not None:  # the parent's row in the runs table shows the best trial's key/ numbers
             latest = client.get_run(best_run.run_id).data.metrics
-            client.log_batch(parent, metrics=[mlflow.entities.Metric(k, v, int(time.time() * 1000), 0)
-                                              for k, v in latest.items() if k.startswith("key/")])
+            client.log_batch(
+                parent,
+                metrics=[
+                    mlflow.entities.Metric(k, v, int(time.time() * 1000), 0)
+                    for k, v in latest.items()
+                    if k.startswith("key/")
+                ],
+            )
     (root / f"{name}.summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary

@@ -85,7 +85,9 @@ def _clean(metrics: Mapping[str, float]) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def run(cfg: TrackingConfig, name: str, experiment: str | None = None, tags: Mapping[str, str] | None = None) -> Iterator[Any]:
+def run(
+    cfg: TrackingConfig, name: str, experiment: str | None = None, tags: Mapping[str, str] | None = None
+) -> Iterator[Any]:
     """Open an MLflow run (or a no-op when tracking is disabled); yields the run or None."""
     if not cfg.enabled:
         yield None

@@ -50,9 +50,10 @@ ADAPTERS = "lora_adapters.pt"  # a LoRA run's checkpoint: its adapters (peft nam
 
 # -- driver side ------------------------------------------------------------------------------------
 
+
 def _abs_uri(uri: str) -> str:
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+        return "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
     return uri
 
 
@@ -69,22 +70,30 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
         cfg,
         model=dataclasses.replace(cfg.model, path=model_path),
         env=resolve_env_paths(cfg.env),
-        tracking=dataclasses.replace(cfg.tracking, uri=_abs_uri(resolve_uri(cfg.tracking.uri)), artifact_location=art),
+        tracking=dataclasses.replace(
+            cfg.tracking, uri=_abs_uri(resolve_uri(cfg.tracking.uri)), artifact_location=art
+        ),
         out_dir=str(Path(cfg.out_dir).resolve()),
     )
 
 
-def train(cfg: TrainConfig, overrides: list[str] | None = None,
-          progress: Callable[[str], None] = lambda s: None, tags: dict[str, str] | None = None,
-          callbacks: list[Any] | None = None) -> dict[str, Any]:
+def train(
+    cfg: TrainConfig,
+    overrides: list[str] | None = None,
+    progress: Callable[[str], None] = lambda s: None,
+    tags: dict[str, str] | None = None,
+    callbacks: list[Any] | None = None,
+) -> dict[str, Any]:
     """Run (or resume) a training job; returns the summary (also written to <storage>/summary.json).
 
     ``tags`` go on a new MLflow run (a sweep passes its parent run and trial); ``callbacks`` are Ray Train
     user callbacks (a sweep forwards every report to Tune).
     """
     if not cfg.tracking.enabled:
-        raise ValueError("tracerl train needs MLflow tracking (tracking.enabled=true): runs resume and register "
-                         "through it; use tracking.uri=sqlite:///PATH for a local store")
+        raise ValueError(
+            "tracerl train needs MLflow tracking (tracking.enabled=true): runs resume and register "
+            "through it; use tracking.uri=sqlite:///PATH for a local store"
+        )
     resume_ckpt: Path | None = None
     run_id = cfg.resume or ""
     if cfg.resume:
@@ -113,8 +122,10 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
     from workflows.lm_stack import SetupError
 
     if not Path(cfg.model.path).is_dir():
-        raise SetupError(f"model.path={cfg.model.path!r} is not a checkpoint directory; build the tiny policy with "
-                         "`tracerl bootstrap` or point model.path at an HF checkpoint")
+        raise SetupError(
+            f"model.path={cfg.model.path!r} is not a checkpoint directory; build the tiny policy with "
+            "`tracerl bootstrap` or point model.path at an HF checkpoint"
+        )
     from tracerl.models.hf import check_window
 
     check_window(cfg.model.path, cfg.sampler)
@@ -131,10 +142,20 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
     client = mlflow.MlflowClient()
     if not cfg.resume:
         name = cfg.run_name or f"{cfg.allocator.name}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-        run = client.create_run(exp_id, run_name=name, tags={
-            "tracerl.command": "train", "tracerl.allocator": cfg.allocator.name, "tracerl.git_sha": git_sha(),
-            "tracerl.config_hash": config_hash(cfg), "tracerl.dataset_fingerprint": dataset_fingerprint(cfg),
-            "tracerl.base_model": cfg.model.path, **train_tags(cfg), **(tags or {})})
+        run = client.create_run(
+            exp_id,
+            run_name=name,
+            tags={
+                "tracerl.command": "train",
+                "tracerl.allocator": cfg.allocator.name,
+                "tracerl.git_sha": git_sha(),
+                "tracerl.config_hash": config_hash(cfg),
+                "tracerl.dataset_fingerprint": dataset_fingerprint(cfg),
+                "tracerl.base_model": cfg.model.path,
+                **train_tags(cfg),
+                **(tags or {}),
+            },
+        )
         run_id = run.info.run_id
         storage = Path(cfg.out_dir) / f"{name}-{run_id[:8]}"
         storage.mkdir(parents=True, exist_ok=True)
@@ -143,9 +164,14 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
         client.set_tag(run_id, "tracerl.storage", str(storage))
         flat = to_flat_dict(cfg)
         for i in range(0, len(flat), 100):
-            keys = list(flat)[i:i + 100]
-            client.log_batch(run_id, params=[mlflow.entities.Param(k, ("null" if flat[k] is None else str(flat[k]))[:6000])
-                                             for k in keys])
+            keys = list(flat)[i : i + 100]
+            client.log_batch(
+                run_id,
+                params=[
+                    mlflow.entities.Param(k, ("null" if flat[k] is None else str(flat[k]))[:6000])
+                    for k in keys
+                ],
+            )
         client.log_artifact(run_id, str(storage / "config.yaml"))
     else:
         client.update_run(run_id, status="RUNNING")
@@ -155,41 +181,63 @@ def train(cfg: TrainConfig, overrides: list[str] | None = None,
     trainer = TorchTrainer(
         train_loop,
         train_loop_config={"cfg": cfg, "run_id": run_id, "storage": str(storage)},
-        scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
-                                     resources_per_worker={"CPU": t.cpus_per_worker, **({"GPU": 1} if t.use_gpu else {})}),
-        run_config=RunConfig(name=storage.name, storage_path=str(storage.parent),  # type: ignore[call-arg]
-                             failure_config=FailureConfig(max_failures=cfg.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
-                             logging_config=LoggingConfig(log_level="WARNING"), callbacks=callbacks),
+        scaling_config=ScalingConfig(
+            num_workers=t.num_workers,
+            use_gpu=t.use_gpu,
+            resources_per_worker={"CPU": t.cpus_per_worker, **({"GPU": 1} if t.use_gpu else {})},
+        ),
+        run_config=RunConfig(
+            name=storage.name,
+            storage_path=str(storage.parent),  # type: ignore[call-arg]
+            failure_config=FailureConfig(max_failures=cfg.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
+            logging_config=LoggingConfig(log_level="WARNING"),
+            callbacks=callbacks,
+        ),
     )
     t0 = time.perf_counter()
     status = "FAILED"
     start = int(json.loads((resume_ckpt / STATE).read_text())["step"]) if resume_ckpt is not None else 0
     steps_bar = bar(progress, cfg.steps, f"train {cfg.run_name or run_id[:8]}", "step", initial=start)
-    steps_bar.follow(lambda: max((m.step for m in client.get_metric_history(run_id, "train/loss")), default=0))
+    steps_bar.follow(
+        lambda: max((m.step for m in client.get_metric_history(run_id, "train/loss")), default=0)
+    )
     try:
         trainer.fit()
         status = "FINISHED"
     finally:
         steps_bar.close()
         if status == "FAILED" and "tracerl.stopped_early" in client.get_run(run_id).data.tags:
-            status = "KILLED"  # a sweep's scheduler stopped this trial (and said so) before its Train run ended
+            status = (
+                "KILLED"  # a sweep's scheduler stopped this trial (and said so) before its Train run ended
+            )
         from workflows.spool import MetricLog
 
-        if not MetricLog(client, run_id, storage, 0, progress, fail_fast=False).flush():  # what rank 0 spooled and could not send
+        if not MetricLog(
+            client, run_id, storage, 0, progress, fail_fast=False
+        ).flush():  # what rank 0 spooled and could not send
             progress(f"metrics still spooled in {storage}: the tracking server is unreachable")
         client.set_terminated(run_id, status=status)
         if status == "FAILED":
-            progress(f"training failed; the run and its checkpoints are kept: `tracerl train resume={run_id}`")
+            progress(
+                f"training failed; the run and its checkpoints are kept: `tracerl train resume={run_id}`"
+            )
     summary = run_summary(run_id, cfg.tracking)
-    summary.update(run_id=run_id, storage=str(storage), wall_s=time.perf_counter() - t0,
-                   tracking_uri=cfg.tracking.uri, experiment=cfg.tracking.experiment)
+    summary.update(
+        run_id=run_id,
+        storage=str(storage),
+        wall_s=time.perf_counter() - t0,
+        tracking_uri=cfg.tracking.uri,
+        experiment=cfg.tracking.experiment,
+    )
     (storage / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
-RESOURCE_KNOBS = ("trainer.num_workers / trainer.cpus_per_worker, pools.rollout_workers / pools.rollout_cpus / "
-                  "pools.rollout_gpus or pools.env_workers / pools.env_cpus")
+RESOURCE_KNOBS = (
+    "trainer.num_workers / trainer.cpus_per_worker, pools.rollout_workers / pools.rollout_cpus / "
+    "pools.rollout_gpus or pools.env_workers / pools.env_cpus"
+)
 
 
 def resource_demand(cfg: TrainConfig) -> list[tuple[str, int, float, float]]:
@@ -199,8 +247,10 @@ def resource_demand(cfg: TrainConfig) -> list[tuple[str, int, float, float]]:
     from tracerl.actors.services import service_factories
 
     t, p = cfg.trainer, cfg.pools
-    rows = [("trainer", t.num_workers, t.cpus_per_worker, 1.0 if t.use_gpu else 0.0),
-            ("samplers", p.rollout_workers, p.rollout_cpus, p.rollout_gpus)]
+    rows = [
+        ("trainer", t.num_workers, t.cpus_per_worker, 1.0 if t.use_gpu else 0.0),
+        ("samplers", p.rollout_workers, p.rollout_cpus, p.rollout_gpus),
+    ]
     if p.env_workers > 0:
         rows.append(("environments", p.rollout_workers * p.env_workers, p.env_cpus, 0.0))
         n = len(service_factories(env_class(cfg.env.name), cfg.env))
@@ -210,6 +260,7 @@ def resource_demand(cfg: TrainConfig) -> list[tuple[str, int, float, float]]:
 
 
 # -- worker side ------------------------------------------------------------------------------------
+
 
 def _say(msg: str) -> None:
     """A progress line from a worker (straight to the process's stdout, which Ray forwards to the driver;
@@ -245,13 +296,16 @@ def _parallelize(model: Any, cfg: TrainConfig, world: int) -> Any:
 
     if world == 1 or cfg.trainer.strategy == "ddp":
         kwargs = {"broadcast_buffers": False} if world > 1 else None
-        return ray.train.torch.prepare_model(model, parallel_strategy="ddp" if world > 1 else None,
-                                             parallel_strategy_kwargs=kwargs)
+        return ray.train.torch.prepare_model(
+            model, parallel_strategy="ddp" if world > 1 else None, parallel_strategy_kwargs=kwargs
+        )
     import torch
 
     from tracerl.models.wrap import fully_shard_model
 
-    return fully_shard_model(model.to(ray.train.torch.get_device()), compute_dtype=getattr(torch, cfg.model.dtype))
+    return fully_shard_model(
+        model.to(ray.train.torch.get_device()), compute_dtype=getattr(torch, cfg.model.dtype)
+    )
 
 
 def _gather(model: Any, cfg: TrainConfig, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -314,7 +368,9 @@ def train_loop(config: dict[str, Any]) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.manual_seed(cfg.seed + rank)
-    master = dataclasses.replace(cfg.model, dtype=cfg.trainer.master_dtype)  # the trainer's weights (mixed precision)
+    master = dataclasses.replace(
+        cfg.model, dtype=cfg.trainer.master_dtype
+    )  # the trainer's weights (mixed precision)
     tok, model = load_policy(master)
     ckpt_dir = _restore_dir(ray.train.get_checkpoint(), storage)
     state: dict[str, Any] = {"step": 0}
@@ -326,8 +382,9 @@ def train_loop(config: dict[str, Any]) -> None:
         if not lora:  # a LoRA run restores its adapters onto the base policy below
             from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_pretrained(Path(ckpt_dir) / "policy", dtype=model.dtype,
-                                                         local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(
+                Path(ckpt_dir) / "policy", dtype=model.dtype, local_files_only=True
+            )
     if cfg.trainer.gradient_checkpointing:  # transformers 5.x renamed it; older versions have only the first
         getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     model = apply_lora(model, cfg.trainer)
@@ -335,8 +392,10 @@ def train_loop(config: dict[str, Any]) -> None:
         saved = torch.load(Path(ckpt_dir) / ADAPTERS, weights_only=True)
         missing = set(adapter_weights(model.state_dict())) - set(saved)
         if missing:
-            raise RuntimeError(f"checkpoint {ckpt_dir} lacks LoRA adapters {sorted(missing)[:3]}: was it saved with "
-                               f"the same trainer.lora_rank and lora_targets?")
+            raise RuntimeError(
+                f"checkpoint {ckpt_dir} lacks LoRA adapters {sorted(missing)[:3]}: was it saved with "
+                f"the same trainer.lora_rank and lora_targets?"
+            )
         model.load_state_dict(saved, strict=False)
     ref_model = None
     if cfg.loss.kl_coef > 0:
@@ -354,18 +413,32 @@ def train_loop(config: dict[str, Any]) -> None:
     # FSDP2 casts the gathered parameters itself (its MixedPrecisionPolicy); a replica computes under autocast.
     autocast = compute if compute != getattr(torch, cfg.trainer.master_dtype) and not is_fsdp(model) else None
 
-    use_is = cfg.loss.importance_sampling == "on" or (cfg.loss.importance_sampling == "auto" and cfg.sampler.backend == "vllm")
-    learner = PolicyLearner(model, cfg.optim, cfg.loss, cfg.steps, pad_id=tok.pad_token_id,
-                            temperature=cfg.sampler.temperature, importance_sampling=use_is, ref_model=ref_model,
-                            autocast=autocast)
+    use_is = cfg.loss.importance_sampling == "on" or (
+        cfg.loss.importance_sampling == "auto" and cfg.sampler.backend == "vllm"
+    )
+    learner = PolicyLearner(
+        model,
+        cfg.optim,
+        cfg.loss,
+        cfg.steps,
+        pad_id=tok.pad_token_id,
+        temperature=cfg.sampler.temperature,
+        importance_sampling=use_is,
+        ref_model=ref_model,
+        autocast=autocast,
+    )
     if ckpt_dir is not None:
-        learner.load_state_dict(torch.load(Path(ckpt_dir) / f"trainer_rank{rank}.pt", weights_only=False)
-                                if (Path(ckpt_dir) / f"trainer_rank{rank}.pt").exists()
-                                else torch.load(Path(ckpt_dir) / "trainer_rank0.pt", weights_only=False))
+        learner.load_state_dict(
+            torch.load(Path(ckpt_dir) / f"trainer_rank{rank}.pt", weights_only=False)
+            if (Path(ckpt_dir) / f"trainer_rank{rank}.pt").exists()
+            else torch.load(Path(ckpt_dir) / "trainer_rank0.pt", weights_only=False)
+        )
     # A restored policy is pushed to the samplers; a fresh run's samplers loaded these very weights from model.path,
     # so nothing is gathered for them (under FSDP a gather is a full-model collective).
     restored = _gather(model, cfg, rank)[0] if ckpt_dir is not None else None
-    driver = _Driver(cfg, run_id, storage, tok, unwrap(model), state, ckpt_dir, restored) if rank == 0 else None
+    driver = (
+        _Driver(cfg, run_id, storage, tok, unwrap(model), state, ckpt_dir, restored) if rank == 0 else None
+    )
     start = int(state["step"])
     if driver is not None and start == 0 and cfg.eval_at_start:
         driver.evaluate(0)
@@ -389,8 +462,11 @@ def train_loop(config: dict[str, Any]) -> None:
                 torch.save(learner.state_dict(), Path(tmp) / f"trainer_rank{rank}.pt")
                 if driver is not None:
                     driver.save(Path(tmp), done, weights, adapters)
-                ray.train.report({"step": done, **metrics}, checkpoint=ray.train.Checkpoint.from_directory(tmp),
-                                 checkpoint_dir_name=f"checkpoint_{done:06d}")
+                ray.train.report(
+                    {"step": done, **metrics},
+                    checkpoint=ray.train.Checkpoint.from_directory(tmp),
+                    checkpoint_dir_name=f"checkpoint_{done:06d}",
+                )
         else:  # every step reports (a sweep's scheduler sees the curve); checkpoints every checkpoint_every
             ray.train.report({"step": done, **metrics})
         if driver is not None and step == cfg.faults.kill_trainer_at_step:
@@ -406,8 +482,17 @@ def train_loop(config: dict[str, Any]) -> None:
 class _Driver:
     """Rank 0's part of the loop: pools, predictor, allocator, candidate pools, evaluation and logging."""
 
-    def __init__(self, cfg: TrainConfig, run_id: str, storage: Path, tok: Any, model: Any,
-                 state: dict[str, Any], ckpt_dir: str | None, restored: dict[str, Any] | None) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_id: str,
+        storage: Path,
+        tok: Any,
+        model: Any,
+        state: dict[str, Any],
+        ckpt_dir: str | None,
+        restored: dict[str, Any] | None,
+    ) -> None:
         import mlflow
         import numpy as np
         import torch
@@ -429,19 +514,34 @@ class _Driver:
         self.metrics = MetricLog(self.client, run_id, storage, next_attempt(storage), _say)
         self.metrics.flush()  # what an earlier attempt spooled
         self.mark = phase_marker(storage, cfg.chaos.enabled, int(state["step"]))
-        spec = {"model": cfg.model, "sampler": cfg.sampler, "env": cfg.env, "pools": cfg.pools,
-                "kill_at_step": cfg.faults.kill_rollout_worker_at_step,
-                "kill_env_at_step": cfg.faults.kill_env_worker_at_step, "fault_dir": str(storage / ".faults")}
+        spec = {
+            "model": cfg.model,
+            "sampler": cfg.sampler,
+            "env": cfg.env,
+            "pools": cfg.pools,
+            "kill_at_step": cfg.faults.kill_rollout_worker_at_step,
+            "kill_env_at_step": cfg.faults.kill_env_worker_at_step,
+            "fault_dir": str(storage / ".faults"),
+        }
         p = cfg.pools
-        self.pool = RolloutPool(spec, p.rollout_workers, p.rollout_cpus, p.rollout_gpus, p.max_retries, cfg.seed)
+        self.pool = RolloutPool(
+            spec, p.rollout_workers, p.rollout_cpus, p.rollout_gpus, p.max_retries, cfg.seed
+        )
         for w in self.pool.warnings():
             _say(f"sandbox: {w}")
         self.allocator = build_allocator(cfg.allocator)
         attach_lengths(self.allocator)  # trace_plus: its length predictor
         template = TEMPLATES.get(cfg.model.template)(tok)
         tools = list(env_class(cfg.env.name).tools)
-        self.predictor = make_text_predictor(cfg.predictor, cfg.seed, model, tok, lambda q: template.prompt(q, tools),
-                                             name=self.allocator.predictor, targets=self.allocator.targets)
+        self.predictor = make_text_predictor(
+            cfg.predictor,
+            cfg.seed,
+            model,
+            tok,
+            lambda q: template.prompt(q, tools),
+            name=self.allocator.predictor,
+            targets=self.allocator.targets,
+        )
         self.prompts = task_prompts(cfg.env)
         self.eval_prompts = task_prompts(cfg.env, held_out=True)
         self.rng = np.random.default_rng(cfg.seed)
@@ -452,7 +552,9 @@ class _Driver:
             self.spent = list(state.get("spent", self.spent))
             self.predictor.load_state_dict(torch.load(Path(ckpt_dir) / "predictor.pt", weights_only=False))
             if (Path(ckpt_dir) / "allocator.pt").exists():  # trace_plus: its length predictor
-                self.allocator.load_state_dict(torch.load(Path(ckpt_dir) / "allocator.pt", weights_only=False))
+                self.allocator.load_state_dict(
+                    torch.load(Path(ckpt_dir) / "allocator.pt", weights_only=False)
+                )
         self.phases: dict[str, float] = {}
         self.step_metrics: dict[str, float] = {}
         self.last_out: Any = None
@@ -484,8 +586,11 @@ class _Driver:
         t0 = time.perf_counter()
         m, traces = evaluate_prompts(self.pool.evaluate, self.eval_prompts, 0, 0.0, self.cfg.seed + 10_000)
         with tempfile.TemporaryDirectory() as tmp:  # per-task outcomes: the study's bootstrap resamples tasks
-            (Path(tmp) / f"outcomes_step_{step:05d}.json").write_text(json.dumps(
-                {t["prompt_id"]: float(any(r["reward"] > 0.5 for r in t["rollouts"])) for t in traces}))
+            (Path(tmp) / f"outcomes_step_{step:05d}.json").write_text(
+                json.dumps(
+                    {t["prompt_id"]: float(any(r["reward"] > 0.5 for r in t["rollouts"])) for t in traces}
+                )
+            )
             self.metrics.log_artifacts(Path(tmp), "eval")
         out = {"eval/accuracy": m["accuracy"], "eval/well_formed_turns": m["greedy"]["well_formed_turns"]}
         for src, acc in m["greedy"]["by_source"].items():
@@ -494,7 +599,9 @@ class _Driver:
         if step == 0:  # later evaluations are logged with their step's metrics
             self.log({**out, **key_metrics(out), "budget/retried": float(self.pool.ledger.retried)}, step)
         self.phase("eval", time.perf_counter() - t0)
-        _say(f"held-out greedy accuracy after {step} steps: {m['accuracy']:.3f} ({len(self.eval_prompts)} tasks)")
+        _say(
+            f"held-out greedy accuracy after {step} steps: {m['accuracy']:.3f} ({len(self.eval_prompts)} tasks)"
+        )
         return out
 
     def rollout_step(self, step: int) -> Any:
@@ -529,7 +636,9 @@ class _Driver:
         m.update({f"predictor/fit_{k}": v for k, v in fit.items()})
         self.phase("fit_predictor", time.perf_counter() - t0)
         t0 = time.perf_counter()
-        batch = collate(out.trees, self.cfg.loss.advantage, self.cfg.loss.normalize_std, self.cfg.loss.debiased_values)
+        batch = collate(
+            out.trees, self.cfg.loss.advantage, self.cfg.loss.normalize_std, self.cfg.loss.debiased_values
+        )
         self.phase("collate", time.perf_counter() - t0)
         leaves = max(out.ledger.leaves, 1)
         rewards = batch.rewards
@@ -552,14 +661,18 @@ class _Driver:
         m.update(stats)
         if self.cfg.eval_every and done % self.cfg.eval_every == 0 or done == self.cfg.steps:
             m.update(self.evaluate(done))
-        m["budget/retried"] = float(self.pool.ledger.retried)  # with retries of the weight sync and evaluation
+        m["budget/retried"] = float(
+            self.pool.ledger.retried
+        )  # with retries of the weight sync and evaluation
         m["system/attempt"] = float(self.metrics.attempt)
         self.mark("log")
         t0 = time.perf_counter()
         for k, v in self.phases.items():
             m[f"time/{k}_s"] = v
         rollout_s = m.get("time/rollout_s", 0.0)
-        overhead = sum(m.get(f"time/{k}_s", 0.0) for k in ("score", "allocate_roots", "expand_prefixes", "fit_predictor"))
+        overhead = sum(
+            m.get(f"time/{k}_s", 0.0) for k in ("score", "allocate_roots", "expand_prefixes", "fit_predictor")
+        )
         m["time/alloc_predictor_fraction"] = overhead / rollout_s if rollout_s else 0.0
         m["system/peak_memory_mb"] = _peak_memory_mb()
         m["system/cpu_s"] = time.process_time() - self.cpu_step  # rank 0's process: step driver and learner
@@ -569,9 +682,11 @@ class _Driver:
         m["time/step_s"] = time.perf_counter() - self.t_step
         m["train/tokens_per_s"] = m.get("budget/generated_tokens", 0.0) / max(m["time/step_s"], 1e-9)
         self.log({**m, **key_metrics(m, self.spent[0])}, done)
-        _say(f"step {done}/{self.cfg.steps}  ER {m['rollout/effective_ratio']:.2f}  reward {m['train/reward_mean']:.2f}"
-              f"  loss {m['train/loss']:+.4f}  clip {m['train/clip_fraction']:.3f}  {m['time/step_s']:.1f} s"
-              + (f"  held-out {m['eval/accuracy']:.3f}" if "eval/accuracy" in m else ""))
+        _say(
+            f"step {done}/{self.cfg.steps}  ER {m['rollout/effective_ratio']:.2f}  reward {m['train/reward_mean']:.2f}"
+            f"  loss {m['train/loss']:+.4f}  clip {m['train/clip_fraction']:.3f}  {m['time/step_s']:.1f} s"
+            + (f"  held-out {m['eval/accuracy']:.3f}" if "eval/accuracy" in m else "")
+        )
         return m  # every step's metrics reach Ray Train's report (and a sweep's scheduler)
 
     def _log_trees(self, step: int) -> None:
@@ -585,7 +700,9 @@ class _Driver:
             with open(Path(tmp) / "trees.jsonl", "w") as f:
                 for r in records[:16]:
                     f.write(json.dumps(r) + "\n")
-            (Path(tmp) / "trees.html").write_text(render_html(records[:16], f"{self.cfg.run_name}: step {step}"))
+            (Path(tmp) / "trees.html").write_text(
+                render_html(records[:16], f"{self.cfg.run_name}: step {step}")
+            )
             self.metrics.log_artifacts(Path(tmp), f"trees/step_{step:05d}")
 
     def save(self, path: Path, step: int, weights: dict[str, Any], adapters: dict[str, Any]) -> None:
@@ -599,8 +716,16 @@ class _Driver:
         torch.save(self.predictor.state_dict(), path / "predictor.pt")
         if self.allocator.state_dict():
             torch.save(self.allocator.state_dict(), path / "allocator.pt")
-        (path / STATE).write_text(json.dumps({"step": step, "run_id": self.run_id, "rng": self.rng.bit_generator.state,
-                                              "spent": self.spent}))
+        (path / STATE).write_text(
+            json.dumps(
+                {
+                    "step": step,
+                    "run_id": self.run_id,
+                    "rng": self.rng.bit_generator.state,
+                    "spent": self.spent,
+                }
+            )
+        )
         (path / "config.yaml").write_text(to_yaml(self.cfg))
 
     def close(self) -> None:

@@ -29,7 +29,11 @@ def _node(tree: dict[str, Any], nid: int, children: dict[int, list[int]]) -> str
     if "predicted" in n:
         p = n["predicted"]
         k = n.get("continuations", 0)
-        bits.append(f" <span class='exp'>predicted p={p:.2f}; continuations K={k}</span>" if k else f" <span class='meta'>p={p:.2f}, not expanded</span>")
+        bits.append(
+            f" <span class='exp'>predicted p={p:.2f}; continuations K={k}</span>"
+            if k
+            else f" <span class='meta'>p={p:.2f}, not expanded</span>"
+        )
     if n["reward"] is not None:
         cls, word = ("ok", "success") if n["reward"] > 0.5 else ("fail", "failure")
         bits.append(f" <span class='{cls}'>reward {n['reward']:g} ({word})</span>")
@@ -39,17 +43,23 @@ def _node(tree: dict[str, Any], nid: int, children: dict[int, list[int]]) -> str
 
 
 def render_html(records: Sequence[dict[str, Any]], title: str = "Rollout trees") -> str:
-    parts = [f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title><style>{_CSS}</style>",
-             f"<h1>{html.escape(title)}</h1>",
-             "<p>Yellow: prefixes TRACE expanded, with the predictor's success probability p and the number of "
-             "continuations K it bought there. Green/red: leaf rewards.</p>"]
+    parts = [
+        f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title><style>{_CSS}</style>",
+        f"<h1>{html.escape(title)}</h1>",
+        "<p>Yellow: prefixes TRACE expanded, with the predictor's success probability p and the number of "
+        "continuations K it bought there. Green/red: leaf rewards.</p>",
+    ]
     for t in records:
         children: dict[int, list[int]] = {}
         for n in t["nodes"][1:]:
             children.setdefault(n["parent"], []).append(n["id"])
         pred = "" if t["predicted"] is None else f" · predicted v={t['predicted']:.2f}"
-        head = (f"<b>{html.escape(t['prompt_id'])}</b>: {html.escape(t['prompt'])} <span class='meta'>(answer "
-                f"{html.escape(str(t['answer']))}; {t['bare_rollouts']} bare rollouts, {t['paths']} paths{pred}; "
-                f"rewards {t['rewards']})</span>")
-        parts.append(f"<div class='tree{' mixed' if t['mixed'] else ''}'>{head}<ul>{_node(t, 0, children)}</ul></div>")
+        head = (
+            f"<b>{html.escape(t['prompt_id'])}</b>: {html.escape(t['prompt'])} <span class='meta'>(answer "
+            f"{html.escape(str(t['answer']))}; {t['bare_rollouts']} bare rollouts, {t['paths']} paths{pred}; "
+            f"rewards {t['rewards']})</span>"
+        )
+        parts.append(
+            f"<div class='tree{' mixed' if t['mixed'] else ''}'>{head}<ul>{_node(t, 0, children)}</ul></div>"
+        )
     return "\n".join(parts)

@@ -49,7 +49,9 @@ def import_bfcl() -> types.ModuleType:
     try:
         return importlib.import_module("bfcl_eval")
     except ImportError as exc:
-        raise ImportError(f"the BFCL environment needs the bfcl-eval package: {INSTALL_HINT} ({exc})") from exc
+        raise ImportError(
+            f"the BFCL environment needs the bfcl-eval package: {INSTALL_HINT} ({exc})"
+        ) from exc
 
 
 @dataclass(frozen=True)
@@ -115,20 +117,35 @@ def load_tasks(category: str) -> tuple[BfclTask, ...]:
         raise ValueError(f"unknown BFCL category {category!r}; choose from {', '.join(CATEGORIES)}")
     bfcl = CATEGORIES[category]
     entries = _read_jsonl(_data_dir() / f"BFCL_v4_{bfcl}.json")
-    answers = {a["id"]: a["ground_truth"] for a in _read_jsonl(_data_dir() / "possible_answer" / f"BFCL_v4_{bfcl}.json")}
+    answers = {
+        a["id"]: a["ground_truth"]
+        for a in _read_jsonl(_data_dir() / "possible_answer" / f"BFCL_v4_{bfcl}.json")
+    }
     tasks = []
     for e in entries:
         missed = {int(t): tuple(names) for t, names in e.get("missed_function", {}).items()}
         held = {n for names in missed.values() for n in names}
-        turns = tuple(" ".join(m["content"] for m in msgs if m.get("role") == "user") for msgs in e["question"])
+        turns = tuple(
+            " ".join(m["content"] for m in msgs if m.get("role") == "user") for msgs in e["question"]
+        )
         entry = {k: v for k, v in e.items() if k != "question"}
-        tasks.append(BfclTask(e["id"], category, turns, entry,
-                              tuple(f for f in _class_functions(e["involved_classes"]) if f not in held), missed,
-                              tuple(tuple(t) for t in answers[e["id"]])))
+        tasks.append(
+            BfclTask(
+                e["id"],
+                category,
+                turns,
+                entry,
+                tuple(f for f in _class_functions(e["involved_classes"]) if f not in held),
+                missed,
+                tuple(tuple(t) for t in answers[e["id"]]),
+            )
+        )
     return tuple(tasks)
 
 
-def split(tasks: Sequence[BfclTask], seed: int, test_fraction: float) -> tuple[list[BfclTask], list[BfclTask]]:
+def split(
+    tasks: Sequence[BfclTask], seed: int, test_fraction: float
+) -> tuple[list[BfclTask], list[BfclTask]]:
     """A seeded train/test split of each category (the same seed always gives the same disjoint halves).
 
     Returns:

@@ -39,7 +39,11 @@ from tracerl.engine.react import Action, ChatTemplate, PlainTemplate, ToolCall, 
 from tracerl.grading import GradeError, Grader, GradeTimeout
 from tracerl.types import Prompt
 
-PRELOAD = ("envs.bfcl.data:import_bfcl", "envs.bfcl.env", "bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker")
+PRELOAD = (
+    "envs.bfcl.data:import_bfcl",
+    "envs.bfcl.env",
+    "bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker",
+)
 """What a BFCL grading worker imports before it counts as started."""
 GOLD_ANSWER = "Done."
 """What a gold response says when it ends a user turn."""
@@ -111,8 +115,13 @@ class BfclEnv:
     tools: Sequence[ToolSpec] = ()
     """Tools differ per task and per user turn: see ``tools_for``."""
 
-    def __init__(self, categories: Sequence[str] = ("base", "miss_func", "miss_param", "long_context"),
-                 docs: str = "full", reward_timeout_s: float = 10.0, call_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        categories: Sequence[str] = ("base", "miss_func", "miss_param", "long_context"),
+        docs: str = "full",
+        reward_timeout_s: float = 10.0,
+        call_timeout_s: float = 10.0,
+    ) -> None:
         import_bfcl()
         self.tasks: dict[str, BfclTask] = {t.task_id: t for c in categories for t in load_tasks(c)}
         self.docs = docs
@@ -143,7 +152,9 @@ class BfclEnv:
         try:
             return self.tasks[prompt.prompt_id]
         except KeyError:
-            raise KeyError(f"{prompt.prompt_id!r} is not a task of this BFCL environment's categories") from None
+            raise KeyError(
+                f"{prompt.prompt_id!r} is not a task of this BFCL environment's categories"
+            ) from None
 
     def tools_for(self, prompt: Prompt, state: BfclState | None = None) -> list[ToolSpec]:
         """The functions documented at ``state``'s user turn, then the held-out ones not added yet as unlisted
@@ -152,8 +163,9 @@ class BfclEnv:
         task = self.task(prompt)
         listed = task.functions_at(state.turn if state is not None else 0)
         hidden = [f for f in task.functions_at(len(task.user_turns)) if f not in listed]
-        return [tool_spec(f, self.docs) for f in listed] + [replace(tool_spec(f, self.docs), listed=False)
-                                                              for f in hidden]
+        return [tool_spec(f, self.docs) for f in listed] + [
+            replace(tool_spec(f, self.docs), listed=False) for f in hidden
+        ]
 
     def initial_state(self, prompt: Prompt) -> BfclState:
         return BfclState()
@@ -175,13 +187,24 @@ class BfclEnv:
         new = tuple(canonical_call(c) for c in action.calls)
         history = [call for turn in state.steps for step in turn for call in step]
         try:
-            results = self._run(task, [*history, *new])[len(history):]
-        except GradeTimeout:  # e.g. power(base=9, exponent=387420489): the calls are dropped, the episode goes on
-            return ToolResult(f"Error: the calls ran past {self.runner.timeout_s:g} s and were stopped; nothing was "
-                              "recorded. Make cheaper calls.", state, calls=len(new), replayed=len(history))
+            results = self._run(task, [*history, *new])[len(history) :]
+        except (
+            GradeTimeout
+        ):  # e.g. power(base=9, exponent=387420489): the calls are dropped, the episode goes on
+            return ToolResult(
+                f"Error: the calls ran past {self.runner.timeout_s:g} s and were stopped; nothing was "
+                "recorded. Make cheaper calls.",
+                state,
+                calls=len(new),
+                replayed=len(history),
+            )
         except GradeError as exc:
-            return ToolResult(f"Error: the calls failed ({exc}); nothing was recorded.", state, calls=len(new),
-                              replayed=len(history))
+            return ToolResult(
+                f"Error: the calls failed ({exc}); nothing was recorded.",
+                state,
+                calls=len(new),
+                replayed=len(history),
+            )
         observation = "\n".join(f"{call} -> {result}" for call, result in zip(new, results))
         steps = (*state.steps[:-1], (*state.steps[-1], new))
         return ToolResult(observation, BfclState(state.turn, steps), calls=len(new), replayed=len(history))
@@ -189,8 +212,16 @@ class BfclEnv:
     def _run(self, task: BfclTask, calls: list[str]) -> list[str]:
         """Execute ``calls`` in order on fresh backends of ``task`` in the call worker, under
         ``env.bfcl.call_timeout_s`` (raises ``GradeTimeout`` past it, ``GradeError`` if the worker failed)."""
-        return list(self.runner(run_calls, calls, task.entry["initial_config"], task.entry["involved_classes"],
-                                task.task_id, task.long_context))
+        return list(
+            self.runner(
+                run_calls,
+                calls,
+                task.entry["initial_config"],
+                task.entry["involved_classes"],
+                task.task_id,
+                task.long_context,
+            )
+        )
 
     def on_answer(self, prompt: Prompt, state: BfclState, action: Action) -> AnswerResult:
         """End of a user turn: the next user message, or after the last one the checker's reward."""
@@ -200,7 +231,9 @@ class BfclEnv:
             return AnswerResult(reward=self.score(task, state))
         message = task.user_turns[nxt]
         if nxt in task.added:
-            docs = "\n".join(json.dumps(tool_spec(f, self.docs).as_json_schema()["function"]) for f in task.added[nxt])
+            docs = "\n".join(
+                json.dumps(tool_spec(f, self.docs).as_json_schema()["function"]) for f in task.added[nxt]
+            )
             message = f"{docs}\n{ADDED_FUNCTIONS_PROMPT}" + (f" {message}" if message else "")
         return AnswerResult(observation=message, state=BfclState(nxt, (*state.steps, ())))
 
@@ -217,7 +250,9 @@ class BfclEnv:
             return 0.0
         decoded = [[list(step) for step in turn if step] for turn in state.steps]
         try:
-            return float(self.grader(check_episode, decoded, [list(t) for t in task.ground_truth], dict(task.entry)))
+            return float(
+                self.grader(check_episode, decoded, [list(t) for t in task.ground_truth], dict(task.entry))
+            )
         except GradeError:  # the worker ran out of memory or died on these calls: a failed check
             return 0.0
 
@@ -235,28 +270,40 @@ class BfclEnv:
         for reference in self.task(prompt).ground_truth:
             calls = [c for source in reference for c in reference_calls(source)]
             if calls and name == "plain":
-                turns.append(PlainTemplate.calls_turn("I call the functions.", ", ".join(map(canonical_call, calls))))
+                turns.append(
+                    PlainTemplate.calls_turn("I call the functions.", ", ".join(map(canonical_call, calls)))
+                )
             elif calls:
                 turns.append(ChatTemplate.calls_turn(calls))
             reply = GOLD_ANSWER if calls else GOLD_DECLINE
-            turns.append(f"Thought: The request is handled.\nFinal Answer: {reply}\n" if name == "plain" else reply)
+            turns.append(
+                f"Thought: The request is handled.\nFinal Answer: {reply}\n" if name == "plain" else reply
+            )
         return turns
 
 
-def run_calls(calls: list[str], initial_config: dict[str, Any], involved_classes: list[str], task_id: str,
-              long_context: bool) -> list[str]:
+def run_calls(
+    calls: list[str],
+    initial_config: dict[str, Any],
+    involved_classes: list[str],
+    task_id: str,
+    long_context: bool,
+) -> list[str]:
     """Execute ``calls`` in order on fresh backends (isolated, cleaned up); one result each. Unbounded time (a call
     such as ``power(base=9, exponent=387420489)`` runs for minutes): ``BfclEnv`` runs it in its call worker."""
     from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
 
     import_bfcl()
     with _Globals() as name:
-        results, _ = execute_multi_turn_func_call(calls, initial_config, involved_classes, name, task_id,
-                                                  long_context=long_context)
+        results, _ = execute_multi_turn_func_call(
+            calls, initial_config, involved_classes, name, task_id, long_context=long_context
+        )
     return [str(r) for r in results]
 
 
-def check_episode(decoded: list[list[list[str]]], ground_truth: list[list[str]], entry: dict[str, Any]) -> float:
+def check_episode(
+    decoded: list[list[list[str]]], ground_truth: list[list[str]], entry: dict[str, Any]
+) -> float:
     """BFCL's multi-turn checker on an episode's calls (per user turn, per response): 1.0 if valid, else 0.0.
     Unbounded time: ``BfclEnv.score`` runs it in a grading worker."""
     from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
@@ -301,4 +348,3 @@ def _interleave(tasks: Sequence[BfclTask]) -> list[BfclTask]:
     for i in range(max((len(q) for q in queues), default=0)):
         out += [q[i] for q in queues if i < len(q)]
     return out
-

@@ -44,8 +44,14 @@ def load_math_file(path: str | Path, limit: int | None = None) -> list[Prompt]:
         DataFileError: unsupported extension, an empty or malformed file, or a record without a question or an
             answer (the message names the file and the record).
     """
-    return load_question_file(path, what="math task file", key="env.math.tasks",
-                              kinds={".json": "json", ".jsonl": "jsonl", ".parquet": "parquet"},
-                              question_keys=QUESTION_KEYS, answer=_answer,
-                              no_answer="expected 'answer' (or a \\boxed answer in 'solution')",
-                              source=lambda row, p: p.name, limit=limit)
+    return load_question_file(
+        path,
+        what="math task file",
+        key="env.math.tasks",
+        kinds={".json": "json", ".jsonl": "jsonl", ".parquet": "parquet"},
+        question_keys=QUESTION_KEYS,
+        answer=_answer,
+        no_answer="expected 'answer' (or a \\boxed answer in 'solution')",
+        source=lambda row, p: p.name,
+        limit=limit,
+    )

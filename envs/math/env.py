@@ -30,7 +30,11 @@ from tracerl.grading import Grader
 from tracerl.types import Prompt
 
 DISCARDED = "[This cell did not finish normally; its state was discarded: later calls run without it.]"
-PYTHON = ToolSpec("python", "Run Python code in a fresh sandbox and return what it prints. Earlier cells are re-run first.", ("code",))
+PYTHON = ToolSpec(
+    "python",
+    "Run Python code in a fresh sandbox and return what it prints. Earlier cells are re-run first.",
+    ("code",),
+)
 
 
 @ENVS.register("math")
@@ -38,7 +42,9 @@ class MathEnv:
     fork_mode = "replay"
     tools: Sequence[ToolSpec] = (PYTHON,)
 
-    def __init__(self, sandbox: SandboxConfig | None = None, stateful: bool = True, reward_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, sandbox: SandboxConfig | None = None, stateful: bool = True, reward_timeout_s: float = 10.0
+    ) -> None:
         self.sandbox = Sandbox(sandbox or SandboxConfig())
         self.grader = Grader(reward_timeout_s, PRELOAD)
         """math-verify's worker (started on the first answer exact match cannot settle)."""
@@ -62,13 +68,21 @@ class MathEnv:
         """
         m = self.task_cfg
         if self._tasks is None:
-            self._tasks = {} if m is None or m.tasks != "generated" else {
-                t.question: t for held in (False, True)
-                for t in generate(m.eval_tasks if held else m.num_tasks, seed=m.task_seed, held_out=held)}
+            self._tasks = (
+                {}
+                if m is None or m.tasks != "generated"
+                else {
+                    t.question: t
+                    for held in (False, True)
+                    for t in generate(m.eval_tasks if held else m.num_tasks, seed=m.task_seed, held_out=held)
+                }
+            )
         task = self._tasks.get(prompt.text)
         if task is None:
-            raise ValueError(f"no reference solution for {prompt.prompt_id!r}: gold turns exist only for the "
-                             "generated math tasks of this config (env.math.tasks=generated)")
+            raise ValueError(
+                f"no reference solution for {prompt.prompt_id!r}: gold turns exist only for the "
+                "generated math tasks of this config (env.math.tasks=generated)"
+            )
         turns = [tool_turn_text(template, s.thought, "python", {"code": s.code}) for s in task.steps]
         return [*turns, answer_turn_text(template, task.final_thought, task.answer)]
 

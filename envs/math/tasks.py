@@ -57,7 +57,12 @@ def _level1(rng: np.random.Generator) -> tuple[str, str, list[Step], str]:
     a, b, op = _num(rng, 1), _num(rng, 1), str(rng.choice(list(_OPS)))
     r = _OPS[op](a, b)
     code = f"print({a} {op} {b})"
-    return f"What is {a} {op} {b}?", str(r), [Step(f"I will compute {a} {op} {b} with Python.", code, str(r))], f"The result is {r}."
+    return (
+        f"What is {a} {op} {b}?",
+        str(r),
+        [Step(f"I will compute {a} {op} {b} with Python.", code, str(r))],
+        f"The result is {r}.",
+    )
 
 
 def _level2(rng: np.random.Generator) -> tuple[str, str, list[Step], str]:
@@ -65,7 +70,12 @@ def _level2(rng: np.random.Generator) -> tuple[str, str, list[Step], str]:
     o1, o2 = (str(rng.choice(list(_OPS))) for _ in range(2))
     r = _OPS[o2](_OPS[o1](a, b), c)
     expr = f"({a} {o1} {b}) {o2} {c}"
-    return f"Compute {expr}.", str(r), [Step("I will evaluate the expression with Python.", f"print({expr})", str(r))], f"The value is {r}."
+    return (
+        f"Compute {expr}.",
+        str(r),
+        [Step("I will evaluate the expression with Python.", f"print({expr})", str(r))],
+        f"The value is {r}.",
+    )
 
 
 def _level3(rng: np.random.Generator) -> tuple[str, str, list[Step], str]:
@@ -74,11 +84,17 @@ def _level3(rng: np.random.Generator) -> tuple[str, str, list[Step], str]:
     out = int(rng.integers(1, total))
     item, place = str(rng.choice(_ITEMS)), str(rng.choice(_PLACES))
     workers = int(rng.integers(3, 60))
-    q = (f"A {place} has {boxes} boxes with {per} {item} in each box. It has {workers} workers. "
-         f"Then {out} {item} are given away. How many {item} are left?")
+    q = (
+        f"A {place} has {boxes} boxes with {per} {item} in each box. It has {workers} workers. "
+        f"Then {out} {item} are given away. How many {item} are left?"
+    )
     steps = [
         Step(f"First I find how many {item} there are in total.", f"print({boxes} * {per})", str(total)),
-        Step(f"Now I subtract the {out} {item} given away; the workers do not matter.", f"print({total} - {out})", str(total - out)),
+        Step(
+            f"Now I subtract the {out} {item} given away; the workers do not matter.",
+            f"print({total} - {out})",
+            str(total - out),
+        ),
     ]
     return q, str(total - out), steps, f"There are {total - out} {item} left."
 
@@ -98,7 +114,7 @@ def _level5(rng: np.random.Generator) -> tuple[str, str, list[Step], str]:
     d = p - c
     r = d % m
     noise = int(rng.integers(100, 999))
-    q = (f"Let p = {a} * {b} and d = p - {c}. The number {noise} is unrelated. What is the remainder of d divided by {m}?")
+    q = f"Let p = {a} * {b} and d = p - {c}. The number {noise} is unrelated. What is the remainder of d divided by {m}?"
     steps = [
         Step("First I compute p.", f"print({a} * {b})", str(p)),
         Step("Next d = p - c.", f"print({p} - {c})", str(d)),
@@ -108,7 +124,11 @@ def _level5(rng: np.random.Generator) -> tuple[str, str, list[Step], str]:
 
 
 _MAKERS: dict[int, Callable[[np.random.Generator], tuple[str, str, list[Step], str]]] = {
-    1: _level1, 2: _level2, 3: _level3, 4: _level4, 5: _level5,
+    1: _level1,
+    2: _level2,
+    3: _level3,
+    4: _level4,
+    5: _level5,
 }
 
 
@@ -127,7 +147,9 @@ def is_held_out(task: MathTask, held_out_fraction: float = 0.2) -> bool:
     return h / 0xFFFFFFFF < held_out_fraction
 
 
-def generate(n: int, seed: int = 0, held_out: bool | None = None, levels: tuple[int, ...] = LEVELS) -> list[MathTask]:
+def generate(
+    n: int, seed: int = 0, held_out: bool | None = None, levels: tuple[int, ...] = LEVELS
+) -> list[MathTask]:
     """``n`` distinct tasks (by question), cycling levels, optionally only one side of the split."""
     out: list[MathTask] = []
     seen: set[str] = set()

@@ -44,7 +44,15 @@ def load_qa_file(path: str | Path, limit: int | None = None) -> list[Prompt]:
         DataFileError: unsupported extension, an empty or malformed file, or a record without a question or an
             answer (the message names the file and the record).
     """
-    return load_question_file(path, what="search question file", key="env.search.tasks",
-                              kinds={".json": "json", ".jsonl": "jsonl", ".csv": "csv"}, question_keys=QUESTION_KEYS,
-                              answer=_answer, no_answer=f"expected one of {ANSWER_KEYS}", answer_keys=ANSWER_KEYS,
-                              source=lambda row, p: str(row.get("type") or p.stem), limit=limit)
+    return load_question_file(
+        path,
+        what="search question file",
+        key="env.search.tasks",
+        kinds={".json": "json", ".jsonl": "jsonl", ".csv": "csv"},
+        question_keys=QUESTION_KEYS,
+        answer=_answer,
+        no_answer=f"expected one of {ANSWER_KEYS}",
+        answer_keys=ANSWER_KEYS,
+        source=lambda row, p: str(row.get("type") or p.stem),
+        limit=limit,
+    )

@@ -50,15 +50,19 @@ def build_retriever(search_cfg: Any) -> BM25Retriever:
     if search_cfg.tasks == "generated" and not search_cfg.corpus:
         return BM25Retriever(build_world(search_cfg.task_seed).passages)
     if not search_cfg.corpus:
-        raise ValueError(f"env.search.tasks={search_cfg.tasks!r} is a question file: set env.search.corpus to a "
-                         "FlashRAG/Search-R1 JSONL corpus to search (the generated world brings its own corpus)")
+        raise ValueError(
+            f"env.search.tasks={search_cfg.tasks!r} is a question file: set env.search.corpus to a "
+            "FlashRAG/Search-R1 JSONL corpus to search (the generated world brings its own corpus)"
+        )
     return BM25Retriever(read_corpus(search_cfg.corpus))
 
 
 @lru_cache(maxsize=4)
 def _question_patterns() -> list[tuple[str, re.Pattern[str]]]:
-    return [(name, re.compile("^" + re.escape(text).replace(r"\{\}", "(.+)") + "$"))
-            for name, (_, text, _) in TEMPLATES.items()]
+    return [
+        (name, re.compile("^" + re.escape(text).replace(r"\{\}", "(.+)") + "$"))
+        for name, (_, text, _) in TEMPLATES.items()
+    ]
 
 
 def question_of(world: World, text: str) -> Question | None:
@@ -79,8 +83,15 @@ class SearchEnv:
     fork_mode = "snapshot"
     tools: Sequence[ToolSpec] = (SEARCH,)
 
-    def __init__(self, retriever: Any, top_k: int = 3, reward: str = "f1", f1_threshold: float = 0.3,
-                 world_seed: int | None = 0, reward_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        retriever: Any,
+        top_k: int = 3,
+        reward: str = "f1",
+        f1_threshold: float = 0.3,
+        world_seed: int | None = 0,
+        reward_timeout_s: float = 10.0,
+    ) -> None:
         """``retriever`` has ``search(query, k) -> list[Passage]`` (local, or a shared actor's proxy);
         ``world_seed`` names the generated world whose questions have reference turns (None: no world)."""
         self.retriever, self.top_k = retriever, top_k
@@ -111,12 +122,16 @@ class SearchEnv:
         n = s.eval_tasks if held_out else s.num_tasks
         if s.tasks == "generated":
             world = build_world(s.task_seed)
-            return [Prompt(q.task_id, q.question, q.answer, source=f"generated-H{q.level}")
-                    for q in generate(world, n, held_out=held_out)]
+            return [
+                Prompt(q.task_id, q.question, q.answer, source=f"generated-H{q.level}")
+                for q in generate(world, n, held_out=held_out)
+            ]
         side = [p for p in load_qa_file(s.tasks) if is_held_out(p.text, s.held_out_fraction) == held_out]
         if not side:
-            raise ValueError(f"{s.tasks}: no {'held-out' if held_out else 'training'} questions at "
-                             f"env.search.held_out_fraction={s.held_out_fraction}; change the fraction")
+            raise ValueError(
+                f"{s.tasks}: no {'held-out' if held_out else 'training'} questions at "
+                f"env.search.held_out_fraction={s.held_out_fraction}; change the fraction"
+            )
         return side[:n]
 
     @staticmethod
@@ -186,7 +201,9 @@ class SearchEnv:
         """
         q = question_of(build_world(self.world_seed), prompt.text) if self.world_seed is not None else None
         if q is None:
-            raise ValueError(f"no reference solution for {prompt.prompt_id!r}: gold turns exist only for the "
-                             "generated multi-hop world (env.search.tasks=generated)")
+            raise ValueError(
+                f"no reference solution for {prompt.prompt_id!r}: gold turns exist only for the "
+                "generated multi-hop world (env.search.tasks=generated)"
+            )
         turns = [tool_turn_text(template, h.thought, "search", {"query": h.query}) for h in q.hops]
         return [*turns, answer_turn_text(template, q.final_thought, q.answer)]

@@ -33,7 +33,9 @@ class Passage:
 
     def render(self) -> str:
         """How a search result shows the passage to the agent."""
-        if not self.title or self.text.startswith(self.title):  # no need to repeat a title the text begins with
+        if not self.title or self.text.startswith(
+            self.title
+        ):  # no need to repeat a title the text begins with
             return self.text
         return f"{self.title}: {self.text}"
 
@@ -55,14 +57,17 @@ def read_corpus(path: str | Path, limit: int | None = None) -> list[Passage]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
-            f"search corpus not found: {path}; set env.search.corpus to a FlashRAG/Search-R1 JSONL file ({CORPUS_FORMAT})")
+            f"search corpus not found: {path}; set env.search.corpus to a FlashRAG/Search-R1 JSONL file ({CORPUS_FORMAT})"
+        )
     out = []
     for i, (where, row) in enumerate(read_records(path, "jsonl", "search corpus", CORPUS_FORMAT, limit)):
         field = "contents" if row.get("contents") is not None else "text"
         if not isinstance(row.get(field), str):
             got = "no 'contents' or 'text' field" if row.get(field) is None else f"'{field}' is not text"
-            raise DataFileError(f"{path} {where}: {got} (have: {describe_fields(row)}); "
-                                f"a corpus passage needs a 'contents' (\"Title\\ntext\") or a 'text' field")
+            raise DataFileError(
+                f"{path} {where}: {got} (have: {describe_fields(row)}); "
+                f"a corpus passage needs a 'contents' (\"Title\\ntext\") or a 'text' field"
+            )
         if field == "contents":
             title, _, text = row["contents"].partition("\n")
             title, text = title.strip().strip('"'), text.strip()
@@ -108,7 +113,9 @@ class BM25Retriever:
         query = _SPACES.sub(" ", query[:MAX_QUERY_CHARS]).strip()
         if not query:
             return []
-        parsed, _errors = self._index.parse_query_lenient(query, ["title", "body"], field_boosts={"title": TITLE_BOOST})
+        parsed, _errors = self._index.parse_query_lenient(
+            query, ["title", "body"], field_boosts={"title": TITLE_BOOST}
+        )
         hits = self._searcher.search(parsed, k).hits
         return [self.passages[int(self._searcher.doc(addr)["row"][0])] for _score, addr in hits]
 

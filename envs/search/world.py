@@ -32,7 +32,28 @@ import numpy as np
 from envs.search.index import Passage
 
 HOPS = (2, 3, 4)
-_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "st", "th", "tr"]
+_ONSETS = [
+    "b",
+    "d",
+    "f",
+    "g",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "z",
+    "br",
+    "dr",
+    "kr",
+    "st",
+    "th",
+    "tr",
+]
 _VOWELS = ["a", "e", "i", "o", "u", "ai", "ea", "io"]
 _CODAS = ["", "", "n", "r", "l", "s", "th", "x", "m", "nd"]
 _COMPANY_KINDS = ["Group", "Works", "Labs", "Industries", "Foods", "Motors", "Systems", "Media"]
@@ -85,7 +106,9 @@ def _words(rng: np.random.Generator, n: int, syllables: tuple[int, int], taken: 
     out: list[str] = []
     while len(out) < n:
         k = int(rng.integers(syllables[0], syllables[1] + 1))
-        w = "".join(str(rng.choice(_ONSETS)) + str(rng.choice(_VOWELS)) for _ in range(k)) + str(rng.choice(_CODAS))
+        w = "".join(str(rng.choice(_ONSETS)) + str(rng.choice(_VOWELS)) for _ in range(k)) + str(
+            rng.choice(_CODAS)
+        )
         w = w.capitalize()
         if w not in taken and len(w) >= 4:
             taken.add(w)
@@ -98,8 +121,13 @@ def _doc(kind: str, name: str) -> str:
 
 
 @lru_cache(maxsize=8)
-def build_world(seed: int = 0, num_people: int = 1500, num_companies: int = 300, num_cities: int = 120,
-                num_countries: int = 20) -> World:
+def build_world(
+    seed: int = 0,
+    num_people: int = 1500,
+    num_companies: int = 300,
+    num_cities: int = 120,
+    num_countries: int = 20,
+) -> World:
     """The world of ``seed`` (cached: every environment of a run shares one build)."""
     rng = np.random.default_rng([seed, 7])
     taken: set[str] = set()
@@ -110,61 +138,133 @@ def build_world(seed: int = 0, num_people: int = 1500, num_companies: int = 300,
     people = [f"{firsts[int(p) // len(lasts)]} {lasts[int(p) % len(lasts)]}" for p in pairs]
     stems = _words(rng, num_companies, (2, 2), taken)
     companies = [f"{s} {rng.choice(_COMPANY_KINDS)}" for s in stems]
-    country = {c: countries[i % num_countries] if i < num_countries else str(rng.choice(countries))
-               for i, c in enumerate(cities)}
+    country = {
+        c: countries[i % num_countries] if i < num_countries else str(rng.choice(countries))
+        for i, c in enumerate(cities)
+    }
     born = {p: str(rng.choice(cities)) for p in people}
     works = {p: str(rng.choice(companies)) for p in people}
     founders = rng.choice(len(people), size=num_companies, replace=False)
     founder = {k: people[int(i)] for k, i in zip(companies, founders)}
     hq = {k: str(rng.choice(cities)) for k in companies}
-    passages = [Passage(_doc("person", p), p, f"{p} was born in {born[p]}. {p} works for {works[p]}.") for p in people]
-    passages += [Passage(_doc("company", k), k, f"{k} was founded by {founder[k]}. {k} is headquartered in {hq[k]}.")
-                 for k in companies]
+    passages = [
+        Passage(_doc("person", p), p, f"{p} was born in {born[p]}. {p} works for {works[p]}.") for p in people
+    ]
+    passages += [
+        Passage(_doc("company", k), k, f"{k} was founded by {founder[k]}. {k} is headquartered in {hq[k]}.")
+        for k in companies
+    ]
     passages += [Passage(_doc("city", c), c, f"{c} is a city in {country[c]}.") for c in cities]
-    passages += [Passage(_doc("country", n), n, f"{n} is a country with {sum(v == n for v in country.values())} cities.")
-                 for n in countries]
+    passages += [
+        Passage(
+            _doc("country", n), n, f"{n} is a country with {sum(v == n for v in country.values())} cities."
+        )
+        for n in countries
+    ]
     # Distractors: they name entities without stating any relation.
     for c in cities:
         guest = people[int(rng.integers(len(people)))]
-        passages.append(Passage(_doc("festival", c), f"{c} Festival",
-                                f"The {c} Festival is held every spring. {guest} once gave a speech there."))
+        passages.append(
+            Passage(
+                _doc("festival", c),
+                f"{c} Festival",
+                f"The {c} Festival is held every spring. {guest} once gave a speech there.",
+            )
+        )
     for k in companies:
         guest = people[int(rng.integers(len(people)))]
-        passages.append(Passage(_doc("report", k), f"{k} annual report",
-                                f"The {k} annual report praised {guest} and the staff in {rng.choice(cities)}."))
-    return World(seed, tuple(people), tuple(companies), tuple(cities), tuple(countries), born, works, founder, hq,
-                 country, tuple(passages))
+        passages.append(
+            Passage(
+                _doc("report", k),
+                f"{k} annual report",
+                f"The {k} annual report praised {guest} and the staff in {rng.choice(cities)}.",
+            )
+        )
+    return World(
+        seed,
+        tuple(people),
+        tuple(companies),
+        tuple(cities),
+        tuple(countries),
+        born,
+        works,
+        founder,
+        hq,
+        country,
+        tuple(passages),
+    )
 
 
 # relation name -> (object of the subject, fact sentence, what the agent looks for, passage kind)
 _Rel = tuple[Callable[[World, str], str], Callable[[str, str], str], Callable[[str], str], str]
 RELATIONS: dict[str, _Rel] = {
-    "born": (lambda w, s: w.born[s], lambda s, o: f"{s} was born in {o}.", lambda s: f"where {s} was born", "person"),
-    "works": (lambda w, s: w.works[s], lambda s, o: f"{s} works for {o}.", lambda s: f"who {s} works for", "person"),
-    "founder": (lambda w, s: w.founder[s], lambda s, o: f"{s} was founded by {o}.", lambda s: f"who founded {s}",
-                "company"),
-    "hq": (lambda w, s: w.hq[s], lambda s, o: f"{s} is headquartered in {o}.",
-           lambda s: f"where {s} is headquartered", "company"),
-    "country": (lambda w, s: w.country[s], lambda s, o: f"{s} is a city in {o}.", lambda s: f"which country {s} is in",
-                "city"),
+    "born": (
+        lambda w, s: w.born[s],
+        lambda s, o: f"{s} was born in {o}.",
+        lambda s: f"where {s} was born",
+        "person",
+    ),
+    "works": (
+        lambda w, s: w.works[s],
+        lambda s, o: f"{s} works for {o}.",
+        lambda s: f"who {s} works for",
+        "person",
+    ),
+    "founder": (
+        lambda w, s: w.founder[s],
+        lambda s, o: f"{s} was founded by {o}.",
+        lambda s: f"who founded {s}",
+        "company",
+    ),
+    "hq": (
+        lambda w, s: w.hq[s],
+        lambda s, o: f"{s} is headquartered in {o}.",
+        lambda s: f"where {s} is headquartered",
+        "company",
+    ),
+    "country": (
+        lambda w, s: w.country[s],
+        lambda s, o: f"{s} is a city in {o}.",
+        lambda s: f"which country {s} is in",
+        "city",
+    ),
 }
 
 # template name -> (hops, start kind, question text, relation chain)
 TEMPLATES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "birth_country": ("person", "In which country was {} born?", ("born", "country")),
-    "employer_hq": ("person", "In which city is the company that {} works for headquartered?", ("works", "hq")),
+    "employer_hq": (
+        "person",
+        "In which city is the company that {} works for headquartered?",
+        ("works", "hq"),
+    ),
     "employer_founder": ("person", "Who founded the company that {} works for?", ("works", "founder")),
     "founder_birthplace": ("company", "Where was the founder of {} born?", ("founder", "born")),
-    "employer_country": ("person", "In which country is the company that {} works for headquartered?",
-                         ("works", "hq", "country")),
-    "founder_country": ("company", "In which country was the founder of {} born?", ("founder", "born", "country")),
-    "employer_founder_birthplace": ("person", "Where was the founder of the company that {} works for born?",
-                                    ("works", "founder", "born")),
-    "employer_founder_country": ("person", "In which country was the founder of the company that {} works for born?",
-                                 ("works", "founder", "born", "country")),
-    "founder_employer_country": ("company",
-                                 "In which country is the company that employs the founder of {} headquartered?",
-                                 ("founder", "works", "hq", "country")),
+    "employer_country": (
+        "person",
+        "In which country is the company that {} works for headquartered?",
+        ("works", "hq", "country"),
+    ),
+    "founder_country": (
+        "company",
+        "In which country was the founder of {} born?",
+        ("founder", "born", "country"),
+    ),
+    "employer_founder_birthplace": (
+        "person",
+        "Where was the founder of the company that {} works for born?",
+        ("works", "founder", "born"),
+    ),
+    "employer_founder_country": (
+        "person",
+        "In which country was the founder of the company that {} works for born?",
+        ("works", "founder", "born", "country"),
+    ),
+    "founder_employer_country": (
+        "company",
+        "In which country is the company that employs the founder of {} headquartered?",
+        ("founder", "works", "hq", "country"),
+    ),
 }
 _BY_HOPS = {h: [name for name, (_, _, chain) in TEMPLATES.items() if len(chain) == h] for h in HOPS}
 
@@ -176,7 +276,9 @@ def solve(world: World, template: str, start: str) -> Question:
     subject, known = start, ""
     for rel in chain:
         obj_of, fact_of, need_of, subject_kind = RELATIONS[rel]
-        thought = f"I need to find {need_of(subject)}." if not known else f"{known} Next I need {need_of(subject)}."
+        thought = (
+            f"I need to find {need_of(subject)}." if not known else f"{known} Next I need {need_of(subject)}."
+        )
         obj = obj_of(world, subject)
         known = fact_of(subject, obj)
         hops.append(Hop(thought, subject, known, _doc(subject_kind, subject)))
@@ -202,8 +304,9 @@ def is_held_out(question: str, held_out_fraction: float = 0.2) -> bool:
     return h / 0xFFFFFFFF < held_out_fraction
 
 
-def generate(world: World, n: int, held_out: bool | None = None, hops: tuple[int, ...] = HOPS,
-             start: int = 0) -> list[Question]:
+def generate(
+    world: World, n: int, held_out: bool | None = None, hops: tuple[int, ...] = HOPS, start: int = 0
+) -> list[Question]:
     """``n`` distinct questions (by text) of ``world``, cycling hop counts, optionally one side of the split."""
     out: list[Question] = []
     seen: set[str] = set()
@@ -212,7 +315,9 @@ def generate(world: World, n: int, held_out: bool | None = None, hops: tuple[int
         q = make_question(world, index, hops[index % len(hops)])
         index += 1
         if index > start + 50 * n + 1000:
-            raise ValueError(f"could not generate {n} distinct questions of this world; lower the number of tasks")
+            raise ValueError(
+                f"could not generate {n} distinct questions of this world; lower the number of tasks"
+            )
         if q.question in seen or (held_out is not None and is_held_out(q.question) != held_out):
             continue
         seen.add(q.question)

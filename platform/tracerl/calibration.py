@@ -99,7 +99,13 @@ def collect_calibration(outcome: StepOutcome, acc: CalibrationData | None = None
                 leaves[node.node_id].append(float(node.reward or 0.0))
             if node.parent is not None:
                 leaves[node.parent].extend(leaves[node.node_id])
-        add("roots", float(outcome.root_scores[index[id(tree.prompt)]]), float(v[0]), leaves[0], tree.prompt.true_value)
+        add(
+            "roots",
+            float(outcome.root_scores[index[id(tree.prompt)]]),
+            float(v[0]),
+            leaves[0],
+            tree.prompt.true_value,
+        )
         for node_id, p in by_tree.get(ti, []):
             node = tree.nodes[node_id]
             add("prefixes", p, float(v[node_id]), leaves[node_id], node.true_value)
@@ -118,5 +124,7 @@ def mean_calibration(cals: Sequence[dict[str, dict[str, float]]]) -> dict[str, d
     for group in sorted({g for c in cals for g in c}):
         keys = sorted({k for c in cals for k in c.get(group, {})})
         vals = {k: [c[group][k] for c in cals if group in c and k in c[group]] for k in keys}
-        out[group] = {k: float(np.nanmean(v)) if not all(np.isnan(v)) else float("nan") for k, v in vals.items()}
+        out[group] = {
+            k: float(np.nanmean(v)) if not all(np.isnan(v)) else float("nan") for k, v in vals.items()
+        }
     return out

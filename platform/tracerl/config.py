@@ -37,10 +37,17 @@ class AllocatorConfig:
 
     def __post_init__(self) -> None:
         _check(self.m_min >= 1, f"allocator.m_min must be >= 1 (got {self.m_min})")
-        _check(self.m_max >= self.m_min, f"allocator.m_max must be >= allocator.m_min (got {self.m_max} < {self.m_min})")
+        _check(
+            self.m_max >= self.m_min,
+            f"allocator.m_max must be >= allocator.m_min (got {self.m_max} < {self.m_min})",
+        )
         _check(self.k_max >= 0, f"allocator.k_max must be >= 0, 0 for no cap (got {self.k_max})")
-        _check(self.root_group_size >= 1, f"allocator.root_group_size must be >= 1 (got {self.root_group_size})")
-        _check(self.max_gen_batches >= 1, f"allocator.max_gen_batches must be >= 1 (got {self.max_gen_batches})")
+        _check(
+            self.root_group_size >= 1, f"allocator.root_group_size must be >= 1 (got {self.root_group_size})"
+        )
+        _check(
+            self.max_gen_batches >= 1, f"allocator.max_gen_batches must be >= 1 (got {self.max_gen_batches})"
+        )
 
 
 @dataclass(frozen=True)
@@ -64,8 +71,10 @@ class BudgetConfig:
 
     def __post_init__(self) -> None:
         n = self.continuations
-        _check(self.token_budget is None or self.token_budget >= 1,
-               f"budget.token_budget must be >= 1 or null (got {self.token_budget})")
+        _check(
+            self.token_budget is None or self.token_budget >= 1,
+            f"budget.token_budget must be >= 1 or null (got {self.token_budget})",
+        )
         _check(n >= 0, f"budget.continuations must be >= 0 (got {n})")
         _check(self.group_size >= 2, f"budget.group_size must be >= 2 (got {self.group_size})")
         _check(self.pool_factor >= 1, f"budget.pool_factor must be >= 1 (got {self.pool_factor})")
@@ -169,16 +178,28 @@ class PredictorConfig:
     question and history) or 'policy' (the policy's last hidden state, stop-gradient)."""
 
     def __post_init__(self) -> None:
-        _check(self.targets in ("recursive", "debiased"),
-               f"predictor.targets must be recursive or debiased (got {self.targets!r})")
-        _check(self.features in ("numeric", "hashed", "policy"),
-               f"predictor.features must be numeric, hashed or policy (got {self.features!r})")
+        _check(
+            self.targets in ("recursive", "debiased"),
+            f"predictor.targets must be recursive or debiased (got {self.targets!r})",
+        )
+        _check(
+            self.features in ("numeric", "hashed", "policy"),
+            f"predictor.features must be numeric, hashed or policy (got {self.features!r})",
+        )
         _check(self.warmup_steps >= 0, f"predictor.warmup_steps must be >= 0 (got {self.warmup_steps})")
-        _check(0.0 <= self.constant_value <= 1.0, f"predictor.constant_value must be in [0, 1] (got {self.constant_value})")
-        _check(self.prior_alpha > 0 and self.prior_beta > 0, "predictor.prior_alpha and prior_beta must be > 0")
+        _check(
+            0.0 <= self.constant_value <= 1.0,
+            f"predictor.constant_value must be in [0, 1] (got {self.constant_value})",
+        )
+        _check(
+            self.prior_alpha > 0 and self.prior_beta > 0, "predictor.prior_alpha and prior_beta must be > 0"
+        )
         _check(0.0 < self.discount <= 1.0, f"predictor.discount must be in (0, 1] (got {self.discount})")
         _check(self.hidden_size >= 1, f"predictor.hidden_size must be >= 1 (got {self.hidden_size})")
-        _check(self.embedding_buckets >= 0, f"predictor.embedding_buckets must be >= 0 (got {self.embedding_buckets})")
+        _check(
+            self.embedding_buckets >= 0,
+            f"predictor.embedding_buckets must be >= 0 (got {self.embedding_buckets})",
+        )
         _check(self.lr > 0 and self.embedding_lr > 0, "predictor.lr and predictor.embedding_lr must be > 0")
         _check(self.fit_steps >= 1, f"predictor.fit_steps must be >= 1 (got {self.fit_steps})")
         _check(self.batch_size >= 1, f"predictor.batch_size must be >= 1 (got {self.batch_size})")
@@ -214,18 +235,26 @@ class SimulatorConfig:
 
     def __post_init__(self) -> None:
         k = len(self.mix_weights)
-        _check(k >= 1 and len(self.mix_means) == k and len(self.mix_stds) == k,
-               "env.simulator.mix_weights, mix_means and mix_stds must have the same non-zero length")
-        _check(all(w >= 0 for w in self.mix_weights) and sum(self.mix_weights) > 0,
-               "env.simulator.mix_weights must be non-negative with a positive sum")
+        _check(
+            k >= 1 and len(self.mix_means) == k and len(self.mix_stds) == k,
+            "env.simulator.mix_weights, mix_means and mix_stds must have the same non-zero length",
+        )
+        _check(
+            all(w >= 0 for w in self.mix_weights) and sum(self.mix_weights) > 0,
+            "env.simulator.mix_weights must be non-negative with a positive sum",
+        )
         _check(all(s >= 0 for s in self.mix_stds), "env.simulator.mix_stds must be >= 0")
         _check(self.num_prompts >= 1, f"env.simulator.num_prompts must be >= 1 (got {self.num_prompts})")
-        _check(1 <= self.min_turns <= self.max_turns,
-               f"env.simulator needs 1 <= min_turns <= max_turns (got {self.min_turns}, {self.max_turns})")
+        _check(
+            1 <= self.min_turns <= self.max_turns,
+            f"env.simulator needs 1 <= min_turns <= max_turns (got {self.min_turns}, {self.max_turns})",
+        )
         _check(self.concentration > 0, f"env.simulator.concentration must be > 0 (got {self.concentration})")
         _check(self.prompt_feature_dim >= 1, "env.simulator.prompt_feature_dim must be >= 1")
-        _check(self.prompt_feature_noise >= 0 and self.prefix_feature_noise >= 0,
-               "env.simulator feature noises must be >= 0")
+        _check(
+            self.prompt_feature_noise >= 0 and self.prefix_feature_noise >= 0,
+            "env.simulator feature noises must be >= 0",
+        )
         _check(self.drift_std >= 0, f"env.simulator.drift_std must be >= 0 (got {self.drift_std})")
 
 
@@ -261,7 +290,10 @@ class SandboxConfig:
         _check(self.max_processes >= 1, f"sandbox.max_processes must be >= 1 (got {self.max_processes})")
         _check(self.max_file_mb >= 1, f"sandbox.max_file_mb must be >= 1 (got {self.max_file_mb})")
         _check(self.max_open_files >= 16, f"sandbox.max_open_files must be >= 16 (got {self.max_open_files})")
-        _check(self.max_output_chars >= 16, f"sandbox.max_output_chars must be >= 16 (got {self.max_output_chars})")
+        _check(
+            self.max_output_chars >= 16,
+            f"sandbox.max_output_chars must be >= 16 (got {self.max_output_chars})",
+        )
         _check(self.uid_base >= 1000, f"sandbox.uid_base must be >= 1000 (got {self.uid_base})")
 
 
@@ -311,15 +343,24 @@ class SearchEnvConfig:
     """Share of questions (by a stable hash of their text) on the held-out side; the rest are for training."""
 
     def __post_init__(self) -> None:
-        _check(self.num_tasks >= 1 and self.eval_tasks >= 1, "env.search.num_tasks and eval_tasks must be >= 1")
-        _check(0.0 < self.held_out_fraction < 1.0,
-               f"env.search.held_out_fraction must be in (0, 1) (got {self.held_out_fraction})")
-        _check(self.tasks == "generated" or bool(self.corpus),
-               f"env.search.tasks={self.tasks!r} is a question file: set env.search.corpus to a FlashRAG/Search-R1 "
-               "JSONL corpus (the generated world brings its own)")
+        _check(
+            self.num_tasks >= 1 and self.eval_tasks >= 1, "env.search.num_tasks and eval_tasks must be >= 1"
+        )
+        _check(
+            0.0 < self.held_out_fraction < 1.0,
+            f"env.search.held_out_fraction must be in (0, 1) (got {self.held_out_fraction})",
+        )
+        _check(
+            self.tasks == "generated" or bool(self.corpus),
+            f"env.search.tasks={self.tasks!r} is a question file: set env.search.corpus to a FlashRAG/Search-R1 "
+            "JSONL corpus (the generated world brings its own)",
+        )
         _check(self.top_k >= 1, f"env.search.top_k must be >= 1 (got {self.top_k})")
         _check(self.reward in ("em", "f1"), f"env.search.reward must be 'em' or 'f1' (got {self.reward!r})")
-        _check(0.0 <= self.f1_threshold <= 1.0, f"env.search.f1_threshold must be in [0, 1] (got {self.f1_threshold})")
+        _check(
+            0.0 <= self.f1_threshold <= 1.0,
+            f"env.search.f1_threshold must be in [0, 1] (got {self.f1_threshold})",
+        )
 
 
 @dataclass(frozen=True)
@@ -346,13 +387,20 @@ class BfclEnvConfig:
         _check(self.call_timeout_s > 0, f"env.bfcl.call_timeout_s must be > 0 (got {self.call_timeout_s})")
         _check(self.num_tasks >= 1 and self.eval_tasks >= 1, "env.bfcl.num_tasks and eval_tasks must be >= 1")
         _check(self.docs in ("full", "brief"), f"env.bfcl.docs must be 'full' or 'brief' (got {self.docs!r})")
-        _check(0.0 < self.test_fraction < 1.0, f"env.bfcl.test_fraction must be in (0, 1) (got {self.test_fraction})")
+        _check(
+            0.0 < self.test_fraction < 1.0,
+            f"env.bfcl.test_fraction must be in (0, 1) (got {self.test_fraction})",
+        )
         known = ("base", "miss_func", "miss_param", "long_context")
         bad = [c for c in self.categories if c not in known]
-        _check(bool(self.categories) and not bad,
-               f"env.bfcl.categories must be a non-empty list of {', '.join(known)} (got {list(self.categories)})")
-        _check(len(set(self.categories)) == len(self.categories),
-               f"env.bfcl.categories lists a category twice (got {list(self.categories)})")
+        _check(
+            bool(self.categories) and not bad,
+            f"env.bfcl.categories must be a non-empty list of {', '.join(known)} (got {list(self.categories)})",
+        )
+        _check(
+            len(set(self.categories)) == len(self.categories),
+            f"env.bfcl.categories lists a category twice (got {list(self.categories)})",
+        )
 
 
 @dataclass(frozen=True)
@@ -388,7 +436,10 @@ class ModelConfig:
     """Turn template: 'plain' (the tiny policy's format) or 'chat' (native tool calls in the chat template)."""
 
     def __post_init__(self) -> None:
-        _check(self.dtype in ("float32", "bfloat16", "float16"), f"model.dtype must be float32, bfloat16 or float16 (got {self.dtype!r})")
+        _check(
+            self.dtype in ("float32", "bfloat16", "float16"),
+            f"model.dtype must be float32, bfloat16 or float16 (got {self.dtype!r})",
+        )
 
 
 @dataclass(frozen=True)
@@ -414,8 +465,14 @@ class SamplerConfig:
 
     def __post_init__(self) -> None:
         _check(self.temperature >= 0, f"sampler.temperature must be >= 0 (got {self.temperature})")
-        _check(self.max_turns >= 1 and self.max_turn_tokens >= 1, "sampler.max_turns and max_turn_tokens must be >= 1")
-        _check(self.max_episode_tokens >= self.max_turn_tokens, "sampler.max_episode_tokens must be >= max_turn_tokens")
+        _check(
+            self.max_turns >= 1 and self.max_turn_tokens >= 1,
+            "sampler.max_turns and max_turn_tokens must be >= 1",
+        )
+        _check(
+            self.max_episode_tokens >= self.max_turn_tokens,
+            "sampler.max_episode_tokens must be >= max_turn_tokens",
+        )
         _check(self.batch_size >= 1, f"sampler.batch_size must be >= 1 (got {self.batch_size})")
 
 
@@ -506,15 +563,25 @@ class BootstrapConfig:
     def __post_init__(self) -> None:
         _check(self.family in ("math", "search"), f"family must be 'math' or 'search' (got {self.family!r})")
         _check(self.top_k >= 1, f"top_k must be >= 1 (got {self.top_k})")
-        _check(self.train_tasks >= 10 and self.eval_tasks >= 1, "bootstrap needs train_tasks >= 10 and eval_tasks >= 1")
+        _check(
+            self.train_tasks >= 10 and self.eval_tasks >= 1,
+            "bootstrap needs train_tasks >= 10 and eval_tasks >= 1",
+        )
         _check(self.hidden_size % self.num_heads == 0, "hidden_size must be a multiple of num_heads")
-        _check(self.steps >= 1 and self.batch_size >= 1 and self.lr > 0, "steps, batch_size and lr must be positive")
+        _check(
+            self.steps >= 1 and self.batch_size >= 1 and self.lr > 0,
+            "steps, batch_size and lr must be positive",
+        )
         _check(self.time_budget_s is None or self.time_budget_s > 0, "time_budget_s must be > 0 or null")
         _check(self.habit_steps >= 0 and self.habit_lr > 0, "habit_steps must be >= 0 and habit_lr > 0")
-        _check(self.init_from is None or self.habit_steps > 0,
-               "init_from re-uses a trained checkpoint: set habit_steps > 0 (otherwise there is nothing to train)")
-        _check(0.0 <= self.direct_answer_fraction <= 1.0,
-               f"direct_answer_fraction must be in [0, 1] (got {self.direct_answer_fraction})")
+        _check(
+            self.init_from is None or self.habit_steps > 0,
+            "init_from re-uses a trained checkpoint: set habit_steps > 0 (otherwise there is nothing to train)",
+        )
+        _check(
+            0.0 <= self.direct_answer_fraction <= 1.0,
+            f"direct_answer_fraction must be in [0, 1] (got {self.direct_answer_fraction})",
+        )
 
 
 def _lm_budget() -> BudgetConfig:
@@ -525,14 +592,20 @@ def _lm_env() -> EnvConfig:
     return EnvConfig(name="math")
 
 
-def _check_lm_setup(env: EnvConfig, allocators: Sequence[str] = (), predictor: PredictorConfig | None = None) -> None:
+def _check_lm_setup(
+    env: EnvConfig, allocators: Sequence[str] = (), predictor: PredictorConfig | None = None
+) -> None:
     """What a language-model workflow cannot run with: the simulator, or a predictor that needs its truth."""
-    _check(env.name != "simulator",
-           "language-model workflows need a ReAct tool environment: set env.name to math, search, bfcl "
-           "or a 'module:attr' environment class (the simulator serves bench allocation)")
-    _check("oracle_trace" not in allocators and (predictor is None or predictor.name != "oracle"),
-           "the oracle predictor (allocator=oracle_trace or predictor=oracle) needs the true success probabilities "
-           "only the simulator has: with a language model use allocator=trace and predictor=learned_text")
+    _check(
+        env.name != "simulator",
+        "language-model workflows need a ReAct tool environment: set env.name to math, search, bfcl "
+        "or a 'module:attr' environment class (the simulator serves bench allocation)",
+    )
+    _check(
+        "oracle_trace" not in allocators and (predictor is None or predictor.name != "oracle"),
+        "the oracle predictor (allocator=oracle_trace or predictor=oracle) needs the true success probabilities "
+        "only the simulator has: with a language model use allocator=trace and predictor=learned_text",
+    )
 
 
 @dataclass(frozen=True)
@@ -629,8 +702,18 @@ class BenchAllocationConfig:
     """Ray, used to run seeds in parallel when workers > 1."""
     workers: int = 2
     """Parallel runs (Ray tasks); 1 runs everything in this process without Ray."""
-    allocators: list[str] = field(default_factory=lambda: [
-        "grpo", "pcl", "dapo", "treepo", "trace_root_only", "trace_prefix_only", "trace", "oracle_trace"])
+    allocators: list[str] = field(
+        default_factory=lambda: [
+            "grpo",
+            "pcl",
+            "dapo",
+            "treepo",
+            "trace_root_only",
+            "trace_prefix_only",
+            "trace",
+            "oracle_trace",
+        ]
+    )
     """Allocators to compare."""
     steps: int = 150
     """RL steps per run."""
@@ -642,7 +725,9 @@ class BenchAllocationConfig:
     """Leading share of steps left out of the averages (the predictor's warm-up)."""
     noise_scales: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0])
     """Feature-noise multipliers for the informativeness sweep (empty: skip the sweep)."""
-    noise_allocators: list[str] = field(default_factory=lambda: ["grpo", "pcl", "treepo", "trace", "oracle_trace"])
+    noise_allocators: list[str] = field(
+        default_factory=lambda: ["grpo", "pcl", "treepo", "trace", "oracle_trace"]
+    )
     """Allocators in the informativeness sweep."""
     noise_seeds: int = 2
     """Seeds per point of the informativeness sweep."""
@@ -655,11 +740,17 @@ class BenchAllocationConfig:
         _check(self.steps >= 1, f"steps must be >= 1 (got {self.steps})")
         _check(self.workers >= 1, f"workers must be >= 1 (got {self.workers})")
         _check(self.seeds >= 1, f"seeds must be >= 1 (got {self.seeds})")
-        _check(0.0 <= self.warmup_fraction < 1.0, f"warmup_fraction must be in [0, 1) (got {self.warmup_fraction})")
+        _check(
+            0.0 <= self.warmup_fraction < 1.0,
+            f"warmup_fraction must be in [0, 1) (got {self.warmup_fraction})",
+        )
         _check(len(self.allocators) >= 1, "allocators must name at least one allocator")
         _check(all(s > 0 for s in self.noise_scales), "noise_scales must be > 0")
         _check(self.noise_seeds >= 1, "noise_seeds must be >= 1")
-        _check(self.env.name == "simulator", f"bench allocation runs on the simulator; got env.name={self.env.name!r}")
+        _check(
+            self.env.name == "simulator",
+            f"bench allocation runs on the simulator; got env.name={self.env.name!r}",
+        )
 
 
 @dataclass(frozen=True)
@@ -680,10 +771,18 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         _check(self.lr > 0, f"optim.lr must be > 0 (got {self.lr})")
-        _check(self.schedule in ("constant", "cosine", "linear"), f"optim.schedule must be constant, cosine or linear (got {self.schedule!r})")
-        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas must be two numbers in [0, 1)")
-        _check(self.warmup_steps >= 0 and self.grad_clip >= 0 and self.weight_decay >= 0,
-               "optim.warmup_steps, grad_clip and weight_decay must be >= 0")
+        _check(
+            self.schedule in ("constant", "cosine", "linear"),
+            f"optim.schedule must be constant, cosine or linear (got {self.schedule!r})",
+        )
+        _check(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+            "optim.betas must be two numbers in [0, 1)",
+        )
+        _check(
+            self.warmup_steps >= 0 and self.grad_clip >= 0 and self.weight_decay >= 0,
+            "optim.warmup_steps, grad_clip and weight_decay must be >= 0",
+        )
         _check(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio must be in [0, 1]")
 
 
@@ -716,12 +815,19 @@ class LossConfig:
 
     def __post_init__(self) -> None:
         _check(self.eps_low > 0 and self.eps_high > 0, "loss.eps_low and loss.eps_high must be > 0")
-        _check(self.aggregation in ("token_mean", "seq_mean_token_mean"),
-               f"loss.aggregation must be token_mean or seq_mean_token_mean (got {self.aggregation!r})")
-        _check(self.importance_sampling in ("auto", "on", "off"),
-               f"loss.importance_sampling must be auto, on or off (got {self.importance_sampling!r})")
+        _check(
+            self.aggregation in ("token_mean", "seq_mean_token_mean"),
+            f"loss.aggregation must be token_mean or seq_mean_token_mean (got {self.aggregation!r})",
+        )
+        _check(
+            self.importance_sampling in ("auto", "on", "off"),
+            f"loss.importance_sampling must be auto, on or off (got {self.importance_sampling!r})",
+        )
         _check(self.kl_coef >= 0 and self.is_cap >= 1, "loss.kl_coef must be >= 0 and loss.is_cap >= 1")
-        _check(self.epochs >= 1 and self.micro_batch_size >= 1, "loss.epochs and loss.micro_batch_size must be >= 1")
+        _check(
+            self.epochs >= 1 and self.micro_batch_size >= 1,
+            "loss.epochs and loss.micro_batch_size must be >= 1",
+        )
 
 
 @dataclass(frozen=True)
@@ -755,12 +861,18 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         _check(self.num_workers >= 1, f"trainer.num_workers must be >= 1 (got {self.num_workers})")
         _check(self.cpus_per_worker > 0, "trainer.cpus_per_worker must be > 0")
-        _check(self.strategy in ("ddp", "fsdp"), f"trainer.strategy must be ddp or fsdp (got {self.strategy!r})")
-        _check(self.master_dtype in ("float32", "bfloat16", "float16"),
-               f"trainer.master_dtype must be float32, bfloat16 or float16 (got {self.master_dtype!r})")
+        _check(
+            self.strategy in ("ddp", "fsdp"), f"trainer.strategy must be ddp or fsdp (got {self.strategy!r})"
+        )
+        _check(
+            self.master_dtype in ("float32", "bfloat16", "float16"),
+            f"trainer.master_dtype must be float32, bfloat16 or float16 (got {self.master_dtype!r})",
+        )
         _check(self.lora_rank >= 0, "trainer.lora_rank must be >= 0")
-        _check(self.lora_rank == 0 or (self.lora_alpha > 0 and len(self.lora_targets) > 0),
-               "trainer.lora_alpha must be > 0 and trainer.lora_targets non-empty when trainer.lora_rank > 0")
+        _check(
+            self.lora_rank == 0 or (self.lora_alpha > 0 and len(self.lora_targets) > 0),
+            "trainer.lora_alpha must be > 0 and trainer.lora_targets non-empty when trainer.lora_rank > 0",
+        )
 
 
 @dataclass(frozen=True)
@@ -779,8 +891,13 @@ class PoolConfig:
 
     def __post_init__(self) -> None:
         _check(self.rollout_workers >= 1, f"pools.rollout_workers must be >= 1 (got {self.rollout_workers})")
-        _check(self.env_workers >= 0 and self.max_retries >= 0, "pools.env_workers and pools.max_retries must be >= 0")
-        _check(self.rollout_cpus > 0 and self.env_cpus > 0, "pools.rollout_cpus and pools.env_cpus must be > 0")
+        _check(
+            self.env_workers >= 0 and self.max_retries >= 0,
+            "pools.env_workers and pools.max_retries must be >= 0",
+        )
+        _check(
+            self.rollout_cpus > 0 and self.env_cpus > 0, "pools.rollout_cpus and pools.env_cpus must be > 0"
+        )
 
 
 @dataclass(frozen=True)
@@ -819,10 +936,15 @@ class ChaosConfig:
     """After the run: resume its final checkpoint for this many more steps, with the drill's server still up (0: no)."""
 
     def __post_init__(self) -> None:
-        _check(min(self.actor_kills, self.trainer_kills, self.server_restarts, self.resume_steps) >= 0,
-               "chaos.actor_kills, trainer_kills, server_restarts and resume_steps must be >= 0")
+        _check(
+            min(self.actor_kills, self.trainer_kills, self.server_restarts, self.resume_steps) >= 0,
+            "chaos.actor_kills, trainer_kills, server_restarts and resume_steps must be >= 0",
+        )
         _check(0 <= self.min_gap_s <= self.max_gap_s, "chaos needs 0 <= min_gap_s <= max_gap_s")
-        _check(self.server_down_s >= 0 and self.phase_wait_s > 0, "chaos.server_down_s must be >= 0, phase_wait_s > 0")
+        _check(
+            self.server_down_s >= 0 and self.phase_wait_s > 0,
+            "chaos.server_down_s must be >= 0, phase_wait_s > 0",
+        )
 
 
 @dataclass(frozen=True)
@@ -867,19 +989,36 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check(self.steps >= 1, f"steps must be >= 1 (got {self.steps})")
         _check_lm_setup(self.env, [self.allocator.name], self.predictor)
-        _check(self.eval_every >= 0 and self.log_trees_every >= 0, "eval_every and log_trees_every must be >= 0")
-        _check(self.checkpoint_every >= 1 and self.keep_checkpoints >= 1,
-               "checkpoint_every and keep_checkpoints must be >= 1")
+        _check(
+            self.eval_every >= 0 and self.log_trees_every >= 0, "eval_every and log_trees_every must be >= 0"
+        )
+        _check(
+            self.checkpoint_every >= 1 and self.keep_checkpoints >= 1,
+            "checkpoint_every and keep_checkpoints must be >= 1",
+        )
         _check(self.max_failures >= 0, "max_failures must be >= 0")
-        _check(not self.chaos.enabled or self.max_failures >= self.chaos.trainer_kills,
-               f"chaos.trainer_kills={self.chaos.trainer_kills} needs max_failures >= it (got {self.max_failures})")
-        _check(self.allocator.name != "dapo" or self.budget.num_leaves is not None, "dapo needs budget.num_leaves")
-        _check(self.trainer.master_dtype in ("float32", self.model.dtype),
-               f"trainer.master_dtype={self.trainer.master_dtype} must be float32 or model.dtype "
-               f"({self.model.dtype}): master weights at least as precise as the compute")
-        _check(not (self.trainer.strategy == "fsdp" and self.trainer.num_workers > 1 and self.predictor.features == "policy"),
-               "predictor.features=policy reads the trainer's policy on rank 0 alone, which FSDP shards over every "
-               "rank: use predictor.features=hashed with trainer.strategy=fsdp")
+        _check(
+            not self.chaos.enabled or self.max_failures >= self.chaos.trainer_kills,
+            f"chaos.trainer_kills={self.chaos.trainer_kills} needs max_failures >= it (got {self.max_failures})",
+        )
+        _check(
+            self.allocator.name != "dapo" or self.budget.num_leaves is not None,
+            "dapo needs budget.num_leaves",
+        )
+        _check(
+            self.trainer.master_dtype in ("float32", self.model.dtype),
+            f"trainer.master_dtype={self.trainer.master_dtype} must be float32 or model.dtype "
+            f"({self.model.dtype}): master weights at least as precise as the compute",
+        )
+        _check(
+            not (
+                self.trainer.strategy == "fsdp"
+                and self.trainer.num_workers > 1
+                and self.predictor.features == "policy"
+            ),
+            "predictor.features=policy reads the trainer's policy on rank 0 alone, which FSDP shards over every "
+            "rank: use predictor.features=hashed with trainer.strategy=fsdp",
+        )
 
 
 @dataclass(frozen=True)
@@ -937,8 +1076,9 @@ class SweepConfig(TrainConfig):
     are cheaper (continuations re-use prefixes) gets more of them; L = num_leaves on the first step.
     """
 
-    space: dict[str, Any] = field(default_factory=lambda: {"budget.continuations": [1, 2, 3],
-                                                           "allocator.m_max": [4, 8, 16]})
+    space: dict[str, Any] = field(
+        default_factory=lambda: {"budget.continuations": [1, 2, 3], "allocator.m_max": [4, 8, 16]}
+    )
     """Dotted config key -> a list of choices, or {low, high[, log]} for a float range; group keys such as
     'allocator' choose a conf/ file by name."""
     num_samples: int = 4
@@ -963,22 +1103,41 @@ class SweepConfig(TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(self.num_samples >= 1 and self.max_concurrent_trials >= 1, "num_samples and max_concurrent_trials must be >= 1")
+        _check(
+            self.num_samples >= 1 and self.max_concurrent_trials >= 1,
+            "num_samples and max_concurrent_trials must be >= 1",
+        )
         _check(self.mode in ("max", "min"), f"mode must be max or min (got {self.mode!r})")
         _check(self.scope in ("last", "avg", "all"), f"scope must be last, avg or all (got {self.scope!r})")
         _check(self.scheduler in ("fifo", "asha"), f"scheduler must be fifo or asha (got {self.scheduler!r})")
         _check(bool(self.space), "space must name at least one key to sweep")
         for key, dom in self.space.items():
-            _check(isinstance(dom, list) and len(dom) >= 1 or isinstance(dom, dict) and {"low", "high"} <= set(dom),
-                   f"space.{key} must be a list of choices or {{low, high, log}} (got {dom!r})")
+            _check(
+                isinstance(dom, list)
+                and len(dom) >= 1
+                or isinstance(dom, dict)
+                and {"low", "high"} <= set(dom),
+                f"space.{key} must be a list of choices or {{low, high, log}} (got {dom!r})",
+            )
         for point in self.first_trials:
-            _check(isinstance(point, dict) and set(point) <= set(self.space),
-                   f"first_trials entries must map keys of space ({sorted(self.space)}) to values (got {point!r})")
-        _check(len(self.first_trials) <= self.num_samples, "first_trials must not hold more entries than num_samples")
+            _check(
+                isinstance(point, dict) and set(point) <= set(self.space),
+                f"first_trials entries must map keys of space ({sorted(self.space)}) to values (got {point!r})",
+            )
+        _check(
+            len(self.first_trials) <= self.num_samples,
+            "first_trials must not hold more entries than num_samples",
+        )
         leaves = self.budget.num_leaves
-        for n in self.space.get("budget.continuations", []) if isinstance(self.space.get("budget.continuations"), list) else []:
-            _check(leaves is not None and leaves % (1 + int(n)) == 0,
-                   f"budget.continuations choice {n}: L = budget.num_leaves = {leaves} must be divisible by 1 + N")
+        for n in (
+            self.space.get("budget.continuations", [])
+            if isinstance(self.space.get("budget.continuations"), list)
+            else []
+        ):
+            _check(
+                leaves is not None and leaves % (1 + int(n)) == 0,
+                f"budget.continuations choice {n}: L = budget.num_leaves = {leaves} must be divisible by 1 + N",
+            )
 
 
 STUDY_BUDGETS = ("leaves", "tokens")
@@ -1025,18 +1184,27 @@ class StudyConfig:
     def __post_init__(self) -> None:
         _check(self.steps >= 1 and self.eval_tasks >= 1, "steps and eval_tasks must be >= 1")
         _check(self.parallel_cells >= 1, f"parallel_cells must be >= 1 (got {self.parallel_cells})")
-        _check(self.bootstrap_samples >= 100, f"bootstrap_samples must be >= 100 (got {self.bootstrap_samples})")
+        _check(
+            self.bootstrap_samples >= 100, f"bootstrap_samples must be >= 100 (got {self.bootstrap_samples})"
+        )
         _check(bool(self.testbeds), "testbeds must name at least one testbed")
         for name, tb in self.testbeds.items():
-            _check(isinstance(tb, dict) and {"base", "model_path"} <= set(tb),
-                   f"testbeds.{name} needs base (a train config under conf/) and model_path (got {tb!r})")
+            _check(
+                isinstance(tb, dict) and {"base", "model_path"} <= set(tb),
+                f"testbeds.{name} needs base (a train config under conf/) and model_path (got {tb!r})",
+            )
             t = tb.get("token_budget")
             _check(t is None or int(t) >= 1, f"testbeds.{name}.token_budget must be >= 1 or null (got {t!r})")
         _check(bool(self.groups), "groups must hold at least one grid group")
         for i, g in enumerate(self.groups):
-            _check(isinstance(g, dict) and {"testbeds", "budgets", "allocators", "seeds"} <= set(g),
-                   f"groups[{i}] needs testbeds, budgets, allocators and seeds (got {g!r})")
+            _check(
+                isinstance(g, dict) and {"testbeds", "budgets", "allocators", "seeds"} <= set(g),
+                f"groups[{i}] needs testbeds, budgets, allocators and seeds (got {g!r})",
+            )
             for tb in g["testbeds"]:
-                _check(tb in self.testbeds, f"groups[{i}] names testbed {tb!r}, not one of {sorted(self.testbeds)}")
+                _check(
+                    tb in self.testbeds,
+                    f"groups[{i}] names testbed {tb!r}, not one of {sorted(self.testbeds)}",
+                )
             for b in g["budgets"]:
                 _check(b in STUDY_BUDGETS, f"groups[{i}] budget {b!r} must be one of {STUDY_BUDGETS}")

@@ -50,8 +50,9 @@ _Loader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                              list("tTfF"))
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 
 
 def _load(text: str) -> Any:
@@ -124,7 +125,9 @@ def _parse_override(item: str) -> tuple[str, Any]:
     except yaml.YAMLError:
         value = raw
     except RecursionError:  # PyYAML parses nesting recursively
-        raise ConfigError(f"override '{key}': the value is nested too deeply to read; write a flatter value") from None
+        raise ConfigError(
+            f"override '{key}': the value is nested too deeply to read; write a flatter value"
+        ) from None
     return key, value
 
 
@@ -156,12 +159,17 @@ def compose(
             groups[key] = item.partition("=")[2].strip()  # a file name, not YAML ('off' is not False)
         else:
             sets.append((key, value))
-    layers = [OmegaConf.create({g: _load_group(g, n, root) for g, n in groups.items()}), OmegaConf.create(top)]
+    layers = [
+        OmegaConf.create({g: _load_group(g, n, root) for g, n in groups.items()}),
+        OmegaConf.create(top),
+    ]
     try:
         for key, value in sets:
             layers.append(OmegaConf.create(_nested(schema, key, value)))
         base = OmegaConf.structured(schema)
-        for f in dataclasses.fields(cast(Any, schema)):  # a mapping field (a sweep's space) given by a file replaces the default
+        for f in dataclasses.fields(
+            cast(Any, schema)
+        ):  # a mapping field (a sweep's space) given by a file replaces the default
             if str(f.type).startswith("dict[") and any(f.name in layer for layer in layers):
                 OmegaConf.set_readonly(base, False)
                 base[f.name] = {}

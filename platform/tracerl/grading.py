@@ -68,7 +68,10 @@ class Grader:
         """
         request = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
         with self._lock:
-            for attempt in (0, 1):  # a worker that died between calls (killed from outside) gets one replacement
+            for attempt in (
+                0,
+                1,
+            ):  # a worker that died between calls (killed from outside) gets one replacement
                 self._ensure_started()
                 try:
                     reply = self._exchange(request)
@@ -119,7 +122,11 @@ class Grader:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tracerl.grading", str(self.memory_mb), *self.preload],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, bufsize=0,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            bufsize=0,
         )
         self._ready = False
 

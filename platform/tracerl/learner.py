@@ -59,20 +59,37 @@ def _all_reduce(values: dict[str, float], device: torch.device) -> dict[str, flo
 class PolicyLearner:
     """Optimizer, schedule and the PPO step for ``model`` (a plain or DDP/FSDP-wrapped causal LM)."""
 
-    def __init__(self, model: torch.nn.Module, optim: OptimConfig, loss: LossConfig, total_steps: int,
-                 pad_id: int, temperature: float = 1.0, importance_sampling: bool = False,
-                 ref_model: torch.nn.Module | None = None, autocast: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optim: OptimConfig,
+        loss: LossConfig,
+        total_steps: int,
+        pad_id: int,
+        temperature: float = 1.0,
+        importance_sampling: bool = False,
+        ref_model: torch.nn.Module | None = None,
+        autocast: torch.dtype | None = None,
+    ) -> None:
         self.model = model
-        self.autocast = autocast  # compute dtype of an unsharded model whose (master) weights are more precise
+        self.autocast = (
+            autocast  # compute dtype of an unsharded model whose (master) weights are more precise
+        )
         self.cfg, self.loss_cfg = optim, loss
         self.pad_id = pad_id
         self.temperature = temperature if temperature > 0 else 1.0
         self.importance_sampling = importance_sampling
         self.ref_model = ref_model
         params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=tuple(optim.betas),  # type: ignore[arg-type]
-                                           weight_decay=optim.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optim, total_steps * loss.epochs))
+        self.optimizer = torch.optim.AdamW(
+            params,
+            lr=optim.lr,
+            betas=tuple(optim.betas),  # type: ignore[arg-type]
+            weight_decay=optim.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(optim, total_steps * loss.epochs)
+        )
         self.loss_fn = LOSSES.get(loss.name)
 
     @property
@@ -88,8 +105,10 @@ class PolicyLearner:
 
     def _micro_batches(self, shard: TrainBatch) -> list[dict[str, torch.Tensor]]:
         n, mb = len(shard), self.loss_cfg.micro_batch_size
-        return [{k: v.to(self.device) for k, v in shard.select(range(i, min(i + mb, n))).pad(self.pad_id).items()}
-                for i in range(0, n, mb)]
+        return [
+            {k: v.to(self.device) for k, v in shard.select(range(i, min(i + mb, n))).pad(self.pad_id).items()}
+            for i in range(0, n, mb)
+        ]
 
     def _forward(self, model: torch.nn.Module, **inputs: torch.Tensor) -> Any:
         if self.autocast is None:
@@ -97,14 +116,20 @@ class PolicyLearner:
         with torch.autocast(self.device.type, dtype=self.autocast):
             return model(**inputs)
 
-    def _logprobs(self, model: torch.nn.Module, mb: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _logprobs(
+        self, model: torch.nn.Module, mb: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         out = self._forward(model, input_ids=mb["input_ids"], attention_mask=mb["attention_mask"])
         return token_logprobs(out.logits, mb["input_ids"], self.temperature)
 
     @torch.no_grad()
-    def _frozen_logprobs(self, model: torch.nn.Module, mbs: list[dict[str, torch.Tensor]], rounds: int) -> list[torch.Tensor]:
+    def _frozen_logprobs(
+        self, model: torch.nn.Module, mbs: list[dict[str, torch.Tensor]], rounds: int
+    ) -> list[torch.Tensor]:
         out = [self._logprobs(model, mb)[0] for mb in mbs]
-        for _ in range(rounds - len(mbs)):  # sharded models gather parameters in every forward: same count on all ranks
+        for _ in range(
+            rounds - len(mbs)
+        ):  # sharded models gather parameters in every forward: same count on all ranks
             self._forward(model, input_ids=self._dummy_ids())
         return out
 
@@ -125,12 +150,25 @@ class PolicyLearner:
         rounds = int(_all_reduce_max(len(mbs), self.device)) if world > 1 else len(mbs)
         rounds = max(rounds, 1)
         # Old log-probs: the policy before this step's updates (equal to the current one for epoch 1).
-        old = self._frozen_logprobs(self.model, mbs, rounds) if lc.epochs > 1 or self.importance_sampling else None
+        old = (
+            self._frozen_logprobs(self.model, mbs, rounds)
+            if lc.epochs > 1 or self.importance_sampling
+            else None
+        )
         ref = self._frozen_logprobs(self.ref_model, mbs, rounds) if self.ref_model is not None else None
         stats: dict[str, float] = {}
         for _epoch in range(lc.epochs):
-            sums = {"loss": 0.0, "clipped": 0.0, "approx_kl": 0.0, "kl_ref": 0.0, "entropy": 0.0, "tokens": 0.0,
-                    "is_weight": 0.0, "is_truncated": 0.0, "signal": 0.0}
+            sums = {
+                "loss": 0.0,
+                "clipped": 0.0,
+                "approx_kl": 0.0,
+                "kl_ref": 0.0,
+                "entropy": 0.0,
+                "tokens": 0.0,
+                "is_weight": 0.0,
+                "is_truncated": 0.0,
+                "signal": 0.0,
+            }
             self.optimizer.zero_grad(set_to_none=True)
             for i in range(rounds):
                 sync = i == rounds - 1
@@ -151,9 +189,13 @@ class PolicyLearner:
                         m = mask.float()
                         sums["is_weight"] += float((raw * m).sum())
                         sums["is_truncated"] += float(((raw > lc.is_cap).float() * m).sum())
-                    res = self.loss_fn(LossInputs(logp, old_lp, mb["advantages"], mask, w, ref[i] if ref else None),
-                                       eps_low=lc.eps_low, eps_high=lc.eps_high, kl_coef=lc.kl_coef,
-                                       aggregation=lc.aggregation)
+                    res = self.loss_fn(
+                        LossInputs(logp, old_lp, mb["advantages"], mask, w, ref[i] if ref else None),
+                        eps_low=lc.eps_low,
+                        eps_high=lc.eps_high,
+                        kl_coef=lc.kl_coef,
+                        aggregation=lc.aggregation,
+                    )
                     (res.total * (world / denominator)).backward()
                 sums["loss"] += float(res.total.detach())
                 for k, v in res.stats.items():

@@ -73,7 +73,9 @@ class Registry(Generic[T]):
             try:
                 return getattr(module, attr)  # type: ignore[no-any-return]
             except AttributeError as exc:
-                raise RegistryError(f"module {module_name!r} has no attribute {attr!r} ({self.kind} {name!r})") from exc
+                raise RegistryError(
+                    f"module {module_name!r} has no attribute {attr!r} ({self.kind} {name!r})"
+                ) from exc
         raise RegistryError(
             f"unknown {self.kind} {name!r}; known: {', '.join(self.names())} "
             f"(or give an import path 'package.module:attr')"

@@ -97,7 +97,11 @@ class RolloutTree:
 
         Returns (token ids, model mask, turn index per token: 0 for the prompt, t for the turn at depth t).
         """
-        ids, mask, turn = list(self.prompt_token_ids), [False] * len(self.prompt_token_ids), [0] * len(self.prompt_token_ids)
+        ids, mask, turn = (
+            list(self.prompt_token_ids),
+            [False] * len(self.prompt_token_ids),
+            [0] * len(self.prompt_token_ids),
+        )
         for nid in self.path(leaf_id)[1:]:
             node = self.nodes[nid]
             ids += node.token_ids

@@ -20,9 +20,17 @@ def tree_to_record(
     nodes = []
     for n in tree.nodes:
         rec: dict[str, Any] = {
-            "id": n.node_id, "parent": n.parent, "depth": n.depth, "path": n.path_id, "status": n.status.value,
-            "reward": n.reward, "content": n.content, "tokens": len(n.token_ids), "model_tokens": sum(n.model_mask),
-            "leaves": int(counts[n.node_id]), "target": None if targets[n.node_id] != targets[n.node_id] else float(targets[n.node_id]),
+            "id": n.node_id,
+            "parent": n.parent,
+            "depth": n.depth,
+            "path": n.path_id,
+            "status": n.status.value,
+            "reward": n.reward,
+            "content": n.content,
+            "tokens": len(n.token_ids),
+            "model_tokens": sum(n.model_mask),
+            "leaves": int(counts[n.node_id]),
+            "target": None if targets[n.node_id] != targets[n.node_id] else float(targets[n.node_id]),
         }
         if prefix_scores and n.node_id in prefix_scores:
             rec["predicted"] = prefix_scores[n.node_id]
@@ -30,7 +38,13 @@ def tree_to_record(
             rec["continuations"] = continuations[n.node_id]
         nodes.append(rec)
     return {
-        "prompt_id": tree.prompt.prompt_id, "prompt": tree.prompt.text, "answer": tree.prompt.answer,
-        "predicted": root_score, "bare_rollouts": bare_rollouts if bare_rollouts is not None else tree.num_bare,
-        "paths": tree.num_paths, "mixed": tree.is_mixed(), "rewards": tree.rewards().tolist(), "nodes": nodes,
+        "prompt_id": tree.prompt.prompt_id,
+        "prompt": tree.prompt.text,
+        "answer": tree.prompt.answer,
+        "predicted": root_score,
+        "bare_rollouts": bare_rollouts if bare_rollouts is not None else tree.num_bare,
+        "paths": tree.num_paths,
+        "mixed": tree.is_mixed(),
+        "rewards": tree.rewards().tolist(),
+        "nodes": nodes,
     }

@@ -56,8 +56,9 @@ def _fault_once(fault_dir: str | None, name: str) -> bool:
     return True
 
 
-def call_with_retries(n: int, submit: Callable[[int], Any], on_dead: Callable[[int], None], max_retries: int
-                      ) -> tuple[list[Any], list[int]]:
+def call_with_retries(
+    n: int, submit: Callable[[int], Any], on_dead: Callable[[int], None], max_retries: int
+) -> tuple[list[Any], list[int]]:
     """Run calls ``0 .. n-1`` in parallel (``submit(i)`` starts call i on some actor and returns its ref); a call
     whose actor died gets ``on_dead(i)`` (which replaces the actor) and runs again, at most ``max_retries`` times.
     Returns the results and how many times each call was retried."""
@@ -81,15 +82,19 @@ def call_with_retries(n: int, submit: Callable[[int], Any], on_dead: Callable[[i
 def strip_caches(tree: RolloutTree) -> RolloutTree:
     """A shallow copy of ``tree`` whose fork states hold no KV-cache handles (for transport)."""
     out = copy.copy(tree)
-    out.fork_state = {k: replace(v, cache=None) if getattr(v, "cache", None) is not None else v
-                      for k, v in tree.fork_state.items()}
+    out.fork_state = {
+        k: replace(v, cache=None) if getattr(v, "cache", None) is not None else v
+        for k, v in tree.fork_state.items()
+    }
     return out
 
 
 class EnvWorker:
     """Runs tool calls of one environment (a Ray actor)."""
 
-    def __init__(self, env_factory: Callable[[], Any], kill_at_step: int = -1, fault_dir: str | None = None) -> None:
+    def __init__(
+        self, env_factory: Callable[[], Any], kill_at_step: int = -1, fault_dir: str | None = None
+    ) -> None:
         self.env = env_factory()
         self.kill_at_step, self.fault_dir = kill_at_step, fault_dir
 
@@ -102,12 +107,22 @@ class EnvWorker:
 class EnvPool:
     """A ``ToolEnv`` whose tool calls run on env actors; rewards and states are computed locally."""
 
-    def __init__(self, env_factory: Callable[[], Any], size: int, cpus: float, max_retries: int,
-                 kill_at_step: int = -1, fault_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        env_factory: Callable[[], Any],
+        size: int,
+        cpus: float,
+        max_retries: int,
+        kill_at_step: int = -1,
+        fault_dir: str | None = None,
+    ) -> None:
         self.local = env_factory()
         self.tools, self.fork_mode = self.local.tools, self.local.fork_mode
-        self._new = lambda: ray.remote(num_cpus=cpus)(EnvWorker).options(scheduling_strategy=_OWN).remote(
-            env_factory, kill_at_step, fault_dir)
+        self._new = lambda: (
+            ray.remote(num_cpus=cpus)(EnvWorker)
+            .options(scheduling_strategy=_OWN)
+            .remote(env_factory, kill_at_step, fault_dir)
+        )
         self.actors = [self._new() for _ in range(size)]
         self.max_retries = max_retries
         self.step = -1
@@ -178,15 +193,22 @@ class RolloutWorker:
             return cls.from_config(env_cfg, services=services) if services else cls.from_config(env_cfg)
 
         if pools.env_workers > 0:
-            env: Any = EnvPool(env_factory, pools.env_workers, pools.env_cpus, pools.max_retries,
-                               spec.get("kill_env_at_step", -1), self.fault_dir)
+            env: Any = EnvPool(
+                env_factory,
+                pools.env_workers,
+                pools.env_cpus,
+                pools.max_retries,
+                spec.get("kill_env_at_step", -1),
+                self.fault_dir,
+            )
         else:
             env = env_factory()
         self.env = env
         self.tok, self.model = load_policy(model_cfg)
         self.sampler = make_sampler(model_cfg, sampler_cfg, self.model, self.tok, pools.rollout_gpus)
-        self.engine = TreeRolloutEngine(self.sampler, env, TEMPLATES.get(model_cfg.template)(self.tok), self.tok,
-                                        sampler_cfg)
+        self.engine = TreeRolloutEngine(
+            self.sampler, env, TEMPLATES.get(model_cfg.template)(self.tok), self.tok, sampler_cfg
+        )
         self.sampler_cfg = sampler_cfg
         self.trees: dict[str, list[RolloutTree]] = {}
 
@@ -211,16 +233,18 @@ class RolloutWorker:
         if 0 <= self.kill_at_step == step and _fault_once(self.fault_dir, f"sampler-step{step}"):
             os._exit(1)
 
-    def rollout(self, step: int, key: str, prompts: list[Prompt], counts: list[int], seed: int
-                ) -> tuple[list[RolloutTree], BudgetLedger]:
+    def rollout(
+        self, step: int, key: str, prompts: list[Prompt], counts: list[int], seed: int
+    ) -> tuple[list[RolloutTree], BudgetLedger]:
         self._begin(step, seed)
         trees = self.engine.rollout(prompts, counts)
         self.trees = {k: v for k, v in self.trees.items() if k.startswith(f"{step}/")}
         self.trees[key] = trees
         return [strip_caches(t) for t in trees], self.engine.ledger
 
-    def expand(self, step: int, key: str, trees: list[RolloutTree], expansions: list[Expansion], seed: int
-               ) -> tuple[list[RolloutTree], BudgetLedger]:
+    def expand(
+        self, step: int, key: str, trees: list[RolloutTree], expansions: list[Expansion], seed: int
+    ) -> tuple[list[RolloutTree], BudgetLedger]:
         self._begin(step, seed)
         local = self.trees.get(key)
         # Our own copies carry the KV caches; a fresh worker (after a failure) continues from the sent trees.
@@ -229,8 +253,9 @@ class RolloutWorker:
         self.engine.expand(local, expansions)
         return [strip_caches(t) for t in local], self.engine.ledger
 
-    def evaluate(self, prompts: list[Prompt], samples: int, temperature: float, seed: int
-                 ) -> tuple[list[RolloutTree], BudgetLedger]:
+    def evaluate(
+        self, prompts: list[Prompt], samples: int, temperature: float, seed: int
+    ) -> tuple[list[RolloutTree], BudgetLedger]:
         self.engine.seed, self.engine.calls, self.engine.ledger = seed, 0, BudgetLedger()
         limits = self.engine.limits
         self.engine.limits = replace(limits, temperature=temperature)
@@ -259,7 +284,9 @@ def call_seed(seed: int, *parts: int) -> int:
 class RolloutPool:
     """The step driver's ``TreeBackend`` over a pool of ``RolloutWorker`` actors."""
 
-    def __init__(self, spec: dict[str, Any], size: int, cpus: float, gpus: float, max_retries: int, seed: int) -> None:
+    def __init__(
+        self, spec: dict[str, Any], size: int, cpus: float, gpus: float, max_retries: int, seed: int
+    ) -> None:
         from envs.registry import env_class
         from tracerl.actors.services import start_services
 
@@ -279,8 +306,11 @@ class RolloutPool:
         self._owner: dict[int, tuple[int, str]] = {}  # id(tree) -> (worker, key)
 
     def _new(self) -> Any:
-        return ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0)(RolloutWorker).options(
-            scheduling_strategy=_OWN).remote(self.spec)
+        return (
+            ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0)(RolloutWorker)
+            .options(scheduling_strategy=_OWN)
+            .remote(self.spec)
+        )
 
     def warnings(self) -> list[str]:
         return list(ray.get(self.workers[0].warnings.remote()))
@@ -294,7 +324,9 @@ class RolloutPool:
         self._owner.clear()
 
     def _replace(self, w: int) -> None:
-        for tries in range(self.max_retries + 1):  # the fresh worker may die too (the chaos drill kills at random)
+        for tries in range(
+            self.max_retries + 1
+        ):  # the fresh worker may die too (the chaos drill kills at random)
             self.workers[w] = self._new()
             if self._weights is None:
                 return
@@ -313,14 +345,27 @@ class RolloutPool:
             self.ledger.retried += 1
             self._replace(calls[i][0])
 
-        out, _ = call_with_retries(len(calls), lambda i: getattr(self.workers[calls[i][0]], calls[i][1]).remote(
-            *calls[i][2]), on_dead, self.max_retries)
+        out, _ = call_with_retries(
+            len(calls),
+            lambda i: getattr(self.workers[calls[i][0]], calls[i][1]).remote(*calls[i][2]),
+            on_dead,
+            self.max_retries,
+        )
         return out
 
     def _merge(self, ledgers: Sequence[BudgetLedger]) -> None:
         for led in ledgers:
-            for f in ("generated_tokens", "prefill_tokens_computed", "prefill_tokens_reused", "llm_calls",
-                      "tool_calls", "tool_calls_replayed", "invalid_actions", "grade_timeouts", "retried"):
+            for f in (
+                "generated_tokens",
+                "prefill_tokens_computed",
+                "prefill_tokens_reused",
+                "llm_calls",
+                "tool_calls",
+                "tool_calls_replayed",
+                "invalid_actions",
+                "grade_timeouts",
+                "retried",
+            ):
                 setattr(self.ledger, f, getattr(self.ledger, f) + getattr(led, f))
             for k, v in led.phase_s.items():  # workers run in parallel: the slowest one's time
                 self.ledger.phase_s[k] = max(self.ledger.phase_s.get(k, 0.0), v)
@@ -329,14 +374,28 @@ class RolloutPool:
         phase = self._phase
         self._phase += 1
         shards = [s for s in balanced_shards(counts, len(self.workers))]
-        calls = [(w, "rollout", (self.step, f"{self.step}/{phase}/{w}", [prompts[i] for i in s],
-                                 [int(counts[i]) for i in s], call_seed(self.seed, self.step, phase, w)))
-                 for w, s in enumerate(shards) if s]
+        calls = [
+            (
+                w,
+                "rollout",
+                (
+                    self.step,
+                    f"{self.step}/{phase}/{w}",
+                    [prompts[i] for i in s],
+                    [int(counts[i]) for i in s],
+                    call_seed(self.seed, self.step, phase, w),
+                ),
+            )
+            for w, s in enumerate(shards)
+            if s
+        ]
         results = self._call_all(calls)
         trees: list[RolloutTree | None] = [None] * len(prompts)
         for (w, _, args), (got, _led) in zip(calls, results):
             for i, t in zip(shards[w], got):
-                t.prompt = prompts[i]  # keep the caller's prompt objects (identity matters to the step driver)
+                t.prompt = prompts[
+                    i
+                ]  # keep the caller's prompt objects (identity matters to the step driver)
                 trees[i] = t
                 self._owner[id(t)] = (w, args[1])
         self._merge([led for _, led in results])
@@ -347,11 +406,24 @@ class RolloutPool:
         self._phase += 1
         groups: dict[tuple[int, str], list[int]] = {}
         for i, t in enumerate(trees):
-            groups.setdefault(self._owner.get(id(t), (i % len(self.workers), f"{self.step}/orphan/{i}")), []).append(i)
+            groups.setdefault(
+                self._owner.get(id(t), (i % len(self.workers), f"{self.step}/orphan/{i}")), []
+            ).append(i)
         keys = sorted(groups)
-        calls = [(w, "expand", (self.step, key, [trees[i] for i in groups[(w, key)]],
-                                [expansions[i] for i in groups[(w, key)]], call_seed(self.seed, self.step, phase, w, j)))
-                 for j, (w, key) in enumerate(keys)]
+        calls = [
+            (
+                w,
+                "expand",
+                (
+                    self.step,
+                    key,
+                    [trees[i] for i in groups[(w, key)]],
+                    [expansions[i] for i in groups[(w, key)]],
+                    call_seed(self.seed, self.step, phase, w, j),
+                ),
+            )
+            for j, (w, key) in enumerate(keys)
+        ]
         results = self._call_all(calls)
         for (w, key), (got, _led) in zip(keys, results):
             for i, new in zip(groups[(w, key)], got):
@@ -360,11 +432,15 @@ class RolloutPool:
                 trees[i].prompt = prompt
         self._merge([led for _, led in results])
 
-    def evaluate(self, prompts: Sequence[Prompt], samples: int, temperature: float, seed: int
-                 ) -> tuple[list[RolloutTree], BudgetLedger]:
+    def evaluate(
+        self, prompts: Sequence[Prompt], samples: int, temperature: float, seed: int
+    ) -> tuple[list[RolloutTree], BudgetLedger]:
         shards = balanced_shards([1] * len(prompts), len(self.workers))
-        calls = [(w, "evaluate", ([prompts[i] for i in s], samples, temperature, call_seed(seed, w)))
-                 for w, s in enumerate(shards) if s]
+        calls = [
+            (w, "evaluate", ([prompts[i] for i in s], samples, temperature, call_seed(seed, w)))
+            for w, s in enumerate(shards)
+            if s
+        ]
         results = self._call_all(calls)
         trees: list[RolloutTree | None] = [None] * len(prompts)
         ledger = BudgetLedger()
@@ -372,7 +448,14 @@ class RolloutPool:
             for i, t in zip(shards[w], got):
                 t.prompt = prompts[i]
                 trees[i] = t
-            for f in ("generated_tokens", "llm_calls", "tool_calls", "invalid_actions", "grade_timeouts", "retried"):
+            for f in (
+                "generated_tokens",
+                "llm_calls",
+                "tool_calls",
+                "invalid_actions",
+                "grade_timeouts",
+                "retried",
+            ):
                 setattr(ledger, f, getattr(ledger, f) + getattr(led, f))
             self.ledger.retried += led.retried  # the step's ledger counts every retry, evaluation's too
         return [t for t in trees if t is not None], ledger

@@ -88,14 +88,18 @@ def _subgroups(paths: list[list[int]]) -> dict[tuple[int, int], list[int]]:
 
 
 @ADVANTAGES.register("tree_subgroup")
-def tree_subgroup_advantages(tree: RolloutTree, normalize_std: bool = False, debiased: bool = False) -> TreeAdvantages:
+def tree_subgroup_advantages(
+    tree: RolloutTree, normalize_std: bool = False, debiased: bool = False
+) -> TreeAdvantages:
     """TreePO-style: mean over depths of r minus the mean of the leaves sharing the first d turns."""
     leaves, paths, r = _leaf_paths(tree)
     if not r.size:
         return TreeAdvantages([], [])
     groups = _subgroups(paths)
     vals = _values(tree, True) if debiased else None
-    means = {key: r[idx].mean() if vals is None else vals[key[1]] for key, idx in groups.items() if len(idx) >= 2}
+    means = {
+        key: r[idx].mean() if vals is None else vals[key[1]] for key, idx in groups.items() if len(idx) >= 2
+    }
     base = r.mean() if vals is None else vals[0]
     out = np.empty(len(leaves))
     for i, p in enumerate(paths):
@@ -108,7 +112,9 @@ def tree_subgroup_advantages(tree: RolloutTree, normalize_std: bool = False, deb
 
 
 @ADVANTAGES.register("node_mc")
-def node_mc_advantages(tree: RolloutTree, normalize_std: bool = False, debiased: bool = False) -> TreeAdvantages:
+def node_mc_advantages(
+    tree: RolloutTree, normalize_std: bool = False, debiased: bool = False
+) -> TreeAdvantages:
     """Per-turn Monte-Carlo credit V^(child) - V^(parent) from the recursive (or debiased) targets."""
     leaves, paths, r = _leaf_paths(tree)
     v = _values(tree, debiased)
@@ -119,7 +125,9 @@ def node_mc_advantages(tree: RolloutTree, normalize_std: bool = False, debiased:
 
 
 @ADVANTAGES.register("tree_grpo")
-def tree_grpo_advantages(tree: RolloutTree, normalize_std: bool = True, debiased: bool = False) -> TreeAdvantages:
+def tree_grpo_advantages(
+    tree: RolloutTree, normalize_std: bool = True, debiased: bool = False
+) -> TreeAdvantages:
     """Two-level (prompt + deepest sibling subgroup) std-normalised advantages; always normalised."""
     leaves, paths, r = _leaf_paths(tree)
     if not r.size:

@@ -95,7 +95,9 @@ class Allocator:
     def root_budget(self, budget: BudgetConfig) -> int:
         return budget.leaves if self.flat else budget.roots
 
-    def roots(self, v: np.ndarray | None, num_candidates: int, budget: BudgetConfig, rng: np.random.Generator) -> np.ndarray:
+    def roots(
+        self, v: np.ndarray | None, num_candidates: int, budget: BudgetConfig, rng: np.random.Generator
+    ) -> np.ndarray:
         raise NotImplementedError
 
     length_predictor: str | None = None
@@ -135,7 +137,9 @@ def uniform_roots(num_candidates: int, total: int, group: int, rng: np.random.Ge
     full, rest = divmod(total, group)
     need = full + (1 if rest else 0)
     if need > num_candidates:
-        raise ValueError(f"uniform roots need {need} prompts but the pool has {num_candidates}; raise budget.pool_factor")
+        raise ValueError(
+            f"uniform roots need {need} prompts but the pool has {num_candidates}; raise budget.pool_factor"
+        )
     chosen = rng.choice(num_candidates, size=need, replace=False)
     counts = np.zeros(num_candidates, dtype=np.int64)
     counts[chosen[:full]] = group
@@ -147,7 +151,9 @@ def uniform_roots(num_candidates: int, total: int, group: int, rng: np.random.Ge
 def closest_to_half_roots(v: np.ndarray, num_groups: int, group: int, rng: np.random.Generator) -> np.ndarray:
     """PCL: the ``num_groups`` prompts with v closest to 0.5, ``group`` rollouts each (ties random)."""
     if num_groups > len(v):
-        raise ValueError(f"pcl needs {num_groups} prompts but the pool has {len(v)}; raise budget.pool_factor")
+        raise ValueError(
+            f"pcl needs {num_groups} prompts but the pool has {len(v)}; raise budget.pool_factor"
+        )
     dist = np.round(np.abs(np.asarray(v, float) - 0.5), 12)
     order = np.lexsort((rng.permutation(len(v)), dist))
     counts = np.zeros(len(v), dtype=np.int64)
@@ -181,7 +187,9 @@ class TreeAllocator(Allocator):
     root_mode = "active"
     prefix_mode = "active"
 
-    def roots(self, v: np.ndarray | None, num_candidates: int, budget: BudgetConfig, rng: np.random.Generator) -> np.ndarray:
+    def roots(
+        self, v: np.ndarray | None, num_candidates: int, budget: BudgetConfig, rng: np.random.Generator
+    ) -> np.ndarray:
         if self.root_mode == "uniform" or v is None:
             return uniform_roots(num_candidates, budget.roots, self.cfg.root_group_size, rng)
         return solve_roots(v, budget.roots, self.cfg.m_min, self.cfg.m_max, rng)
@@ -207,7 +215,9 @@ class GRPOAllocator(Allocator):
     name = "grpo"
     flat = True
 
-    def roots(self, v: np.ndarray | None, num_candidates: int, budget: BudgetConfig, rng: np.random.Generator) -> np.ndarray:
+    def roots(
+        self, v: np.ndarray | None, num_candidates: int, budget: BudgetConfig, rng: np.random.Generator
+    ) -> np.ndarray:
         return uniform_roots(num_candidates, budget.leaves, budget.group_size, rng)
 
 
@@ -218,7 +228,9 @@ class PCLAllocator(Allocator):
     name = "pcl"
     flat = True
 
-    def roots(self, v: np.ndarray | None, num_candidates: int, budget: BudgetConfig, rng: np.random.Generator) -> np.ndarray:
+    def roots(
+        self, v: np.ndarray | None, num_candidates: int, budget: BudgetConfig, rng: np.random.Generator
+    ) -> np.ndarray:
         if v is None:
             return uniform_roots(num_candidates, budget.leaves, budget.group_size, rng)
         return closest_to_half_roots(v, budget.num_groups, budget.group_size, rng)
@@ -293,5 +305,3 @@ def build_allocator(cfg: AllocatorConfig) -> Allocator:
     """Instantiate the allocator named by ``cfg.name`` (registered name or 'module:attr')."""
     cls = ALLOCATORS.get(cfg.name)
     return cls(cfg)
-
-

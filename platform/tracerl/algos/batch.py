@@ -40,8 +40,12 @@ class TrainBatch:
         return sum(sum(m) for m in self.loss_mask)
 
     def select(self, idx: Sequence[int]) -> TrainBatch:
-        return TrainBatch(*([getattr(self, f)[i] for i in idx] for f in
-                            ("input_ids", "loss_mask", "advantages", "sampler_logprobs", "prompt_ids", "rewards")))
+        return TrainBatch(
+            *(
+                [getattr(self, f)[i] for i in idx]
+                for f in ("input_ids", "loss_mask", "advantages", "sampler_logprobs", "prompt_ids", "rewards")
+            )
+        )
 
     def shard(self, rank: int, world: int) -> TrainBatch:
         """This rank's contiguous share of the sequences (sizes differ by at most one; token counts may differ)."""
@@ -67,8 +71,12 @@ class TrainBatch:
         }
 
 
-def collate(trees: Sequence[RolloutTree], estimator: str = "tree_subgroup", normalize_std: bool = False,
-            debiased: bool = False) -> TrainBatch:
+def collate(
+    trees: Sequence[RolloutTree],
+    estimator: str = "tree_subgroup",
+    normalize_std: bool = False,
+    debiased: bool = False,
+) -> TrainBatch:
     """One sequence per leaf of every tree, with per-token advantages from ``estimator`` (ADVANTAGES).
 
     ``debiased``: the estimator's node values are the debiased targets (``loss.debiased_values``).
@@ -78,8 +86,10 @@ def collate(trees: Sequence[RolloutTree], estimator: str = "tree_subgroup", norm
     batch = TrainBatch()
     for tree in trees:
         if not tree.prompt_token_ids:
-            raise ValueError(f"tree of prompt {tree.prompt.prompt_id!r} has no prompt tokens; only trees rolled out "
-                             "by a language-model engine can be collated")
+            raise ValueError(
+                f"tree of prompt {tree.prompt.prompt_id!r} has no prompt tokens; only trees rolled out "
+                "by a language-model engine can be collated"
+            )
         adv = fn(tree, normalize_std=normalize_std, **opts)
         for leaf_id, per_turn in zip(adv.leaf_ids, adv.per_turn):
             ids, mask, turn = tree.sequence(leaf_id)

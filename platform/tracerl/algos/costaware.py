@@ -62,7 +62,11 @@ def token_quantum(token_budget: float, max_units: int = MAX_UNITS) -> int:
 
 
 def solve_choices(
-    values: np.ndarray, costs: np.ndarray, token_budget: float, rng: np.random.Generator, max_units: int = MAX_UNITS
+    values: np.ndarray,
+    costs: np.ndarray,
+    token_budget: float,
+    rng: np.random.Generator,
+    max_units: int = MAX_UNITS,
 ) -> np.ndarray:
     """Multiple-choice knapsack: one choice per group, maximising total value within the budget.
 
@@ -80,7 +84,9 @@ def solve_choices(
     values = np.asarray(values, float)
     costs = np.asarray(costs, float)
     if values.shape != costs.shape or values.ndim != 2:
-        raise ValueError(f"values and costs must both have shape (G, C); got {values.shape} and {costs.shape}")
+        raise ValueError(
+            f"values and costs must both have shape (G, C); got {values.shape} and {costs.shape}"
+        )
     num = values.shape[0]
     if num == 0 or token_budget <= 0:
         return np.zeros(num, dtype=np.int64)
@@ -104,7 +110,9 @@ def solve_choices(
     running = np.maximum.accumulate(gains, axis=1)
     for row, g in enumerate(order):
         # Only choices that fit and add value over every smaller (hence no dearer) choice can be optimal.
-        keep = np.flatnonzero((unit_cost[g] <= units) & np.concatenate([[True], gains[g, 1:] > running[g, :-1]]))
+        keep = np.flatnonzero(
+            (unit_cost[g] <= units) & np.concatenate([[True], gains[g, 1:] > running[g, :-1]])
+        )
         s = cols[None, :] - unit_cost[g, keep][:, None]  # (C', U+1): units left before buying each choice
         cand = np.where(s >= 0, best[np.maximum(s, 0)] + gains[g, keep][:, None], neg)
         local = np.argmax(cand, axis=0)  # first maximum: the smallest choice among equals

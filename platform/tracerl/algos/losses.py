@@ -55,8 +55,13 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.T
 
 
 @LOSSES.register("ppo_clip")
-def ppo_clip_loss(x: LossInputs, eps_low: float = 0.2, eps_high: float = 0.28, kl_coef: float = 0.0,
-                  aggregation: str = "token_mean") -> LossOutput:
+def ppo_clip_loss(
+    x: LossInputs,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+    kl_coef: float = 0.0,
+    aggregation: str = "token_mean",
+) -> LossOutput:
     log_ratio = x.logp - x.old_logp
     ratio = torch.exp(log_ratio)
     pg1 = -x.advantages * ratio
@@ -78,8 +83,9 @@ def ppo_clip_loss(x: LossInputs, eps_low: float = 0.2, eps_high: float = 0.28, k
     return LossOutput(aggregate(per_token, x.mask, aggregation), stats)
 
 
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each token given the ones before (position 0 gets 0) and the entropy there, both (B, T).
 
     Logits are divided by the sampling temperature first, as the sampler did.

@@ -36,9 +36,7 @@ def allowed_counts(m_min: int, m_max: int) -> np.ndarray:
     return np.concatenate([[0], np.arange(m_min, m_max + 1)])
 
 
-def solve_roots(
-    v: np.ndarray, budget: int, m_min: int, m_max: int, rng: np.random.Generator
-) -> np.ndarray:
+def solve_roots(v: np.ndarray, budget: int, m_min: int, m_max: int, rng: np.random.Generator) -> np.ndarray:
     """Exactly optimal rollout counts for the candidates.
 
     Args:

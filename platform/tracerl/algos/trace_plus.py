@@ -74,8 +74,12 @@ class TracePlusAllocator(TraceAllocator):
     ) -> np.ndarray:
         if v is None:
             return uniform_roots(len(costs), budget.roots, self.cfg.root_group_size, rng)
-        tokens = budget.token_budget if budget.token_budget is not None else budget.leaves * float(np.mean(costs))
-        counts, _ = solve_roots_tokens(v, costs, tokens, self.cfg.m_min, self.cfg.m_max, rng, budget.continuations)
+        tokens = (
+            budget.token_budget if budget.token_budget is not None else budget.leaves * float(np.mean(costs))
+        )
+        counts, _ = solve_roots_tokens(
+            v, costs, tokens, self.cfg.m_min, self.cfg.m_max, rng, budget.continuations
+        )
         return counts
 
     def prefixes(self, cands: Sequence[PrefixCandidates], rng: np.random.Generator) -> list[Expansion]:

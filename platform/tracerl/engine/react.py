@@ -69,12 +69,27 @@ class ToolSpec:
     def as_json_schema(self) -> dict[str, Any]:
         """OpenAI/Qwen-style function schema for chat templates."""
         if self.schema is not None:
-            return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                     "parameters": dict(self.schema)}}
+            return {
+                "type": "function",
+                "function": {
+                    "name": self.name,
+                    "description": self.description,
+                    "parameters": dict(self.schema),
+                },
+            }
         props = {p: {"type": "string"} for p in self.parameters}
-        return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                 "parameters": {"type": "object", "properties": props,
-                                                                "required": list(self.required or self.parameters[:1])}}}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": {
+                    "type": "object",
+                    "properties": props,
+                    "required": list(self.required or self.parameters[:1]),
+                },
+            },
+        }
 
 
 class ActionKind(str, Enum):
@@ -138,11 +153,20 @@ def _safe(action: Action) -> Action:
         calls = tuple(ToolCall(encodable(c.tool), clean(c.arguments)) for c in action.more_calls)
         arguments = clean(action.arguments)
     except TooDeep:
-        return Action(ActionKind.INVALID, encodable(action.text),
-                      error=f"Error: the arguments are nested more than {MAX_ARGUMENT_DEPTH} levels deep.")
-    return Action(action.kind, encodable(action.text), tool=None if action.tool is None else encodable(action.tool),
-                  arguments=arguments, answer=None if action.answer is None else encodable(action.answer),
-                  error=None if action.error is None else encodable(action.error), more_calls=calls)
+        return Action(
+            ActionKind.INVALID,
+            encodable(action.text),
+            error=f"Error: the arguments are nested more than {MAX_ARGUMENT_DEPTH} levels deep.",
+        )
+    return Action(
+        action.kind,
+        encodable(action.text),
+        tool=None if action.tool is None else encodable(action.tool),
+        arguments=arguments,
+        answer=None if action.answer is None else encodable(action.answer),
+        error=None if action.error is None else encodable(action.error),
+        more_calls=calls,
+    )
 
 
 def _check_tool(name: str, args: Mapping[str, Any], tools: Sequence[ToolSpec]) -> str | None:
@@ -177,7 +201,10 @@ def parse_call_list(source: str, tools: Sequence[ToolSpec]) -> tuple[list[ToolCa
     except SyntaxError as exc:
         return [], f"Error: the function calls are not valid Python call syntax ({exc.msg})."
     except (ValueError, MemoryError, RecursionError):  # NUL bytes, a too long int literal, too deep to parse
-        return [], "Error: the function calls are not valid Python call syntax (too deep, too long or NUL bytes)."
+        return (
+            [],
+            "Error: the function calls are not valid Python call syntax (too deep, too long or NUL bytes).",
+        )
     nodes = tree.elts if isinstance(tree, (ast.List, ast.Tuple)) else [tree]
     calls: list[ToolCall] = []
     for node in nodes:
@@ -186,9 +213,15 @@ def parse_call_list(source: str, tools: Sequence[ToolSpec]) -> tuple[list[ToolCa
         name = node.func.id
         spec = next((t for t in tools if t.name == name), None)
         if spec is None:
-            return calls, f"Error: unknown tool '{name}'; available: {', '.join(t.name for t in tools if t.listed)}."
+            return (
+                calls,
+                f"Error: unknown tool '{name}'; available: {', '.join(t.name for t in tools if t.listed)}.",
+            )
         if len(node.args) > len(spec.parameters):
-            return calls, f"Error: tool '{name}' takes at most {len(spec.parameters)} argument(s) ({', '.join(spec.parameters)})."
+            return (
+                calls,
+                f"Error: tool '{name}' takes at most {len(spec.parameters)} argument(s) ({', '.join(spec.parameters)}).",
+            )
         try:
             args = {p: ast.literal_eval(v) for p, v in zip(spec.parameters, node.args)}
             for kw in node.keywords:
@@ -198,8 +231,10 @@ def parse_call_list(source: str, tools: Sequence[ToolSpec]) -> tuple[list[ToolCa
                     return calls, f"Error: tool '{name}' got argument '{kw.arg}' twice."
                 args[kw.arg] = ast.literal_eval(kw.value)
         except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
-            return calls, (f"Error: tool '{name}': argument values must be literals "
-                           "(strings, numbers, True/False/None, lists, dicts).")
+            return calls, (
+                f"Error: tool '{name}': argument values must be literals "
+                "(strings, numbers, True/False/None, lists, dicts)."
+            )
         err = _check_tool(name, args, tools)
         if err:
             return calls, err
@@ -231,6 +266,7 @@ class PlainTemplate:
 
     def __init__(self, tokenizer: Any = None) -> None:
         self.tokenizer = tokenizer  # unused: the plain format is fixed
+
     _ACTION = re.compile(r"Action:\s*([A-Za-z_][\w\-]*)\s*([\[{])", re.S)
     _CALLS = re.compile(r"Action:\s*\[", re.S)
     _ANSWER = re.compile(r"Final Answer:(.*)", re.S)
@@ -240,10 +276,12 @@ class PlainTemplate:
         if not _documented(tools):
             return f"Question: {question.strip()}\n"
         specs = "\n".join(json.dumps(t.as_json_schema()["function"]) for t in tools if t.listed)
-        return ("Functions (JSON schemas, one a line):\n" + specs + "\n"
-                "Call functions with 'Action: [name(arg=value, ...), name2(...)]'; the Observation shows the results. "
-                "When the request is done (or cannot be done), write 'Final Answer: ' and a short reply.\n"
-                f"Question: {question.strip()}\n")
+        return (
+            "Functions (JSON schemas, one a line):\n" + specs + "\n"
+            "Call functions with 'Action: [name(arg=value, ...), name2(...)]'; the Observation shows the results. "
+            "When the request is done (or cannot be done), write 'Final Answer: ' and a short reply.\n"
+            f"Question: {question.strip()}\n"
+        )
 
     def observation(self, text: str) -> str:
         return f"Observation: {text.strip()}\n"
@@ -282,7 +320,7 @@ class PlainTemplate:
         a = self._ANSWER.search(text)
         c = self._CALLS.search(text)
         if c and (not m or c.start() < m.start()) and (not a or c.start() < a.start()):
-            body = text[c.end() - 1:]
+            body = text[c.end() - 1 :]
             end = body.rfind("]")
             if end < 0:
                 return Action(ActionKind.INVALID, kept, error="Error: the call list is not closed with ']'.")
@@ -293,16 +331,24 @@ class PlainTemplate:
         if a and (not m or a.start() < m.start()):
             answer = a.group(1).strip().splitlines()[0].strip() if a.group(1).strip() else ""
             if not answer:
-                return Action(ActionKind.INVALID, kept, error="Error: 'Final Answer:' must be followed by the answer.")
+                return Action(
+                    ActionKind.INVALID, kept, error="Error: 'Final Answer:' must be followed by the answer."
+                )
             return Action(ActionKind.ANSWER, kept, answer=answer)
         if not m:
-            return Action(ActionKind.INVALID, kept, error="Error: end the turn with 'Action: tool[input]' or 'Final Answer: ...'.")
+            return Action(
+                ActionKind.INVALID,
+                kept,
+                error="Error: end the turn with 'Action: tool[input]' or 'Final Answer: ...'.",
+            )
         name, opener = m.group(1), m.group(2)
-        body = text[m.end():]
+        body = text[m.end() :]
         closer = "]" if opener == "[" else "}"
         end = body.rfind(closer)
         if end < 0:
-            return Action(ActionKind.INVALID, kept, error=f"Error: the action's input is not closed with '{closer}'.")
+            return Action(
+                ActionKind.INVALID, kept, error=f"Error: the action's input is not closed with '{closer}'."
+            )
         raw = body[:end]
         too_long = oversized(raw)
         if too_long:
@@ -313,8 +359,15 @@ class PlainTemplate:
         else:
             try:
                 parsed = json.loads("{" + raw + "}")
-            except (ValueError, RecursionError) as exc:  # JSONDecodeError, a too long number, too deep nesting
-                return Action(ActionKind.INVALID, kept, error=f"Error: the arguments are not valid JSON ({json_error(exc)}).")
+            except (
+                ValueError,
+                RecursionError,
+            ) as exc:  # JSONDecodeError, a too long number, too deep nesting
+                return Action(
+                    ActionKind.INVALID,
+                    kept,
+                    error=f"Error: the arguments are not valid JSON ({json_error(exc)}).",
+                )
             if not isinstance(parsed, dict):
                 return Action(ActionKind.INVALID, kept, error="Error: the arguments must be a JSON object.")
             args = parsed
@@ -341,7 +394,9 @@ class ChatTemplate:
     def __init__(self, tokenizer: Any = None) -> None:
         self.tokenizer = tokenizer if getattr(tokenizer, "chat_template", None) else None
 
-    def _render(self, messages: list[dict[str, str]], tools: Sequence[ToolSpec] = (), gen: bool = False) -> str:
+    def _render(
+        self, messages: list[dict[str, str]], tools: Sequence[ToolSpec] = (), gen: bool = False
+    ) -> str:
         assert self.tokenizer is not None
         tools = [t for t in tools if t.listed]
         schemas = [t.as_json_schema() for t in tools] or None
@@ -349,7 +404,11 @@ class ChatTemplate:
             # A chat template without tool support (SmolLM2's) would drop the schemas: put them in a system message.
             messages = [{"role": "system", "content": _tools_system_text(tools)}, *messages]
             schemas = None
-        return str(self.tokenizer.apply_chat_template(messages, tools=schemas, add_generation_prompt=gen, tokenize=False))
+        return str(
+            self.tokenizer.apply_chat_template(
+                messages, tools=schemas, add_generation_prompt=gen, tokenize=False
+            )
+        )
 
     def prompt(self, question: str, tools: Sequence[ToolSpec]) -> str:
         if self.tokenizer is not None:
@@ -369,7 +428,7 @@ class ChatTemplate:
         after = self._render([*conv, message], gen=True)
         if not after.startswith(before):
             return None
-        return before[before.index(marker) + len(marker):] + after[len(before):]
+        return before[before.index(marker) + len(marker) :] + after[len(before) :]
 
     def user_message(self, text: str) -> str:
         """The next user message, as the text between the assistant's turn and the next assistant turn."""
@@ -381,15 +440,19 @@ class ChatTemplate:
     @staticmethod
     def calls_turn(calls: Sequence[ToolCall]) -> str:
         """A well-formed turn making ``calls`` (one ``<tool_call>`` block each)."""
-        return "\n".join(f"<tool_call>\n{json.dumps({'name': c.tool, 'arguments': dict(c.arguments)})}\n</tool_call>"
-                         for c in calls)
+        return "\n".join(
+            f"<tool_call>\n{json.dumps({'name': c.tool, 'arguments': dict(c.arguments)})}\n</tool_call>"
+            for c in calls
+        )
 
     def observation(self, text: str) -> str:
         delta = self._after_assistant({"role": "tool", "content": text.strip()})
         if delta is not None:
             return delta
-        return (f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{text.strip()}\n</tool_response><|im_end|>\n"
-                "<|im_start|>assistant\n")
+        return (
+            f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{text.strip()}\n</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n"
+        )
 
     def parse(self, text: str, tools: Sequence[ToolSpec], truncated: bool = False) -> Action:
         """The turn's action; anything malformed (also too long, too deep, unencodable) is INVALID, never raised."""
@@ -407,7 +470,11 @@ class ChatTemplate:
         blocks = list(self._CALL.finditer(visible))
         if not blocks:
             if not visible:
-                return Action(ActionKind.INVALID, kept, error="Error: empty response; call a tool or give the final answer.")
+                return Action(
+                    ActionKind.INVALID,
+                    kept,
+                    error="Error: empty response; call a tool or give the final answer.",
+                )
             from_boxed = re.findall(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}", visible)
             return Action(ActionKind.ANSWER, kept, answer=from_boxed[-1] if from_boxed else visible)
         # Several <tool_call> blocks are several calls of one turn; any malformed block makes the turn invalid.
@@ -424,16 +491,22 @@ class ChatTemplate:
     def _parse_block(m: re.Match[str], tools: Sequence[ToolSpec]) -> tuple[ToolCall | None, Action | None]:
         """One ``<tool_call>`` block: the call, or an INVALID action (text filled in by the caller)."""
         if not m.group(2):
-            return None, Action(ActionKind.INVALID, "", error="Error: <tool_call> is not closed with </tool_call>.")
+            return None, Action(
+                ActionKind.INVALID, "", error="Error: <tool_call> is not closed with </tool_call>."
+            )
         too_long = oversized(m.group(1))
         if too_long:
             return None, Action(ActionKind.INVALID, "", error=too_long)
         try:
             call = json.loads(m.group(1))
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, a too long number, too deep nesting
-            return None, Action(ActionKind.INVALID, "", error=f"Error: the tool call is not valid JSON ({json_error(exc)}).")
+            return None, Action(
+                ActionKind.INVALID, "", error=f"Error: the tool call is not valid JSON ({json_error(exc)})."
+            )
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return None, Action(ActionKind.INVALID, "", error='Error: a tool call must be {"name": ..., "arguments": {...}}.')
+            return None, Action(
+                ActionKind.INVALID, "", error='Error: a tool call must be {"name": ..., "arguments": {...}}.'
+            )
         args = call.get("arguments") or {}
         if isinstance(args, str):
             try:
@@ -451,6 +524,8 @@ class ChatTemplate:
 def _tools_system_text(tools: Sequence[ToolSpec]) -> str:
     """The Qwen-style system text that lists tool schemas (for templates that cannot render tools)."""
     specs = "\n".join(json.dumps(t.as_json_schema()) for t in tools if t.listed)
-    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-            f"<tools>\n{specs}\n</tools>\n\nFor each function call, return a json object with function name and "
-            "arguments within <tool_call></tool_call> XML tags.")
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        f"<tools>\n{specs}\n</tools>\n\nFor each function call, return a json object with function name and "
+        "arguments within <tool_call></tool_call> XML tags."
+    )

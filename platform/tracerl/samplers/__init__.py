@@ -11,7 +11,9 @@ from tracerl.samplers.vllm import VLLMSampler  # imports vllm lazily, inside its
 __all__ = ["SAMPLERS", "Generation", "HFSampler", "Sampler", "ScriptedSampler", "VLLMSampler", "make_sampler"]
 
 
-def make_sampler(model_cfg: ModelConfig, cfg: SamplerConfig, model: Any, tokenizer: Any, gpus: float = 1.0) -> Any:
+def make_sampler(
+    model_cfg: ModelConfig, cfg: SamplerConfig, model: Any, tokenizer: Any, gpus: float = 1.0
+) -> Any:
     """The configured backend: ``hf`` around the loaded ``model``; an engine backend (vLLM) started on
     ``model_cfg.path``, sized to hold whole episodes (``sampler.max_context_tokens``) and, when it shares a GPU
     (``gpus`` < 1), to take only that share of the GPU's memory."""

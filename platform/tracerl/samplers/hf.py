@@ -87,20 +87,50 @@ class HFSampler:
         with warnings.catch_warnings():  # transformers 5.x renames past_key_values to cache; both accept this
             warnings.simplefilter("ignore", FutureWarning)
             out = self.model.generate(
-                input_ids=ids.to(self.device), attention_mask=mask.to(self.device), past_key_values=past,
-                max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature if sample else None,
-                top_p=None, top_k=None, stop_strings=list(stop) or None, tokenizer=self.tokenizer, pad_token_id=pad,
-                eos_token_id=self.tokenizer.eos_token_id, return_dict_in_generate=True, output_logits=True,
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                past_key_values=past,
+                max_new_tokens=max_new_tokens,
+                do_sample=sample,
+                temperature=temperature if sample else None,
+                top_p=None,
+                top_k=None,
+                stop_strings=list(stop) or None,
+                tokenizer=self.tokenizer,
+                pad_token_id=pad,
+                eos_token_id=self.tokenizer.eos_token_id,
+                return_dict_in_generate=True,
+                output_logits=True,
             )
         width = lc + ls
         seqs = out.sequences[:, width:].cpu()
-        logp = torch.log_softmax(torch.stack(out.logits, dim=1).float().cpu() / (temperature if sample else 1.0), dim=-1)
+        logp = torch.log_softmax(
+            torch.stack(out.logits, dim=1).float().cpu() / (temperature if sample else 1.0), dim=-1
+        )
         gens = []
         for r in range(b):
             kept, text, finish = cut_at_stop(self.tokenizer, seqs[r].tolist(), stop)
-            lp = logp[r, torch.arange(len(kept)), torch.tensor(kept, dtype=torch.long)].tolist() if kept else []
-            handle = self._row_cache(out.past_key_values, mask[r], r, list(contexts[r]) + kept) if self.reuse_prefix else None
-            gens.append(Generation(kept, lp, text, finish, prefill_tokens=len(suffix[r]), reused_tokens=cached[r], cache=handle))
+            lp = (
+                logp[r, torch.arange(len(kept)), torch.tensor(kept, dtype=torch.long)].tolist()
+                if kept
+                else []
+            )
+            handle = (
+                self._row_cache(out.past_key_values, mask[r], r, list(contexts[r]) + kept)
+                if self.reuse_prefix
+                else None
+            )
+            gens.append(
+                Generation(
+                    kept,
+                    lp,
+                    text,
+                    finish,
+                    prefill_tokens=len(suffix[r]),
+                    reused_tokens=cached[r],
+                    cache=handle,
+                )
+            )
         return gens
 
     def _batch_cache(self, kvs: Sequence[tuple[_KV, int] | None], lc: int):  # type: ignore[no-untyped-def]
@@ -130,5 +160,8 @@ class HFSampler:
         pos = torch.cat([real, torch.arange(start, start + n_gen)])
         length = past.layers[0].keys.shape[2]
         pos = pos[pos < length]  # the last sampled token was never fed back: its keys do not exist
-        layers = tuple((layer.keys[r, :, pos, :].clone().cpu(), layer.values[r, :, pos, :].clone().cpu()) for layer in past.layers)
+        layers = tuple(
+            (layer.keys[r, :, pos, :].clone().cpu(), layer.values[r, :, pos, :].clone().cpu())
+            for layer in past.layers
+        )
         return _KV(tuple(tokens[: len(pos)]), layers)

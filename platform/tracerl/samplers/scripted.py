@@ -39,7 +39,9 @@ class ScriptedSampler:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tok = tokenizer
-        self._prefixes: dict[int, dict[tuple[int, ...], tuple[int, int]]] = {}  # len -> prefix -> (script, turn)
+        self._prefixes: dict[
+            int, dict[tuple[int, ...], tuple[int, int]]
+        ] = {}  # len -> prefix -> (script, turn)
         self.scripts: list[list[str]] = []
         self.misses = 0
         """Contexts that matched no script (should stay 0 in a gold replay)."""
@@ -63,8 +65,15 @@ class ScriptedSampler:
                     return hit
         return None
 
-    def generate(self, contexts: Sequence[list[int]], max_new_tokens: int, stop: Sequence[str], temperature: float,
-                 seed: int, caches: Sequence[object | None] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        contexts: Sequence[list[int]],
+        max_new_tokens: int,
+        stop: Sequence[str],
+        temperature: float,
+        seed: int,
+        caches: Sequence[object | None] | None = None,
+    ) -> list[Generation]:
         """The next scripted turn of each context (an empty 'eos' turn where there is none)."""
         out = []
         for ctx in contexts:

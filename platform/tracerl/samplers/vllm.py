@@ -18,14 +18,18 @@ from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop
 
 @SAMPLERS.register("vllm")
 class VLLMSampler:
-    def __init__(self, llm: Any, tokenizer: Any, path: str | None = None, engine_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, llm: Any, tokenizer: Any, path: str | None = None, engine_kwargs: dict[str, Any] | None = None
+    ) -> None:
         self.llm = llm
         self.tokenizer = tokenizer
         self.path = path
         self.engine_kwargs = engine_kwargs or {}
 
     @classmethod
-    def from_pretrained(cls, path: str, dtype: str = "float32", seed: int = 0, **engine_kwargs: Any) -> VLLMSampler:
+    def from_pretrained(
+        cls, path: str, dtype: str = "float32", seed: int = 0, **engine_kwargs: Any
+    ) -> VLLMSampler:
         """Start a vLLM engine on an HF checkpoint directory, prefix caching on."""
         import importlib.util
 
@@ -40,8 +44,13 @@ class VLLMSampler:
 
         # load_weights ships a function to the engine's worker process (apply_model); our own local engine.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-        kwargs: dict[str, Any] = {"model": path, "dtype": dtype, "seed": seed, "enable_prefix_caching": True,
-                                  "max_model_len": engine_kwargs.pop("max_model_len", 2048)}
+        kwargs: dict[str, Any] = {
+            "model": path,
+            "dtype": dtype,
+            "seed": seed,
+            "enable_prefix_caching": True,
+            "max_model_len": engine_kwargs.pop("max_model_len", 2048),
+        }
         if not torch.cuda.is_available():
             # The CPU build's default KV block is 128 tokens: prefixes shorter than that would never be cached.
             kwargs["block_size"] = 32
@@ -61,8 +70,14 @@ class VLLMSampler:
         from vllm import SamplingParams
 
         params = [
-            SamplingParams(temperature=temperature, max_tokens=max_new_tokens, stop=list(stop) or None, logprobs=0,
-                           seed=seed + i, skip_special_tokens=True)
+            SamplingParams(
+                temperature=temperature,
+                max_tokens=max_new_tokens,
+                stop=list(stop) or None,
+                logprobs=0,
+                seed=seed + i,
+                skip_special_tokens=True,
+            )
             for i in range(len(contexts))
         ]
         outs = self.llm.generate([{"prompt_token_ids": list(c)} for c in contexts], params, use_tqdm=False)
@@ -76,7 +91,9 @@ class VLLMSampler:
                 finish = "stop" if isinstance(o.stop_reason, str) else "eos"
             lps = [float(step[t].logprob) for step, t in zip(o.logprobs or [], ids)]
             cached = int(getattr(out, "num_cached_tokens", 0) or 0)
-            gens.append(Generation(ids, lps, text, finish, prefill_tokens=len(ctx) - cached, reused_tokens=cached))
+            gens.append(
+                Generation(ids, lps, text, finish, prefill_tokens=len(ctx) - cached, reused_tokens=cached)
+            )
         return gens
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
@@ -103,11 +120,18 @@ class VLLMSampler:
         assert self.path is not None
         new = Path(tempfile.mkdtemp(prefix="tracerl-vllm-weights-"))
         for f in Path(self.path).iterdir():
-            if f.is_file() and not f.name.endswith((".safetensors", ".bin")) and not f.name.endswith(".index.json"):
+            if (
+                f.is_file()
+                and not f.name.endswith((".safetensors", ".bin"))
+                and not f.name.endswith(".index.json")
+            ):
                 shutil.copy(f, new / f.name)
         tensors = {name: t.contiguous() for name, t in items}
-        tied = "lm_head.weight" in tensors and "model.embed_tokens.weight" in tensors and (
-            tensors["lm_head.weight"].data_ptr() == tensors["model.embed_tokens.weight"].data_ptr())
+        tied = (
+            "lm_head.weight" in tensors
+            and "model.embed_tokens.weight" in tensors
+            and (tensors["lm_head.weight"].data_ptr() == tensors["model.embed_tokens.weight"].data_ptr())
+        )
         if tied:
             del tensors["lm_head.weight"]  # safetensors refuses shared storage
         save_file(tensors, str(new / "model.safetensors"))
