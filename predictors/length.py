@@ -29,14 +29,14 @@ from typing import cast
 
 import numpy as np
 
-from predictors.features import NumericFeaturizer
+from predictors.features import Featurizer, NumericFeaturizer
 from tracerl.algos.allocators import Allocator
+from tracerl.algos.trace_plus import LengthModel
 from tracerl.registry import Registry
 from tracerl.tree import Node, RolloutTree
 from tracerl.types import Anchor
 
-LENGTH_PREDICTORS: Registry = Registry("length predictor")
-Featurizer = Callable[[Sequence[Anchor]], np.ndarray]
+LENGTH_PREDICTORS: Registry[Callable[..., LengthModel]] = Registry("length predictor")
 
 
 @dataclass(frozen=True)

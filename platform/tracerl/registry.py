@@ -1,15 +1,25 @@
-"""Named registries of components: allocators, advantage estimators, predictors, environments, ...
+"""Named registries of components: allocators, advantage estimators, predictors, samplers, templates, ...
 
-Every component kind has one registry and one call signature. A name is either a registered key
-(``"trace"``) or an import path ``"package.module:attr"`` to a user component, so research code can
-plug in without editing the platform.
+Every component kind has one registry and one call signature. A name is a registered key (``"trace"``), an
+import path ``"package.module:attr"`` to a user component, or the name of a Python entry point in the
+registry's group (``tracerl.allocators``, ``tracerl.predictors``), so research code and third-party packages
+plug in without editing the platform. A package declares, in its ``pyproject.toml``::
+
+    [project.entry-points."tracerl.allocators"]
+    my_alloc = "mypkg.alloc:MyAllocator"
+
+and ``allocator.name=my_alloc`` then finds it once the package is installed. Entry points are read lazily,
+once, the first time a name is not among the registered ones, and an entry point is imported only when its
+name is asked for (a broken plug-in cannot break runs that do not use it). A registered (built-in) name wins
+over an entry point of the same name.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from importlib.metadata import EntryPoint, entry_points
+from typing import Generic, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -26,11 +36,14 @@ class Registry(Generic[T]):
 
     Args:
         kind: what the registry holds, used in error messages ("allocator").
+        group: the entry-point group third-party packages register under (None: none is read).
     """
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, group: str | None = None) -> None:
         self.kind = kind
+        self.group = group
         self._items: dict[str, T] = {}
+        self._plugins: dict[str, EntryPoint] | None = None  # read on the first unknown name
 
     def register(self, name: str) -> Callable[[T], T]:
         """Decorator that registers ``obj`` under ``name``; a duplicate name is an error."""
@@ -48,17 +61,24 @@ class Registry(Generic[T]):
         self.register(name)(obj)
 
     def names(self) -> list[str]:
-        """Known names, sorted."""
-        return sorted(self._items)
+        """Known names, sorted: registered ones and, once they were read, those of installed entry points."""
+        return sorted(set(self._items) | set(self._plugins or {}))
 
     def __contains__(self, name: object) -> bool:
         return name in self._items
 
+    def plugins(self) -> dict[str, EntryPoint]:
+        """The installed entry points of this registry's group by name (read once, not imported)."""
+        if self._plugins is None:
+            found = entry_points(group=self.group) if self.group else ()
+            self._plugins = {ep.name: ep for ep in found}
+        return self._plugins
+
     def get(self, name: str) -> T:
-        """Look up ``name``, or import ``module:attr``.
+        """Look up ``name``: a registered name, an import path ``module:attr``, or an entry point of the group.
 
         Raises:
-            RegistryError: unknown name or unimportable path, listing the known names.
+            RegistryError: unknown name, unimportable path or broken entry point, listing the known names.
         """
         if name in self._items:
             return self._items[name]
@@ -71,12 +91,24 @@ class Registry(Generic[T]):
                     f"cannot import module {module_name!r} for {self.kind} {name!r}: {exc}"
                 ) from exc
             try:
-                return getattr(module, attr)  # type: ignore[no-any-return]
+                return cast(T, getattr(module, attr))
             except AttributeError as exc:
                 raise RegistryError(
                     f"module {module_name!r} has no attribute {attr!r} ({self.kind} {name!r})"
                 ) from exc
+        plugin = self.plugins().get(name)
+        if plugin is not None:
+            try:
+                obj = cast(T, plugin.load())
+            except Exception as exc:  # a plug-in's import may fail in any way: say which one and why
+                raise RegistryError(
+                    f"{self.kind} {name!r} (entry point {plugin.value!r} in group {self.group!r}) "
+                    f"failed to load: {type(exc).__name__}: {exc}"
+                ) from exc
+            self._items[name] = obj
+            return obj
+        where = f", installed entry points in group {self.group!r}" if self.group else ""
         raise RegistryError(
             f"unknown {self.kind} {name!r}; known: {', '.join(self.names())} "
-            f"(or give an import path 'package.module:attr')"
+            f"(or give an import path 'package.module:attr'{where})"
         )

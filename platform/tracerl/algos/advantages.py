@@ -25,6 +25,7 @@ continuations went. Group membership and std normalisation are unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,7 +50,7 @@ class TreeAdvantages:
         return np.array([a.mean() if a.size else 0.0 for a in self.per_turn])
 
 
-ADVANTAGES: Registry = Registry("advantage estimator")
+ADVANTAGES: Registry[Callable[..., TreeAdvantages]] = Registry("advantage estimator")
 
 
 def _leaf_paths(tree: RolloutTree) -> tuple[list[int], list[list[int]], np.ndarray]:

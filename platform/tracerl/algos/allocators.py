@@ -205,7 +205,7 @@ class TreeAllocator(Allocator):
         return _expansions(cands, counts)
 
 
-ALLOCATORS: Registry[type[Allocator]] = Registry("allocator")
+ALLOCATORS: Registry[type[Allocator]] = Registry("allocator", group="tracerl.allocators")
 
 
 @ALLOCATORS.register("grpo")

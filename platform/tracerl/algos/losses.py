@@ -15,13 +15,14 @@ unequal size give exactly the gradient of the whole batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from tracerl.registry import Registry
 
-LOSSES: Registry = Registry("policy loss")
+LOSSES: Registry[Callable[..., LossOutput]] = Registry("policy loss")
 
 
 @dataclass(frozen=True)
