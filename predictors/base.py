@@ -10,17 +10,25 @@ steer allocation; they never enter the policy loss.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import cast
 
 import numpy as np
 
+from predictors.features import Featurizer
 from tracerl.config import PredictorConfig
 from tracerl.registry import Registry
 from tracerl.tree import Node, RolloutTree
 from tracerl.types import Anchor
 
-PREDICTORS: Registry = Registry("predictor")
+PREDICTORS: Registry[type[Predictor]] = Registry("predictor", group="tracerl.predictors")
+"""Every predictor is built as ``cls(cfg, seed, features=...)`` (``build_predictor``); third-party packages
+register under the entry-point group ``tracerl.predictors``."""
+
+FeaturizerFactory = Callable[[], Featurizer]
+"""Builds the anchor featurizer; only predictors that read anchor features call it (so a workflow can offer
+text features, and say what is missing, without knowing which predictor will use them)."""
 
 
 @dataclass(frozen=True)
@@ -67,9 +75,18 @@ def tree_targets(trees: Sequence[RolloutTree], kind: str = "recursive") -> Targe
 
 
 class Predictor:
-    """Base class. Subclasses implement ``_score`` and ``_fit``; ``ready`` gates cold start."""
+    """Base class. Subclasses implement ``_score`` and ``_fit``; ``ready`` gates cold start.
 
-    def __init__(self, cfg: PredictorConfig, seed: int = 0) -> None:
+    Args:
+        cfg: the predictor section.
+        seed: the run's seed.
+        features: builds the anchor featurizer for a predictor that reads features (None: the simulator's
+            numeric features); predictors that do not read features ignore it.
+    """
+
+    def __init__(
+        self, cfg: PredictorConfig, seed: int = 0, features: FeaturizerFactory | None = None
+    ) -> None:
         self.cfg = cfg
         self.seed = seed
         self.steps_fit = 0
@@ -102,17 +119,21 @@ class Predictor:
         return {"steps_fit": self.steps_fit}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        self.steps_fit = int(state["steps_fit"])  # type: ignore[call-overload]
+        self.steps_fit = int(cast(int, state["steps_fit"]))
 
 
 def build_predictor(
-    cfg: PredictorConfig, seed: int = 0, name: str | None = None, targets: str | None = None
+    cfg: PredictorConfig,
+    seed: int = 0,
+    name: str | None = None,
+    targets: str | None = None,
+    features: FeaturizerFactory | None = None,
 ) -> Predictor:
-    """Instantiate ``name`` (default ``cfg.name``) from the registry or an import path.
+    """Instantiate ``name`` (default ``cfg.name``): a registered name, an import path or an entry point.
 
-    ``targets`` overrides ``cfg.targets`` (an allocator's ``targets``: trace_debiased forces 'debiased').
+    ``targets`` overrides ``cfg.targets`` (an allocator's ``targets``: trace_debiased forces 'debiased');
+    ``features`` builds the featurizer of a predictor that reads anchor features (None: numeric features).
     """
     if targets is not None:
         cfg = replace(cfg, targets=targets)
-    cls = PREDICTORS.get(name or cfg.name)
-    return cls(cfg, seed)  # type: ignore[no-any-return]
+    return PREDICTORS.get(name or cfg.name)(cfg, seed, features=features)

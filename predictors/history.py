@@ -11,6 +11,7 @@ this is how predictors learn from revisits (PCL's and SPO's per-prompt tracking)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -52,5 +53,5 @@ class PromptHistory:
         return {"step": self.step, "counts": dict(self.counts)}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        self.step = int(state["step"])  # type: ignore[call-overload]
-        self.counts = dict(state["counts"])  # type: ignore[call-overload]
+        self.step = int(cast(int, state["step"]))
+        self.counts = dict(cast("dict[str, tuple[float, float, int]]", state["counts"]))

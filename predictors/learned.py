@@ -24,21 +24,21 @@ from __future__ import annotations
 
 import copy
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import nn
 
-from predictors.base import PREDICTORS, Predictor, tree_targets
-from predictors.features import NumericFeaturizer, prompt_bucket
+from predictors.base import PREDICTORS, FeaturizerFactory, Predictor, tree_targets
+from predictors.features import Featurizer, NumericFeaturizer, prompt_bucket
 from predictors.history import PromptHistory
 from tracerl.config import PredictorConfig
 from tracerl.tree import RolloutTree
 from tracerl.types import Anchor
 
 EMBED_DIM = 4
-Featurizer = Callable[[Sequence[Anchor]], np.ndarray]
 
 
 class _Net(nn.Module):
@@ -63,9 +63,11 @@ class _Net(nn.Module):
 
 @PREDICTORS.register("learned")
 class LearnedPredictor(Predictor):
-    def __init__(self, cfg: PredictorConfig, seed: int = 0, featurizer: Featurizer | None = None) -> None:
-        super().__init__(cfg, seed)
-        self.featurizer: Featurizer = featurizer or NumericFeaturizer()
+    def __init__(
+        self, cfg: PredictorConfig, seed: int = 0, features: FeaturizerFactory | None = None
+    ) -> None:
+        super().__init__(cfg, seed, features)
+        self.featurizer: Featurizer = features() if features is not None else NumericFeaturizer()
         self.history = PromptHistory(cfg.discount)
         self.net: _Net | None = None
         self.replay: deque[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = deque(
@@ -139,11 +141,14 @@ class LearnedPredictor(Predictor):
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         super().load_state_dict(state)
-        self.history.load_state_dict(state["history"])  # type: ignore[arg-type]
-        self.replay = deque(state["replay"], maxlen=self.cfg.replay_steps)  # type: ignore[call-overload]
+        self.history.load_state_dict(cast("dict[str, object]", state["history"]))
+        self.replay = deque(
+            cast("list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]", state["replay"]),
+            maxlen=self.cfg.replay_steps,
+        )
         if state["net"] is not None:
-            self.net = self._build(int(state["in_dim"]))  # type: ignore[call-overload]
-            self.net.load_state_dict(state["net"])  # type: ignore[arg-type]
-            for opt, s in zip(self._opts, state["opts"]):  # type: ignore[call-overload]
+            self.net = self._build(int(cast(int, state["in_dim"])))
+            self.net.load_state_dict(cast("dict[str, Any]", state["net"]))
+            for opt, s in zip(self._opts, cast("list[dict[str, Any]]", state["opts"])):
                 opt.load_state_dict(s)
-        self._gen.set_state(state["gen"])  # type: ignore[arg-type]
+        self._gen.set_state(cast(torch.Tensor, state["gen"]))

@@ -8,10 +8,11 @@ its prompt's posterior (no per-prefix state). An unseen prompt scores the prior 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
-from predictors.base import PREDICTORS, Predictor
+from predictors.base import PREDICTORS, FeaturizerFactory, Predictor
 from predictors.history import PromptHistory
 from tracerl.config import PredictorConfig
 from tracerl.tree import RolloutTree
@@ -20,8 +21,10 @@ from tracerl.types import Anchor
 
 @PREDICTORS.register("tabular")
 class TabularPredictor(Predictor):
-    def __init__(self, cfg: PredictorConfig, seed: int = 0) -> None:
-        super().__init__(cfg, seed)
+    def __init__(
+        self, cfg: PredictorConfig, seed: int = 0, features: FeaturizerFactory | None = None
+    ) -> None:
+        super().__init__(cfg, seed, features)
         self.history = PromptHistory(cfg.discount)
 
     def _score(self, anchors: Sequence[Anchor]) -> np.ndarray:
@@ -41,4 +44,4 @@ class TabularPredictor(Predictor):
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         super().load_state_dict(state)
-        self.history.load_state_dict(state["history"])  # type: ignore[arg-type]
+        self.history.load_state_dict(cast("dict[str, object]", state["history"]))

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from envs.simulator import Simulator
-from predictors import PREDICTORS, build_predictor
+from predictors import PREDICTORS, Predictor, build_predictor
+from predictors.base import FeaturizerFactory
 from predictors.history import PromptHistory
 from tests.conftest import chain
 from tracerl.calibration import auc, calibration_metrics, ece
@@ -122,7 +123,7 @@ def test_learned_predictor_over_text_separates_failing_histories() -> None:
 
     p = LearnedPredictor(
         PredictorConfig(name="learned", warmup_steps=1, fit_steps=60, embedding_buckets=0),
-        featurizer=HashedNgramFeaturizer(64),
+        features=lambda: HashedNgramFeaturizer(64),
     )
     for step in range(5):
         p.fit([tree(10 * step + k, k % 2 == 0) for k in range(8)])
@@ -166,3 +167,31 @@ def test_debiased_fit_targets_and_weights() -> None:
     assert y.tolist() == [float(t_sim.leaves()[0].reward)] * len(y) and w.tolist() == [1.0] * len(w)
     with pytest.raises(ValueError, match="predictor.targets must be recursive or debiased"):
         PredictorConfig(targets="mean")
+
+
+def test_text_predictors_are_built_through_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every predictor comes from PREDICTORS; text features reach the one that reads them, and only it."""
+    from predictors.learned import LearnedPredictor
+    from predictors.text import HashedNgramFeaturizer
+    from workflows.lm_stack import SetupError, make_text_predictor
+
+    built: list[object] = []
+
+    class FakeFeaturePredictor(Predictor):
+        def __init__(
+            self, cfg: PredictorConfig, seed: int = 0, features: FeaturizerFactory | None = None
+        ) -> None:
+            super().__init__(cfg, seed, features)
+            assert features is not None
+            built.append(features())
+
+    monkeypatch.setitem(PREDICTORS._items, "fake_features", FakeFeaturePredictor)
+    cfg = PredictorConfig(name="learned", features="hashed")
+    learned = make_text_predictor(cfg, 0, None, None, str)
+    assert isinstance(learned, LearnedPredictor) and isinstance(learned.featurizer, HashedNgramFeaturizer)
+    make_text_predictor(cfg, 0, None, None, str, name="fake_features")
+    assert len(built) == 1 and isinstance(built[0], HashedNgramFeaturizer)
+    numeric = PredictorConfig(name="tabular", features="numeric")
+    assert type(make_text_predictor(numeric, 0, None, None, str)).__name__ == "TabularPredictor"
+    with pytest.raises(SetupError, match="predictor.features=numeric needs the simulator's numeric features"):
+        make_text_predictor(numeric, 0, None, None, str, name="learned")

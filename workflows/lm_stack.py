@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from envs.registry import env_class
 from predictors import build_predictor
-from predictors.base import Predictor
-from predictors.learned import LearnedPredictor
+from predictors.base import FeaturizerFactory, Predictor
+from predictors.features import Featurizer
 from predictors.text import HashedNgramFeaturizer, PolicyHiddenFeaturizer
 from tracerl.config import EnvConfig, ModelConfig, PredictorConfig, SamplerConfig
 from tracerl.engine.react import TEMPLATES
@@ -24,6 +24,7 @@ __all__ = [
     "make_env",
     "build_stack",
     "make_text_predictor",
+    "text_features",
     "LMStack",
 ]
 
@@ -72,6 +73,22 @@ def build_text_predictor(
     )
 
 
+def text_features(cfg: PredictorConfig, model: Any, tokenizer: Any, render: Any) -> FeaturizerFactory:
+    """Builds the text featurizer ``predictor.features`` names (hashed n-grams, or ``model``'s hidden states over
+    histories rendered by ``render(question)`` for features=policy), for predictors that read features."""
+
+    def make() -> Featurizer:
+        if cfg.features == "policy":
+            return PolicyHiddenFeaturizer(model, tokenizer, render)
+        if cfg.features == "hashed":
+            return HashedNgramFeaturizer()
+        raise SetupError(
+            "predictor.features=numeric needs the simulator's numeric features; use hashed or policy here"
+        )
+
+    return make
+
+
 def make_text_predictor(
     cfg: PredictorConfig,
     seed: int,
@@ -81,20 +98,7 @@ def make_text_predictor(
     name: str | None = None,
     targets: str | None = None,
 ) -> Predictor:
-    """The configured predictor; the learned one gets a text featurizer (hashed n-grams, or ``model``'s hidden
-    states over histories rendered by ``render(question)`` for features=policy). ``targets`` overrides
-    ``cfg.targets`` (an allocator's forced fit targets)."""
-    name = name or cfg.name
-    if targets is not None:
-        cfg = replace(cfg, targets=targets)
-    if name != "learned":
-        return build_predictor(cfg, seed, name=name)
-    if cfg.features == "policy":
-        feat: Any = PolicyHiddenFeaturizer(model, tokenizer, render)
-    elif cfg.features == "hashed":
-        feat = HashedNgramFeaturizer()
-    else:
-        raise SetupError(
-            "predictor.features=numeric needs the simulator's numeric features; use hashed or policy here"
-        )
-    return LearnedPredictor(cfg, seed, featurizer=feat)
+    """The configured predictor, built through the registry, with text features (``text_features``) for a
+    predictor that reads them. ``targets`` overrides ``cfg.targets`` (an allocator's forced fit targets)."""
+    features = text_features(cfg, model, tokenizer, render)
+    return build_predictor(cfg, seed, name=name, targets=targets, features=features)
