@@ -89,24 +89,29 @@ def test_prefix_reuse_on_cuda(parts) -> None:  # type: ignore[no-untyped-def]
     model.to("cpu")
 
 
-class FakeEngineSampler:
-    """A fake engine backend that records how it was started (the real one is vLLM, tests/test_vllm.py)."""
-
-    started: dict[str, object] = {}
-
-    @classmethod
-    def from_pretrained(cls, path: str, dtype: str, **engine: object) -> "FakeEngineSampler":
-        cls.started = {"path": path, "dtype": dtype, **engine}
-        return cls()
-
-
-def test_an_engine_backend_is_sized_from_the_sampler_config(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_backend_is_built_through_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine backend (the vLLM class, with a fake engine start that records its arguments) is sized from
+    the sampler config; hf wraps the loaded model; an unknown backend's error lists the registered ones."""
     from tracerl.config import ModelConfig, SamplerConfig
-    from tracerl.samplers import SAMPLERS, make_sampler
+    from tracerl.registry import RegistryError
+    from tracerl.samplers import SAMPLERS, HFSampler, ScriptedSampler, VLLMSampler, make_sampler
+
+    class FakeEngineSampler(VLLMSampler):
+        """vLLM's sizing, without starting vLLM (the real engine: tests/test_vllm.py)."""
+
+        started: dict[str, object] = {}
+
+        @classmethod
+        def from_pretrained(
+            cls, path: str, dtype: str = "float32", seed: int = 0, **engine: object
+        ) -> VLLMSampler:
+            cls.started = {"path": path, "dtype": dtype, **engine}
+            return cls(None, None, path)
 
     monkeypatch.setitem(SAMPLERS._items, "fake_engine", FakeEngineSampler)
     cfg = SamplerConfig(backend="fake_engine", max_context_tokens=24576)
-    make_sampler(ModelConfig(path="/m", dtype="bfloat16"), cfg, None, None, gpus=0.5)
+    sampler = make_sampler(ModelConfig(path="/m", dtype="bfloat16"), cfg, None, None, gpus=0.5)
+    assert isinstance(sampler, FakeEngineSampler)
     assert FakeEngineSampler.started == {
         "path": "/m",
         "dtype": "bfloat16",
@@ -115,6 +120,14 @@ def test_an_engine_backend_is_sized_from_the_sampler_config(monkeypatch: pytest.
     }  # half a GPU: half its memory
     make_sampler(ModelConfig(path="/m"), cfg, None, None, gpus=1.0)
     assert "gpu_memory_utilization" not in FakeEngineSampler.started
+
+    model = torch.nn.Linear(2, 2)
+    hf = make_sampler(ModelConfig(path="/m"), SamplerConfig(backend="hf", reuse_prefix=False), model, "tok")
+    assert isinstance(hf, HFSampler) and hf.model is model and hf.tokenizer == "tok" and not hf.reuse_prefix
+    scripted = make_sampler(ModelConfig(path="/m"), SamplerConfig(backend="scripted"), None, "tok")
+    assert isinstance(scripted, ScriptedSampler) and scripted.tok == "tok"
+    with pytest.raises(RegistryError, match="unknown sampler 'nope'; known: fake_engine, hf, scripted, vllm"):
+        make_sampler(ModelConfig(path="/m"), SamplerConfig(backend="nope"), None, None)
 
 
 def test_an_engine_backend_must_fit_the_model_window(tiny_policy) -> None:  # type: ignore[no-untyped-def]

@@ -6,9 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tracerl.config import ModelConfig, SamplerConfig
 from tracerl.registry import Registry
-
-SAMPLERS: Registry = Registry("sampler")
 
 
 @dataclass(frozen=True)
@@ -56,6 +55,8 @@ def cut_at_stop(tokenizer: Any, new: list[int], stop: Sequence[str]) -> tuple[li
 
 
 class Sampler(Protocol):
+    """Generates one turn per context (see ``Generation`` for what comes back)."""
+
     def generate(
         self,
         contexts: Sequence[list[int]],
@@ -65,3 +66,18 @@ class Sampler(Protocol):
         seed: int,
         caches: Sequence[object | None] | None = None,
     ) -> list[Generation]: ...
+
+
+class SamplerBackend(Protocol):
+    """A sampler class as ``SAMPLERS`` holds it: every backend is built from the run's config the same way."""
+
+    def from_config(
+        self, model_cfg: ModelConfig, cfg: SamplerConfig, model: Any, tokenizer: Any, gpus: float = 1.0
+    ) -> Sampler:
+        """The backend for ``model_cfg``'s policy: around the already loaded ``model`` and ``tokenizer``
+        (transformers), or an engine of its own started on ``model_cfg.path`` and sized by ``cfg`` and the
+        GPU share ``gpus`` (vLLM)."""
+        ...
+
+
+SAMPLERS: Registry[SamplerBackend] = Registry("sampler")

@@ -19,9 +19,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from tracerl.config import ModelConfig, SamplerConfig
 from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop
 
 
@@ -35,11 +37,18 @@ class _KV:
 
 @SAMPLERS.register("hf")
 class HFSampler:
-    def __init__(self, model, tokenizer, device: str = "cpu", reuse_prefix: bool = True) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, model: Any, tokenizer: Any, device: str = "cpu", reuse_prefix: bool = True) -> None:
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.device = device
         self.reuse_prefix = reuse_prefix
+
+    @classmethod
+    def from_config(
+        cls, model_cfg: ModelConfig, cfg: SamplerConfig, model: Any, tokenizer: Any, gpus: float = 1.0
+    ) -> HFSampler:
+        """Around the loaded policy ``model`` (it generates with the weights the learner updates in place)."""
+        return cls(model, tokenizer, reuse_prefix=cfg.reuse_prefix)
 
     def _usable(self, context: list[int], cache: object | None) -> tuple[_KV, int] | None:
         """The handle and how many of its leading tokens match ``context`` (at least one token is left to feed).

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tracerl.config import ModelConfig, SamplerConfig
 from tracerl.samplers.base import SAMPLERS, Generation
 
 
@@ -45,6 +46,13 @@ class ScriptedSampler:
         self.scripts: list[list[str]] = []
         self.misses = 0
         """Contexts that matched no script (should stay 0 in a gold replay)."""
+
+    @classmethod
+    def from_config(
+        cls, model_cfg: ModelConfig, cfg: SamplerConfig, model: Any, tokenizer: Any, gpus: float = 1.0
+    ) -> ScriptedSampler:
+        """An empty replay on ``tokenizer``: give it scripts with ``add_script``."""
+        return cls(tokenizer)
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])

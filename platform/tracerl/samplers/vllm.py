@@ -13,7 +13,17 @@ import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from tracerl.config import ModelConfig, SamplerConfig
 from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop
+
+
+def engine_kwargs(cfg: SamplerConfig, gpus: float = 1.0) -> dict[str, Any]:
+    """Engine size: whole episodes fit (``sampler.max_context_tokens``) and, sharing a GPU (``gpus`` < 1), only
+    that share of the GPU's memory is taken (vLLM's default reserves 90% of it)."""
+    engine: dict[str, Any] = {"max_model_len": cfg.max_context_tokens}
+    if 0 < gpus < 1:
+        engine["gpu_memory_utilization"] = round(0.9 * gpus, 3)
+    return engine
 
 
 @SAMPLERS.register("vllm")
@@ -25,6 +35,13 @@ class VLLMSampler:
         self.tokenizer = tokenizer
         self.path = path
         self.engine_kwargs = engine_kwargs or {}
+
+    @classmethod
+    def from_config(
+        cls, model_cfg: ModelConfig, cfg: SamplerConfig, model: Any, tokenizer: Any, gpus: float = 1.0
+    ) -> VLLMSampler:
+        """An engine of its own on ``model_cfg.path`` (``model`` is not used: weights arrive by ``load_weights``)."""
+        return cls.from_pretrained(model_cfg.path, model_cfg.dtype, **engine_kwargs(cfg, gpus))
 
     @classmethod
     def from_pretrained(
