@@ -109,7 +109,7 @@ def test_concurrent_rollouts_do_not_share_state(env: BfclEnv) -> None:
         p = task_prompt(tasks[i])
         turns = env.gold_turns(p, tmpl)
         if i % 2:  # half of them write a file first, which the others must not see
-            turns = [tmpl.calls_turn("x", f"touch(file_name='mine_{i}.txt')"), *turns]
+            turns = [tmpl.calls_turn("x", [ToolCall("touch", {"file_name": f"mine_{i}.txt"})]), *turns]
         observations, state = [], env.initial_state(p)
         for text in turns:
             action = tmpl.parse(text, env.tools_for(p, state))
@@ -137,9 +137,11 @@ def test_fork_replay_rebuilds_the_same_state(env: BfclEnv) -> None:
     p, tmpl = task_prompt(task), PlainTemplate()
     s0 = env.initial_state(p)
     mk = env.execute(
-        p, s0, tmpl.parse(tmpl.calls_turn("x", "mkdir(dir_name='fork_a')"), env.tools_for(p, s0))
+        p,
+        s0,
+        tmpl.parse(tmpl.calls_turn("x", [ToolCall("mkdir", {"dir_name": "fork_a"})]), env.tools_for(p, s0)),
     )
-    ls = tmpl.parse(tmpl.calls_turn("x", "ls()"), env.tools_for(p, s0))
+    ls = tmpl.parse(tmpl.calls_turn("x", [ToolCall("ls", {})]), env.tools_for(p, s0))
     first, again = env.execute(p, mk.state, ls), env.execute(p, mk.state, ls)
     assert first == again and "fork_a" in first.observation and first.replayed == 1
     sibling = env.execute(p, s0, ls)  # a branch forked before the mkdir does not see it
@@ -189,7 +191,7 @@ def test_multi_call_turns_parse_in_both_templates(env: BfclEnv) -> None:
     tools = env.tools_for(p, env.initial_state(p))
     calls = (ToolCall("cd", {"folder": "document"}), ToolCall("mkdir", {"dir_name": "temp"}))
     plain = PlainTemplate().parse("Thought: t\nAction: [cd('document'), mkdir(dir_name='temp')]\n", tools)
-    chat = TEMPLATES.get("chat")().parse(TEMPLATES.get("chat").calls_turn(calls), tools)
+    chat = TEMPLATES.get("chat")(None).parse(TEMPLATES.get("chat")(None).calls_turn("", calls), tools)
     assert plain.calls == chat.calls == calls
 
 

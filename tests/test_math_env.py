@@ -158,9 +158,9 @@ class StatefulScript:
             text = self.tok.decode(ctx)
             done = text.count("Observation:")
             if done < len(self.TURNS):
-                turn = PlainTemplate.tool_turn("next step", "python", self.TURNS[done])
+                turn = PlainTemplate().tool_turn("next step", "python", {"code": self.TURNS[done]})
             else:
-                turn = PlainTemplate.answer_turn(
+                turn = PlainTemplate().answer_turn(
                     "as computed", text.rsplit("Observation:", 1)[1].strip().splitlines()[0]
                 )
             ids = self.tok(turn, add_special_tokens=False)["input_ids"][:max_new_tokens]

@@ -109,7 +109,7 @@ def test_templates_render_user_messages_and_multi_call_turns() -> None:
     )
     assert PlainTemplate().user_message(" next ") == "Question: next\n"
     calls = (ToolCall("echo", {"text": "a"}), ToolCall("shout", {"text": "b"}))
-    parsed = chat.parse(chat.calls_turn(calls), [ECHO, SHOUT])
+    parsed = chat.parse(chat.calls_turn("", calls), [ECHO, SHOUT])
     assert parsed.kind is ActionKind.TOOL and parsed.calls == calls and parsed.tool == "echo"
     # a single call is the same Action as before the multi-call extension
     single = chat.parse('<tool_call>{"name": "echo", "arguments": {"text": "a"}}</tool_call>', [ECHO])

@@ -111,3 +111,33 @@ def test_chat_template_renders_through_the_tokenizers_own_template() -> None:
         == "<|im_end|>\n<|im_start|>user\n<tool_response>\n4\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     )
     assert t.observation("4") == TEMPLATES.get("chat")().observation("4")  # same as the built-in ChatML text
+
+
+@pytest.mark.parametrize("name", TEMPLATES.names())
+def test_every_template_writes_gold_turns_its_parser_reads_back(name: str) -> None:
+    """gold.py renders through the template object: no template names are special-cased there."""
+    from tracerl.engine.gold import answer_turn_text, tool_turn_text
+    from tracerl.engine.react import ToolCall
+
+    t = TEMPLATES.get(name)(None)
+    one = t.parse(tool_turn_text(t, "run it", "python", {"code": "print(1 + 1)"}), TOOLS)
+    assert one.kind is ActionKind.TOOL and one.calls == (ToolCall("python", {"code": "print(1 + 1)"}),)
+    kw = t.parse(tool_turn_text(t, "look", "search", {"query": "Paris", "k": 3}), TOOLS)
+    assert kw.kind is ActionKind.TOOL and kw.arguments == {"query": "Paris", "k": 3}
+    calls = (ToolCall("search", {"query": "it's", "k": 2}), ToolCall("python", {"code": "x = [1]"}))
+    several = t.parse(t.calls_turn("two calls", calls), TOOLS)
+    assert several.kind is ActionKind.TOOL and several.calls == calls
+    done = t.parse(answer_turn_text(t, "done", "42"), TOOLS)
+    assert done.kind is ActionKind.ANSWER and done.answer == "42"
+
+
+def test_gold_turn_text_is_each_templates_format() -> None:
+    assert plain.tool_turn("t", "python", {"code": "1"}) == "Thought: t\nAction: python[1]\n"
+    assert (
+        plain.tool_turn("t", "search", {"query": "a", "k": 2})
+        == 'Thought: t\nAction: search{"query": "a", "k": 2}\n'
+    )
+    assert chat.answer_turn("t", "42") == "<think>t</think>\n42" and chat.answer_turn("", "42") == "42"
+    assert chat.tool_turn("t", "python", {"code": "1"}) == (
+        '<think>t</think>\n<tool_call>{"name": "python", "arguments": {"code": "1"}}</tool_call>'
+    )

@@ -46,7 +46,7 @@ class ScriptedSampler:
             task = next(k for k in self.tasks if k.question in text)
             done = text.count("Observation:")
             if done < len(task.steps):
-                turn = t.tool_turn(task.steps[done].thought, "python", task.steps[done].code)
+                turn = t.tool_turn(task.steps[done].thought, "python", {"code": task.steps[done].code})
             else:
                 turn = t.answer_turn(task.final_thought, "-1" if self.wrong else task.answer)
             ids = self.tok(turn, add_special_tokens=False)["input_ids"][:max_new_tokens]

@@ -47,7 +47,7 @@ def trace_segments(task: MathTask) -> list[Segment]:
         # The marker that ends a tool turn is trained (the sampler stops on it); the tool's output is not.
         obs = t.observation(step.output)
         marker = t.stop[0]
-        segs.append(Segment(t.tool_turn(step.thought, "python", step.code) + marker, True))
+        segs.append(Segment(t.tool_turn(step.thought, "python", {"code": step.code}) + marker, True))
         segs.append(Segment(obs[len(marker) :], False))
     segs.append(Segment(t.answer_turn(task.final_thought, task.answer), True))
     return segs

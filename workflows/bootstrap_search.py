@@ -37,7 +37,7 @@ def search_trace_segments(q: Question, env: SearchEnv, query_space: bool = False
         res = env.execute(Prompt(q.task_id, q.question, q.answer), state, action)
         state = res.state
         query = " " + hop.query if query_space else hop.query
-        segs.append(Segment(t.tool_turn(hop.thought, "search", query) + marker, True))
+        segs.append(Segment(t.tool_turn(hop.thought, "search", {"query": query}) + marker, True))
         segs.append(Segment(t.observation(res.observation)[len(marker) :], False))
     segs.append(Segment(t.answer_turn(q.final_thought, q.answer), True))
     return segs

@@ -35,7 +35,7 @@ from typing import Any
 from envs.bfcl.data import ADDED_FUNCTIONS_PROMPT, BfclTask, import_bfcl, load_tasks, split, tool_spec
 from envs.registry import ENVS
 from tracerl.engine.protocol import AnswerResult, ToolResult
-from tracerl.engine.react import Action, ChatTemplate, PlainTemplate, ToolCall, ToolSpec
+from tracerl.engine.react import Action, ToolCall, ToolSpec, TurnTemplate, call_source
 from tracerl.grading import GradeError, Grader, GradeTimeout
 from tracerl.types import Prompt
 
@@ -64,12 +64,6 @@ class BfclState:
     def num_calls(self) -> int:
         """Calls recorded so far."""
         return sum(len(step) for turn in self.steps for step in turn)
-
-
-def canonical_call(call: ToolCall) -> str:
-    """``name(arg=value, ...)`` with ``repr`` of each (literal) value: what BFCL's executor evaluates."""
-    args = ", ".join(f"{k}={v!r}" for k, v in call.arguments.items())
-    return f"{call.tool}({args})"
 
 
 def reference_calls(source: str) -> list[ToolCall]:
@@ -184,7 +178,7 @@ class BfclEnv:
             err = _check_arguments(c)
             if err:
                 return ToolResult(err, state, calls=0)
-        new = tuple(canonical_call(c) for c in action.calls)
+        new = tuple(call_source(c) for c in action.calls)
         history = [call for turn in state.steps for step in turn for call in step]
         try:
             results = self._run(task, [*history, *new])[len(history) :]
@@ -260,24 +254,16 @@ class BfclEnv:
         """BFCL scores the whole episode's calls (``on_answer``); an answer alone earns nothing."""
         return 0.0
 
-    def gold_turns(self, prompt: Prompt, template: Any) -> list[str]:
-        """The reference responses as model text in ``template`` ('plain', 'chat' or a template object):
-        per user turn, one response with all its reference calls (if any), then one ending the turn."""
-        name = str(getattr(template, "name", template))
-        if name not in ("plain", "chat"):
-            raise ValueError(f"gold_turns renders the 'plain' and 'chat' templates (got {name!r})")
+    def gold_turns(self, prompt: Prompt, template: TurnTemplate) -> list[str]:
+        """The reference responses as model text in ``template``'s format: per user turn, one response with all
+        its reference calls (if any), then one ending the turn."""
         turns: list[str] = []
         for reference in self.task(prompt).ground_truth:
             calls = [c for source in reference for c in reference_calls(source)]
-            if calls and name == "plain":
-                turns.append(
-                    PlainTemplate.calls_turn("I call the functions.", ", ".join(map(canonical_call, calls)))
-                )
-            elif calls:
-                turns.append(ChatTemplate.calls_turn(calls))
-            reply = GOLD_ANSWER if calls else GOLD_DECLINE
+            if calls:
+                turns.append(template.calls_turn("I call the functions.", calls))
             turns.append(
-                f"Thought: The request is handled.\nFinal Answer: {reply}\n" if name == "plain" else reply
+                template.answer_turn("The request is handled.", GOLD_ANSWER if calls else GOLD_DECLINE)
             )
         return turns
 
