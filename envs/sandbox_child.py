@@ -1,0 +1,210 @@
+"""What a sandboxed call's child process runs and is held to (envs/sandbox.py starts it and collects the result).
+
+* ``LAUNCHER``: a freshly exec'd interpreter that sets up the child before exec'ing the sandboxed command: a new
+  session, a network namespace (root without bubblewrap), the rlimits (``launcher_spec``) and the unprivileged uid;
+* ``RUNNER``: replays the earlier cells silently, runs the last one, and writes its report (``STATUS_FILE``:
+  ok, exception, limit or leftover, with the threads, processes and timers the cell left) before it exits;
+* ``NAMESPACES`` and ``bwrap_view``: bubblewrap's namespaces, and the probe that checks the interpreter runs in
+  its read-only view (envs/sandbox_fs.py) before any call relies on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+from envs.sandbox_fs import ReadOnlyView, interpreter_view
+from tracerl.config import SandboxConfig
+
+# bubblewrap's namespaces and minimal /dev, /proc and private /tmp (the read-only view and scratch come after).
+NAMESPACES = (
+    "--unshare-net",
+    "--unshare-pid",
+    "--unshare-ipc",
+    "--die-with-parent",
+    "--new-session",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "--tmpfs",
+    "/tmp",
+)
+STATUS_FILE = ".cell-status.json"  # the runner's report on the last cell, in the scratch directory
+# Runs in the child (as root, before dropping privileges), then execs the sandboxed command.
+LAUNCHER = r"""
+import ctypes, json, os, resource, sys
+spec = json.loads(sys.argv[1])
+os.setsid()
+if spec["unshare_net"]:
+    ctypes.CDLL(None, use_errno=True).unshare(0x40000000)  # a fresh network namespace: no interfaces up
+for res, value in spec["limits"]:
+    resource.setrlimit(res, (value, value))
+if spec["uid"] is not None:
+    os.setgroups([])
+    os.setgid(spec["uid"])
+    os.setuid(spec["uid"])
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+RUNNER = r"""
+import errno, json, os, signal, sys, traceback
+
+LIMIT_ERRNOS = {errno.EAGAIN, errno.EFBIG, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC, errno.EDQUOT}
+
+
+def main():
+    # Everything the report needs is bound here, before any cell runs, so a cell that rebinds a name or
+    # patches a module cannot break it. Cells run in their own namespace, not this module's.
+    _exit, _open, _write, _close, _listdir, _stat = os._exit, os.open, os.write, os.close, os.listdir, os.stat
+    _getpid, _getppid, _getuid, _getsid, _dumps = os.getpid, os.getppid, os.getuid, os.getsid, json.dumps
+    _print_exception, _compile, _exec, _isinstance = traceback.print_exception, compile, exec, isinstance
+    _fopen, _print, _O_NEW = open, print, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    _getitimer, _itimers = signal.getitimer, (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
+    with open(sys.argv[1]) as f:
+        cells = json.load(f)
+    status_path, private = sys.argv[2], sys.argv[3] == "1"
+    me, out, err, sink = _getpid(), sys.stdout, sys.stderr, open(os.devnull, "w")
+    ns = {"__name__": "__main__", "__builtins__": __builtins__}
+    for cell in cells[:-1]:  # replay earlier cells for their state; their output was already shown
+        sys.stdout = sys.stderr = sink
+        try:
+            _exec(_compile(cell, "<cell>", "exec"), ns)
+        except BaseException:
+            pass
+        if _getpid() != me:  # a fork that fell through the cell: only the runner's own process goes on
+            _exit(0)
+    sys.stdout, sys.stderr = out, err
+    status, code = "ok", 0
+    try:
+        _exec(_compile(cells[-1], "<cell>", "exec"), ns)
+    except SystemExit as exc:
+        if _getpid() != me:
+            _exit(0)
+        status, code = "exception", exc.code
+        if not _isinstance(code, int):
+            if code is not None:
+                _print(code, file=err)
+            code = 0 if code is None else 1
+        code = code & 0xFF
+    except BaseException as exc:
+        if _getpid() != me:  # a forked child raising (a fork bomb's many children): not the runner's to report
+            _exit(0)
+        limit = _isinstance(exc, MemoryError) or (_isinstance(exc, OSError) and exc.errno in LIMIT_ERRNOS)
+        status, code = ("limit" if limit else "exception"), 1
+        sys.stderr = err
+        try:
+            _print_exception(type(exc), exc, exc.__traceback__.tb_next)  # the cell's frames, not the runner's
+        except BaseException:
+            pass
+    if _getpid() != me:
+        _exit(0)
+    sys.stdout, sys.stderr = out, err
+    threads = processes = 0
+    timers = sum(_getitimer(t)[0] > 0 for t in _itimers)  # signal.alarm / setitimer: would fire in later calls
+    try:
+        threads = len(_listdir("/proc/self/task")) - 1
+        uid, sid, parent = _getuid(), _getsid(0), _getppid()
+        for pid in _listdir("/proc"):
+            if not pid.isdigit() or int(pid) in (me, parent):
+                continue
+            try:  # private: every other process of our uid (or PID namespace) is the call's; else our session's
+                if (_stat("/proc/" + pid).st_uid == uid) if private else (_getsid(int(pid)) == sid):
+                    with _fopen("/proc/" + pid + "/stat") as f:
+                        processes += f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            except (OSError, IndexError):
+                continue
+    except OSError:
+        pass
+    if status != "limit" and (threads or processes or timers):
+        status, code = "leftover", code or 1
+    for stream in (out, err):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    fd = _open(status_path, _O_NEW, 0o600)
+    _write(fd, _dumps({"status": status, "threads": threads, "processes": processes, "timers": timers}).encode())
+    _close(fd)
+    _exit(code)  # skips atexit handlers and the join of leftover threads: the report above is final
+
+
+main()
+"""
+
+
+def launcher_spec(cfg: SandboxConfig, as_root: bool, unshare_net: bool, uid: int) -> dict[str, object]:
+    """What the launcher applies in the child before exec: session, namespaces, rlimits, uid."""
+    mb = 1024 * 1024
+    limits = [
+        (resource.RLIMIT_CPU, cfg.cpu_s),
+        (resource.RLIMIT_AS, cfg.memory_mb * mb),
+        (resource.RLIMIT_FSIZE, cfg.max_file_mb * mb),
+        (resource.RLIMIT_NOFILE, cfg.max_open_files),
+        (resource.RLIMIT_CORE, 0),
+    ]
+    if as_root:  # NPROC counts per uid: only meaningful with a uid of the call's own
+        limits.append((resource.RLIMIT_NPROC, cfg.max_processes))
+    return {"unshare_net": unshare_net, "limits": limits, "uid": uid if as_root else None}
+
+
+def launch(spec: dict[str, object], command: list[str]) -> list[str]:
+    """``command`` behind the launcher. The child is set up by a freshly exec'd interpreter, not by a
+    ``preexec_fn``: forking a threaded host (a Ray actor: gRPC threads) and running Python before exec
+    can deadlock or crash the child on locks held by other threads."""
+    return [sys.executable, "-I", "-S", "-c", LAUNCHER, json.dumps(spec), *command]
+
+
+def bwrap_view(bwrap: str, python: str) -> tuple[ReadOnlyView | None, str]:
+    """The interpreter's read-only view, and why bubblewrap cannot run it there ('' when it can): the probe
+    runs the stdlib modules the math tool needs inside the same namespaces and view as a call, as an
+    unprivileged uid when we are root."""
+    try:
+        view = interpreter_view(python)
+    except RuntimeError as exc:
+        return None, str(exc)
+    command = [
+        bwrap,
+        *NAMESPACES,
+        *view.bwrap_args(),
+        "--remount-ro",
+        "/",
+        python,
+        "-I",
+        "-c",
+        "import math, json, fractions, re, decimal; print(math.gcd(12, 18))",
+    ]
+    # Through the launcher, as a call is (no preexec_fn in a threaded host), as the unprivileged uid 65534 if root.
+    spec: dict[str, object] = {
+        "unshare_net": False,
+        "limits": [],
+        "uid": 65534 if os.geteuid() == 0 else None,
+    }
+    try:
+        r = subprocess.run(
+            launch(spec, command),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"bubblewrap failed to start: {exc}"
+    if r.returncode != 0 or r.stdout.strip() != "6":
+        return (
+            None,
+            f"bubblewrap could not run {python} with only its libraries visible: {r.stderr.strip()[-300:]}",
+        )
+    return view, ""
+
+
+def read_report(path: Path) -> dict[str, object]:
+    """The runner's report on the last cell; empty when it did not get to write one (crash, kill, timeout)."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return report if isinstance(report, dict) else {}
