@@ -4,22 +4,21 @@ Commands that run a configured job take ``--config PATH`` (default: the command'
 and ``key=value`` overrides: ``allocator=grpo`` loads conf/allocator/grpo.yaml into the allocator
 group, ``budget.num_roots=64`` sets one field. Flags such as ``--roots`` are shorthands for config
 keys and are applied after the positional overrides.
+
+This module has the job commands (bootstrap, rollout, train, sweep, study, eval), the parser and ``main``;
+the benchmarks are in workflows/cli_bench.py, the commands on tracked runs and clusters (register, compare,
+submit, ui) in workflows/cli_mlflow.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tracerl.config import (
-    BenchAllocationConfig,
-    BenchEnvConfig,
-    BenchRolloutConfig,
-    BenchTrainConfig,
     BootstrapConfig,
     EvalConfig,
     RolloutConfig,
@@ -28,125 +27,10 @@ from tracerl.config import (
     TrainConfig,
 )
 from tracerl.config_loader import ConfigError, compose, conf_dir, to_yaml
-from workflows.progress import Progress
-from workflows.tracking import DEFAULT_URI, ENV_VAR, resolve_uri, where
-
-# Messages and bars of long commands (workflows/progress.py): a bar on a terminal, plain lines in logs.
-_progress = Progress()
-
-
-@dataclass(frozen=True)
-class Shorthand:
-    flag: str
-    keys: tuple[str, ...]
-    help: str
-    type: Callable[[str], Any] = int
-    extra: tuple[str, ...] = ()  # fixed overrides that come with the flag
-
-
-BENCH_ALLOCATION_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
-    Shorthand("--seeds", ("seeds",), "seeds per allocator"),
-    Shorthand("--steps", ("steps",), "RL steps per run"),
-    Shorthand(
-        "--roots",
-        ("budget.num_roots",),
-        "M, bare rollouts a step (L = M (1 + N))",
-        int,
-        ("budget.num_leaves=null",),
-    ),
-    Shorthand("--continuations", ("budget.continuations",), "N, the continuation multiplier"),
-    Shorthand("--workers", ("workers",), "parallel runs (Ray tasks); 1 = no Ray"),
-    Shorthand("--out", ("out_dir",), "output directory", str),
-)
-
-
-BENCH_TARGETS_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
-    Shorthand("--seeds", ("seeds",), "seeds per allocator"),
-    Shorthand("--steps", ("steps",), "RL steps per run"),
-    Shorthand("--out", ("out_dir",), "output directory", str),
-)
-
-
-@dataclass(frozen=True)
-class Command:
-    schema: type
-    config: str  # path under conf/
-    flags: tuple[Shorthand, ...]
-    run: Callable[[Any], int]
-
-
-def _bench_allocation(cfg: BenchAllocationConfig) -> int:
-    from workflows.bench_allocation import run_bench
-
-    _progress(where(cfg.tracking))
-    summary = run_bench(cfg, progress=_progress)
-    from workflows.bench_allocation import format_table
-
-    print(format_table(cfg, summary))
-    print(
-        f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
-    )
-    if cfg.tracking.enabled:
-        uri = resolve_uri(cfg.tracking.uri)
-        print(f"MLflow: {len(summary['run_ids'])} runs in experiment '{cfg.tracking.experiment}' at {uri}")
-        print(f"  open with: mlflow ui --backend-store-uri {uri}")
-    return 0
-
-
-def _bench_targets(cfg: BenchAllocationConfig) -> int:
-    from workflows.bench_targets import format_targets_table, run_targets
-
-    summary = run_targets(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    print(format_targets_table(summary))
-    print(
-        f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
-    )
-    return 0
-
-
-def _bench_env(cfg: BenchEnvConfig) -> int:
-    import json
-
-    from workflows.bench_env import run_bench_env
-    from workflows.lm_stack import SetupError
-
-    try:
-        out = run_bench_env(cfg, progress=_progress)
-    except (SetupError, FileNotFoundError, ValueError) as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
-    cats = ", ".join(f"{k} {v:.3f}" for k, v in out["by_category"].items())
-    extra = ", ".join(f"{k} {v:.3f}" for k, v in out["scores"].items())
-    print(
-        f"{out['env']} ({out['mode']}): score {out['score']:.3f} on {out['n']} held-out tasks"
-        + (f" ({extra})" if extra else "")
-        + f" in {out['time_s']:.1f} s"
-    )
-    print(f"  by category: {cats}")
-    if cfg.json_path:
-        Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.json_path).write_text(json.dumps(out, indent=2))
-        print(f"wrote {cfg.json_path}")
-    return 0
-
-
-def _bench_env_overrides(args: argparse.Namespace) -> None:
-    """``bench env NAME [--gold]``: the positional environment name selects conf/env/NAME.yaml and the family's
-    tiny policy (conf/model/tiny_NAME.yaml where it exists); ``--gold`` sets gold=true."""
-    names = [x for x in args.overrides if "=" not in x]
-    if len(names) > 1:
-        raise ConfigError(f"bench env takes one environment name (got {', '.join(names)})")
-    rest = [x for x in args.overrides if "=" in x]
-    pre = []
-    if names:
-        pre.append(f"env={names[0]}")
-        if (conf_dir() / "model" / f"tiny_{names[0]}.yaml").is_file():
-            pre.append(f"model=tiny_{names[0]}")
-    if getattr(args, "gold", False):
-        pre.append("gold=true")
-    args.overrides = pre + rest
+from workflows import cli_bench, cli_mlflow
+from workflows.cli_args import Command, Shorthand, add_job_args
+from workflows.cli_args import progress as _progress
+from workflows.tracking import resolve_uri
 
 
 def _bootstrap(cfg: BootstrapConfig) -> int:
@@ -181,22 +65,6 @@ def _rollout(cfg: RolloutConfig) -> int:
         f"effective ratio {m['rollout/effective_ratio']:.3f}, {m['budget/leaves']:.0f} leaves, "
         f"{m['budget/generated_tokens']:.0f} generated tokens, {m['budget/tool_calls']:.0f} tool calls, "
         f"prefill re-used {m['budget/prefill_tokens_reused']:.0f} / computed {m['budget/prefill_tokens_computed']:.0f}"
-    )
-    return 0
-
-
-def _bench_rollout(cfg: BenchRolloutConfig) -> int:
-    from workflows.bench_rollout import format_table, run_bench
-    from workflows.lm_stack import SetupError
-
-    try:
-        summary = run_bench(cfg, progress=_progress)
-    except (SetupError, FileNotFoundError, ValueError) as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
-    print(format_table(cfg, summary))
-    print(
-        f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
     )
     return 0
 
@@ -273,22 +141,6 @@ def _study(cfg: StudyConfig) -> int:
     return 1 if s.get("failed") else 0
 
 
-def _bench_train(cfg: BenchTrainConfig) -> int:
-    from workflows.bench_train import format_table, run_bench
-    from workflows.lm_stack import SetupError
-
-    try:
-        summary = run_bench(cfg, progress=_progress)
-    except (SetupError, FileNotFoundError, ValueError) as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
-    print(format_table(summary))
-    print(
-        f"wrote {Path(cfg.bench_out) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
-    )
-    return 0
-
-
 def _eval(cfg: EvalConfig) -> int:
     from tracerl.models.hf import SetupError  # not workflows.lm_stack: a bad input fails before torch loads
     from workflows.evaluate import run_eval
@@ -309,90 +161,12 @@ def _eval(cfg: EvalConfig) -> int:
     return 0
 
 
-def _register(args: argparse.Namespace) -> int:
-    from workflows.registry import register
-
-    try:
-        v = register(args.run_id, args.name, args.alias, args.tracking_uri, progress=_progress)
-    except (LookupError, FileNotFoundError, ValueError) as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
-    alias = f" (alias {args.alias})" if args.alias else ""
-    print(f"registered {args.name} version {v['version']}{alias} from run {args.run_id}: {v['source']}")
-    print(
-        f"  load with: mlflow.artifacts.download_artifacts('models:/{args.name}/{v['version']}') -> "
-        "AutoModelForCausalLM.from_pretrained(<dir>/artifacts/policy)"
-    )
-    return 0
-
-
-def _compare(args: argparse.Namespace) -> int:
-    from tracerl.config import TrackingConfig
-    from workflows.compare import compare
-
-    tracking = TrackingConfig(uri=args.tracking_uri, experiment=args.experiment or "tracerl")
-    try:
-        res = compare(tracking, args.experiment, args.run_ids, args.out, log_to_mlflow=not args.no_log)
-    except LookupError as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
-    print(res["table"])
-    print(f"\nwrote {args.out}/table.txt, runs.json and " + ", ".join(Path(f).name for f in res["files"]))
-    if res["run_id"]:
-        print(
-            f"logged to MLflow run {res['run_id']} (artifacts/compare); open: tracerl ui --tracking-uri {args.tracking_uri}"
-        )
-    return 0
-
-
-def _submit(args: argparse.Namespace) -> int:
-    from workflows import submit as sub
-
-    try:
-        if args.status:
-            print(sub.status(args.address, args.status))
-            return 0
-        if args.logs:
-            print(sub.logs(args.address, args.logs), end="")
-            return 0
-        if args.stop:
-            print("stopped" if sub.stop(args.address, args.stop) else "not running")
-            return 0
-        if not args.job:
-            print(
-                "tracerl: submit needs COMMAND (train, sweep, eval or study), or --status/--logs/--stop JOB_ID",
-                file=sys.stderr,
-            )
-            return 2
-        job_id, state = sub.submit(
-            args.address, args.job[0], args.job[1:], args.working_dir, args.python, follow=not args.no_follow
-        )
-    except (ValueError, ConnectionError, RuntimeError) as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
-    print(f"job {job_id}: {state}")
-    return 0 if state in ("SUCCEEDED", "PENDING") else 1
-
-
-def _ui(args: argparse.Namespace) -> int:
-    from workflows.mlflow_ui import serve
-
-    return serve(args.tracking_uri, args.host, args.port, args.experiment, check=args.check)
-
-
 ROLLOUT_FLAGS = (
     Shorthand("--steps", ("steps",), "steps to run (the predictor learns across them; the last is written)"),
     Shorthand("--out", ("out_dir",), "output directory", str),
     Shorthand("--roots", ("budget.num_roots",), "M, bare rollouts a step", int, ("budget.num_leaves=null",)),
     Shorthand("--continuations", ("budget.continuations",), "N, the continuation multiplier"),
 )
-BENCH_ROLLOUT_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
-    Shorthand("--steps", ("steps",), "steps per allocator"),
-    Shorthand("--seeds", ("seeds",), "seeds per allocator"),
-    Shorthand("--out", ("out_dir",), "output directory", str),
-)
-
 TRAIN_FLAGS = (
     Shorthand("--steps", ("steps",), "RL steps"),
     Shorthand("--seed", ("seed",), "seed"),
@@ -402,12 +176,6 @@ SWEEP_FLAGS = (
     Shorthand("--samples", ("num_samples",), "trials"),
     Shorthand("--steps", ("steps",), "RL steps per trial"),
     Shorthand("--name", ("sweep_name",), "sweep name (the same name resumes an interrupted sweep)", str),
-)
-BENCH_TRAIN_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
-    Shorthand("--steps", ("steps",), "RL steps per run"),
-    Shorthand("--seeds", ("seeds",), "seeds per allocator"),
-    Shorthand("--out", ("bench_out",), "output directory", str),
 )
 STUDY_FLAGS = (
     Shorthand("--json", ("json_path",), "also write study.json here", str),
@@ -420,42 +188,28 @@ EVAL_FLAGS = (
     Shorthand("--out", ("out_dir",), "output directory", str),
 )
 
-BENCH_ENV_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
-    Shorthand("--tasks", ("tasks",), "held-out tasks to run"),
-)
-
 BOOTSTRAP_FLAGS = (
     Shorthand("--out", ("out_dir",), "checkpoint directory", str),
     Shorthand("--seed", ("seed",), "seed for tasks, initialisation and training"),
 )
 
 COMMANDS: dict[str, Command] = {
-    "bench allocation": Command(
-        BenchAllocationConfig, "bench/allocation.yaml", BENCH_ALLOCATION_FLAGS, _bench_allocation
-    ),
-    "bench env": Command(BenchEnvConfig, "bench/env.yaml", BENCH_ENV_FLAGS, _bench_env),
-    "bench targets": Command(
-        BenchAllocationConfig, "bench/targets.yaml", BENCH_TARGETS_FLAGS, _bench_targets
-    ),
+    **cli_bench.BENCH_COMMANDS,
     "bootstrap": Command(BootstrapConfig, "bootstrap/math.yaml", BOOTSTRAP_FLAGS, _bootstrap),
     "rollout": Command(RolloutConfig, "rollout/math.yaml", ROLLOUT_FLAGS, _rollout),
-    "bench rollout": Command(BenchRolloutConfig, "bench/rollout.yaml", BENCH_ROLLOUT_FLAGS, _bench_rollout),
     "train": Command(TrainConfig, "train/default.yaml", TRAIN_FLAGS, _train),
     "sweep": Command(SweepConfig, "sweep/default.yaml", SWEEP_FLAGS, _sweep),
-    "bench train": Command(BenchTrainConfig, "bench/train.yaml", BENCH_TRAIN_FLAGS, _bench_train),
     "eval": Command(EvalConfig, "eval/math.yaml", EVAL_FLAGS, _eval),
     "study": Command(StudyConfig, "study/main.yaml", STUDY_FLAGS, _study),
 }
-
-
-def _add_job_args(p: argparse.ArgumentParser, cmd: Command) -> None:
-    p.add_argument("--config", help=f"config YAML (default: conf/{cmd.config})")
-    for f in cmd.flags:
-        p.add_argument(f.flag, type=f.type, help=f"{f.help} (sets {', '.join(f.keys)})")
-    p.add_argument(
-        "overrides", nargs="*", help="key=value overrides, e.g. allocator=grpo budget.num_roots=64"
-    )
+JOB_HELP = {
+    "bootstrap": "build the built-in tiny policy (tokenizer + small LM, SFT warm start)",
+    "rollout": "allocation-and-rollout steps; writes trees.jsonl and trees.html",
+    "train": "RL training on Ray Train workers, tracked in MLflow (resume=RUN_ID)",
+    "eval": "greedy pass@1, pass@k and avg@k of a checkpoint on a task set",
+    "sweep": "Ray Tune + Optuna over the budget shape; each trial a train run",
+    "study": "the TRACE study: a grid of train runs under one MLflow parent run, and its report",
+}
 
 
 def load(name: str, args: argparse.Namespace) -> Any:
@@ -474,107 +228,18 @@ def load(name: str, args: argparse.Namespace) -> Any:
     return compose(cmd.schema, args.config or conf_dir() / cmd.config, overrides)
 
 
-URI_HELP = f"MLflow tracking URI (default: ${ENV_VAR} when set, else {DEFAULT_URI})"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tracerl", description="TRACE rollout allocation for agentic RL.")
     sub = parser.add_subparsers(dest="command", required=True)
-    bench = sub.add_parser("bench", help="benchmarks that print tables and write JSON")
-    bench_sub = bench.add_subparsers(dest="bench", required=True)
-    _add_job_args(
-        bench_sub.add_parser("allocation", help="every allocator at equal leaf budget on the simulator"),
-        COMMANDS["bench allocation"],
-    )
-    _add_job_args(
-        bench_sub.add_parser("targets", help="bias of the predictor's fit targets vs the true V (simulator)"),
-        COMMANDS["bench targets"],
-    )
-    _add_job_args(
-        bench_sub.add_parser("rollout", help="allocators at equal leaves with the frozen tiny policy"),
-        COMMANDS["bench rollout"],
-    )
-    _add_job_args(
-        bench_sub.add_parser("train", help="training runs of TRACE and GRPO at equal leaves, several seeds"),
-        COMMANDS["bench train"],
-    )
-    env_p = bench_sub.add_parser(
-        "env",
-        help="an environment's gold replay (--gold) or tiny policy pass@1: "
-        "bench env [math|search|bfcl] [--gold] [--json PATH]",
-    )
-    _add_job_args(env_p, COMMANDS["bench env"])
-    env_p.add_argument("--gold", action="store_true", help="replay the reference actions (sets gold=true)")
-    _add_job_args(
-        sub.add_parser(
-            "bootstrap", help="build the built-in tiny policy (tokenizer + small LM, SFT warm start)"
-        ),
-        COMMANDS["bootstrap"],
-    )
-    _add_job_args(
-        sub.add_parser("rollout", help="allocation-and-rollout steps; writes trees.jsonl and trees.html"),
-        COMMANDS["rollout"],
-    )
-    _add_job_args(
-        sub.add_parser("train", help="RL training on Ray Train workers, tracked in MLflow (resume=RUN_ID)"),
-        COMMANDS["train"],
-    )
-    _add_job_args(
-        sub.add_parser("eval", help="greedy pass@1, pass@k and avg@k of a checkpoint on a task set"),
-        COMMANDS["eval"],
-    )
-    reg = sub.add_parser("register", help="register a training run's checkpoint in the MLflow Model Registry")
-    reg.add_argument("run_id", help="MLflow run id of a `tracerl train` run")
-    reg.add_argument("--name", required=True, help="registered model name")
-    reg.add_argument("--alias", help="alias to point at the new version (e.g. champion)")
-    reg.add_argument("--tracking-uri", help=URI_HELP)
-    _add_job_args(
-        sub.add_parser("sweep", help="Ray Tune + Optuna over the budget shape; each trial a train run"),
-        COMMANDS["sweep"],
-    )
-    st = sub.add_parser(
-        "study", help="the TRACE study: a grid of train runs under one MLflow parent run, and its report"
-    )
-    _add_job_args(st, COMMANDS["study"])
+    cli_bench.add_parsers(sub)
+    jobs = {
+        name: add_job_args(sub.add_parser(name, help=text), COMMANDS[name]) for name, text in JOB_HELP.items()
+    }
+    st = jobs["study"]
     st.add_argument("--fresh", action="store_true", help="re-run the selected cells even if they finished")
     st.add_argument("--report-only", action="store_true", help="rebuild the report from MLflow, run no cell")
     st.add_argument("--fill-tokens", action="store_true", help="write each testbed's T into the config file")
-    sm = sub.add_parser(
-        "submit",
-        help="send train, sweep, eval or study to a Ray cluster (Ray Jobs); or --status/--logs/--stop",
-    )
-    sm.add_argument("--address", required=True, help="the cluster's job API, e.g. http://127.0.0.1:8265")
-    sm.add_argument("--status", metavar="JOB_ID", help="print a job's status")
-    sm.add_argument("--logs", metavar="JOB_ID", help="print a job's logs")
-    sm.add_argument("--stop", metavar="JOB_ID", help="stop a job")
-    sm.add_argument(
-        "--no-follow", action="store_true", help="return after submitting instead of streaming logs"
-    )
-    sm.add_argument("--working-dir", default=".", help="uploaded as the job's working directory (default: .)")
-    sm.add_argument("--python", help="run `PYTHON -m workflows.cli` instead of `tracerl` on the cluster")
-    sm.add_argument(
-        "job",
-        nargs=argparse.REMAINDER,
-        help="COMMAND (train, sweep, eval, study) and its flags and overrides",
-    )
-    cmp = sub.add_parser("compare", help="training runs side by side: table and plots, also logged to MLflow")
-    cmp.add_argument(
-        "run_ids", nargs="*", help="MLflow run ids (default: every training run of the experiment)"
-    )
-    cmp.add_argument("--experiment", help="MLflow experiment (default: tracerl)")
-    cmp.add_argument("--tracking-uri", help=URI_HELP)
-    cmp.add_argument("--out", default="bench_out/compare", help="output directory (default: %(default)s)")
-    cmp.add_argument("--no-log", action="store_true", help="do not log the report to MLflow")
-    ui = sub.add_parser("ui", help="start the MLflow UI on the tracking store and print its URL")
-    ui.add_argument("--tracking-uri", help=URI_HELP)
-    ui.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    ui.add_argument("--port", type=int, default=5000)
-    ui.add_argument(
-        "--experiment", default="tracerl", help="experiment whose runs page to print (default: %(default)s)"
-    )
-    ui.add_argument(
-        "--check", action="store_true", help="start, wait until it answers, print the URL and stop"
-    )
+    cli_mlflow.add_parsers(sub)
     show = sub.add_parser("config", help="print a command's resolved config")
     show.add_argument(
         "job", choices=sorted(c.replace(" ", "-") for c in COMMANDS), help="which command's config"
@@ -601,17 +266,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.__dict__.update({f.flag.lstrip("-").replace("-", "_"): None for f in COMMANDS[name].flags})
             print(to_yaml(load(name, args)), end="")
             return 0
-        if args.command == "register":
-            return _register(args)
-        if args.command == "compare":
-            return _compare(args)
-        if args.command == "submit":
-            return _submit(args)
-        if args.command == "ui":
-            return _ui(args)
+        if args.command in cli_mlflow.HANDLERS:
+            return cli_mlflow.HANDLERS[args.command](args)
         name = f"{args.command} {args.bench}" if args.command == "bench" else args.command
         if name == "bench env":
-            _bench_env_overrides(args)
+            cli_bench.bench_env_overrides(args)
         return COMMANDS[name].run(load(name, args))
     except ConfigError as exc:
         print(f"tracerl: config error: {exc}", file=sys.stderr)

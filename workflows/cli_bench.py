@@ -1,0 +1,197 @@
+"""``tracerl bench ...``: the benchmark subcommands (allocation, targets, rollout, train, env), each a configured
+job that prints a table and writes JSON."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from tracerl.config import (
+    BenchAllocationConfig,
+    BenchEnvConfig,
+    BenchRolloutConfig,
+    BenchTrainConfig,
+)
+from tracerl.config_loader import ConfigError, conf_dir
+from workflows.cli_args import Command, Shorthand, add_job_args, progress
+from workflows.tracking import resolve_uri, where
+
+BENCH_ALLOCATION_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--seeds", ("seeds",), "seeds per allocator"),
+    Shorthand("--steps", ("steps",), "RL steps per run"),
+    Shorthand(
+        "--roots",
+        ("budget.num_roots",),
+        "M, bare rollouts a step (L = M (1 + N))",
+        int,
+        ("budget.num_leaves=null",),
+    ),
+    Shorthand("--continuations", ("budget.continuations",), "N, the continuation multiplier"),
+    Shorthand("--workers", ("workers",), "parallel runs (Ray tasks); 1 = no Ray"),
+    Shorthand("--out", ("out_dir",), "output directory", str),
+)
+
+
+BENCH_TARGETS_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--seeds", ("seeds",), "seeds per allocator"),
+    Shorthand("--steps", ("steps",), "RL steps per run"),
+    Shorthand("--out", ("out_dir",), "output directory", str),
+)
+
+
+BENCH_ROLLOUT_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--steps", ("steps",), "steps per allocator"),
+    Shorthand("--seeds", ("seeds",), "seeds per allocator"),
+    Shorthand("--out", ("out_dir",), "output directory", str),
+)
+
+BENCH_TRAIN_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--steps", ("steps",), "RL steps per run"),
+    Shorthand("--seeds", ("seeds",), "seeds per allocator"),
+    Shorthand("--out", ("bench_out",), "output directory", str),
+)
+BENCH_ENV_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--tasks", ("tasks",), "held-out tasks to run"),
+)
+
+
+def _bench_allocation(cfg: BenchAllocationConfig) -> int:
+    from workflows.bench_allocation import run_bench
+
+    progress(where(cfg.tracking))
+    summary = run_bench(cfg, progress=progress)
+    from workflows.bench_allocation import format_table
+
+    print(format_table(cfg, summary))
+    print(
+        f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
+    )
+    if cfg.tracking.enabled:
+        uri = resolve_uri(cfg.tracking.uri)
+        print(f"MLflow: {len(summary['run_ids'])} runs in experiment '{cfg.tracking.experiment}' at {uri}")
+        print(f"  open with: mlflow ui --backend-store-uri {uri}")
+    return 0
+
+
+def _bench_targets(cfg: BenchAllocationConfig) -> int:
+    from workflows.bench_targets import format_targets_table, run_targets
+
+    summary = run_targets(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(format_targets_table(summary))
+    print(
+        f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
+    )
+    return 0
+
+
+def _bench_env(cfg: BenchEnvConfig) -> int:
+    import json
+
+    from workflows.bench_env import run_bench_env
+    from workflows.lm_stack import SetupError
+
+    try:
+        out = run_bench_env(cfg, progress=progress)
+    except (SetupError, FileNotFoundError, ValueError) as exc:
+        print(f"tracerl: {exc}", file=sys.stderr)
+        return 2
+    cats = ", ".join(f"{k} {v:.3f}" for k, v in out["by_category"].items())
+    extra = ", ".join(f"{k} {v:.3f}" for k, v in out["scores"].items())
+    print(
+        f"{out['env']} ({out['mode']}): score {out['score']:.3f} on {out['n']} held-out tasks"
+        + (f" ({extra})" if extra else "")
+        + f" in {out['time_s']:.1f} s"
+    )
+    print(f"  by category: {cats}")
+    if cfg.json_path:
+        Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.json_path).write_text(json.dumps(out, indent=2))
+        print(f"wrote {cfg.json_path}")
+    return 0
+
+
+def bench_env_overrides(args: argparse.Namespace) -> None:
+    """``bench env NAME [--gold]``: the positional environment name selects conf/env/NAME.yaml and the family's
+    tiny policy (conf/model/tiny_NAME.yaml where it exists); ``--gold`` sets gold=true."""
+    names = [x for x in args.overrides if "=" not in x]
+    if len(names) > 1:
+        raise ConfigError(f"bench env takes one environment name (got {', '.join(names)})")
+    rest = [x for x in args.overrides if "=" in x]
+    pre = []
+    if names:
+        pre.append(f"env={names[0]}")
+        if (conf_dir() / "model" / f"tiny_{names[0]}.yaml").is_file():
+            pre.append(f"model=tiny_{names[0]}")
+    if getattr(args, "gold", False):
+        pre.append("gold=true")
+    args.overrides = pre + rest
+
+
+def _bench_rollout(cfg: BenchRolloutConfig) -> int:
+    from workflows.bench_rollout import format_table, run_bench
+    from workflows.lm_stack import SetupError
+
+    try:
+        summary = run_bench(cfg, progress=progress)
+    except (SetupError, FileNotFoundError, ValueError) as exc:
+        print(f"tracerl: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(cfg, summary))
+    print(
+        f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
+    )
+    return 0
+
+
+def _bench_train(cfg: BenchTrainConfig) -> int:
+    from workflows.bench_train import format_table, run_bench
+    from workflows.lm_stack import SetupError
+
+    try:
+        summary = run_bench(cfg, progress=progress)
+    except (SetupError, FileNotFoundError, ValueError) as exc:
+        print(f"tracerl: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(summary))
+    print(
+        f"wrote {Path(cfg.bench_out) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
+    )
+    return 0
+
+
+BENCH_COMMANDS: dict[str, Command] = {
+    "bench allocation": Command(
+        BenchAllocationConfig, "bench/allocation.yaml", BENCH_ALLOCATION_FLAGS, _bench_allocation
+    ),
+    "bench env": Command(BenchEnvConfig, "bench/env.yaml", BENCH_ENV_FLAGS, _bench_env),
+    "bench targets": Command(
+        BenchAllocationConfig, "bench/targets.yaml", BENCH_TARGETS_FLAGS, _bench_targets
+    ),
+    "bench rollout": Command(BenchRolloutConfig, "bench/rollout.yaml", BENCH_ROLLOUT_FLAGS, _bench_rollout),
+    "bench train": Command(BenchTrainConfig, "bench/train.yaml", BENCH_TRAIN_FLAGS, _bench_train),
+}
+BENCH_HELP = {
+    "allocation": "every allocator at equal leaf budget on the simulator",
+    "targets": "bias of the predictor's fit targets vs the true V (simulator)",
+    "rollout": "allocators at equal leaves with the frozen tiny policy",
+    "train": "training runs of TRACE and GRPO at equal leaves, several seeds",
+    "env": "an environment's gold replay (--gold) or tiny policy pass@1: "
+    "bench env [math|search|bfcl] [--gold] [--json PATH]",
+}
+
+
+def add_parsers(sub: Any) -> None:
+    """``bench`` and its subcommands, on ``sub`` (the top-level ``add_subparsers`` result)."""
+    bench = sub.add_parser("bench", help="benchmarks that print tables and write JSON")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    for name, text in BENCH_HELP.items():
+        add_job_args(bench_sub.add_parser(name, help=text), BENCH_COMMANDS[f"bench {name}"])
+    env_p = bench_sub.choices["env"]
+    env_p.add_argument("--gold", action="store_true", help="replay the reference actions (sets gold=true)")
