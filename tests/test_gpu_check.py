@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from workflows import gpu_check
+from workflows import gpu_check, gpu_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = {"environment", "update", "memory", "lora_update", "generation", "total_s"}
@@ -87,15 +87,15 @@ def test_memory_estimate_of_the_gpu_plan() -> None:
     """Qwen3-1.7B's parameter count from the committed config, and the formula's terms for the plan run on CUDA."""
     from transformers import AutoModelForCausalLM, Qwen3Config
 
-    arch = gpu_check.load_arch()
+    arch = gpu_plan.load_arch()
     with torch.device("meta"):
         params = sum(p.numel() for p in AutoModelForCausalLM.from_config(Qwen3Config(**arch)).parameters())
     assert (
         params == 1_720_574_976
     )  # 28 x 50.34 M + the tied 151936 x 2048 embedding (counted once) + final norm
-    plan = gpu_check.make_plan(dry=False, cuda=True, arch=arch)
+    plan = gpu_plan.make_plan(dry=False, cuda=True, arch=arch)
     assert (plan.seq_len, plan.micro_batch) == (4096, 1)
-    est = gpu_check.memory_estimate(params, params, 28, 2048, 6144, 151936, plan.micro_batch, plan.seq_len)
+    est = gpu_plan.memory_estimate(params, params, 28, 2048, 6144, 151936, plan.micro_batch, plan.seq_len)
     assert est["weights"] == 4 * params and est["adam"] == 8 * params
     assert est["checkpoints"] == 4 * 28 * 4096 * 2048
     assert est["logits"] == 20 * 4096 * 151936
