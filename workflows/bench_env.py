@@ -158,7 +158,9 @@ def run_bench_env(cfg: BenchEnvConfig, progress: Callable[[str], None] = lambda 
         "invalid_actions": sum(e.ledger.invalid_actions for e in engines),
     }
     if mode == "gold":
-        out["unscripted_contexts"] = sum(e.sampler.misses for e in engines)  # type: ignore[attr-defined]
+        out["unscripted_contexts"] = sum(
+            e.sampler.misses for e in engines if isinstance(e.sampler, ScriptedSampler)
+        )
     else:
         out["temperature"] = cfg.sampler.temperature
     return out

@@ -22,6 +22,7 @@ from tracerl.algos.allocators import build_allocator
 from tracerl.calibration import CalibrationData, collect_calibration, mean_calibration, summarize_calibration
 from tracerl.config import BenchRolloutConfig
 from tracerl.config_loader import to_flat_dict, to_yaml
+from tracerl.engine.step import StepOutcome
 from tracerl.metrics import step_metrics
 from workflows import tracking
 from workflows.lm_stack import build_stack, build_text_predictor, task_prompts
@@ -86,7 +87,7 @@ def run_one(
     return steps, summarize_calibration(calib)
 
 
-def _continuation_prefill(out) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def _continuation_prefill(out: StepOutcome) -> dict[str, float]:
     """Prefill of continuations, counted where tokens were fed to the model, vs re-encoding every prefix.
 
     Each continuation's first call is recorded by the engine (prefill computed for it); re-encoding would
@@ -95,10 +96,13 @@ def _continuation_prefill(out) -> dict[str, float]:  # type: ignore[no-untyped-d
     computed = reencode = 0
     for tree in out.trees:
         for n in tree.nodes[1:]:
+            parent = n.parent
+            if parent is None:  # only the root has none
+                continue
             if (
-                n.path_id >= tree.num_bare and tree.nodes[n.parent].path_id != n.path_id
-            ):  # first node of a continuation
-                reencode += len(tree.fork_state[n.parent].context)
+                n.path_id >= tree.num_bare and tree.nodes[parent].path_id != n.path_id
+            ):  # a continuation's first node
+                reencode += len(tree.fork_state[parent].context)
                 computed += n.prefill_computed
     return {
         "budget/continuation_prefill_computed": float(computed),

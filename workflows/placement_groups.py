@@ -20,7 +20,7 @@ from ray import tune
 
 def _record() -> Any:
     """The GCS placement-group record type (the public ``placement_group_table`` leaves out its creator fields)."""
-    # the generated protobuf module declares no attributes to mypy
+    # ray's generated protobuf module (gcs_pb2) declares no attributes to mypy
     from ray.core.generated.gcs_pb2 import PlacementGroupTableData  # type: ignore[attr-defined]
 
     return PlacementGroupTableData

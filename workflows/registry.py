@@ -18,6 +18,7 @@ from typing import Any
 import mlflow.pyfunc
 
 
+# mlflow's package does not export mlflow.pyfunc.PythonModel to mypy (name-defined), so the base is Any (misc).
 class HFPolicyModel(mlflow.pyfunc.PythonModel):  # type: ignore[misc,name-defined]
     """A transformers causal LM from the ``checkpoint`` artifact; ``predict`` generates greedily from prompts."""
 

@@ -123,6 +123,11 @@ def log_step_series(series: Sequence[Mapping[str, float]]) -> None:
 
     now = int(time.time() * 1000)
     batch = [Metric(k, v, now, s) for s, m in enumerate(series) for k, v in _clean(m).items()]
-    client, run_id = mlflow.MlflowClient(), mlflow.active_run().info.run_id  # type: ignore[union-attr]
+    run = mlflow.active_run()
+    if run is None:
+        raise RuntimeError(
+            "log_step_series logs into the active MLflow run: start one first (mlflow.start_run)"
+        )
+    client, run_id = mlflow.MlflowClient(), run.info.run_id
     for i in range(0, len(batch), 1000):
         client.log_batch(run_id, metrics=batch[i : i + 1000])

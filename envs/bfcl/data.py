@@ -44,7 +44,7 @@ def import_bfcl() -> types.ModuleType:
     name = "bfcl_eval.constants.model_config"
     if name not in sys.modules:
         stub = types.ModuleType(name)
-        stub.MODEL_CONFIG_MAPPING = {}  # type: ignore[attr-defined]
+        stub.__dict__["MODEL_CONFIG_MAPPING"] = {}
         sys.modules[name] = stub
     try:
         return importlib.import_module("bfcl_eval")

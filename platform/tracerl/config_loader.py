@@ -186,7 +186,9 @@ def compose(
         raise ConfigError(f"invalid config: {str(exc).splitlines()[0]} (key '{exc.full_key}')") from exc
     except ValueError as exc:  # __post_init__ range checks
         raise ConfigError(str(exc)) from exc
-    return obj  # type: ignore[return-value]
+    if not isinstance(obj, schema):  # a structured config always converts back to its dataclass
+        raise ConfigError(f"config did not resolve to a {schema.__name__} (got {type(obj).__name__})")
+    return obj
 
 
 def _nested(schema: type, key: str, value: Any) -> dict[str, Any]:

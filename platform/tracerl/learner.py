@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from tracerl.algos.losses import LOSSES, LossInputs, token_logprobs
 from tracerl.config import LossConfig, OptimConfig
 
 
-def lr_lambda(cfg: OptimConfig, total_steps: int):  # type: ignore[no-untyped-def]
+def lr_lambda(cfg: OptimConfig, total_steps: int) -> Callable[[int], float]:
     """Multiplier of the peak learning rate at optimizer step ``s`` (0-based)."""
 
     def f(s: int) -> float:
@@ -84,7 +85,7 @@ class PolicyLearner:
         self.optimizer = torch.optim.AdamW(
             params,
             lr=optim.lr,
-            betas=tuple(optim.betas),  # type: ignore[arg-type]
+            betas=(optim.betas[0], optim.betas[1]),
             weight_decay=optim.weight_decay,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -80,12 +80,12 @@ class RolloutTree:
             self.num_bare += 1
         return pid
 
-    def add_node(self, parent: int, path_id: int, **fields: object) -> Node:
+    def add_node(self, parent: int, path_id: int, **fields: Any) -> Node:
         """Append a child of ``parent``; extra keyword fields go to :class:`Node`."""
         par = self.nodes[parent]
         if par.is_leaf:
             raise ValueError(f"node {parent} is a leaf ({par.status.value}); it cannot have children")
-        node = Node(node_id=len(self.nodes), parent=parent, depth=par.depth + 1, path_id=path_id, **fields)  # type: ignore[arg-type]
+        node = Node(node_id=len(self.nodes), parent=parent, depth=par.depth + 1, path_id=path_id, **fields)
         self.nodes.append(node)
         par.children.append(node.node_id)
         if node.is_leaf:

@@ -18,6 +18,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 # Outside any capturing placement group (a Tune trial's, a Ray Train worker's), as the pools are.
+# ray's annotations type placement_group as PlacementGroup, though None (no group) is its documented opt-out.
 _OWN = PlacementGroupSchedulingStrategy(placement_group=None)  # type: ignore[arg-type]
 
 
@@ -64,6 +65,7 @@ def start_services(env_cls: Any, env_cfg: Any, cpus: float = 0.25) -> dict[str, 
     out: dict[str, RemoteService] = {}
     for name, factory in service_factories(env_cls, env_cfg).items():
         handle = ray.remote(num_cpus=cpus)(ServiceActor).options(scheduling_strategy=_OWN).remote(factory)
+        # ray's annotations make .remote() of an actor class return ObjectRef | ActorHandle; this is the handle.
         ray.get(handle.__ray_ready__.remote())  # type: ignore[union-attr]
         out[name] = RemoteService(handle, name)
     return out

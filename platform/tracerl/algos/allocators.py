@@ -29,7 +29,7 @@ k_max cap) becomes extra bare rollouts of the same prompt, so leaves stay equal.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -173,7 +173,9 @@ def uniform_prefix_counts(num: int, budget: int, k_max: int, rng: np.random.Gene
     return np.bincount(slots[take], minlength=num).astype(np.int64)
 
 
-def _expansions(cands: Sequence[PrefixCandidates], counts_fn) -> list[Expansion]:  # type: ignore[no-untyped-def]
+def _expansions(
+    cands: Sequence[PrefixCandidates], counts_fn: Callable[[PrefixCandidates], np.ndarray]
+) -> list[Expansion]:
     out = []
     for c in cands:
         k = counts_fn(c)

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tracerl.algos.advantages import ADVANTAGES
 from tracerl.tree import RolloutTree
+
+if TYPE_CHECKING:  # torch is imported where tensors are built: collating trees needs none
+    import torch
 
 
 @dataclass
@@ -53,13 +57,13 @@ class TrainBatch:
         lo, hi = rank * n // world, (rank + 1) * n // world
         return self.select(range(lo, hi))
 
-    def pad(self, pad_id: int):  # type: ignore[no-untyped-def]
+    def pad(self, pad_id: int) -> dict[str, torch.Tensor]:
         """Right-padded tensors: input_ids, attention_mask, loss_mask, advantages, sampler_logprobs."""
         import torch
 
         width = max((len(x) for x in self.input_ids), default=1)
 
-        def mat(rows: list[list], fill: float, dtype: torch.dtype) -> torch.Tensor:  # type: ignore[type-arg]
+        def mat(rows: Sequence[Sequence[float]], fill: float, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor([list(r) + [fill] * (width - len(r)) for r in rows], dtype=dtype)
 
         return {

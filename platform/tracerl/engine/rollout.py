@@ -33,7 +33,7 @@ from tracerl.engine.untrusted import encodable
 from tracerl.grading import GradeTimeout
 from tracerl.samplers.base import Generation, Sampler
 from tracerl.tree import RolloutTree
-from tracerl.types import Prompt, Status
+from tracerl.types import Node, Prompt, Status
 
 
 @dataclass
@@ -279,7 +279,7 @@ class TreeRolloutEngine:
         status: Status,
         reward: float | None,
         prefill: int = 0,
-    ):  # type: ignore[no-untyped-def]
+    ) -> Node:
         node = p.tree.add_node(
             p.parent,
             p.path_id,
@@ -304,7 +304,7 @@ class TreeRolloutEngine:
 
     def _leaf(
         self, p: _Path, ids: Sequence[int], lps: Sequence[float], text: str, status: Status, reward: float
-    ):  # type: ignore[no-untyped-def]
+    ) -> Node:
         return self._add(p, ids, lps, text, [], status, reward)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -29,7 +30,7 @@ class Segment:
     trainable: bool
 
 
-def build_tokenizer(texts: Sequence[str], vocab_size: int = 1024):  # type: ignore[no-untyped-def]
+def build_tokenizer(texts: Sequence[str], vocab_size: int = 1024) -> Any:
     """Train a byte-level BPE tokenizer on ``texts`` and wrap it for transformers.
 
     Returns:
@@ -56,7 +57,7 @@ def build_tokenizer(texts: Sequence[str], vocab_size: int = 1024):  # type: igno
     )
 
 
-def build_model(tokenizer, spec: BootstrapConfig):  # type: ignore[no-untyped-def]
+def build_model(tokenizer: Any, spec: BootstrapConfig) -> Any:
     """A freshly initialised LlamaForCausalLM sized by ``spec`` (seeded by ``spec.seed``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -78,7 +79,7 @@ def build_model(tokenizer, spec: BootstrapConfig):  # type: ignore[no-untyped-de
     return LlamaForCausalLM(cfg)
 
 
-def encode_trace(tokenizer, segments: Sequence[Segment], max_len: int) -> tuple[list[int], list[int]]:  # type: ignore[no-untyped-def]
+def encode_trace(tokenizer: Any, segments: Sequence[Segment], max_len: int) -> tuple[list[int], list[int]]:
     """Token ids and loss labels (-100 on non-trainable tokens) of a segmented trace, EOS appended."""
     ids: list[int] = []
     labels: list[int] = []
@@ -92,7 +93,7 @@ def encode_trace(tokenizer, segments: Sequence[Segment], max_len: int) -> tuple[
 
 
 def supervised_finetune(
-    model,  # type: ignore[no-untyped-def]
+    model: Any,
     examples: Sequence[tuple[list[int], list[int]]],
     pad_id: int,
     steps: int,

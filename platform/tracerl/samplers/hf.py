@@ -142,7 +142,8 @@ class HFSampler:
             )
         return gens
 
-    def _batch_cache(self, kvs: Sequence[tuple[_KV, int] | None], lc: int):  # type: ignore[no-untyped-def]
+    def _batch_cache(self, kvs: Sequence[tuple[_KV, int] | None], lc: int) -> Any:
+        """A transformers ``DynamicCache`` of the rows' cached prefixes, left-padded to ``lc`` tokens."""
         from transformers import DynamicCache
 
         ref = next(k for k in kvs if k is not None)[0]
@@ -159,7 +160,7 @@ class HFSampler:
             layers.append((keys.to(self.device), vals.to(self.device)))
         return DynamicCache(layers)
 
-    def _row_cache(self, past, input_mask: torch.Tensor, r: int, tokens: list[int]) -> _KV | None:  # type: ignore[no-untyped-def]
+    def _row_cache(self, past: Any, input_mask: torch.Tensor, r: int, tokens: list[int]) -> _KV | None:
         """This row's keys/values for ``tokens`` (= context + kept), dropping padding; None if not all computed."""
         if past is None:
             return None
