@@ -51,124 +51,52 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.sandbox_fs import ReadOnlyView, interpreter_view
-from tracerl.config import SandboxConfig
+from envs.sandbox_fs import NAMESPACES, bwrap_view
+from envs.sandbox_scripts import LAUNCHER, RUNNER
+from tracerl.schema import check
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """The Python tool's sandbox (envs/sandbox.py): one fresh process per call."""
+
+    timeout_s: float = 5.0
+    """Wall-clock limit per call."""
+    cpu_s: int = 5
+    """CPU-time limit per call (RLIMIT_CPU)."""
+    memory_mb: int = 512
+    """Address-space limit (RLIMIT_AS)."""
+    max_processes: int = 32
+    """Process/thread limit for the call's user (RLIMIT_NPROC)."""
+    max_file_mb: int = 8
+    """Largest file the call may write, its captured output included (RLIMIT_FSIZE)."""
+    max_open_files: int = 64
+    """RLIMIT_NOFILE."""
+    max_output_chars: int = 2000
+    """Observation length cap; the rest is cut and marked."""
+    python: str = "auto"
+    """Interpreter run inside the sandbox; 'auto' prefers /usr/bin/python3 (readable by an unprivileged user)."""
+    use_bwrap: bool = True
+    """Use bubblewrap when present: only the interpreter and its libraries readable, private /tmp, no network, own PIDs."""
+    uid_base: int = 200_000
+    """Calls run as a random unprivileged uid in [uid_base, uid_base + 65536) when started as root."""
+
+    def __post_init__(self) -> None:
+        check(self.timeout_s > 0, f"sandbox.timeout_s must be > 0 (got {self.timeout_s})")
+        check(self.cpu_s >= 1, f"sandbox.cpu_s must be >= 1 (got {self.cpu_s})")
+        check(self.memory_mb >= 64, f"sandbox.memory_mb must be >= 64 (got {self.memory_mb})")
+        check(self.max_processes >= 1, f"sandbox.max_processes must be >= 1 (got {self.max_processes})")
+        check(self.max_file_mb >= 1, f"sandbox.max_file_mb must be >= 1 (got {self.max_file_mb})")
+        check(self.max_open_files >= 16, f"sandbox.max_open_files must be >= 16 (got {self.max_open_files})")
+        check(
+            self.max_output_chars >= 16,
+            f"sandbox.max_output_chars must be >= 16 (got {self.max_output_chars})",
+        )
+        check(self.uid_base >= 1000, f"sandbox.uid_base must be >= 1000 (got {self.uid_base})")
+
 
 _CLONE_NEWNET = 0x40000000
-# bubblewrap's namespaces and minimal /dev, /proc and private /tmp (the read-only view and scratch come after).
-_NAMESPACES = (
-    "--unshare-net",
-    "--unshare-pid",
-    "--unshare-ipc",
-    "--die-with-parent",
-    "--new-session",
-    "--dev",
-    "/dev",
-    "--proc",
-    "/proc",
-    "--tmpfs",
-    "/tmp",
-)
 _STATUS = ".cell-status.json"  # the runner's report on the last cell, in the scratch directory
-# Runs in the child (as root, before dropping privileges), then execs the sandboxed command.
-_LAUNCHER = r"""
-import ctypes, json, os, resource, sys
-spec = json.loads(sys.argv[1])
-os.setsid()
-if spec["unshare_net"]:
-    ctypes.CDLL(None, use_errno=True).unshare(0x40000000)  # a fresh network namespace: no interfaces up
-for res, value in spec["limits"]:
-    resource.setrlimit(res, (value, value))
-if spec["uid"] is not None:
-    os.setgroups([])
-    os.setgid(spec["uid"])
-    os.setuid(spec["uid"])
-os.execv(sys.argv[2], sys.argv[2:])
-"""
-_RUNNER = r"""
-import errno, json, os, signal, sys, traceback
-
-LIMIT_ERRNOS = {errno.EAGAIN, errno.EFBIG, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC, errno.EDQUOT}
-
-
-def main():
-    # Everything the report needs is bound here, before any cell runs, so a cell that rebinds a name or
-    # patches a module cannot break it. Cells run in their own namespace, not this module's.
-    _exit, _open, _write, _close, _listdir, _stat = os._exit, os.open, os.write, os.close, os.listdir, os.stat
-    _getpid, _getppid, _getuid, _getsid, _dumps = os.getpid, os.getppid, os.getuid, os.getsid, json.dumps
-    _print_exception, _compile, _exec, _isinstance = traceback.print_exception, compile, exec, isinstance
-    _fopen, _print, _O_NEW = open, print, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    _getitimer, _itimers = signal.getitimer, (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
-    with open(sys.argv[1]) as f:
-        cells = json.load(f)
-    status_path, private = sys.argv[2], sys.argv[3] == "1"
-    me, out, err, sink = _getpid(), sys.stdout, sys.stderr, open(os.devnull, "w")
-    ns = {"__name__": "__main__", "__builtins__": __builtins__}
-    for cell in cells[:-1]:  # replay earlier cells for their state; their output was already shown
-        sys.stdout = sys.stderr = sink
-        try:
-            _exec(_compile(cell, "<cell>", "exec"), ns)
-        except BaseException:
-            pass
-        if _getpid() != me:  # a fork that fell through the cell: only the runner's own process goes on
-            _exit(0)
-    sys.stdout, sys.stderr = out, err
-    status, code = "ok", 0
-    try:
-        _exec(_compile(cells[-1], "<cell>", "exec"), ns)
-    except SystemExit as exc:
-        if _getpid() != me:
-            _exit(0)
-        status, code = "exception", exc.code
-        if not _isinstance(code, int):
-            if code is not None:
-                _print(code, file=err)
-            code = 0 if code is None else 1
-        code = code & 0xFF
-    except BaseException as exc:
-        if _getpid() != me:  # a forked child raising (a fork bomb's many children): not the runner's to report
-            _exit(0)
-        limit = _isinstance(exc, MemoryError) or (_isinstance(exc, OSError) and exc.errno in LIMIT_ERRNOS)
-        status, code = ("limit" if limit else "exception"), 1
-        sys.stderr = err
-        try:
-            _print_exception(type(exc), exc, exc.__traceback__.tb_next)  # the cell's frames, not the runner's
-        except BaseException:
-            pass
-    if _getpid() != me:
-        _exit(0)
-    sys.stdout, sys.stderr = out, err
-    threads = processes = 0
-    timers = sum(_getitimer(t)[0] > 0 for t in _itimers)  # signal.alarm / setitimer: would fire in later calls
-    try:
-        threads = len(_listdir("/proc/self/task")) - 1
-        uid, sid, parent = _getuid(), _getsid(0), _getppid()
-        for pid in _listdir("/proc"):
-            if not pid.isdigit() or int(pid) in (me, parent):
-                continue
-            try:  # private: every other process of our uid (or PID namespace) is the call's; else our session's
-                if (_stat("/proc/" + pid).st_uid == uid) if private else (_getsid(int(pid)) == sid):
-                    with _fopen("/proc/" + pid + "/stat") as f:
-                        processes += f.read().rsplit(")", 1)[1].split()[0] != "Z"
-            except (OSError, IndexError):
-                continue
-    except OSError:
-        pass
-    if status != "limit" and (threads or processes or timers):
-        status, code = "leftover", code or 1
-    for stream in (out, err):
-        try:
-            stream.flush()
-        except BaseException:
-            pass
-    fd = _open(status_path, _O_NEW, 0o600)
-    _write(fd, _dumps({"status": status, "threads": threads, "processes": processes, "timers": timers}).encode())
-    _close(fd)
-    _exit(code)  # skips atexit handlers and the join of leftover threads: the report above is final
-
-
-main()
-"""
 
 
 @dataclass(frozen=True)
@@ -221,45 +149,6 @@ class ExecResult:
         return "\n".join(parts) if parts else "(no output)"
 
 
-def _bwrap_view(bwrap: str, python: str) -> tuple[ReadOnlyView | None, str]:
-    """The interpreter's read-only view, and why bubblewrap cannot run it there ('' when it can): the probe
-    runs the stdlib modules the math tool needs inside the same namespaces and view as a call, as an
-    unprivileged uid when we are root."""
-    try:
-        view = interpreter_view(python)
-    except RuntimeError as exc:
-        return None, str(exc)
-    command = [
-        bwrap,
-        *_NAMESPACES,
-        *view.bwrap_args(),
-        "--remount-ro",
-        "/",
-        python,
-        "-I",
-        "-c",
-        "import math, json, fractions, re, decimal; print(math.gcd(12, 18))",
-    ]
-    # Through the launcher, as a call is (no preexec_fn in a threaded host), as the unprivileged uid 65534 if root.
-    spec = json.dumps({"unshare_net": False, "limits": [], "uid": 65534 if os.geteuid() == 0 else None})
-    try:
-        r = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", _LAUNCHER, spec, *command],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        return None, f"bubblewrap failed to start: {exc}"
-    if r.returncode != 0 or r.stdout.strip() != "6":
-        return (
-            None,
-            f"bubblewrap could not run {python} with only its libraries visible: {r.stderr.strip()[-300:]}",
-        )
-    return view, ""
-
-
 def _python(cfg: SandboxConfig, as_root: bool) -> str:
     if cfg.python != "auto":
         return cfg.python
@@ -282,7 +171,7 @@ class Sandbox:
         self.as_root = os.geteuid() == 0
         self.python = _python(cfg, self.as_root)
         bwrap = shutil.which("bwrap") if cfg.use_bwrap else None
-        self.view, self.bwrap_problem = _bwrap_view(bwrap, self.python) if bwrap else (None, "")
+        self.view, self.bwrap_problem = bwrap_view(bwrap, self.python) if bwrap else (None, "")
         """What a call can read (None without bubblewrap), and why bubblewrap was not usable if it was found."""
         self.bwrap = bwrap if self.view is not None else None
         self.protections = {
@@ -329,7 +218,7 @@ class Sandbox:
         uid = self.cfg.uid_base + random.SystemRandom().randrange(65536) if self.as_root else os.getuid()
         scratch = Path(tempfile.mkdtemp(prefix="tracerl-sbx-"))
         try:
-            (scratch / "runner.py").write_text(_RUNNER)
+            (scratch / "runner.py").write_text(RUNNER)
             (scratch / "cells.json").write_text(json.dumps(list(cells)))
             for name in ("stdout", "stderr"):
                 (scratch / name).touch()
@@ -360,7 +249,7 @@ class Sandbox:
         # /tmp and is mounted back at its own path over the private /tmp.
         return [
             self.bwrap,
-            *_NAMESPACES,
+            *NAMESPACES,
             *self.view.bwrap_args(),
             "--remount-ro",
             "/",
@@ -395,7 +284,7 @@ class Sandbox:
         """``command`` behind the launcher. The child is set up by a freshly exec'd interpreter, not by a
         ``preexec_fn``: forking a threaded host (a Ray actor: gRPC threads) and running Python before exec
         can deadlock or crash the child on locks held by other threads."""
-        return [sys.executable, "-I", "-S", "-c", _LAUNCHER, json.dumps(self._limits(uid)), *command]
+        return [sys.executable, "-I", "-S", "-c", LAUNCHER, json.dumps(self._limits(uid)), *command]
 
     def _execute(self, scratch: Path, uid: int) -> ExecResult:
         cfg = self.cfg

@@ -24,7 +24,10 @@ import glob
 import json
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
+
+from envs.sandbox_scripts import LAUNCHER
 
 # Run by the interpreter itself (as ``python -I``) to say where it lives and which libraries it maps.
 _PROBE = r"""
@@ -162,3 +165,58 @@ def interpreter_view(python: str, timeout_s: float = 30.0) -> ReadOnlyView:
     if os.path.exists("/etc/ld.so.cache"):
         b.expose("/etc/ld.so.cache")
     return b.view()
+
+
+# bubblewrap's namespaces and minimal /dev, /proc and private /tmp (the read-only view and scratch come after).
+NAMESPACES = (
+    "--unshare-net",
+    "--unshare-pid",
+    "--unshare-ipc",
+    "--die-with-parent",
+    "--new-session",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "--tmpfs",
+    "/tmp",
+)
+
+
+def bwrap_view(bwrap: str, python: str) -> tuple[ReadOnlyView | None, str]:
+    """The interpreter's read-only view, and why bubblewrap cannot run it there ('' when it can): the probe
+    runs the stdlib modules the math tool needs inside the same namespaces and view as a call, as an
+    unprivileged uid when we are root."""
+    try:
+        view = interpreter_view(python)
+    except RuntimeError as exc:
+        return None, str(exc)
+    command = [
+        bwrap,
+        *NAMESPACES,
+        *view.bwrap_args(),
+        "--remount-ro",
+        "/",
+        python,
+        "-I",
+        "-c",
+        "import math, json, fractions, re, decimal; print(math.gcd(12, 18))",
+    ]
+    # Through the launcher, as a call is (no preexec_fn in a threaded host), as the unprivileged uid 65534 if root.
+    spec = json.dumps({"unshare_net": False, "limits": [], "uid": 65534 if os.geteuid() == 0 else None})
+    try:
+        r = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", LAUNCHER, spec, *command],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"bubblewrap failed to start: {exc}"
+    if r.returncode != 0 or r.stdout.strip() != "6":
+        return (
+            None,
+            f"bubblewrap could not run {python} with only its libraries visible: {r.stderr.strip()[-300:]}",
+        )
+    return view, ""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -69,6 +70,10 @@ def tree_targets(trees: Sequence[RolloutTree], kind: str = "recursive") -> Targe
 class Predictor:
     """Base class. Subclasses implement ``_score`` and ``_fit``; ``ready`` gates cold start."""
 
+    needs_true_values: ClassVar[bool] = False
+    """It reads the true success probabilities (``Prompt.true_value``): only an environment with
+    ``Env.true_values`` (the simulator) can serve it; the config loader checks this before a run starts."""
+
     def __init__(self, cfg: PredictorConfig, seed: int = 0) -> None:
         self.cfg = cfg
         self.seed = seed
@@ -106,7 +111,10 @@ class Predictor:
 
 
 def build_predictor(
-    cfg: PredictorConfig, seed: int = 0, name: str | None = None, targets: str | None = None
+    cfg: PredictorConfig,
+    seed: int = 0,
+    name: str | None = None,
+    targets: Literal["recursive", "debiased"] | None = None,
 ) -> Predictor:
     """Instantiate ``name`` (default ``cfg.name``) from the registry or an import path.
 

@@ -1,12 +1,12 @@
 import numpy as np
 import pytest
 
-from envs.simulator import Simulator
+from envs.simulator import Simulator, SimulatorConfig
 from predictors import PREDICTORS, build_predictor
 from predictors.history import PromptHistory
 from tests.conftest import chain
 from tracerl.calibration import auc, calibration_metrics, ece
-from tracerl.config import PredictorConfig, SimulatorConfig
+from tracerl.config import PredictorConfig
 from tracerl.tree import RolloutTree
 from tracerl.types import Anchor, Prompt
 

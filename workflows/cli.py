@@ -15,19 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tracerl.config import (
+from tracerl.config import EvalConfig, RolloutConfig, TrainConfig
+from tracerl.config_loader import ConfigError, compose, conf_dir, to_yaml
+from tracerl.experiment_config import (
     BenchAllocationConfig,
     BenchEnvConfig,
     BenchRolloutConfig,
     BenchTrainConfig,
     BootstrapConfig,
-    EvalConfig,
-    RolloutConfig,
     StudyConfig,
     SweepConfig,
-    TrainConfig,
 )
-from tracerl.config_loader import ConfigError, compose, conf_dir, to_yaml
 from workflows.progress import Progress
 from workflows.tracking import DEFAULT_URI, ENV_VAR, resolve_uri, where
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tracerl.config import BootstrapConfig
+from tracerl.experiment_config import BootstrapConfig
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
