@@ -11,7 +11,7 @@ walks through a complete one.
 """
 
 from tracerl.engine.protocol import AnswerResult, Env, ToolEnv, ToolResult
-from tracerl.engine.react import Action, ToolSpec
+from tracerl.engine.react import Action, ActionKind, ToolSpec
 from tracerl.types import Prompt
 
-__all__ = ["Action", "AnswerResult", "Env", "Prompt", "ToolEnv", "ToolResult", "ToolSpec"]
+__all__ = ["Action", "ActionKind", "AnswerResult", "Env", "Prompt", "ToolEnv", "ToolResult", "ToolSpec"]

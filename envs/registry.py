@@ -46,8 +46,10 @@ def env_class(name: str) -> type[Env]:
     if name not in ENVS and ":" not in name:
         found = entry_points(group=ENTRY_POINT_GROUP, name=name)
         if found:
-            ENVS.add(name, next(iter(found)).load())
-    cls = ENVS.get(name)
+            loaded = next(iter(found)).load()
+            if name not in ENVS:  # loading its module may have registered it already
+                ENVS.add(name, loaded)
+    cls: Any = ENVS.get(name)
     if not (isinstance(cls, type) and issubclass(cls, Env)):
         raise TypeError(
             f"environment {name!r} is {cls!r}, not a subclass of envs.base.Env (or ToolEnv): derive it from one"

@@ -119,7 +119,10 @@ def test_bad_config_fails_with_a_message_naming_the_key(override: str, message: 
             ["allocator=oracle_trace"],
             "the oracle predictor (allocator=oracle_trace) needs the true success probabilities",
         ),
-        (["predictor=oracle"], "the oracle predictor (predictor=oracle) needs the true success probabilities, which env.name='math'"),
+        (
+            ["predictor=oracle"],
+            "the oracle predictor (predictor=oracle) needs the true success probabilities, which env.name='math'",
+        ),
     ],
 )
 def test_bad_trainer_config_names_the_key(overrides: list[str], message: str) -> None:
