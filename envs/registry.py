@@ -1,38 +1,27 @@
-"""The environment registry (name -> environment class) and the interface a tool environment offers to workflows.
+"""The environment registry: name -> environment class (a subclass of ``envs.base.Env``).
 
-A ReAct tool environment class (see ``tracerl.engine.protocol.ToolEnv`` for the per-episode part) also offers:
-
-- ``from_config(env_cfg) -> env``: one instance from its config section (called in every environment actor);
-- ``prompts(env_cfg, held_out) -> list[Prompt]``: the training prompts, or the held-out evaluation prompts
-  (never overlapping training);
-- ``tools``: the tool specs shown to the policy (per-task tools: the optional ``tools_for(prompt, state)``, and
-  multi-turn tasks: ``on_answer``; both described in ``tracerl.engine.protocol.ToolEnv``);
-- ``warnings`` (optional, on instances): protections or features the machine does not provide;
-- ``services(env_cfg) -> {name: factory}`` (optional, static): objects a run builds once and shares between all its
-  environment actors (one Ray actor each, ``tracerl.actors.services``); they reach ``from_config(env_cfg,
-  services={name: proxy})``, and ``from_config(env_cfg)`` without them builds its own;
-- ``scores(prompt, answer) -> {metric: value}`` (optional, on instances): answer metrics beyond the reward (search:
-  em, f1), kept on every leaf (``Node.scores``) and logged as ``rollout/<metric>`` and ``eval/<metric>``;
-- ``check_data(env_cfg)`` (optional, static): read the configured data files (task files, corpora) and raise a clear
-  error (``FileNotFoundError``, ``envs.files.DataFileError``) naming the file and the record; workflows call it
-  through ``check_data`` before they start Ray or open an MLflow run;
-- ``gold_turns(prompt, template) -> list[str]`` (optional, on instances): the reference turns as model text in the
-  template's format (``tracerl.engine.gold``), replayed by ``tracerl bench env --gold``.
-
-Built-in environments are imported on first use, so ``ENVS`` never pulls in a family's dependencies
-(tantivy, bfcl-eval) unless that family is asked for.
+An environment is found, in order, as a built-in family (simulator, math, search, bfcl; imported on first use,
+so ``ENVS`` never pulls in a family's dependencies such as tantivy or bfcl-eval unless that family is asked
+for), a name registered with ``ENVS.register``, an entry point of the group ``tracerl.envs`` (how an installed
+third-party package adds one: ``[project.entry-points."tracerl.envs"] toy = "toy_env:ToyEnv"``), or an import
+path ``module:attr``. The class's ``config`` dataclass is the schema of its ``env.<name>`` section (for
+``module:attr``: ``env.<attr>``); docs/design.md, "Adding an environment", walks through one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from tracerl.registry import Registry
+from tracerl.config import section_key
+from tracerl.engine.protocol import Env, ToolEnv
+from tracerl.registry import Registry, RegistryError
 
-ENVS: Registry = Registry("environment")
+ENVS: Registry[type[Env]] = Registry("environment")
+ENTRY_POINT_GROUP = "tracerl.envs"
 
 _BUILTIN = {
     "simulator": "envs.simulator",
@@ -44,29 +33,79 @@ TOOL_ENVS = ("math", "search", "bfcl")
 """Built-in ReAct tool environments (the language-model workflows run on these)."""
 
 
-def env_class(name: str) -> Any:
-    """The environment class registered as ``name`` (importing a built-in family on first use) or ``module:attr``."""
+def env_class(name: str) -> type[Env]:
+    """The environment class called ``name``: built-in, registered, a ``tracerl.envs`` entry point, or ``module:attr``.
+
+    Raises:
+        RegistryError: unknown name (listing the known ones) or an import path that does not import.
+        TypeError: what the name resolves to is not an ``Env`` subclass.
+    """
     module = _BUILTIN.get(name)
     if module is not None and name not in ENVS:
         importlib.import_module(module)
-    return ENVS.get(name)
+    if name not in ENVS and ":" not in name:
+        found = entry_points(group=ENTRY_POINT_GROUP, name=name)
+        if found:
+            loaded = next(iter(found)).load()
+            if name not in ENVS:  # loading its module may have registered it already
+                ENVS.add(name, loaded)
+    cls: Any = ENVS.get(name)
+    if not (isinstance(cls, type) and issubclass(cls, Env)):
+        raise TypeError(
+            f"environment {name!r} is {cls!r}, not a subclass of envs.base.Env (or ToolEnv): derive it from one"
+        )
+    return cls
+
+
+def tool_env_class(name: str) -> type[ToolEnv]:
+    """``env_class(name)``, checked to be a ReAct tool environment (what the language-model workflows run on).
+
+    Raises:
+        TypeError: it is not a ``ToolEnv`` (the simulator, say).
+    """
+    cls = env_class(name)
+    if not issubclass(cls, ToolEnv):
+        raise TypeError(
+            f"environment {name!r} ({cls.__name__}) is not a ReAct tool environment (envs.base.ToolEnv); "
+            f"language-model workflows run on one of {', '.join(TOOL_ENVS)} or a ToolEnv plug-in"
+        )
+    return cls
+
+
+def known_envs() -> list[str]:
+    """Every environment name resolvable without an import path: built-in, registered and entry points."""
+    return sorted({*_BUILTIN, *ENVS.names(), *(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))})
+
+
+def section_schema(key: str, chosen: str) -> type | None:
+    """The dataclass of the section ``env.<key>`` when ``env.name`` is ``chosen`` (None: it has no settings).
+
+    A section other than the chosen environment's is allowed if ``key`` names a known environment (saved configs
+    hold every built-in section).
+
+    Raises:
+        KeyError: ``key`` names no environment (the message lists what is allowed under ``env``).
+    """
+    if key == section_key(chosen):
+        return env_class(chosen).config
+    if key in known_envs():
+        return env_class(key).config
+    raise KeyError(key)
 
 
 def env_section(env_cfg: Any) -> Any:
-    """The config section of the chosen environment (``env.<name>``), or None for a user environment without one."""
-    return getattr(env_cfg, env_cfg.name, None)
+    """The config section of the chosen environment (``env.<name>``), or None where the config holds none."""
+    return env_cfg.sections().get(section_key(env_cfg.name))
 
 
 def check_data(env_cfg: Any) -> None:
-    """Check the chosen environment's data files now (its optional ``check_data``), before anything is started.
+    """Check the chosen environment's data files now (its ``check_data``), before anything is started.
 
     Raises:
         FileNotFoundError: a configured file does not exist.
         ValueError: a file cannot be used (``envs.files.DataFileError``: the message names the file and the record).
     """
-    check = getattr(env_class(env_cfg.name), "check_data", None)
-    if check is not None:
-        check(env_cfg)
+    env_class(env_cfg.name).check_data(env_cfg)
 
 
 _PATH_FIELDS = ("tasks", "corpus")
@@ -85,4 +124,18 @@ def resolve_env_paths(env_cfg: Any) -> Any:
             changes[f] = str(Path(value).resolve())
     if not changes:
         return env_cfg
-    return dataclasses.replace(env_cfg, **{env_cfg.name: dataclasses.replace(section, **changes)})
+    return dataclasses.replace(
+        env_cfg, **{section_key(env_cfg.name): dataclasses.replace(section, **changes)}
+    )
+
+
+__all__ = [
+    "ENVS",
+    "TOOL_ENVS",
+    "RegistryError",
+    "check_data",
+    "env_class",
+    "env_section",
+    "known_envs",
+    "tool_env_class",
+]

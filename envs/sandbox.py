@@ -53,8 +53,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.sandbox_child import NAMESPACES, RUNNER, STATUS_FILE, bwrap_view, launch, launcher_spec, read_report
-from tracerl.config import SandboxConfig
+from envs.sandbox_child import (
+    NAMESPACES,
+    RUNNER,
+    STATUS_FILE,
+    SandboxConfig,
+    bwrap_view,
+    launch,
+    launcher_spec,
+    read_report,
+)
 
 
 @dataclass(frozen=True)

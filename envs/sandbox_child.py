@@ -15,10 +15,51 @@ import os
 import resource
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from envs.sandbox_fs import ReadOnlyView, interpreter_view
-from tracerl.config import SandboxConfig
+from tracerl.schema import check
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """The Python tool's sandbox (envs/sandbox.py): one fresh process per call."""
+
+    timeout_s: float = 5.0
+    """Wall-clock limit per call."""
+    cpu_s: int = 5
+    """CPU-time limit per call (RLIMIT_CPU)."""
+    memory_mb: int = 512
+    """Address-space limit (RLIMIT_AS)."""
+    max_processes: int = 32
+    """Process/thread limit for the call's user (RLIMIT_NPROC)."""
+    max_file_mb: int = 8
+    """Largest file the call may write, its captured output included (RLIMIT_FSIZE)."""
+    max_open_files: int = 64
+    """RLIMIT_NOFILE."""
+    max_output_chars: int = 2000
+    """Observation length cap; the rest is cut and marked."""
+    python: str = "auto"
+    """Interpreter run inside the sandbox; 'auto' prefers /usr/bin/python3 (readable by an unprivileged user)."""
+    use_bwrap: bool = True
+    """Use bubblewrap when present: only the interpreter and its libraries readable, private /tmp, no network, own PIDs."""
+    uid_base: int = 200_000
+    """Calls run as a random unprivileged uid in [uid_base, uid_base + 65536) when started as root."""
+
+    def __post_init__(self) -> None:
+        check(self.timeout_s > 0, f"sandbox.timeout_s must be > 0 (got {self.timeout_s})")
+        check(self.cpu_s >= 1, f"sandbox.cpu_s must be >= 1 (got {self.cpu_s})")
+        check(self.memory_mb >= 64, f"sandbox.memory_mb must be >= 64 (got {self.memory_mb})")
+        check(self.max_processes >= 1, f"sandbox.max_processes must be >= 1 (got {self.max_processes})")
+        check(self.max_file_mb >= 1, f"sandbox.max_file_mb must be >= 1 (got {self.max_file_mb})")
+        check(self.max_open_files >= 16, f"sandbox.max_open_files must be >= 16 (got {self.max_open_files})")
+        check(
+            self.max_output_chars >= 16,
+            f"sandbox.max_output_chars must be >= 16 (got {self.max_output_chars})",
+        )
+        check(self.uid_base >= 1000, f"sandbox.uid_base must be >= 1000 (got {self.uid_base})")
+
 
 # bubblewrap's namespaces and minimal /dev, /proc and private /tmp (the read-only view and scratch come after).
 NAMESPACES = (

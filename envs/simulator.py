@@ -30,14 +30,69 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from envs.registry import ENVS
 from tracerl.algos.allocators import Expansion
-from tracerl.config import SimulatorConfig
+from tracerl.engine.protocol import Env
+from tracerl.schema import check
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt, Status
+
+
+@dataclass(frozen=True)
+class SimulatorConfig:
+    """The calibrated multi-turn simulator (envs/simulator.py documents the model and its calibration)."""
+
+    num_prompts: int = 2048
+    """Size of the finite prompt set revisited across steps."""
+    mix_weights: list[float] = field(default_factory=lambda: [0.45, 0.25, 0.30])
+    """Difficulty mixture weights: hard, medium, easy."""
+    mix_means: list[float] = field(default_factory=lambda: [-5.0, 0.0, 5.0])
+    """Mean logit success probability of each mixture component."""
+    mix_stds: list[float] = field(default_factory=lambda: [1.5, 1.5, 1.5])
+    """Std of the logit within each component."""
+    min_turns: int = 2
+    """Fewest turns in an episode."""
+    max_turns: int = 6
+    """Most turns in an episode."""
+    concentration: float = 4.0
+    """kappa: V_{t+1} ~ Beta(kappa V_t, kappa (1 - V_t)); smaller moves V further per turn."""
+    prompt_feature_dim: int = 8
+    """Dimension of the prompt features."""
+    prompt_feature_noise: float = 1.1
+    """Noise (in units of the difficulty's std) on the prompt features' signal."""
+    prefix_feature_noise: float = 0.55
+    """Noise (probability units) on the prefix features' signal about V_t."""
+    drift_std: float = 0.15
+    """Std per step of each prompt's random-walk drift in logit (the policy changes)."""
+
+    def __post_init__(self) -> None:
+        k = len(self.mix_weights)
+        check(
+            k >= 1 and len(self.mix_means) == k and len(self.mix_stds) == k,
+            "env.simulator.mix_weights, mix_means and mix_stds must have the same non-zero length",
+        )
+        check(
+            all(w >= 0 for w in self.mix_weights) and sum(self.mix_weights) > 0,
+            "env.simulator.mix_weights must be non-negative with a positive sum",
+        )
+        check(all(s >= 0 for s in self.mix_stds), "env.simulator.mix_stds must be >= 0")
+        check(self.num_prompts >= 1, f"env.simulator.num_prompts must be >= 1 (got {self.num_prompts})")
+        check(
+            1 <= self.min_turns <= self.max_turns,
+            f"env.simulator needs 1 <= min_turns <= max_turns (got {self.min_turns}, {self.max_turns})",
+        )
+        check(self.concentration > 0, f"env.simulator.concentration must be > 0 (got {self.concentration})")
+        check(self.prompt_feature_dim >= 1, "env.simulator.prompt_feature_dim must be >= 1")
+        check(
+            self.prompt_feature_noise >= 0 and self.prefix_feature_noise >= 0,
+            "env.simulator feature noises must be >= 0",
+        )
+        check(self.drift_std >= 0, f"env.simulator.drift_std must be >= 0 (got {self.drift_std})")
+
 
 RHO = 0.98
 """AR(1) coefficient of the policy drift."""
@@ -54,7 +109,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 @ENVS.register("simulator")
-class Simulator:
+class Simulator(Env):
     """The simulator environment: a prompt pool, tree rollouts and their continuations.
 
     Args:
@@ -62,6 +117,9 @@ class Simulator:
         seed: seeds every stream (prompts, pools, drift, rollouts).
     """
 
+    config = SimulatorConfig
+    true_values = True
+    """Prompts carry their true V_0 (the oracle predictor reads it)."""
     fork_mode = "snapshot"
     """Continuations restart from the V_t stored in the prefix node (no tool calls to replay)."""
 

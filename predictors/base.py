@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import cast
+from typing import ClassVar, Literal, cast
 
 import numpy as np
 
@@ -84,6 +84,10 @@ class Predictor:
             numeric features); predictors that do not read features ignore it.
     """
 
+    needs_true_values: ClassVar[bool] = False
+    """It reads the true success probabilities (``Prompt.true_value``): only an environment with
+    ``Env.true_values`` (the simulator) can serve it; the config loader checks this before a run starts."""
+
     def __init__(
         self, cfg: PredictorConfig, seed: int = 0, features: FeaturizerFactory | None = None
     ) -> None:
@@ -126,7 +130,7 @@ def build_predictor(
     cfg: PredictorConfig,
     seed: int = 0,
     name: str | None = None,
-    targets: str | None = None,
+    targets: Literal["recursive", "debiased"] | None = None,
     features: FeaturizerFactory | None = None,
 ) -> Predictor:
     """Instantiate ``name`` (default ``cfg.name``): a registered name, an import path or an entry point.

@@ -14,6 +14,8 @@ from tracerl.types import Anchor
 class OraclePredictor(Predictor):
     """Reads ``true_value`` from the prefix node, or from the prompt for a root."""
 
+    needs_true_values = True
+
     def _score(self, anchors: Sequence[Anchor]) -> np.ndarray:
         out = np.empty(len(anchors))
         for i, a in enumerate(anchors):

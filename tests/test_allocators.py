@@ -3,10 +3,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from envs.simulator import Simulator
+from envs.simulator import Simulator, SimulatorConfig
 from predictors import build_predictor
 from tracerl.algos.allocators import ALLOCATORS, PrefixCandidates, build_allocator
-from tracerl.config import AllocatorConfig, BudgetConfig, PredictorConfig, SimulatorConfig
+from tracerl.config import AllocatorConfig, BudgetConfig, PredictorConfig
 from tracerl.engine.step import run_step
 
 ALL = [

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from tracerl.config import BenchAllocationConfig
 from tracerl.config_loader import compose, conf_dir
+from tracerl.experiment_config import BenchAllocationConfig
 from workflows.cli import main
 
 ALLOCS = "[grpo,pcl,dapo,treepo,trace_root_only,trace_prefix_only,trace,oracle_trace]"

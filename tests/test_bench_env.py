@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from envs.math.config import MathEnvConfig
+from envs.sandbox import SandboxConfig
 from tests.conftest import TOOL_TIMEOUT_S
-from tracerl.config import EnvConfig, MathEnvConfig, SamplerConfig, SandboxConfig
+from tracerl.config import SamplerConfig, env_config
 from tracerl.engine.react import ChatTemplate, PlainTemplate
 from tracerl.samplers import SAMPLERS
 from tracerl.samplers.scripted import ByteTokenizer, ScriptedSampler
@@ -38,7 +40,7 @@ def test_math_gold_replay_scores_1() -> None:
     from envs.math.env import MathEnv
 
     # a generous tool time limit: a replayed cell must not time out on a busy machine
-    cfg = EnvConfig(
+    cfg = env_config(
         name="math",
         math=MathEnvConfig(num_tasks=10, eval_tasks=10, sandbox=SandboxConfig(timeout_s=TOOL_TIMEOUT_S)),
     )

@@ -27,10 +27,11 @@ except ImportError as exc:  # pragma: no cover - depends on the machine
         allow_module_level=True,
     )
 
+from envs.bfcl.config import BfclEnvConfig
 from envs.bfcl.env import BfclEnv, BfclState, bfcl_globals, task_prompt
 from envs.registry import env_class
 from tracerl.algos.allocators import Expansion
-from tracerl.config import BfclEnvConfig, EnvConfig, SamplerConfig
+from tracerl.config import SamplerConfig, env_config
 from tracerl.engine.protocol import AnswerResult
 from tracerl.engine.react import TEMPLATES, Action, ActionKind, PlainTemplate, ToolCall
 from tracerl.engine.rollout import TreeRolloutEngine
@@ -205,7 +206,7 @@ def test_split_is_seeded_disjoint_and_sized() -> None:
     assert set(ids(test)) != set(ids(other[1]))
     assert not set(ids(train)) & set(ids(test)) and len(train) + len(test) == len(tasks) == 800
     assert all(sum(t.category == c for t in test) == 40 for c in CATEGORIES)
-    cfg = EnvConfig(name="bfcl", bfcl=BfclEnvConfig(num_tasks=1000, eval_tasks=1000))
+    cfg = env_config(name="bfcl", bfcl=BfclEnvConfig(num_tasks=1000, eval_tasks=1000))
     cls = env_class("bfcl")
     train_ids = {p.prompt_id for p in cls.prompts(cfg)}
     held = cls.prompts(cfg, held_out=True)

@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from tracerl.config import BenchAllocationConfig
 from tracerl.config_loader import ConfigError, compose, conf_dir, group_names
+from tracerl.experiment_config import BenchAllocationConfig
 from workflows.cli import COMMANDS, build_parser, load
 
 BENCH = conf_dir() / "bench/allocation.yaml"
@@ -108,18 +108,21 @@ def test_bad_config_fails_with_a_message_naming_the_key(override: str, message: 
     [
         (
             ["trainer.master_dtype=float64"],
-            "trainer.master_dtype must be float32, bfloat16 or float16 (got 'float64')",
+            "trainer.master_dtype must be one of 'float32', 'bfloat16', 'float16' (got 'float64')",
         ),
         (
             ["trainer.master_dtype=bfloat16"],
             "trainer.master_dtype=bfloat16 must be float32 or model.dtype (float32)",
         ),
-        (["trainer.strategy=zero3"], "trainer.strategy must be ddp or fsdp (got 'zero3')"),
+        (["trainer.strategy=zero3"], "trainer.strategy must be one of 'ddp', 'fsdp' (got 'zero3')"),
         (
             ["allocator=oracle_trace"],
-            "the oracle predictor (allocator=oracle_trace or predictor=oracle) needs the true",
+            "the oracle predictor (allocator=oracle_trace) needs the true success probabilities",
         ),
-        (["predictor=oracle"], "only the simulator has: with a language model use allocator=trace"),
+        (
+            ["predictor=oracle"],
+            "the oracle predictor (predictor=oracle) needs the true success probabilities, which env.name='math'",
+        ),
     ],
 )
 def test_bad_trainer_config_names_the_key(overrides: list[str], message: str) -> None:
@@ -194,7 +197,7 @@ def test_token_mode_sets_leaves_from_the_token_budget_and_cost_per_leaf() -> Non
 
 
 def test_a_sweep_file_space_replaces_the_default_space(tmp_path: Path) -> None:
-    from tracerl.config import SweepConfig
+    from tracerl.experiment_config import SweepConfig
 
     f = tmp_path / "sweep.yaml"
     f.write_text(

@@ -17,8 +17,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from envs.search.config import SearchEnvConfig
 from tests.conftest import require_bfcl
-from tracerl.config import EnvConfig, SearchEnvConfig, TrainConfig
+from tracerl.config import TrainConfig, env_config
 from tracerl.config_loader import ConfigError, compose, to_flat_dict
 from tracerl.engine.react import Action, ActionKind, ChatTemplate, PlainTemplate, ToolCall, ToolSpec
 from tracerl.grading import GradeTimeout
@@ -136,7 +137,7 @@ def _search() -> Any:
     from envs.search.env import SearchEnv
 
     env = SearchEnv.from_config(
-        EnvConfig(name="search", search=SearchEnvConfig(reward="f1"), reward_timeout_s=2.0)
+        env_config(name="search", search=SearchEnvConfig(reward="f1"), reward_timeout_s=2.0)
     )
     return env, Prompt("s", "Who?", '["Ada Lovelace"]')
 

@@ -16,8 +16,9 @@ import pytest
 
 from envs.math.env import MathEnv
 from envs.math.reward import is_correct
+from envs.search.config import SearchEnvConfig
 from tests.conftest import require_bfcl
-from tracerl.config import EnvConfig, SamplerConfig, SearchEnvConfig
+from tracerl.config import SamplerConfig, env_config
 from tracerl.engine.react import PlainTemplate
 from tracerl.engine.rollout import TreeRolloutEngine
 from tracerl.grading import GradeError, Grader, GradeTimeout
@@ -140,7 +141,7 @@ def test_huge_search_answers_end_within_the_limit() -> None:
     from envs.search.env import FAST_ANSWER_CHARS, SearchEnv
 
     env = SearchEnv.from_config(
-        EnvConfig(name="search", search=SearchEnvConfig(reward="f1"), reward_timeout_s=LIMIT)
+        env_config(name="search", search=SearchEnvConfig(reward="f1"), reward_timeout_s=LIMIT)
     )
     prompt = Prompt("p", "q", '["Ada Lovelace", "Lovelace"]')
     assert env.reward(prompt, "Ada Lovelace") == 1.0 and env.grader._proc is None  # short: in process

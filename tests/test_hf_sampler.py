@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from envs.math.tasks import generate as gen_tasks
-from tracerl.config import BootstrapConfig
+from tracerl.experiment_config import BootstrapConfig
 from tracerl.models.tiny import build_model, build_tokenizer
 from tracerl.samplers.hf import HFSampler
 from workflows.bootstrap import trace_segments

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
+from envs.search.config import SearchEnvConfig
 from tests.conftest import require_bfcl
-from tracerl.config import EnvConfig, SamplerConfig, SearchEnvConfig
+from tracerl.config import SamplerConfig, env_config
 from tracerl.engine.react import ActionKind, ChatTemplate, PlainTemplate, ToolSpec
 from tracerl.engine.rollout import TreeRolloutEngine
 from tracerl.engine.untrusted import MAX_ACTION_CHARS, MAX_ARGUMENT_DEPTH
@@ -123,7 +124,7 @@ def _env(kind: str) -> tuple[Any, Prompt, str, str, int]:
     if kind == "search":
         from envs.search.env import SearchEnv
 
-        env = SearchEnv.from_config(EnvConfig(name="search", search=SearchEnvConfig(reward="em")))
+        env = SearchEnv.from_config(env_config(name="search", search=SearchEnvConfig(reward="em")))
         return env, Prompt("s", "Who?", "Ada"), "search", "query", 1
     return _bfcl_env()  # type: ignore[no-any-return]
 

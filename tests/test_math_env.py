@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from envs.math.env import DISCARDED, MathEnv
+from envs.sandbox import SandboxConfig
 from tracerl.algos.allocators import Expansion
-from tracerl.config import SamplerConfig, SandboxConfig
+from tracerl.config import SamplerConfig
 from tracerl.engine.react import Action, ActionKind, PlainTemplate
 from tracerl.engine.rollout import TreeRolloutEngine
 from tracerl.models.tiny import build_tokenizer

@@ -6,9 +6,8 @@ import pytest
 from envs.math.datasets import load_math_file
 from envs.math.reward import extract_boxed, is_correct
 from envs.math.tasks import LEVELS, generate, is_held_out, make_task
-from envs.sandbox import Sandbox
+from envs.sandbox import Sandbox, SandboxConfig
 from tests.conftest import ROOT, TOOL_TIMEOUT_S
-from tracerl.config import SandboxConfig
 
 DATA = ROOT.parent / "shared" / "data" / "math"
 

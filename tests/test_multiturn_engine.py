@@ -14,7 +14,7 @@ import numpy as np
 
 from tracerl.algos.allocators import Expansion
 from tracerl.config import SamplerConfig
-from tracerl.engine.protocol import AnswerResult, ToolResult
+from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult
 from tracerl.engine.react import TEMPLATES, Action, ActionKind, PlainTemplate, ToolCall, ToolSpec
 from tracerl.engine.rollout import TreeRolloutEngine
 from tracerl.samplers.scripted import ByteTokenizer, ScriptedSampler
@@ -25,7 +25,7 @@ ECHO = ToolSpec("echo", "Echo a text.", ("text",), ("text",), schema=SCHEMA)
 SHOUT = ToolSpec("shout", "Echo a text in capitals.", ("text",), ("text",), schema=SCHEMA)
 
 
-class EchoDesk:
+class EchoDesk(ToolEnv):
     """Fake two-turn environment: turn 0 offers echo, turn 1 adds shout."""
 
     fork_mode = "replay"

@@ -25,7 +25,7 @@ def ray_local() -> Any:
 
 def _math_env():  # type: ignore[no-untyped-def]
     from envs.math.env import MathEnv
-    from tracerl.config import SandboxConfig
+    from envs.sandbox import SandboxConfig
 
     return MathEnv(
         SandboxConfig(timeout_s=120.0)

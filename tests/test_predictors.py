@@ -1,13 +1,13 @@
 import numpy as np
 import pytest
 
-from envs.simulator import Simulator
+from envs.simulator import Simulator, SimulatorConfig
 from predictors import PREDICTORS, Predictor, build_predictor
 from predictors.base import FeaturizerFactory
 from predictors.history import PromptHistory
 from tests.conftest import chain
 from tracerl.calibration import auc, calibration_metrics, ece
-from tracerl.config import PredictorConfig, SimulatorConfig
+from tracerl.config import PredictorConfig
 from tracerl.tree import RolloutTree
 from tracerl.types import Anchor, Prompt
 
@@ -165,7 +165,7 @@ def test_debiased_fit_targets_and_weights() -> None:
     pred.fit([t_sim])
     x, _, y, w = pred.replay[-1]
     assert y.tolist() == [float(t_sim.leaves()[0].reward)] * len(y) and w.tolist() == [1.0] * len(w)
-    with pytest.raises(ValueError, match="predictor.targets must be recursive or debiased"):
+    with pytest.raises(ValueError, match="predictor.targets must be one of .recursive., .debiased."):
         PredictorConfig(targets="mean")
 
 

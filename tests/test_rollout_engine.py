@@ -12,11 +12,13 @@ import pytest
 
 from envs.math.env import MathEnv
 from envs.math.tasks import MathTask, generate
+from envs.sandbox import SandboxConfig
 from tests.conftest import TOOL_TIMEOUT_S
 from tracerl.algos.allocators import Expansion
-from tracerl.config import BootstrapConfig, SamplerConfig, SandboxConfig
+from tracerl.config import SamplerConfig
 from tracerl.engine.react import PlainTemplate
 from tracerl.engine.rollout import TreeRolloutEngine
+from tracerl.experiment_config import BootstrapConfig
 from tracerl.models.tiny import build_model, build_tokenizer
 from tracerl.samplers.base import Generation
 from tracerl.samplers.hf import HFSampler

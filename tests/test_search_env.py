@@ -8,19 +8,20 @@ from typing import Any
 
 import pytest
 
+from envs.search.config import SearchEnvConfig
 from envs.search.datasets import load_qa_file
 from envs.search.env import SearchEnv, build_retriever, question_of
 from envs.search.index import BM25Retriever, Passage, read_corpus
 from envs.search.reward import exact_match, f1_score, gold_answers, normalize_answer, qa_scores
 from envs.search.world import build_world, generate
-from tracerl.config import EnvConfig, SamplerConfig, SearchEnvConfig
+from tracerl.config import SamplerConfig, env_config
 from tracerl.engine.react import Action, ActionKind, PlainTemplate
 from tracerl.samplers.scripted import ByteTokenizer, ScriptedSampler
 from tracerl.types import Prompt, Status
 from workflows.bench_env import gold_engine, summarize
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "qa"
-CFG = EnvConfig(name="search", search=SearchEnvConfig(top_k=3, reward="em"))
+CFG = env_config(name="search", search=SearchEnvConfig(top_k=3, reward="em"))
 CFG_LIMITS = SamplerConfig()
 
 
@@ -179,7 +180,7 @@ def test_loaders_read_the_real_hotpotqa_and_bamboogle_files(tmp_path: Path) -> N
     assert len(bam) == 125 and bam[0].answer == "james madison" and all(p.answer for p in bam)
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"id": "0", "contents": "Citibank\\nCitibank was founded in 1812."}\n')
-    cfg = EnvConfig(
+    cfg = env_config(
         name="search",
         search=SearchEnvConfig(
             tasks=str(DATA / "bamboogle_test.csv"), corpus=str(corpus), num_tasks=500, eval_tasks=500
@@ -196,7 +197,7 @@ def test_loaders_read_the_real_hotpotqa_and_bamboogle_files(tmp_path: Path) -> N
 def test_question_file_without_corpus_is_rejected_with_a_clear_message(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="set env.search.corpus"):
         SearchEnvConfig(tasks="questions.json")
-    cfg = EnvConfig(
+    cfg = env_config(
         name="search", search=SearchEnvConfig(tasks="q.json", corpus=str(tmp_path / "none.jsonl"))
     )
     with pytest.raises(FileNotFoundError, match="search corpus not found"):
@@ -316,7 +317,7 @@ def test_bootstrap_search_habit_phase_starts_from_a_checkpoint(
 ) -> None:
     import json
 
-    from tracerl.config import BootstrapConfig
+    from tracerl.experiment_config import BootstrapConfig
     from workflows.bootstrap import bootstrap
 
     # short episodes: an untrained model would otherwise babble to the policy's real limits in the evaluation
@@ -364,7 +365,7 @@ def test_bootstrap_search_habit_phase_starts_from_a_checkpoint(
 
 
 def test_bootstrap_config_checks_init_from_and_time_budget() -> None:
-    from tracerl.config import BootstrapConfig
+    from tracerl.experiment_config import BootstrapConfig
 
     with pytest.raises(ValueError, match="init_from"):
         BootstrapConfig(init_from="models/tiny-search")

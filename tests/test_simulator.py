@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 
 from envs import ENVS
-from envs.simulator import Simulator, calibrate
+from envs.simulator import Simulator, SimulatorConfig, calibrate
 from tracerl.algos.allocators import Expansion
-from tracerl.config import BenchAllocationConfig, SimulatorConfig
 from tracerl.config_loader import compose, conf_dir
+from tracerl.experiment_config import BenchAllocationConfig
 
 
 def shipped() -> SimulatorConfig:

@@ -14,8 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import ROOT
-from tracerl.config import StudyConfig, TrackingConfig
+from tracerl.config import TrackingConfig
 from tracerl.config_loader import compose
+from tracerl.experiment_config import StudyConfig
 from workflows.study import Cell, Child, enumerate_cells, plan, run_study, select, write_token_budget
 from workflows.study_report import hierarchical_bootstrap, verdict
 

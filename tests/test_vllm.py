@@ -16,7 +16,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache for the 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tracerl.config import BootstrapConfig
+    from tracerl.experiment_config import BootstrapConfig
     from workflows.bootstrap import bootstrap
 
     out = tmp_path_factory.mktemp("vllm") / "policy"

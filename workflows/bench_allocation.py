@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from envs.simulator import Simulator, calibrate, with_noise_scale
+from envs.simulator import Simulator, SimulatorConfig, calibrate, with_noise_scale
 from tracerl import metrics as M
 from tracerl.calibration import mean_calibration
-from tracerl.config import BenchAllocationConfig
 from tracerl.config_loader import to_flat_dict, to_yaml
+from tracerl.experiment_config import BenchAllocationConfig
 from workflows import tracking
 from workflows.progress import bar
 from workflows.sim_runs import RunResult, run_allocator
@@ -209,8 +209,8 @@ def _plots(
 
 def _tree_throughput(cfg: BenchAllocationConfig, trees: int = 512) -> float:
     """Simulator speed: trees of G bare rollouts built per second (one core)."""
-    env = Simulator(cfg.env.simulator, seed=cfg.seed)
-    pool = env.sample_pool(min(trees, cfg.env.simulator.num_prompts))
+    env = Simulator(cfg.env.settings(SimulatorConfig), seed=cfg.seed)
+    pool = env.sample_pool(min(trees, cfg.env.settings(SimulatorConfig).num_prompts))
     t0 = time.perf_counter()
     env.rollout(pool, [cfg.budget.group_size] * len(pool))
     return len(pool) / (time.perf_counter() - t0)
@@ -221,7 +221,7 @@ def run_bench(cfg: BenchAllocationConfig, progress: Callable[[str], None] = lamb
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(to_yaml(cfg))
-    sim = calibrate(cfg.env.simulator, seed=cfg.seed, group_size=cfg.budget.group_size)
+    sim = calibrate(cfg.env.settings(SimulatorConfig), seed=cfg.seed, group_size=cfg.budget.group_size)
     sim["trees_per_second"] = _tree_throughput(cfg)
     progress(
         f"simulator calibration: prompt-feature R^2 {sim['prompt_r2']:.3f}, prefix-feature R^2 {sim['prefix_r2']:.3f}, "
@@ -254,7 +254,7 @@ def run_bench(cfg: BenchAllocationConfig, progress: Callable[[str], None] = lamb
     if noise_scales and noise_jobs:
         warm = int(cfg.steps * cfg.warmup_fraction)
         cal = [
-            calibrate(with_noise_scale(cfg.env.simulator, s), seed=cfg.seed, samples=50_000)
+            calibrate(with_noise_scale(cfg.env.settings(SimulatorConfig), s), seed=cfg.seed, samples=50_000)
             for s in noise_scales
         ]
         summary["noise_sweep"] = {

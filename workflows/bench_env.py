@@ -22,25 +22,47 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from envs.registry import env_class
-from tracerl.config import BenchEnvConfig
-from tracerl.engine import protocol
-from tracerl.engine.protocol import ToolResult
-from tracerl.engine.react import TEMPLATES, Action
+from envs.registry import tool_env_class
+from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult
+from tracerl.engine.react import TEMPLATES, Action, ToolSpec
 from tracerl.engine.rollout import TreeRolloutEngine
+from tracerl.experiment_config import BenchEnvConfig
 from tracerl.samplers.scripted import ByteTokenizer, ScriptedSampler
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt
 
 
-class ConcurrentEnv:
-    """An environment whose round of tool calls runs in a thread pool; every other attribute is the wrapped one's."""
+class ConcurrentEnv(ToolEnv):
+    """An environment whose round of tool calls runs in a thread pool; every other hook is the wrapped one's."""
 
-    def __init__(self, env: Any, workers: int) -> None:
+    def __init__(self, env: ToolEnv, workers: int) -> None:
         self.env, self.workers = env, workers
+        self.tools, self.fork_mode = env.tools, env.fork_mode
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.env, name)
+    def initial_state(self, prompt: Prompt) -> Any:
+        return self.env.initial_state(prompt)
+
+    def execute(self, prompt: Prompt, state: Any, action: Action) -> ToolResult:
+        return self.env.execute(prompt, state, action)
+
+    def reward(self, prompt: Prompt, answer: str | None) -> float:
+        return self.env.reward(prompt, answer)
+
+    def tools_for(self, prompt: Prompt, state: Any) -> Sequence[ToolSpec]:
+        return self.env.tools_for(prompt, state)
+
+    def on_answer(self, prompt: Prompt, state: Any, action: Action) -> AnswerResult | None:
+        return self.env.on_answer(prompt, state, action)
+
+    def scores(self, prompt: Prompt, answer: str | None) -> dict[str, float]:
+        return self.env.scores(prompt, answer)
+
+    def gold_turns(self, prompt: Prompt, template: Any) -> list[str]:
+        return self.env.gold_turns(prompt, template)
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.env.warnings
 
     def execute_batch(self, calls: Sequence[tuple[Prompt, Any, Action]]) -> list[ToolResult]:
         if self.workers <= 1 or len(calls) <= 1:
@@ -49,21 +71,19 @@ class ConcurrentEnv:
             return list(pool.map(lambda c: self.env.execute(*c), calls))
 
 
-def _prompt_text(env: Any, template: Any, prompt: Prompt) -> str:
-    """The prompt as the engine renders it (with the tools of the task's initial state where the env has them)."""
-    tools_of = getattr(protocol, "tools_for", None)
-    tools = tools_of(env, prompt, env.initial_state(prompt)) if tools_of is not None else env.tools
-    return str(template.prompt(prompt.text, tools))
+def _prompt_text(env: ToolEnv, template: Any, prompt: Prompt) -> str:
+    """The prompt as the engine renders it (with the tools of the task's initial state)."""
+    return str(template.prompt(prompt.text, env.tools_for(prompt, env.initial_state(prompt))))
 
 
-def gold_engine(env: Any, prompts: Sequence[Prompt], template_name: str, limits: Any) -> TreeRolloutEngine:
+def gold_engine(
+    env: ToolEnv, prompts: Sequence[Prompt], template_name: str, limits: Any
+) -> TreeRolloutEngine:
     """An engine whose scripted sampler replays each prompt's ``gold_turns``.
 
     Raises:
-        SystemExit-free ValueError: the environment has no ``gold_turns``.
+        ValueError: the environment has no ``gold_turns`` (``Env.gold_turns``'s default).
     """
-    if not hasattr(env, "gold_turns"):
-        raise ValueError(f"{type(env).__name__} has no gold_turns(prompt, template): it cannot be replayed")
     tok = ByteTokenizer()
     template = TEMPLATES.get(template_name)(None)
     sampler = ScriptedSampler(tok)
@@ -103,7 +123,7 @@ def summarize(trees: Sequence[RolloutTree]) -> dict[str, Any]:
     }
 
 
-def _distinct_prompt_rounds(env: Any, template: Any, prompts: Sequence[Prompt]) -> list[list[Prompt]]:
+def _distinct_prompt_rounds(env: ToolEnv, template: Any, prompts: Sequence[Prompt]) -> list[list[Prompt]]:
     """``prompts`` in rounds within which no two render the same prompt text (first fit, order kept)."""
     rounds: list[tuple[set[str], list[Prompt]]] = []
     for p in prompts:
@@ -120,7 +140,7 @@ def _distinct_prompt_rounds(env: Any, template: Any, prompts: Sequence[Prompt]) 
 def run_bench_env(cfg: BenchEnvConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """Gold replay or policy pass@1 on the first ``cfg.tasks`` held-out tasks of ``cfg.env``."""
     t0 = time.perf_counter()
-    cls = env_class(cfg.env.name)
+    cls = tool_env_class(cfg.env.name)
     prompts = list(cls.prompts(cfg.env, held_out=True))[: cfg.tasks]
     env = ConcurrentEnv(cls.from_config(cfg.env), cfg.workers)
     if cfg.gold:

@@ -20,9 +20,9 @@ from envs.registry import check_data, env_section
 from tracerl import metrics as M
 from tracerl.algos.allocators import build_allocator
 from tracerl.calibration import CalibrationData, collect_calibration, mean_calibration, summarize_calibration
-from tracerl.config import BenchRolloutConfig
 from tracerl.config_loader import to_flat_dict, to_yaml
 from tracerl.engine.step import StepOutcome
+from tracerl.experiment_config import BenchRolloutConfig
 from tracerl.metrics import step_metrics
 from workflows import tracking
 from workflows.lm_stack import build_stack, build_text_predictor, task_prompts

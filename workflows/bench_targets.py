@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from tracerl.config import BenchAllocationConfig
 from tracerl.config_loader import to_yaml
 from tracerl.engine.step import StepOutcome
+from tracerl.experiment_config import BenchAllocationConfig
 from tracerl.tree import RolloutTree
 from workflows.sim_runs import run_allocator
 

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tracerl.config import BenchTrainConfig, TrainConfig
+from tracerl.config import TrainConfig
+from tracerl.experiment_config import BenchTrainConfig
 from workflows.progress import bar
 from workflows.tracking import resolve_uri
 

@@ -23,9 +23,10 @@ from typing import Any
 
 from envs.math.env import MathEnv
 from envs.math.tasks import MathTask, generate
-from tracerl.config import BootstrapConfig, SamplerConfig
+from tracerl.config import SamplerConfig
 from tracerl.engine.react import PlainTemplate
 from tracerl.engine.rollout import TreeRolloutEngine
+from tracerl.experiment_config import BootstrapConfig
 from tracerl.models.tiny import (
     Segment,
     build_model,

@@ -13,8 +13,9 @@ from __future__ import annotations
 from envs.search.env import SearchEnv
 from envs.search.index import BM25Retriever
 from envs.search.world import Question, build_world, generate
-from tracerl.config import BootstrapConfig, SamplerConfig
+from tracerl.config import SamplerConfig
 from tracerl.engine.react import Action, ActionKind, PlainTemplate
+from tracerl.experiment_config import BootstrapConfig
 from tracerl.models.tiny import Segment
 from tracerl.types import Prompt
 

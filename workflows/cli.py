@@ -18,15 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tracerl.config import (
+from tracerl.config import EvalConfig, RolloutConfig, TrainConfig
+from tracerl.config_loader import ConfigError, compose, conf_dir, to_yaml
+from tracerl.experiment_config import (
     BootstrapConfig,
-    EvalConfig,
-    RolloutConfig,
     StudyConfig,
     SweepConfig,
-    TrainConfig,
 )
-from tracerl.config_loader import ConfigError, compose, conf_dir, to_yaml
 from workflows import cli_bench, cli_mlflow
 from workflows.cli_args import Command, Shorthand, add_job_args
 from workflows.cli_args import progress as _progress

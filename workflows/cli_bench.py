@@ -8,13 +8,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tracerl.config import (
+from tracerl.config_loader import ConfigError, conf_dir
+from tracerl.experiment_config import (
     BenchAllocationConfig,
     BenchEnvConfig,
     BenchRolloutConfig,
     BenchTrainConfig,
 )
-from tracerl.config_loader import ConfigError, conf_dir
 from workflows.cli_args import Command, Shorthand, add_job_args, progress
 from workflows.tracking import resolve_uri, where
 

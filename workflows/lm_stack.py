@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from envs.registry import env_class
 from predictors import build_predictor
@@ -58,7 +58,11 @@ def build_stack(model_cfg: ModelConfig, sampler_cfg: SamplerConfig, env_cfg: Env
 
 
 def build_text_predictor(
-    cfg: PredictorConfig, stack: LMStack, seed: int, name: str | None = None, targets: str | None = None
+    cfg: PredictorConfig,
+    stack: LMStack,
+    seed: int,
+    name: str | None = None,
+    targets: Literal["recursive", "debiased"] | None = None,
 ) -> Predictor:
     """The configured predictor, with a text featurizer for the learned one."""
     template = stack.engine.template
@@ -96,7 +100,7 @@ def make_text_predictor(
     tokenizer: Any,
     render: Any,
     name: str | None = None,
-    targets: str | None = None,
+    targets: Literal["recursive", "debiased"] | None = None,
 ) -> Predictor:
     """The configured predictor, built through the registry, with text features (``text_features``) for a
     predictor that reads them. ``targets`` overrides ``cfg.targets`` (an allocator's forced fit targets)."""

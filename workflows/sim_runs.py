@@ -8,13 +8,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from envs.simulator import Simulator, with_noise_scale
+from envs.simulator import Simulator, SimulatorConfig, with_noise_scale
 from predictors import build_predictor
 from predictors.length import attach_lengths
 from tracerl.algos.allocators import build_allocator
 from tracerl.calibration import CalibrationData, collect_calibration, summarize_calibration
-from tracerl.config import BenchAllocationConfig
 from tracerl.engine.step import StepOutcome, run_step
+from tracerl.experiment_config import BenchAllocationConfig
 from tracerl.metrics import step_metrics
 
 
@@ -43,7 +43,7 @@ def run_allocator(
     """
     allocator = build_allocator(dataclasses.replace(cfg.allocator, name=name))
     attach_lengths(allocator)
-    env = Simulator(with_noise_scale(cfg.env.simulator, noise_scale), seed=seed)
+    env = Simulator(with_noise_scale(cfg.env.settings(SimulatorConfig), noise_scale), seed=seed)
     predictor = build_predictor(cfg.predictor, seed=seed, name=allocator.predictor, targets=allocator.targets)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
     warm = int(cfg.steps * cfg.warmup_fraction)

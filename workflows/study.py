@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tracerl.config import StudyConfig, TrainConfig
+from tracerl.config import TrainConfig
+from tracerl.experiment_config import StudyConfig
 
 COORDS = ("testbed", "budget", "allocator", "seed")
 TAG = "tracerl.study"

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from tracerl.config import StudyConfig
+from tracerl.experiment_config import StudyConfig
 
 FIELDS = (
     "testbed",

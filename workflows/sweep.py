@@ -18,8 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tracerl.config import SweepConfig, TrainConfig
+from tracerl.config import TrainConfig
 from tracerl.config_loader import to_yaml
+from tracerl.experiment_config import SweepConfig
 
 
 def search_space(space: dict[str, Any]) -> dict[str, Any]:

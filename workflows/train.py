@@ -497,7 +497,7 @@ class _Driver:
         import numpy as np
         import torch
 
-        from envs.registry import env_class
+        from envs.registry import tool_env_class
         from predictors.length import attach_lengths
         from tracerl.actors.pools import RolloutPool
         from tracerl.algos.allocators import build_allocator
@@ -532,7 +532,7 @@ class _Driver:
         self.allocator = build_allocator(cfg.allocator)
         attach_lengths(self.allocator)  # trace_plus: its length predictor
         template = TEMPLATES.get(cfg.model.template)(tok)
-        tools = list(env_class(cfg.env.name).tools)
+        tools = list(tool_env_class(cfg.env.name).tools)
         self.predictor = make_text_predictor(
             cfg.predictor,
             cfg.seed,

@@ -28,13 +28,14 @@ from __future__ import annotations
 import ast
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from envs.bfcl.config import BfclEnvConfig
 from envs.bfcl.data import ADDED_FUNCTIONS_PROMPT, BfclTask, import_bfcl, load_tasks, split, tool_spec
 from envs.registry import ENVS
-from tracerl.engine.protocol import AnswerResult, ToolResult
+from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult
 from tracerl.engine.react import Action, ToolCall, ToolSpec, TurnTemplate, call_source
 from tracerl.grading import GradeError, Grader, GradeTimeout
 from tracerl.types import Prompt
@@ -102,9 +103,10 @@ def bfcl_globals() -> list[str]:
 
 
 @ENVS.register("bfcl")
-class BfclEnv:
+class BfclEnv(ToolEnv):
     """BFCL v4 multi-turn function calling (categories base, miss_func, miss_param, long_context)."""
 
+    config = BfclEnvConfig
     fork_mode = "replay"
     tools: Sequence[ToolSpec] = ()
     """Tools differ per task and per user turn: see ``tools_for``."""
@@ -125,16 +127,16 @@ class BfclEnv:
         """Runs the calls of a turn with the replayed ones (started at the first call)."""
 
     @classmethod
-    def from_config(cls, env_cfg: Any) -> BfclEnv:
-        """One environment from ``env_cfg.bfcl``."""
-        b = env_cfg.bfcl
+    def from_config(cls, env_cfg: Any, services: Mapping[str, Any] | None = None) -> BfclEnv:
+        """One environment from ``env.bfcl``."""
+        b = env_cfg.settings(BfclEnvConfig)
         return cls(b.categories, b.docs, env_cfg.reward_timeout_s, b.call_timeout_s)
 
     @staticmethod
     def prompts(env_cfg: Any, held_out: bool = False) -> list[Prompt]:
         """Training prompts (the first ``num_tasks`` of the training side of the seeded split, categories
         interleaved), or the first ``eval_tasks`` held-out ones."""
-        b = env_cfg.bfcl
+        b = env_cfg.settings(BfclEnvConfig)
         import_bfcl()
         tasks = [t for c in b.categories for t in load_tasks(c)]
         train, test = split(tasks, b.split_seed, b.test_fraction)

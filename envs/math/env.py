@@ -14,17 +14,17 @@ before it. A cell that raised, e.g. ``NameError``, is kept with REPL semantics: 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from envs.math.config import MathEnvConfig
 from envs.math.datasets import load_math_file
 from envs.math.reward import PRELOAD, is_correct
 from envs.math.tasks import generate
 from envs.registry import ENVS
-from envs.sandbox import Sandbox
-from tracerl.config import SandboxConfig
+from envs.sandbox import Sandbox, SandboxConfig
 from tracerl.engine.gold import answer_turn_text, tool_turn_text
-from tracerl.engine.protocol import ToolResult
+from tracerl.engine.protocol import ToolEnv, ToolResult
 from tracerl.engine.react import Action, ToolSpec
 from tracerl.grading import Grader
 from tracerl.types import Prompt
@@ -38,7 +38,8 @@ PYTHON = ToolSpec(
 
 
 @ENVS.register("math")
-class MathEnv:
+class MathEnv(ToolEnv):
+    config = MathEnvConfig
     fork_mode = "replay"
     tools: Sequence[ToolSpec] = (PYTHON,)
 
@@ -54,8 +55,8 @@ class MathEnv:
         self._tasks: dict[str, Any] | None = None
 
     @classmethod
-    def from_config(cls, env_cfg: Any) -> MathEnv:
-        m = env_cfg.math
+    def from_config(cls, env_cfg: Any, services: Mapping[str, Any] | None = None) -> MathEnv:
+        m = env_cfg.settings(MathEnvConfig)
         env = cls(m.sandbox, stateful=m.stateful_python, reward_timeout_s=env_cfg.reward_timeout_s)
         env.task_cfg = m
         return env
@@ -89,7 +90,7 @@ class MathEnv:
     @staticmethod
     def prompts(env_cfg: Any, held_out: bool = False) -> list[Prompt]:
         """Training prompts, or held-out ones: generated (a hash split keeps them apart) or a task file's first N."""
-        m = env_cfg.math
+        m = env_cfg.settings(MathEnvConfig)
         if m.tasks == "generated":
             tasks = generate(m.eval_tasks if held_out else m.num_tasks, seed=m.task_seed, held_out=held_out)
             return [Prompt(t.task_id, t.question, t.answer, source=f"generated-L{t.level}") for t in tasks]
@@ -99,8 +100,9 @@ class MathEnv:
     @staticmethod
     def check_data(env_cfg: Any) -> None:
         """Read the task file (if one is configured) so a bad one fails before anything starts (``envs.files``)."""
-        if env_cfg.math.tasks != "generated":
-            load_math_file(env_cfg.math.tasks)
+        m = env_cfg.settings(MathEnvConfig)
+        if m.tasks != "generated":
+            load_math_file(m.tasks)
 
     @property
     def warnings(self) -> list[str]:

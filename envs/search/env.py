@@ -22,12 +22,13 @@ from functools import lru_cache
 from typing import Any
 
 from envs.registry import ENVS
+from envs.search.config import SearchEnvConfig
 from envs.search.datasets import load_qa_file
 from envs.search.index import BM25Retriever, read_corpus
 from envs.search.reward import qa_scores
 from envs.search.world import TEMPLATES, Question, World, build_world, generate, is_held_out, solve
 from tracerl.engine.gold import answer_turn_text, tool_turn_text
-from tracerl.engine.protocol import ToolResult
+from tracerl.engine.protocol import ToolEnv, ToolResult
 from tracerl.engine.react import Action, ToolSpec
 from tracerl.grading import GradeError, Grader
 from tracerl.types import Prompt
@@ -79,7 +80,8 @@ def question_of(world: World, text: str) -> Question | None:
 
 
 @ENVS.register("search")
-class SearchEnv:
+class SearchEnv(ToolEnv):
+    config = SearchEnvConfig
     fork_mode = "snapshot"
     tools: Sequence[ToolSpec] = (SEARCH,)
 
@@ -104,13 +106,13 @@ class SearchEnv:
     @staticmethod
     def services(env_cfg: Any) -> dict[str, Callable[[], Any]]:
         """Shared services a run builds once and hands to every instance: the retriever."""
-        cfg = env_cfg.search
+        cfg = env_cfg.settings(SearchEnvConfig)
         return {"retriever": lambda: build_retriever(cfg)}
 
     @classmethod
     def from_config(cls, env_cfg: Any, services: Mapping[str, Any] | None = None) -> SearchEnv:
         """One instance; the retriever comes from ``services`` when the run shares one, else it is built here."""
-        s = env_cfg.search
+        s = env_cfg.settings(SearchEnvConfig)
         retriever = (services or {}).get("retriever") or build_retriever(s)
         world_seed = s.task_seed if s.tasks == "generated" and not s.corpus else None
         return cls(retriever, s.top_k, s.reward, s.f1_threshold, world_seed, env_cfg.reward_timeout_s)
@@ -118,7 +120,7 @@ class SearchEnv:
     @staticmethod
     def prompts(env_cfg: Any, held_out: bool = False) -> list[Prompt]:
         """Training or held-out questions: generated (hash split, deduplicated) or a question file's split."""
-        s = env_cfg.search
+        s = env_cfg.settings(SearchEnvConfig)
         n = s.eval_tasks if held_out else s.num_tasks
         if s.tasks == "generated":
             world = build_world(s.task_seed)
@@ -138,7 +140,7 @@ class SearchEnv:
     def check_data(env_cfg: Any) -> None:
         """Read the question file (both sides of the split) and the head of the corpus, if configured, so a bad
         one fails before anything starts; a bad line further into a large corpus fails when the index is built."""
-        s = env_cfg.search
+        s = env_cfg.settings(SearchEnvConfig)
         if s.tasks != "generated":
             SearchEnv.prompts(env_cfg)
             SearchEnv.prompts(env_cfg, held_out=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -24,6 +25,9 @@ from typing import Any, TypeVar, cast
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from tracerl.config_checks import check_components, env_schema_for
+from tracerl.schema import choice_message, literal_choices
 
 T = TypeVar("T")
 
@@ -96,21 +100,26 @@ def _load_group(group: str, name: str, root: Path) -> dict[str, Any]:
     return _read_yaml(path)
 
 
-def _field_names(schema: type, dotted: str) -> list[str] | None:
-    """Allowed keys at ``dotted`` (a dotted path into the schema), or None if not a dataclass there."""
+def _field_type(schema: type, dotted: str, env_cls: type | None = None) -> Any:
+    """The type at ``dotted`` (a dotted path into the schema; ``env`` is ``env_cls`` where given), or None."""
     cls: Any = schema
-    for part in [p for p in dotted.split(".") if p]:
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        if part not in fields:
-            return None
-        cls = fields[part].type
-        if isinstance(cls, str):  # postponed annotations: resolve through the module
-            import sys
-
-            cls = eval(cls, vars(sys.modules[schema.__module__]))  # noqa: S307 - our own annotations
+    for i, part in enumerate(p for p in dotted.split(".") if p):
         if not dataclasses.is_dataclass(cls):
             return None
-    return [f.name for f in dataclasses.fields(cls)]
+        if i == 0 and part == "env" and env_cls is not None:
+            cls = env_cls
+            continue
+        hints = typing.get_type_hints(cls)
+        if part not in hints or part not in {f.name for f in dataclasses.fields(cls)}:
+            return None
+        cls = hints[part]
+    return cls
+
+
+def _field_names(schema: type, dotted: str, env_cls: type | None = None) -> list[str] | None:
+    """Allowed keys at ``dotted`` (a dotted path into the schema), or None if not a dataclass there."""
+    cls = _field_type(schema, dotted, env_cls)
+    return [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else None
 
 
 def _parse_override(item: str) -> tuple[str, Any]:
@@ -159,14 +168,16 @@ def compose(
             groups[key] = item.partition("=")[2].strip()  # a file name, not YAML ('off' is not False)
         else:
             sets.append((key, value))
-    layers = [
-        OmegaConf.create({g: _load_group(g, n, root) for g, n in groups.items()}),
-        OmegaConf.create(top),
-    ]
+    group_layer = {g: _load_group(g, n, root) for g, n in groups.items()}
+    env_cls = _env_schema(schema, [group_layer, top], sets)
+    layers = [OmegaConf.create(group_layer), OmegaConf.create(top)]
     try:
         for key, value in sets:
-            layers.append(OmegaConf.create(_nested(schema, key, value)))
+            layers.append(OmegaConf.create(_nested(schema, key, value, env_cls)))
         base = OmegaConf.structured(schema)
+        if env_cls is not None:
+            OmegaConf.set_readonly(base, False)
+            base.env = OmegaConf.structured(env_cls(name=_default_env(schema).name))
         for f in dataclasses.fields(
             cast(Any, schema)
         ):  # a mapping field (a sweep's space) given by a file replaces the default
@@ -178,8 +189,11 @@ def compose(
     except ConfigError:
         raise
     except ConfigKeyError as exc:
-        raise ConfigError(_unknown_key_message(schema, str(exc.full_key or exc.key or ""))) from exc
+        raise ConfigError(_unknown_key_message(schema, str(exc.full_key or exc.key or ""), env_cls)) from exc
     except ValidationError as exc:
+        choices = literal_choices(_field_type(schema, str(exc.full_key), env_cls))
+        if choices is not None:
+            raise ConfigError(choice_message(str(exc.full_key), exc.value, choices)) from exc
         msg = str(exc).split("\n")[0]
         raise ConfigError(f"bad value for '{exc.full_key}': {msg}") from exc
     except OmegaConfBaseException as exc:
@@ -188,29 +202,64 @@ def compose(
         raise ConfigError(str(exc)) from exc
     if not isinstance(obj, schema):  # a structured config always converts back to its dataclass
         raise ConfigError(f"config did not resolve to a {schema.__name__} (got {type(obj).__name__})")
+    try:
+        check_components(obj)
+    except (ValueError, KeyError) as exc:
+        raise ConfigError(str(exc)) from exc
     return obj
 
 
-def _nested(schema: type, key: str, value: Any) -> dict[str, Any]:
+def _default_env(schema: type) -> Any:
+    """The schema's default ``env`` (None: the command has no environment)."""
+    for f in dataclasses.fields(cast(Any, schema)):
+        if f.name == "env":
+            return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return None
+
+
+def _env_schema(schema: type, raws: Sequence[dict[str, Any]], sets: Sequence[tuple[str, Any]]) -> Any:
+    """The ``env`` schema for this config: ``EnvConfig`` with the chosen environment's section (from its
+    registry entry) and every other section the config sets (saved configs hold all the built-in ones)."""
+    default = _default_env(schema)
+    if default is None:
+        return None
+    name, keys = default.name, set()
+    envs = [raw.get("env") for raw in raws] + [v for k, v in sets if k == "env"]
+    for env in envs:
+        if isinstance(env, dict):
+            name = str(env.get("name", name))
+            keys |= {str(k) for k in env}
+    for key, value in sets:
+        parts = key.split(".")
+        if parts[0] == "env" and len(parts) >= 2:
+            name = str(value) if parts[1:] == ["name"] else name
+            keys.add(parts[1])
+    try:
+        return env_schema_for(name, keys - {f.name for f in dataclasses.fields(default)})
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _nested(schema: type, key: str, value: Any, env_cls: type | None = None) -> dict[str, Any]:
     """``a.b.c=v`` as ``{"a": {"b": {"c": v}}}``, after checking the key exists in the schema."""
     parent, _, leaf = key.rpartition(".")
-    allowed = _field_names(schema, parent)
+    allowed = _field_names(schema, parent, env_cls)
     if allowed is None or leaf not in allowed:
-        raise ConfigError(_unknown_key_message(schema, key))
+        raise ConfigError(_unknown_key_message(schema, key, env_cls))
     out: dict[str, Any] = {leaf: value}
     for part in reversed([p for p in parent.split(".") if p]):
         out = {part: out}
     return out
 
 
-def _unknown_key_message(schema: type, key: str) -> str:
+def _unknown_key_message(schema: type, key: str, env_cls: type | None = None) -> str:
     parent, _, _leaf = key.rpartition(".")
     # Walk up until a known dataclass level is found, to list what is allowed there.
     probe = parent
-    allowed = _field_names(schema, probe)
+    allowed = _field_names(schema, probe, env_cls)
     while allowed is None and probe:
         probe = probe.rpartition(".")[0]
-        allowed = _field_names(schema, probe)
+        allowed = _field_names(schema, probe, env_cls)
     where = f"under '{probe}'" if probe else "at the top level"
     return f"unknown config key '{key}'; allowed {where}: {', '.join(allowed or [])}"
 

@@ -31,7 +31,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from tracerl.algos.allocators import Expansion
 from tracerl.engine.ledger import BudgetLedger
-from tracerl.engine.protocol import AnswerResult, ToolResult, on_answer, tools_for
+from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult
 from tracerl.engine.react import Action, ToolSpec
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt
@@ -104,12 +104,12 @@ class EnvWorker:
         return self.env.execute(prompt, state, action)  # type: ignore[no-any-return]
 
 
-class EnvPool:
+class EnvPool(ToolEnv):
     """A ``ToolEnv`` whose tool calls run on env actors; rewards and states are computed locally."""
 
     def __init__(
         self,
-        env_factory: Callable[[], Any],
+        env_factory: Callable[[], ToolEnv],
         size: int,
         cpus: float,
         max_retries: int,
@@ -135,18 +135,25 @@ class EnvPool:
         return float(self.local.reward(prompt, answer))
 
     def tools_for(self, prompt: Prompt, state: Any) -> Sequence[ToolSpec]:
-        """The local environment's per-task tools (``tools`` where it has no ``tools_for``)."""
-        return tools_for(self.local, prompt, state)
+        """The local environment's per-task tools."""
+        return self.local.tools_for(prompt, state)
 
     def on_answer(self, prompt: Prompt, state: Any, action: Action) -> AnswerResult | None:
         """The local environment's multi-turn hook (next user message or final reward), run here."""
-        return on_answer(self.local, prompt, state, action)
+        return self.local.on_answer(prompt, state, action)
 
-    def __getattr__(self, name: str) -> Any:
-        # Optional hooks the local environment offers (scores, gold_turns) run locally, like reward.
-        if name in ("scores", "gold_turns"):
-            return getattr(self.local, name)
-        raise AttributeError(name)
+    def scores(self, prompt: Prompt, answer: str | None) -> dict[str, float]:
+        """The local environment's answer metrics, run here like the reward."""
+        return self.local.scores(prompt, answer)
+
+    def gold_turns(self, prompt: Prompt, template: Any) -> list[str]:
+        """The local environment's reference turns."""
+        return self.local.gold_turns(prompt, template)
+
+    @property
+    def warnings(self) -> list[str]:
+        """The local environment's warnings (the actors run the same class on the same machine kind)."""
+        return self.local.warnings
 
     def execute(self, prompt: Prompt, state: Any, action: Action) -> ToolResult:
         return self.execute_batch([(prompt, state, action)])[0]
@@ -193,7 +200,7 @@ class RolloutWorker:
             return cls.from_config(env_cfg, services=services) if services else cls.from_config(env_cfg)
 
         if pools.env_workers > 0:
-            env: Any = EnvPool(
+            env: ToolEnv = EnvPool(
                 env_factory,
                 pools.env_workers,
                 pools.env_cpus,
@@ -213,8 +220,7 @@ class RolloutWorker:
         self.trees: dict[str, list[RolloutTree]] = {}
 
     def warnings(self) -> list[str]:
-        env = self.env.local if isinstance(self.env, EnvPool) else self.env
-        return list(getattr(env, "warnings", []))
+        return list(self.env.warnings)
 
     def load_weights(self, state: dict[str, Any]) -> None:
         import torch

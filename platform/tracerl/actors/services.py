@@ -52,8 +52,7 @@ class RemoteService:
 
 def service_factories(env_cls: Any, env_cfg: Any) -> dict[str, Callable[[], Any]]:
     """The services an environment class declares for ``env_cfg`` (empty if it declares none)."""
-    declare = getattr(env_cls, "services", None)
-    return dict(declare(env_cfg)) if declare is not None else {}
+    return dict(env_cls.services(env_cfg))
 
 
 def start_services(env_cls: Any, env_cfg: Any, cpus: float = 0.25) -> dict[str, RemoteService]:

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
+from tracerl.algos.config import AllocatorConfig, BudgetConfig
 from tracerl.algos.prefixes import solve_prefixes
 from tracerl.algos.roots import solve_roots
-from tracerl.config import AllocatorConfig, BudgetConfig
 from tracerl.registry import Registry
 from tracerl.tree import RolloutTree
 from tracerl.types import Anchor
@@ -86,7 +87,7 @@ class Allocator:
     """Dynamic sampling (dapo): the driver re-samples groups until enough are mixed."""
     predictor: str | None = None
     """Force this predictor (oracle_trace uses the simulator's oracle)."""
-    targets: str | None = None
+    targets: Literal["recursive", "debiased"] | None = None
     """Force the predictor's fit targets (predictor.targets); trace_debiased uses 'debiased'."""
 
     def __init__(self, cfg: AllocatorConfig) -> None:

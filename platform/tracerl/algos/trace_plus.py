@@ -21,8 +21,8 @@ from typing import Protocol, cast
 import numpy as np
 
 from tracerl.algos.allocators import ALLOCATORS, Expansion, PrefixCandidates, TraceAllocator, uniform_roots
+from tracerl.algos.config import BudgetConfig
 from tracerl.algos.costaware import solve_prefixes_tokens, solve_roots_tokens
-from tracerl.config import BudgetConfig
 from tracerl.tree import RolloutTree
 from tracerl.types import Anchor
 

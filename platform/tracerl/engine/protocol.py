@@ -1,10 +1,15 @@
-"""What the step driver needs from an environment-plus-sampler backend."""
+"""The contracts of the engine: what the step driver needs from a backend, and the environment base classes.
+
+``Env`` is the base of every environment (its registry-level hooks), ``ToolEnv`` of the ReAct tool
+environments (the per-episode part the rollout engine calls). Both give every optional hook a default, so
+call sites call hooks directly. Environment authors import them from ``envs.base``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, Self
 
 from tracerl.algos.allocators import Expansion
 from tracerl.engine.ledger import BudgetLedger
@@ -64,53 +69,96 @@ class AnswerResult:
     """The environment state after the user message (stored on the turn node, so continuations fork there)."""
 
 
-class ToolEnv(Protocol):
-    """A ReAct tool environment. States are immutable values: forking at a prefix re-uses its state.
+class Env:
+    """Base class of every environment: what workflows, the registry and the actor pools call on one.
 
-    Optional hooks the engine uses when an environment has them (``getattr``; without them an episode has
-    one user message, fixed tools and a reward from the final answer):
+    Subclasses override what they offer; every hook below has a documented default, so callers call hooks
+    directly (no ``getattr`` probing). Class attributes describe the environment to the config loader:
 
-    - ``tools_for(prompt, state) -> Sequence[ToolSpec]``: the tools available at ``state`` (per task, and
-      per user turn where tools are added mid-episode); used to render the prompt (at the initial state)
-      and to parse every turn. Default: ``tools``.
-    - ``on_answer(prompt, state, action) -> AnswerResult | None``: called for every ANSWER turn (a response
-      without calls). Multi-turn tasks return the next user message and state, and at the last user turn
-      the reward (computed from ``state``, e.g. by replaying its recorded calls). None: the default, the
-      episode ends with ``reward(prompt, action.answer)``.
-
-    A TOOL action may carry several calls (``action.calls``); ``execute`` runs them all and returns one
-    observation.
+    - ``config``: the dataclass of the environment's settings, read from ``env.<section>`` (None: none).
+    - ``tool_env``: a ReAct tool environment the language-model workflows can run on (``ToolEnv`` sets it).
+    - ``true_values``: its prompts carry the true success probability (what the oracle predictor reads).
     """
 
-    tools: Sequence[ToolSpec]
-    fork_mode: str
+    config: ClassVar[type | None] = None
+    tool_env: ClassVar[bool] = False
+    true_values: ClassVar[bool] = False
+    fork_mode: str = "snapshot"
     """'snapshot' (states are copied values) or 'replay' (states are recorded calls re-run on demand)."""
 
-    def initial_state(self, prompt: Prompt) -> Any: ...
+    @classmethod
+    def from_config(cls, env_cfg: Any, services: Mapping[str, Any] | None = None) -> Self:
+        """One instance from the resolved ``env`` config (called in every environment actor); ``services`` are
+        the run's shared objects named by ``services`` (absent without Ray: build them in-process)."""
+        raise NotImplementedError(f"{cls.__name__} does not implement from_config(env_cfg)")
 
-    def execute(self, prompt: Prompt, state: Any, action: Action) -> ToolResult: ...
+    @staticmethod
+    def prompts(env_cfg: Any, held_out: bool = False) -> list[Prompt]:
+        """The training prompts, or the held-out evaluation prompts (never overlapping training)."""
+        raise NotImplementedError("this environment does not implement prompts(env_cfg, held_out)")
 
-    def reward(self, prompt: Prompt, answer: str | None) -> float: ...
+    @staticmethod
+    def services(env_cfg: Any) -> Mapping[str, Callable[[], Any]]:
+        """Objects a run builds once and shares between its environment actors (one Ray actor each,
+        ``tracerl.actors.services``), by name. Default: none."""
+        return {}
 
+    @staticmethod
+    def check_data(env_cfg: Any) -> None:
+        """Read the configured data files now and raise a clear error (``FileNotFoundError``, ``ValueError``)
+        naming the file and the record; workflows call it before they start Ray. Default: nothing to check."""
 
-def tools_for(env: ToolEnv, prompt: Prompt, state: Any) -> Sequence[ToolSpec]:
-    """The tools available to ``prompt``'s episode at ``state`` (``env.tools_for`` where offered, else ``env.tools``)."""
-    hook = getattr(env, "tools_for", None)
-    return env.tools if hook is None else hook(prompt, state)
-
-
-def on_answer(env: ToolEnv, prompt: Prompt, state: Any, action: Action) -> AnswerResult | None:
-    """``env.on_answer`` where offered (a multi-turn environment's next user message, or its final reward)."""
-    hook = getattr(env, "on_answer", None)
-    return None if hook is None else hook(prompt, state, action)  # type: ignore[no-any-return]
-
-
-def execute_batch(env: ToolEnv, calls: Sequence[tuple[Prompt, Any, Action]]) -> list[ToolResult]:
-    """Run a round's tool calls: through ``env.execute_batch`` where the environment offers it (a pool runs
-    them in parallel), else one by one. Results come back in call order."""
-    if not calls:
+    @property
+    def warnings(self) -> list[str]:
+        """Protections or features this machine does not provide (logged by the workflows). Default: none."""
         return []
-    batch = getattr(env, "execute_batch", None)
-    if batch is not None:
-        return list(batch(calls))
-    return [env.execute(p, s, a) for p, s, a in calls]
+
+    def scores(self, prompt: Prompt, answer: str | None) -> dict[str, float]:
+        """Answer metrics beyond the reward (search: em, f1), kept on every leaf (``Node.scores``) and logged as
+        ``rollout/<metric>`` and ``eval/<metric>``. Default: none."""
+        return {}
+
+    def gold_turns(self, prompt: Prompt, template: Any) -> list[str]:
+        """The reference turns as model text in ``template``'s format (``tracerl.engine.gold``), replayed by
+        ``tracerl bench env --gold``. Default: the environment has none (ValueError)."""
+        raise ValueError(f"{type(self).__name__} has no gold_turns(prompt, template): it cannot be replayed")
+
+
+class ToolEnv(Env):
+    """A ReAct tool environment. States are immutable values: forking at a prefix re-uses its state.
+
+    Subclasses implement ``execute`` and ``reward`` and set ``tools``. Without overriding the optional hooks an
+    episode has one user message, fixed tools and a reward from the final answer. A TOOL action may carry several
+    calls (``action.calls``); ``execute`` runs them all and returns one observation.
+    """
+
+    tool_env: ClassVar[bool] = True
+    tools: Sequence[ToolSpec] = ()
+    """The tool specs shown to the policy (per-task tools: override ``tools_for``)."""
+
+    def initial_state(self, prompt: Prompt) -> Any:
+        """The state an episode of ``prompt`` starts from. Default: None (a stateless environment)."""
+        return None
+
+    def execute(self, prompt: Prompt, state: Any, action: Action) -> ToolResult:
+        """Run the TOOL action's calls at ``state``: the observation and the state after them."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement execute")
+
+    def reward(self, prompt: Prompt, answer: str | None) -> float:
+        """The episode's reward for its final answer (None: it ended without one)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement reward")
+
+    def tools_for(self, prompt: Prompt, state: Any) -> Sequence[ToolSpec]:
+        """The tools available at ``state`` (per task, and per user turn where tools are added mid-episode);
+        used to render the prompt (at the initial state) and to parse every turn. Default: ``tools``."""
+        return self.tools
+
+    def on_answer(self, prompt: Prompt, state: Any, action: Action) -> AnswerResult | None:
+        """Called for every ANSWER turn (a response without calls). Multi-turn tasks return the next user
+        message and state, and at the last user turn the reward (computed from ``state``). Default: None, the
+        episode ends with ``reward(prompt, action.answer)``."""
+        return None
+
+    def execute_batch(self, calls: Sequence[tuple[Prompt, Any, Action]]) -> list[ToolResult]:
+        """Run a round's tool calls; results in call order. Default: one by one (a pool runs them in parallel)."""
+        return [self.execute(p, s, a) for p, s, a in calls]

@@ -27,7 +27,7 @@ import numpy as np
 from tracerl.algos.allocators import Expansion
 from tracerl.config import SamplerConfig
 from tracerl.engine.ledger import BudgetLedger
-from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult, execute_batch, on_answer, tools_for
+from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult
 from tracerl.engine.react import Action, ActionKind, TurnTemplate
 from tracerl.engine.untrusted import encodable
 from tracerl.grading import GradeTimeout
@@ -88,7 +88,7 @@ class TreeRolloutEngine:
         if node_id == 0 and 0 not in tree.fork_state:
             state = self.env.initial_state(tree.prompt)
             prompt_ids = self._encode(
-                self.template.prompt(tree.prompt.text, tools_for(self.env, tree.prompt, state))
+                self.template.prompt(tree.prompt.text, self.env.tools_for(tree.prompt, state))
             )
             tree.prompt_token_ids = prompt_ids
             tree.fork_state[0] = ForkState(prompt_ids, state, 0)
@@ -172,7 +172,7 @@ class TreeRolloutEngine:
             led.phase_s["generate"] = led.phase_s.get("generate", 0.0) + time.perf_counter() - t0
             actions = [
                 self.template.parse(
-                    g.text, tools_for(self.env, p.tree.prompt, p.state), truncated=g.finish == "length"
+                    g.text, self.env.tools_for(p.tree.prompt, p.state), truncated=g.finish == "length"
                 )
                 for p, g in zip(live, gens)
             ]
@@ -182,9 +182,9 @@ class TreeRolloutEngine:
             results = dict(
                 zip(
                     calls,
-                    execute_batch(
-                        self.env, [(live[i].tree.prompt, live[i].state, actions[i]) for i in calls]
-                    ),
+                    self.env.execute_batch([(live[i].tree.prompt, live[i].state, actions[i]) for i in calls])
+                    if calls
+                    else [],
                 )
             )
             led.phase_s["tools"] = led.phase_s.get("tools", 0.0) + time.perf_counter() - t0
@@ -254,7 +254,7 @@ class TreeRolloutEngine:
         counted (``budget/grade_timeouts``)."""
         t0 = time.perf_counter()
         try:
-            follow = on_answer(self.env, p.tree.prompt, p.state, action)
+            follow = self.env.on_answer(p.tree.prompt, p.state, action)
             if follow is not None and follow.observation is not None:
                 return follow, None
             value = (
@@ -297,10 +297,10 @@ class TreeRolloutEngine:
         return node
 
     def _score(self, p: _Path, leaf: Any, answer: str | None) -> None:
-        """The environment's optional ``scores`` hook (answer metrics beyond the reward, e.g. em, f1) on ``leaf``."""
-        score_fn = getattr(self.env, "scores", None)
-        if score_fn is not None:
-            leaf.scores = {k: float(v) for k, v in score_fn(p.tree.prompt, answer).items()}
+        """The environment's ``scores`` hook (answer metrics beyond the reward, e.g. em, f1) on ``leaf``."""
+        scores = self.env.scores(p.tree.prompt, answer)
+        if scores:
+            leaf.scores = {k: float(v) for k, v in scores.items()}
 
     def _leaf(
         self, p: _Path, ids: Sequence[int], lps: Sequence[float], text: str, status: Status, reward: float

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from tracerl.config import BootstrapConfig
+from tracerl.experiment_config import BootstrapConfig
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"

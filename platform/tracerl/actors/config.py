@@ -1,0 +1,152 @@
+"""Config schemas of the distributed side: Ray, the Ray Train workers, the actor pools, MLflow tracking, and the
+fault injection and chaos drill that exercise them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tracerl.schema import check, check_choices
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """Where runs are logged (MLflow)."""
+
+    enabled: bool = True
+    """Log to MLflow at all."""
+    uri: str | None = None
+    """MLflow tracking URI (a SQLite file, a server URL, a file store); null: $MLFLOW_TRACKING_URI, else sqlite:///mlruns.db."""
+    artifact_location: str = "mlartifacts"
+    """Artifact root for experiments created here (a local directory or an object-store URI)."""
+    experiment: str = "tracerl"
+    """Experiment name."""
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """How Ray is reached."""
+
+    address: str = "local"
+    """'local' starts an embedded Ray; 'auto' or 'ray://host:10001' joins a cluster."""
+    num_cpus: int | None = None
+    """CPUs for an embedded Ray (null: all)."""
+    object_store_memory_mb: int = 512
+    """Object store size for an embedded Ray."""
+    include_dashboard: bool = False
+    """Start the dashboard with an embedded Ray (needed for Ray Jobs)."""
+
+    def __post_init__(self) -> None:
+        check(self.num_cpus is None or self.num_cpus >= 1, "cluster.num_cpus must be >= 1 or null")
+        check(self.object_store_memory_mb >= 64, "cluster.object_store_memory_mb must be >= 64")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The Ray Train workers that hold the policy."""
+
+    num_workers: int = 1
+    """Data-parallel workers (DDP/FSDP ranks)."""
+    cpus_per_worker: float = 0.5
+    """CPUs reserved per worker (fractional on the embedded default so actors fit beside it)."""
+    use_gpu: bool = False
+    """One GPU per worker, NCCL; CPU workers use gloo."""
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """'ddp' (full replica per rank; small models) or 'fsdp' (FSDP2 ``fully_shard`` per decoder block: weights, grads
+    and optimizer state sharded over the ranks; large models; runs on CPU with gloo too)."""
+    gradient_checkpointing: bool = False
+    master_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype of the trainer's parameters, gradients and optimizer state; the forward and backward run in
+    ``model.dtype`` (what the samplers run). float32 master weights with model.dtype=bfloat16 is mixed precision
+    (FSDP2's MixedPrecisionPolicy, autocast under DDP): an update smaller than about |w|/256, which bfloat16
+    weights round away (most of them at an 8B model's lr of 1e-6), still lands. Set it to model.dtype for pure
+    low-precision training (half the trainer memory, at that cost)."""
+    lora_rank: int = 0
+    """> 0 trains LoRA adapters of this rank through peft instead of all weights (base frozen); samplers and
+    checkpoints get the merged weights, and a checkpoint also keeps the adapters (lora_adapters.pt) for resume."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator: the update is (lora_alpha / lora_rank) * B A."""
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Names of the linear layers that get adapters (checked against the model at start)."""
+
+    def __post_init__(self) -> None:
+        check_choices(self, "trainer")
+        check(self.num_workers >= 1, f"trainer.num_workers must be >= 1 (got {self.num_workers})")
+        check(self.cpus_per_worker > 0, "trainer.cpus_per_worker must be > 0")
+        check(self.lora_rank >= 0, "trainer.lora_rank must be >= 0")
+        check(
+            self.lora_rank == 0 or (self.lora_alpha > 0 and len(self.lora_targets) > 0),
+            "trainer.lora_alpha must be > 0 and trainer.lora_targets non-empty when trainer.lora_rank > 0",
+        )
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """Sampler and environment actor pools."""
+
+    rollout_workers: int = 2
+    """Sampler actors; each rolls out a share of the step's prompts (and their continuations)."""
+    rollout_cpus: float = 0.5
+    rollout_gpus: float = 0.0
+    env_workers: int = 2
+    """Tool-environment actors serving every sampler's tool calls (0: samplers run tools in-process)."""
+    env_cpus: float = 0.25
+    max_retries: int = 3
+    """Times a work item is retried on a fresh actor after the one running it died."""
+
+    def __post_init__(self) -> None:
+        check(self.rollout_workers >= 1, f"pools.rollout_workers must be >= 1 (got {self.rollout_workers})")
+        check(
+            self.env_workers >= 0 and self.max_retries >= 0,
+            "pools.env_workers and pools.max_retries must be >= 0",
+        )
+        check(
+            self.rollout_cpus > 0 and self.env_cpus > 0, "pools.rollout_cpus and pools.env_cpus must be > 0"
+        )
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """Fault injection for tests and cluster drills: a real process exit at a given step (-1 = never)."""
+
+    kill_rollout_worker_at_step: int = -1
+    """A sampler actor exits during its first rollout call of this step."""
+    kill_env_worker_at_step: int = -1
+    """An environment actor exits during its first tool call of this step."""
+    kill_trainer_at_step: int = -1
+    """Rank 0 exits after logging this step (before the next checkpoint), once per run."""
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    """The chaos drill (workflows/chaos.py): a controller outside the run SIGKILLs its processes at seeded times."""
+
+    enabled: bool = False
+    """Run the drill: start a loopback MLflow server, kill actors, the trainer and the server during the run."""
+    actor_kills: int = 10
+    """Sampler and environment actors killed (SIGKILL), each during a seeded phase: rollout, weight sync, eval or save."""
+    trainer_kills: int = 1
+    """Ray Train workers killed (Ray Train restarts the run from its last checkpoint; needs max_failures >= this)."""
+    server_restarts: int = 1
+    """Times the tracking server is stopped and started again (metrics logged meanwhile are spooled)."""
+    server_down_s: float = 5.0
+    """Least seconds the tracking server stays down at each restart (and until the run has spooled a step's metrics)."""
+    min_gap_s: float = 0.5
+    """Least seconds between two kills (a work item survives max_retries kills in a row, not more)."""
+    max_gap_s: float = 3.0
+    """Most seconds between two kills (the gap is drawn uniformly from the run's seed)."""
+    phase_wait_s: float = 600.0
+    """Longest wait for a kill's target phase before killing in whatever phase the run is in."""
+    resume_steps: int = 1
+    """After the run: resume its final checkpoint for this many more steps, with the drill's server still up (0: no)."""
+
+    def __post_init__(self) -> None:
+        check(
+            min(self.actor_kills, self.trainer_kills, self.server_restarts, self.resume_steps) >= 0,
+            "chaos.actor_kills, trainer_kills, server_restarts and resume_steps must be >= 0",
+        )
+        check(0 <= self.min_gap_s <= self.max_gap_s, "chaos needs 0 <= min_gap_s <= max_gap_s")
+        check(
+            self.server_down_s >= 0 and self.phase_wait_s > 0,
+            "chaos.server_down_s must be >= 0, phase_wait_s > 0",
+        )

@@ -1,0 +1,79 @@
+"""Config checks that need the registered components: the ``env`` schema of the chosen environment, and whether
+the chosen components can run together. The config loader calls them; they read properties the components
+declare (``Env.config``, ``Env.tool_env``, ``Env.true_values``, ``Allocator.predictor``,
+``Predictor.needs_true_values``, a command config's ``tool_env_only``) instead of naming components.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from envs.registry import TOOL_ENVS, env_class, known_envs, section_schema
+from tracerl.config import EnvConfig, env_config_class, section_key
+from tracerl.registry import RegistryError
+
+
+def env_schema_for(name: str, keys: Iterable[str]) -> type[EnvConfig]:
+    """The ``EnvConfig`` subclass for ``env.name=name`` holding the sections ``keys`` (and the chosen one's).
+
+    Raises:
+        ValueError: an unknown environment, or a key under ``env`` that names no environment section.
+    """
+    try:
+        cls = env_class(name)
+    except (RegistryError, TypeError) as exc:
+        raise ValueError(f"env.name={name!r}: {exc}") from None
+    chosen = section_key(name)
+    sections: dict[str, type] = {chosen: cls.config} if cls.config is not None else {}
+    for key in sorted(set(keys) - {chosen}):
+        try:
+            schema = section_schema(key, name)
+        except KeyError:
+            shared = ["name", "reward_timeout_s", *sections]
+            raise ValueError(
+                f"unknown config key 'env.{key}'; allowed under 'env': {', '.join(shared)} "
+                f"(env.{chosen} holds the settings of env.name={name!r}; a section of another environment "
+                f"must name one of {', '.join(known_envs())})"
+            ) from None
+        if schema is not None:
+            sections[key] = schema
+    return env_config_class(tuple(sorted(sections.items())))
+
+
+def check_components(cfg: Any) -> None:
+    """What a command cannot run with: a language-model command on an environment without tools, or a predictor
+    that needs true success probabilities on an environment without them.
+
+    Raises:
+        ValueError: naming the keys to change.
+    """
+    env = getattr(cfg, "env", None)
+    if not isinstance(env, EnvConfig):
+        return
+    cls = env_class(env.name)
+    if getattr(type(cfg), "tool_env_only", False) and not cls.tool_env:
+        raise ValueError(
+            f"this command runs a language model and needs a ReAct tool environment; env.name={env.name!r} "
+            f"({cls.__name__}) is not one (Env.tool_env is False): set env.name to {', '.join(TOOL_ENVS)} or a "
+            "ToolEnv plug-in (the simulator serves bench allocation)"
+        )
+    allocator = getattr(cfg, "allocator", None)
+    predictor = getattr(cfg, "predictor", None)
+    if allocator is None or predictor is None:
+        return
+    from predictors import PREDICTORS
+    from tracerl.algos.allocators import ALLOCATORS
+
+    wanted = {predictor.name: f"predictor={predictor.name}"}
+    for name in [allocator.name, *getattr(cfg, "allocators", [])]:
+        forced = ALLOCATORS.get(name).predictor
+        if forced is not None:
+            wanted.setdefault(forced, f"allocator={name}")
+    for name, why in wanted.items():
+        if PREDICTORS.get(name).needs_true_values and not cls.true_values:
+            raise ValueError(
+                f"the {name} predictor ({why}) needs the true success probabilities, which env.name="
+                f"{env.name!r} does not have (Env.true_values; only the simulator has them): with a language "
+                "model use allocator=trace and predictor=learned_text"
+            )
