@@ -171,17 +171,11 @@ def _rollout(cfg: RolloutConfig) -> int:
     from workflows.rollout import run_rollout
 
     try:
-        m = run_rollout(cfg, progress=_progress)
+        result = run_rollout(cfg, progress=_progress)
     except (SetupError, FileNotFoundError, ValueError) as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
-    out = Path(cfg.out_dir)
-    print(f"wrote {out / 'trees.jsonl'} and {out / 'trees.html'}")
-    print(
-        f"effective ratio {m['rollout/effective_ratio']:.3f}, {m['budget/leaves']:.0f} leaves, "
-        f"{m['budget/generated_tokens']:.0f} generated tokens, {m['budget/tool_calls']:.0f} tool calls, "
-        f"prefill re-used {m['budget/prefill_tokens_reused']:.0f} / computed {m['budget/prefill_tokens_computed']:.0f}"
-    )
+    print(result.format())
     return 0
 
 

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tracerl import metrics as M
+
 
 def _series(client: Any, run_id: str, key: str) -> dict[int, float]:
     from workflows.runs import metric_series
@@ -30,10 +32,10 @@ def collect(client: Any, runs: Sequence[Any]) -> list[dict[str, Any]]:
     for r in runs:
         rid = r.info.run_id
         p = r.data.params
-        er = _series(client, rid, "rollout/effective_ratio")
-        leaves = _series(client, rid, "budget/leaves")
-        tokens = _series(client, rid, "budget/generated_tokens")
-        acc = _series(client, rid, "eval/accuracy")
+        er = _series(client, rid, M.EFFECTIVE_RATIO)
+        leaves = _series(client, rid, M.LEAVES)
+        tokens = _series(client, rid, M.GENERATED_TOKENS)
+        acc = _series(client, rid, M.EVAL_ACCURACY)
         cum_l, cum_t, tl, tt = {}, {}, 0.0, 0.0
         for s in sorted(set(leaves) | set(tokens)):
             tl += leaves.get(s, 0.0)

@@ -15,7 +15,7 @@ from tracerl.algos.allocators import build_allocator
 from tracerl.calibration import CalibrationData, collect_calibration, summarize_calibration
 from tracerl.config import BenchAllocationConfig
 from tracerl.engine.step import StepOutcome, run_step
-from tracerl.metrics import step_metrics
+from tracerl.engine.step_stats import step_metrics
 
 
 @dataclass

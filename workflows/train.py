@@ -608,7 +608,7 @@ class _Driver:
         from tracerl.algos.batch import collate
         from tracerl.calibration import collect_calibration, summarize_calibration
         from tracerl.engine.step import run_step
-        from tracerl.metrics import step_metrics
+        from tracerl.engine.step_stats import step_metrics
         from workflows.evaluate import leaf_score_means
         from workflows.rollout import sample_pool
 

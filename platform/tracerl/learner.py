@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from tracerl import metrics as M
 from tracerl.algos.batch import TrainBatch
 from tracerl.algos.losses import LOSSES, LossInputs, token_logprobs
 from tracerl.config import LossConfig, OptimConfig
@@ -216,21 +217,21 @@ class PolicyLearner:
             self.scheduler.step()
             tokens = max(tot["tokens"], 1.0)
             stats = {
-                "train/loss": tot["loss"] / denominator,
-                "train/clip_fraction": tot["clipped"] / tokens,
-                "train/approx_kl": tot["approx_kl"] / tokens,
-                "train/entropy": tot["entropy"] / tokens,
-                "train/grad_norm": grad_norm,
-                "train/lr": lr,
-                "train/loss_tokens": tot["tokens"],
-                "train/signal_tokens": tot["signal"],
-                "train/update_skipped": float(skipped),
+                M.LOSS: tot["loss"] / denominator,
+                M.CLIP_FRACTION: tot["clipped"] / tokens,
+                M.APPROX_KL: tot["approx_kl"] / tokens,
+                M.ENTROPY: tot["entropy"] / tokens,
+                M.GRAD_NORM: grad_norm,
+                M.LR: lr,
+                M.LOSS_TOKENS: tot["tokens"],
+                M.SIGNAL_TOKENS: tot["signal"],
+                M.UPDATE_SKIPPED: float(skipped),
             }
             if self.ref_model is not None:
-                stats["train/kl_ref"] = tot["kl_ref"] / tokens
+                stats[M.KL_REF] = tot["kl_ref"] / tokens
             if self.importance_sampling:
-                stats["train/is_weight_mean"] = tot["is_weight"] / tokens
-                stats["train/is_truncated_fraction"] = tot["is_truncated"] / tokens
+                stats[M.IS_WEIGHT_MEAN] = tot["is_weight"] / tokens
+                stats[M.IS_TRUNCATED_FRACTION] = tot["is_truncated"] / tokens
         return stats
 
 
