@@ -78,6 +78,14 @@ def test_collate_with_debiased_values() -> None:
     ]
 
 
+def test_collate_rejects_log_probs_that_do_not_match_the_generated_tokens() -> None:
+    """Zeros in their place once made the importance weight exp(log pi_old) silently."""
+    t = _tree_with_tokens()
+    t.nodes[1].logprobs = [-0.1]  # two generated tokens
+    with pytest.raises(ValueError, match="node 1: the sampler returned 1 log-probs for 2 generated tokens"):
+        collate([t], "grpo")
+
+
 def test_collate_rejects_trees_without_tokens(small_tree: RolloutTree) -> None:
     with pytest.raises(ValueError, match="no prompt tokens"):
         collate([small_tree])

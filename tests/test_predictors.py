@@ -1,9 +1,12 @@
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 
 from envs.simulator import Simulator
 from predictors import PREDICTORS, build_predictor
 from predictors.history import PromptHistory
+from predictors.learned import LearnedPredictor
 from tests.conftest import chain
 from tracerl.calibration import auc, calibration_metrics, ece
 from tracerl.config import PredictorConfig, SimulatorConfig
@@ -166,3 +169,24 @@ def test_debiased_fit_targets_and_weights() -> None:
     assert y.tolist() == [float(t_sim.leaves()[0].reward)] * len(y) and w.tolist() == [1.0] * len(w)
     with pytest.raises(ValueError, match="predictor.targets must be recursive or debiased"):
         PredictorConfig(targets="mean")
+
+
+def test_learned_predictor_rejects_a_feature_width_change() -> None:
+    """It once scored 0.5 (while ready) for anchors whose feature width differed from the fit's."""
+    widths = [3]
+
+    def fake_featurizer(anchors: Sequence[Anchor]) -> np.ndarray:
+        return np.ones((len(anchors), widths[0]), dtype=np.float32)
+
+    cfg = PredictorConfig(name="learned", warmup_steps=1, fit_steps=2)
+    p = LearnedPredictor(cfg, featurizer=fake_featurizer)
+    assert p.score([Anchor(Prompt("a"))]).tolist() == [0.5]  # cold start: not fit yet
+    t = RolloutTree(Prompt("a"))
+    chain(t, 0, [(1.0, 2), (0.0, 2)])
+    p.fit([t])
+    assert p.ready and 0.0 < p.score([Anchor(Prompt("a"))])[0] < 1.0
+    widths[0] = 5
+    with pytest.raises(ValueError, match="fit on 6 input features but now gets 8"):
+        p.score([Anchor(Prompt("a"))])
+    with pytest.raises(ValueError, match="one width for every anchor"):
+        p.fit([t])

@@ -70,13 +70,22 @@ def _outcomes(client: Any, run_id: str) -> dict[str, float] | None:
     """The last evaluation's per-task outcomes (``eval/outcomes_step_*.json``, logged by train)."""
     try:
         names = sorted(f.path for f in client.list_artifacts(run_id, "eval") if f.path.endswith(".json"))
-        if not names:
-            return None
-        with tempfile.TemporaryDirectory() as tmp:
-            local = client.download_artifacts(run_id, names[-1], tmp)
-            return {str(k): float(v) for k, v in json.loads(Path(local).read_text()).items()}
-    except Exception:  # noqa: BLE001 - MLflow raises its own exception types per store
+    except Exception:  # noqa: BLE001 - MLflow raises its own exception types per store (none logged: no outcomes)
         return None
+    if not names:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        local = client.download_artifacts(run_id, names[-1], tmp)
+        try:
+            return {str(k): float(v) for k, v in json.loads(Path(local).read_text()).items()}
+        except (
+            ValueError,
+            TypeError,
+            AttributeError,
+        ) as exc:  # a damaged file must not drop the cell silently
+            raise ValueError(
+                f"run {run_id}: {names[-1]} is not a JSON object of prompt id -> outcome ({exc})"
+            ) from exc
 
 
 def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[str, Any]]:

@@ -98,8 +98,14 @@ def collate(
             for nid in tree.path(leaf_id)[1:]:
                 node = tree.nodes[nid]
                 n_model = sum(node.model_mask)
-                node_lps = list(node.logprobs) if len(node.logprobs) == n_model else [0.0] * n_model
-                lps += node_lps + [0.0] * (len(node.token_ids) - n_model)
+                if len(node.logprobs) != n_model:
+                    # Zeros here would make the importance weight exp(log pi_old - 0) without a word.
+                    raise ValueError(
+                        f"prompt {tree.prompt.prompt_id!r}, node {nid}: the sampler returned "
+                        f"{len(node.logprobs)} log-probs for {n_model} generated tokens; every sampler must "
+                        "return one log-prob per kept token (tracerl.samplers.base.Generation)"
+                    )
+                lps += list(node.logprobs) + [0.0] * (len(node.token_ids) - n_model)
             lps = [0.0] * len(tree.prompt_token_ids) + lps
             batch.input_ids.append(ids)
             batch.loss_mask.append(mask)
