@@ -206,12 +206,12 @@ def test_two_ddp_workers_match_one_on_unequal_shards(tmp_path, aggregation: str)
 def test_update_raises_logprob_of_positive_advantage_tokens() -> None:
     model = _model()
     b = _batch().select([1])  # one sequence with advantage +1
-    mb = {k: v for k, v in b.pad(0).items()}
+    mb = b.pad(0)
 
     def seq_logp() -> float:
         with torch.no_grad():
-            lp, _ = token_logprobs(model(input_ids=mb["input_ids"]).logits, mb["input_ids"])
-        return float((lp * mb["loss_mask"]).sum())
+            lp, _ = token_logprobs(model(input_ids=mb.input_ids).logits, mb.input_ids)
+        return float((lp * mb.loss_mask).sum())
 
     before = seq_logp()
     stats = _update(model, b, b, LossConfig())

@@ -168,3 +168,17 @@ def test_step_metrics_log_the_prefix_group_ratio_per_step_and_depth() -> None:
     # Per-depth keys come and go between steps; NaN is "undefined this step".
     mean = M.mean_metrics([{"a": 1.0, "b": float("nan")}, {"a": 3.0, "c": 2.0}])
     assert mean["a"] == 2.0 and np.isnan(mean["b"]) and mean["c"] == 2.0
+
+
+def test_grow_to_takes_the_expanded_copy_in_place(small_tree: RolloutTree) -> None:
+    import copy
+
+    grown = copy.deepcopy(small_tree)
+    chain(grown, 3, [(0.0, 1)], bare=False)
+    prompt, same = small_tree.prompt, small_tree
+    small_tree.grow_to(grown)
+    assert same is small_tree and small_tree.prompt is prompt  # the caller's objects stay
+    assert small_tree.num_leaves == 5 and small_tree.num_paths == 5 and small_tree.rewards().tolist()[-1] == 0.0
+    other = RolloutTree(Prompt("other"))
+    with pytest.raises(ValueError, match="cannot grow to a tree of prompt 'other'"):
+        small_tree.grow_to(other)

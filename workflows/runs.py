@@ -16,9 +16,9 @@ from typing import Any
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
 from tracerl.config_loader import to_flat_dict
+from workflows.checkpoint_state import STATE, CheckpointState
 from workflows.tracking import resolve_uri
 
-STATE = "state.json"
 PHASE = ".phase"
 
 
@@ -71,9 +71,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
         ):
             continue  # a copy cut short by a crash
         try:
-            step = int(json.loads(state.read_text())["step"])
-        except (ValueError, KeyError, json.JSONDecodeError):
-            continue
+            step = CheckpointState.read(d).step
+        except ValueError:
+            continue  # a state file cut short by a crash
         if best is None or step > best[0]:
             best = (step, state.parent)
     return best[1] if best else None

@@ -11,10 +11,14 @@ correction.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 from tracerl.algos.advantages import ADVANTAGES
 from tracerl.tree import RolloutTree
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: collation itself is plain Python
+    import torch
 
 
 @dataclass
@@ -53,22 +57,41 @@ class TrainBatch:
         lo, hi = rank * n // world, (rank + 1) * n // world
         return self.select(range(lo, hi))
 
-    def pad(self, pad_id: int):  # type: ignore[no-untyped-def]
-        """Right-padded tensors: input_ids, attention_mask, loss_mask, advantages, sampler_logprobs."""
+    def pad(self, pad_id: int) -> PaddedBatch:
+        """Right-padded tensors of shape (sequences, longest sequence)."""
         import torch
 
         width = max((len(x) for x in self.input_ids), default=1)
 
-        def mat(rows: list[list], fill: float, dtype: torch.dtype) -> torch.Tensor:  # type: ignore[type-arg]
+        def mat(rows: Sequence[Sequence[float]], fill: float, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor([list(r) + [fill] * (width - len(r)) for r in rows], dtype=dtype)
 
-        return {
-            "input_ids": mat(self.input_ids, pad_id, torch.long),
-            "attention_mask": mat([[1] * len(x) for x in self.input_ids], 0, torch.long),
-            "loss_mask": mat(self.loss_mask, False, torch.bool),
-            "advantages": mat(self.advantages, 0.0, torch.float32),
-            "sampler_logprobs": mat(self.sampler_logprobs, 0.0, torch.float32),
-        }
+        return PaddedBatch(
+            input_ids=mat(self.input_ids, pad_id, torch.long),
+            attention_mask=mat([[1] * len(x) for x in self.input_ids], 0, torch.long),
+            loss_mask=mat(self.loss_mask, False, torch.bool),
+            advantages=mat(self.advantages, 0.0, torch.float32),
+            sampler_logprobs=mat(self.sampler_logprobs, 0.0, torch.float32),
+        )
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    """A micro-batch as tensors, each (sequences, width), right-padded (``TrainBatch.pad``)."""
+
+    input_ids: torch.Tensor
+    """Token ids; pad id past each sequence's end."""
+    attention_mask: torch.Tensor
+    """1 on real tokens, 0 on padding."""
+    loss_mask: torch.Tensor
+    """True on model-generated tokens (bool)."""
+    advantages: torch.Tensor
+    """Per-token advantage (float32); 0 off the loss mask."""
+    sampler_logprobs: torch.Tensor
+    """Per-token log-prob under the sampler (float32); 0 off the loss mask."""
+
+    def to(self, device: torch.device | str) -> PaddedBatch:
+        return PaddedBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
 
 def collate(
