@@ -178,7 +178,9 @@ def test_grow_to_takes_the_expanded_copy_in_place(small_tree: RolloutTree) -> No
     prompt, same = small_tree.prompt, small_tree
     small_tree.grow_to(grown)
     assert same is small_tree and small_tree.prompt is prompt  # the caller's objects stay
-    assert small_tree.num_leaves == 5 and small_tree.num_paths == 5 and small_tree.rewards().tolist()[-1] == 0.0
+    assert (
+        small_tree.num_leaves == 5 and small_tree.num_paths == 5 and small_tree.rewards().tolist()[-1] == 0.0
+    )
     other = RolloutTree(Prompt("other"))
     with pytest.raises(ValueError, match="cannot grow to a tree of prompt 'other'"):
         small_tree.grow_to(other)
