@@ -113,21 +113,14 @@ def _bench_env(cfg: BenchEnvConfig) -> int:
     from workflows.lm_stack import SetupError
 
     try:
-        out = run_bench_env(cfg, progress=_progress)
+        result = run_bench_env(cfg, progress=_progress)
     except (SetupError, FileNotFoundError, ValueError) as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
-    cats = ", ".join(f"{k} {v:.3f}" for k, v in out["by_category"].items())
-    extra = ", ".join(f"{k} {v:.3f}" for k, v in out["scores"].items())
-    print(
-        f"{out['env']} ({out['mode']}): score {out['score']:.3f} on {out['n']} held-out tasks"
-        + (f" ({extra})" if extra else "")
-        + f" in {out['time_s']:.1f} s"
-    )
-    print(f"  by category: {cats}")
+    print(result.format())
     if cfg.json_path:
         Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.json_path).write_text(json.dumps(out, indent=2))
+        Path(cfg.json_path).write_text(json.dumps(result.as_json(), indent=2))
         print(f"wrote {cfg.json_path}")
     return 0
 
@@ -288,18 +281,11 @@ def _eval(cfg: EvalConfig) -> int:
     from workflows.evaluate import run_eval
 
     try:
-        m = run_eval(cfg, progress=_progress)
+        result = run_eval(cfg, progress=_progress)
     except (SetupError, FileNotFoundError, LookupError, ValueError) as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
-    g = m["greedy"]
-    line = f"{m['model']} on {g['tasks']} tasks: greedy pass@1 {m['accuracy']:.3f}"
-    if cfg.samples:
-        k = cfg.samples
-        line += f", pass@{k} {m[f'pass@{k}']:.3f}, avg@{k} {m[f'avg@{k}']:.3f} (T={cfg.temperature:g})"
-    print(line)
-    print("  greedy by source: " + ", ".join(f"{s} {v:.2f}" for s, v in g["by_source"].items()))
-    print(f"wrote {Path(cfg.out_dir) / 'summary.json'} and {Path(cfg.out_dir) / 'traces.jsonl'}")
+    print(result.format())
     return 0
 
 
@@ -330,12 +316,7 @@ def _compare(args: argparse.Namespace) -> int:
     except LookupError as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
-    print(res["table"])
-    print(f"\nwrote {args.out}/table.txt, runs.json and " + ", ".join(Path(f).name for f in res["files"]))
-    if res["run_id"]:
-        print(
-            f"logged to MLflow run {res['run_id']} (artifacts/compare); open: tracerl ui --tracking-uri {args.tracking_uri}"
-        )
+    print(res.format(args.tracking_uri))
     return 0
 
 
