@@ -90,10 +90,22 @@ class LearnedPredictor(Predictor):
             self._opts.append(torch.optim.SparseAdam(list(net.embed.parameters()), lr=self.cfg.embedding_lr))
         return net
 
+    def _check_width(self, width: int) -> None:
+        """A featurizer whose width changes after the first fit would make the net score garbage (or, as it once
+        did, return 0.5 while reporting ready): fail and say what changed."""
+        assert self.net is not None
+        if width != self.net.in_dim:
+            raise ValueError(
+                f"the learned predictor was fit on {self.net.in_dim} input features but now gets {width} "
+                f"(featurizer {type(self.featurizer).__name__} plus the prompt history): the featurizer must "
+                "return one width for every anchor, roots and prefixes alike"
+            )
+
     def _score(self, anchors: Sequence[Anchor]) -> np.ndarray:
+        if self.net is None:
+            return np.full(len(anchors), 0.5)  # not fit yet: cold start (allocation is uniform until ready)
         x, ids = self._inputs(anchors)
-        if self.net is None or x.shape[1] != self.net.in_dim:
-            return np.full(len(anchors), 0.5)  # not fit yet (or roots before any prefix was seen)
+        self._check_width(x.shape[1])
         with torch.no_grad():
             logits = self.net(torch.from_numpy(x), torch.from_numpy(ids))
         return torch.sigmoid(logits).numpy().astype(float)
@@ -106,9 +118,10 @@ class LearnedPredictor(Predictor):
             return {}
         w = data.weights if self.cfg.weight_by_leaves else np.ones_like(data.weights)
         self.replay.append((x, ids, data.values.astype(np.float32), w.astype(np.float32)))
-        if self.net is None or self.net.in_dim != x.shape[1]:
+        if self.net is None:
             self.net = self._build(x.shape[1])
-        rows = [r for r in self.replay if r[0].shape[1] == x.shape[1]]
+        self._check_width(x.shape[1])
+        rows = list(self.replay)
         xs, idx_all, ys, ws = (torch.from_numpy(np.concatenate([r[k] for r in rows])) for k in range(4))
         ws = ws / ws.mean()
         n = len(ys)

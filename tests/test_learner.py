@@ -78,6 +78,14 @@ def test_collate_with_debiased_values() -> None:
     ]
 
 
+def test_collate_rejects_log_probs_that_do_not_match_the_generated_tokens() -> None:
+    """Zeros in their place once made the importance weight exp(log pi_old) silently."""
+    t = _tree_with_tokens()
+    t.nodes[1].logprobs = [-0.1]  # two generated tokens
+    with pytest.raises(ValueError, match="node 1: the sampler returned 1 log-probs for 2 generated tokens"):
+        collate([t], "grpo")
+
+
 def test_collate_rejects_trees_without_tokens(small_tree: RolloutTree) -> None:
     with pytest.raises(ValueError, match="no prompt tokens"):
         collate([small_tree])
@@ -198,12 +206,12 @@ def test_two_ddp_workers_match_one_on_unequal_shards(tmp_path, aggregation: str)
 def test_update_raises_logprob_of_positive_advantage_tokens() -> None:
     model = _model()
     b = _batch().select([1])  # one sequence with advantage +1
-    mb = {k: v for k, v in b.pad(0).items()}
+    mb = b.pad(0)
 
     def seq_logp() -> float:
         with torch.no_grad():
-            lp, _ = token_logprobs(model(input_ids=mb["input_ids"]).logits, mb["input_ids"])
-        return float((lp * mb["loss_mask"]).sum())
+            lp, _ = token_logprobs(model(input_ids=mb.input_ids).logits, mb.input_ids)
+        return float((lp * mb.loss_mask).sum())
 
     before = seq_logp()
     stats = _update(model, b, b, LossConfig())

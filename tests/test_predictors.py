@@ -1,3 +1,5 @@
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 
@@ -5,6 +7,7 @@ from envs.simulator import Simulator, SimulatorConfig
 from predictors import PREDICTORS, Predictor, build_predictor
 from predictors.base import FeaturizerFactory
 from predictors.history import PromptHistory
+from predictors.learned import LearnedPredictor
 from tests.conftest import chain
 from tracerl.calibration import auc, calibration_metrics, ece
 from tracerl.config import PredictorConfig
@@ -195,3 +198,24 @@ def test_text_predictors_are_built_through_the_registry(monkeypatch: pytest.Monk
     assert type(make_text_predictor(numeric, 0, None, None, str)).__name__ == "TabularPredictor"
     with pytest.raises(SetupError, match="predictor.features=numeric needs the simulator's numeric features"):
         make_text_predictor(numeric, 0, None, None, str, name="learned")
+
+
+def test_learned_predictor_rejects_a_feature_width_change() -> None:
+    """It once scored 0.5 (while ready) for anchors whose feature width differed from the fit's."""
+    widths = [3]
+
+    def fake_featurizer(anchors: Sequence[Anchor]) -> np.ndarray:
+        return np.ones((len(anchors), widths[0]), dtype=np.float32)
+
+    cfg = PredictorConfig(name="learned", warmup_steps=1, fit_steps=2)
+    p = LearnedPredictor(cfg, features=lambda: fake_featurizer)
+    assert p.score([Anchor(Prompt("a"))]).tolist() == [0.5]  # cold start: not fit yet
+    t = RolloutTree(Prompt("a"))
+    chain(t, 0, [(1.0, 2), (0.0, 2)])
+    p.fit([t])
+    assert p.ready and 0.0 < p.score([Anchor(Prompt("a"))])[0] < 1.0
+    widths[0] = 5
+    with pytest.raises(ValueError, match="fit on 6 input features but now gets 8"):
+        p.score([Anchor(Prompt("a"))])
+    with pytest.raises(ValueError, match="one width for every anchor"):
+        p.fit([t])

@@ -160,11 +160,28 @@ def test_prefix_group_effective_ratio() -> None:
 def test_step_metrics_log_the_prefix_group_ratio_per_step_and_depth() -> None:
     from tracerl import metrics as M
     from tracerl.engine.step import StepOutcome
+    from tracerl.engine.step_stats import step_metrics
 
     t = nested_tree()
-    m = M.step_metrics(StepOutcome([t.prompt], [t], [t], np.array([2]), np.array([0.5])))
+    m = step_metrics(StepOutcome([t.prompt], [t], [t], np.array([2]), np.array([0.5])))
     assert m[M.PREFIX_GROUP_ER] == pytest.approx(2 / 3) and m[M.EXPANDED_PREFIXES] == 3.0
-    assert m[f"{M.PREFIX_GROUP_ER}/depth_1"] == 0.5 and m[f"{M.PREFIX_GROUP_ER}/depth_2"] == 1.0
+    assert m[M.prefix_group_depth(1)] == 0.5 and m[M.prefix_group_depth(2)] == 1.0
     # Per-depth keys come and go between steps; NaN is "undefined this step".
     mean = M.mean_metrics([{"a": 1.0, "b": float("nan")}, {"a": 3.0, "c": 2.0}])
     assert mean["a"] == 2.0 and np.isnan(mean["b"]) and mean["c"] == 2.0
+
+
+def test_grow_to_takes_the_expanded_copy_in_place(small_tree: RolloutTree) -> None:
+    import copy
+
+    grown = copy.deepcopy(small_tree)
+    chain(grown, 3, [(0.0, 1)], bare=False)
+    prompt, same = small_tree.prompt, small_tree
+    small_tree.grow_to(grown)
+    assert same is small_tree and small_tree.prompt is prompt  # the caller's objects stay
+    assert (
+        small_tree.num_leaves == 5 and small_tree.num_paths == 5 and small_tree.rewards().tolist()[-1] == 0.0
+    )
+    other = RolloutTree(Prompt("other"))
+    with pytest.raises(ValueError, match="cannot grow to a tree of prompt 'other'"):
+        small_tree.grow_to(other)

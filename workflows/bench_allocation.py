@@ -36,8 +36,8 @@ SUMMARY_KEYS = {
     "contrast_pairs_per_100_leaves": M.CONTRAST_PAIRS_PER_100,
     "step_contrast_pairs_per_100_leaves": M.STEP_CONTRAST_PAIRS_PER_100,
     "active_prompts": M.ACTIVE_PROMPTS,
-    "leaves": "budget/leaves",
-    "sampled_leaves": "budget/sampled_leaves",
+    "leaves": M.LEAVES,
+    "sampled_leaves": M.SAMPLED_LEAVES,
 }
 
 
@@ -309,9 +309,9 @@ def _log_mlflow(
         ) as run:
             tracking.log_params({**params, "allocator.name": name})
             tracking.log_step_series(series[name])
-            tracking.log_metrics({f"bench/{k}": v for k, v in s.items() if isinstance(v, (int, float))})
+            tracking.log_metrics({M.bench(k): v for k, v in s.items() if isinstance(v, (int, float))})
             for group, m in s["calibration"].items():
-                tracking.log_metrics({f"predictor/{group}/{k}": v for k, v in m.items()})
+                tracking.log_metrics({M.calibration(group, k): v for k, v in m.items()})
             for path in artifacts:
                 mlflow.log_artifact(str(path))
             run_ids[name] = run.info.run_id

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from envs.registry import tool_env_class
@@ -137,7 +137,40 @@ def _distinct_prompt_rounds(env: ToolEnv, template: Any, prompts: Sequence[Promp
     return [r[1] for r in rounds]
 
 
-def run_bench_env(cfg: BenchEnvConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class BenchEnvResult:
+    """An environment's score on its held-out tasks (the JSON summary of ``tracerl bench env``)."""
+
+    env: str
+    mode: str
+    """'gold' (reference replay) or 'policy'."""
+    n: int
+    score: float
+    by_category: dict[str, float]
+    scores: dict[str, float]
+    time_s: float
+    tool_calls: int
+    invalid_actions: int
+    unscripted_contexts: int | None = None
+    """Gold mode: contexts that matched no script (0 in a sound replay)."""
+    temperature: float | None = None
+    """Policy mode: the sampling temperature (0: greedy)."""
+
+    def as_json(self) -> dict[str, Any]:
+        """The summary without the fields of the other mode."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def format(self) -> str:
+        extra = ", ".join(f"{k} {v:.3f}" for k, v in self.scores.items())
+        cats = ", ".join(f"{k} {v:.3f}" for k, v in self.by_category.items())
+        return (
+            f"{self.env} ({self.mode}): score {self.score:.3f} on {self.n} held-out tasks"
+            + (f" ({extra})" if extra else "")
+            + f" in {self.time_s:.1f} s\n  by category: {cats}"
+        )
+
+
+def run_bench_env(cfg: BenchEnvConfig, progress: Callable[[str], None] = lambda s: None) -> BenchEnvResult:
     """Gold replay or policy pass@1 on the first ``cfg.tasks`` held-out tasks of ``cfg.env``."""
     t0 = time.perf_counter()
     cls = tool_env_class(cfg.env.name)
@@ -169,18 +202,16 @@ def run_bench_env(cfg: BenchEnvConfig, progress: Callable[[str], None] = lambda 
         trees += eng.rollout(batch, [1] * len(batch))
         progress(f"  {len(trees)}/{len(prompts)} rolled out ({time.perf_counter() - t0:.0f} s)")
     engines = list({id(e): e for e, _ in batches}.values())
-    out = {
-        "env": cfg.env.name,
-        "mode": mode,
+    gold = mode == "gold"
+    return BenchEnvResult(
+        env=cfg.env.name,
+        mode=mode,
         **summarize(trees),
-        "time_s": time.perf_counter() - t0,
-        "tool_calls": sum(e.ledger.tool_calls for e in engines),
-        "invalid_actions": sum(e.ledger.invalid_actions for e in engines),
-    }
-    if mode == "gold":
-        out["unscripted_contexts"] = sum(
-            e.sampler.misses for e in engines if isinstance(e.sampler, ScriptedSampler)
-        )
-    else:
-        out["temperature"] = cfg.sampler.temperature
-    return out
+        time_s=time.perf_counter() - t0,
+        tool_calls=sum(e.ledger.tool_calls for e in engines),
+        invalid_actions=sum(e.ledger.invalid_actions for e in engines),
+        unscripted_contexts=sum(e.sampler.misses for e in engines if isinstance(e.sampler, ScriptedSampler))
+        if gold
+        else None,
+        temperature=None if gold else cfg.sampler.temperature,
+    )

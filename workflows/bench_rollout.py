@@ -22,8 +22,8 @@ from tracerl.algos.allocators import build_allocator
 from tracerl.calibration import CalibrationData, collect_calibration, mean_calibration, summarize_calibration
 from tracerl.config_loader import to_flat_dict, to_yaml
 from tracerl.engine.step import StepOutcome
+from tracerl.engine.step_stats import step_metrics
 from tracerl.experiment_config import BenchRolloutConfig
-from tracerl.metrics import step_metrics
 from workflows import tracking
 from workflows.lm_stack import build_stack, build_text_predictor, task_prompts
 from workflows.progress import bar
@@ -33,18 +33,18 @@ KEYS = {
     "effective_ratio": M.EFFECTIVE_RATIO,
     "leaf_effective_ratio": M.LEAF_EFFECTIVE_RATIO,
     "mixed_groups_per_step": M.MIXED_GROUPS,
-    "leaves": "budget/leaves",
-    "generated_tokens": "budget/generated_tokens",
-    "prefill_tokens_reused": "budget/prefill_tokens_reused",
-    "prefill_tokens_computed": "budget/prefill_tokens_computed",
-    "tool_calls": "budget/tool_calls",
-    "tool_calls_replayed": "budget/tool_calls_replayed",
-    "wall_s": "time/step_s",
+    "leaves": M.LEAVES,
+    "generated_tokens": M.GENERATED_TOKENS,
+    "prefill_tokens_reused": M.PREFILL_REUSED,
+    "prefill_tokens_computed": M.PREFILL_COMPUTED,
+    "tool_calls": M.TOOL_CALLS,
+    "tool_calls_replayed": M.TOOL_CALLS_REPLAYED,
+    "wall_s": M.TIME_STEP,
     "success_rate": M.SUCCESS_RATE,
-    "invalid_actions": "budget/invalid_actions",
-    "continuations": "budget/continuations",
-    "continuation_prefill_computed": "budget/continuation_prefill_computed",
-    "continuation_prefill_reencode": "budget/continuation_prefill_reencode",
+    "invalid_actions": M.INVALID_ACTIONS,
+    "continuations": M.CONTINUATIONS,
+    "continuation_prefill_computed": M.CONTINUATION_PREFILL_COMPUTED,
+    "continuation_prefill_reencode": M.CONTINUATION_PREFILL_REENCODE,
 }
 INT_KEYS = {
     "leaves",
@@ -77,12 +77,12 @@ def run_one(
             collect_calibration(out, calib)
         predictor.fit(out.sampled_trees)
         m = step_metrics(out)
-        m["time/step_s"] = time.perf_counter() - t0
+        m[M.TIME_STEP] = time.perf_counter() - t0
         m.update(_continuation_prefill(out))
         steps.append(m)
         progress(
-            f"  {name} seed {seed} step {s}: ER {m[M.EFFECTIVE_RATIO]:.2f} leaves {m['budget/leaves']:.0f} "
-            f"tokens {m['budget/generated_tokens']:.0f} ({m['time/step_s']:.1f} s)"
+            f"  {name} seed {seed} step {s}: ER {m[M.EFFECTIVE_RATIO]:.2f} leaves {m[M.LEAVES]:.0f} "
+            f"tokens {m[M.GENERATED_TOKENS]:.0f} ({m[M.TIME_STEP]:.1f} s)"
         )
     return steps, summarize_calibration(calib)
 
@@ -105,8 +105,8 @@ def _continuation_prefill(out: StepOutcome) -> dict[str, float]:
                 reencode += len(tree.fork_state[parent].context)
                 computed += n.prefill_computed
     return {
-        "budget/continuation_prefill_computed": float(computed),
-        "budget/continuation_prefill_reencode": float(reencode),
+        M.CONTINUATION_PREFILL_COMPUTED: float(computed),
+        M.CONTINUATION_PREFILL_REENCODE: float(reencode),
     }
 
 
@@ -159,9 +159,9 @@ def run_bench(cfg: BenchRolloutConfig, progress: Callable[[str], None] = lambda 
             ):
                 tracking.log_params({**to_flat_dict(cfg), "allocator.name": name})
                 tracking.log_step_series(series[name])
-                tracking.log_metrics({f"bench/{k}": v for k, v in s.items() if isinstance(v, (int, float))})
+                tracking.log_metrics({M.bench(k): v for k, v in s.items() if isinstance(v, (int, float))})
                 for group, cal in s["calibration"].items():
-                    tracking.log_metrics({f"predictor/{group}/{k}": v for k, v in cal.items()})
+                    tracking.log_metrics({M.calibration(group, k): v for k, v in cal.items()})
                 mlflow.log_artifact(str(out / "results.json"))
     return summary
 

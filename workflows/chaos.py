@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from tracerl import metrics as M
 from tracerl.config import ChaosConfig, TrainConfig
 from workflows.runs import PHASE, read_phase
 from workflows.spool import SPOOL
@@ -38,7 +39,7 @@ from workflows.spool import SPOOL
 PHASES = ("rollout", "sync_weights", "eval", "save")  # what a kill can be aimed at
 # Per-step metrics defined only at steps where their condition holds (docs/metrics.md): the prefix-group effective
 # ratio needs expanded prefixes (at that depth), so such a key may skip steps; where it is logged it is read once.
-CONDITIONAL = ("rollout/prefix_group_effective_ratio",)
+CONDITIONAL = (M.PREFIX_GROUP_ER,)
 ACTORS = {"sampler": "RolloutWorker", "env": "EnvWorker", "trainer": "RayTrainWorker"}
 
 
@@ -250,7 +251,7 @@ def check_steps(client: Any, run_id: str, steps: int) -> list[str]:
     from workflows.runs import metric_series
 
     problems: list[str] = []
-    att_hist = client.get_metric_history(run_id, "system/attempt")
+    att_hist = client.get_metric_history(run_id, M.ATTEMPT)
     completing: dict[int, Any] = {}
     for m in att_hist:
         if m.step not in completing or (m.value, m.timestamp) > (
@@ -259,10 +260,10 @@ def check_steps(client: Any, run_id: str, steps: int) -> list[str]:
         ):
             completing[m.step] = m
     if sorted(completing) != list(range(1, steps + 1)):
-        return [f"system/attempt logged at steps {sorted(completing)}, not 1..{steps}"]
+        return [f"{M.ATTEMPT} logged at steps {sorted(completing)}, not 1..{steps}"]
     run = client.get_run(run_id)
     first = {k for k in run.data.metrics if any(m.step == 1 for m in client.get_metric_history(run_id, k))}
-    keys = sorted(k for k in first if not k.startswith("eval/"))
+    keys = sorted(k for k in first if not k.startswith(M.EVAL))
     for key in keys:
         hist: dict[int, list[Any]] = {}
         for m in client.get_metric_history(run_id, key):
@@ -277,7 +278,7 @@ def check_steps(client: Any, run_id: str, steps: int) -> list[str]:
             want = [m.value for m in hist[s] if m.timestamp == completing[s].timestamp]
             if want != [series[s]]:
                 problems.append(f"{key} step {s}: read {series[s]}, the completing attempt logged {want}")
-    er = metric_series(client, run_id, "rollout/effective_ratio")
+    er = metric_series(client, run_id, M.EFFECTIVE_RATIO)
     rows = collect(client, [run])
     if er and (rows[0]["steps"] != steps or rows[0]["series"]["effective_ratio"] != er):
         problems.append(f"compare reads {rows[0]['steps']} steps, not {steps}")

@@ -53,17 +53,11 @@ def _rollout(cfg: RolloutConfig) -> int:
     from workflows.rollout import run_rollout
 
     try:
-        m = run_rollout(cfg, progress=_progress)
+        result = run_rollout(cfg, progress=_progress)
     except (SetupError, FileNotFoundError, ValueError) as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
-    out = Path(cfg.out_dir)
-    print(f"wrote {out / 'trees.jsonl'} and {out / 'trees.html'}")
-    print(
-        f"effective ratio {m['rollout/effective_ratio']:.3f}, {m['budget/leaves']:.0f} leaves, "
-        f"{m['budget/generated_tokens']:.0f} generated tokens, {m['budget/tool_calls']:.0f} tool calls, "
-        f"prefill re-used {m['budget/prefill_tokens_reused']:.0f} / computed {m['budget/prefill_tokens_computed']:.0f}"
-    )
+    print(result.format())
     return 0
 
 
@@ -144,18 +138,11 @@ def _eval(cfg: EvalConfig) -> int:
     from workflows.evaluate import run_eval
 
     try:
-        m = run_eval(cfg, progress=_progress)
+        result = run_eval(cfg, progress=_progress)
     except (SetupError, FileNotFoundError, LookupError, ValueError) as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
-    g = m["greedy"]
-    line = f"{m['model']} on {g['tasks']} tasks: greedy pass@1 {m['accuracy']:.3f}"
-    if cfg.samples:
-        k = cfg.samples
-        line += f", pass@{k} {m[f'pass@{k}']:.3f}, avg@{k} {m[f'avg@{k}']:.3f} (T={cfg.temperature:g})"
-    print(line)
-    print("  greedy by source: " + ", ".join(f"{s} {v:.2f}" for s, v in g["by_source"].items()))
-    print(f"wrote {Path(cfg.out_dir) / 'summary.json'} and {Path(cfg.out_dir) / 'traces.jsonl'}")
+    print(result.format())
     return 0
 
 

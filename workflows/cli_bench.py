@@ -98,21 +98,14 @@ def _bench_env(cfg: BenchEnvConfig) -> int:
     from workflows.lm_stack import SetupError
 
     try:
-        out = run_bench_env(cfg, progress=progress)
+        result = run_bench_env(cfg, progress=progress)
     except (SetupError, FileNotFoundError, ValueError) as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
-    cats = ", ".join(f"{k} {v:.3f}" for k, v in out["by_category"].items())
-    extra = ", ".join(f"{k} {v:.3f}" for k, v in out["scores"].items())
-    print(
-        f"{out['env']} ({out['mode']}): score {out['score']:.3f} on {out['n']} held-out tasks"
-        + (f" ({extra})" if extra else "")
-        + f" in {out['time_s']:.1f} s"
-    )
-    print(f"  by category: {cats}")
+    print(result.format())
     if cfg.json_path:
         Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.json_path).write_text(json.dumps(out, indent=2))
+        Path(cfg.json_path).write_text(json.dumps(result.as_json(), indent=2))
         print(f"wrote {cfg.json_path}")
     return 0
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from workflows.cli_args import progress
@@ -41,12 +40,7 @@ def _compare(args: argparse.Namespace) -> int:
     except LookupError as exc:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
-    print(res["table"])
-    print(f"\nwrote {args.out}/table.txt, runs.json and " + ", ".join(Path(f).name for f in res["files"]))
-    if res["run_id"]:
-        print(
-            f"logged to MLflow run {res['run_id']} (artifacts/compare); open: tracerl ui --tracking-uri {args.tracking_uri}"
-        )
+    print(res.format(args.tracking_uri))
     return 0
 
 

@@ -14,8 +14,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tracerl import metrics as M
 
 
 def _series(client: Any, run_id: str, key: str) -> dict[int, float]:
@@ -30,10 +33,10 @@ def collect(client: Any, runs: Sequence[Any]) -> list[dict[str, Any]]:
     for r in runs:
         rid = r.info.run_id
         p = r.data.params
-        er = _series(client, rid, "rollout/effective_ratio")
-        leaves = _series(client, rid, "budget/leaves")
-        tokens = _series(client, rid, "budget/generated_tokens")
-        acc = _series(client, rid, "eval/accuracy")
+        er = _series(client, rid, M.EFFECTIVE_RATIO)
+        leaves = _series(client, rid, M.LEAVES)
+        tokens = _series(client, rid, M.GENERATED_TOKENS)
+        acc = _series(client, rid, M.EVAL_ACCURACY)
         cum_l, cum_t, tl, tt = {}, {}, 0.0, 0.0
         for s in sorted(set(leaves) | set(tokens)):
             tl += leaves.get(s, 0.0)
@@ -214,10 +217,36 @@ def report_html(rows: Sequence[dict[str, Any]], plot_files: Sequence[Path]) -> s
     )
 
 
+@dataclass(frozen=True)
+class CompareResult:
+    """The ranked runs and what ``compare`` wrote (and logged)."""
+
+    rows: list[dict[str, Any]]
+    """One row per run (``collect``), best first."""
+    table: str
+    out_dir: Path
+    files: list[Path]
+    """Plots and the HTML report (beside table.txt and runs.json)."""
+    run_id: str | None
+    """The MLflow run the report was logged to; None with ``log_to_mlflow=False``."""
+
+    def format(self, tracking_uri: str) -> str:
+        lines = [
+            self.table,
+            f"\nwrote {self.out_dir}/table.txt, runs.json and " + ", ".join(f.name for f in self.files),
+        ]
+        if self.run_id:
+            lines.append(
+                f"logged to MLflow run {self.run_id} (artifacts/compare); "
+                f"open: tracerl ui --tracking-uri {tracking_uri}"
+            )
+        return "\n".join(lines)
+
+
 def compare(
     tracking: Any, experiment: str | None, run_ids: Sequence[str], out_dir: str, log_to_mlflow: bool = True
-) -> dict[str, Any]:
-    """Collect, rank, plot and (optionally) log; returns {'rows': ..., 'table': str, 'files': [...], 'run_id'}."""
+) -> CompareResult:
+    """Collect, rank, plot and (optionally) log."""
     import mlflow
 
     from workflows import tracking as trk
@@ -249,7 +278,7 @@ def compare(
     files = plots(rows, out)
     (out / "report.html").write_text(report_html(rows, files))
     files.append(out / "report.html")
-    result: dict[str, Any] = {"rows": rows, "table": table, "files": [str(f) for f in files], "run_id": None}
+    run_id = None
     if log_to_mlflow:
         exp_id = runs[0].info.experiment_id
         cmp = client.create_run(
@@ -259,8 +288,8 @@ def compare(
         )
         client.log_artifacts(cmp.info.run_id, str(out), "compare")
         client.set_terminated(cmp.info.run_id)
-        result["run_id"] = cmp.info.run_id
-    return result
+        run_id = cmp.info.run_id
+    return CompareResult(rows, table, out, files, run_id)
 
 
 def ui_command(uri: str, host: str, port: int) -> list[str]:

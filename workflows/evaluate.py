@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,36 @@ def local_runner(model_cfg: Any, sampler_cfg: Any, env_cfg: Any) -> Runner:
     return run
 
 
-def run_eval(cfg: Any, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class EvalResult:
+    """What ``tracerl eval`` measured (``summary``, as written to summary.json) and where it wrote it."""
+
+    summary: dict[str, Any]
+    """``model``, ``task_set``, ``accuracy`` (greedy pass@1), ``greedy`` (and ``sampled``) summaries,
+    ``pass@k`` and ``avg@k`` with samples."""
+    samples: int
+    temperature: float
+    out_dir: Path
+
+    @property
+    def accuracy(self) -> float:
+        return float(self.summary["accuracy"])
+
+    def format(self) -> str:
+        s, g, k = self.summary, self.summary["greedy"], self.samples
+        line = f"{s['model']} on {g['tasks']} tasks: greedy pass@1 {self.accuracy:.3f}"
+        if k:
+            line += f", pass@{k} {s[f'pass@{k}']:.3f}, avg@{k} {s[f'avg@{k}']:.3f} (T={self.temperature:g})"
+        return "\n".join(
+            [
+                line,
+                "  greedy by source: " + ", ".join(f"{src} {v:.2f}" for src, v in g["by_source"].items()),
+                f"wrote {self.out_dir / 'summary.json'} and {self.out_dir / 'traces.jsonl'}",
+            ]
+        )
+
+
+def run_eval(cfg: Any, progress: Callable[[str], None] = lambda s: None) -> EvalResult:
     """``tracerl eval``: resolve the model, evaluate, write summary.json and traces.jsonl under ``cfg.out_dir``."""
     from dataclasses import replace
 
@@ -161,4 +191,4 @@ def run_eval(cfg: Any, progress: Callable[[str], None] = lambda s: None) -> dict
     with open(out / "traces.jsonl", "w") as f:
         for r in traces:
             f.write(json.dumps(r) + "\n")
-    return metrics
+    return EvalResult(metrics, cfg.samples, cfg.temperature, out)

@@ -28,6 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from tracerl import metrics as M
 from workflows.gpu_plan import Plan, load_arch, make_plan, memory_section
 
 BUDGET_S = 300.0
@@ -142,9 +143,9 @@ def run_update(plan: Plan, lora: bool) -> dict[str, Any]:
         "tokens_per_step": tokens,
         "step_s": times,
         "tokens_per_s": tokens / (sum(timed) / len(timed)),
-        "loss": stats["train/loss"],
-        "grad_norm": stats["train/grad_norm"],
-        "update_skipped": bool(stats["train/update_skipped"]),
+        "loss": stats[M.LOSS],
+        "grad_norm": stats[M.GRAD_NORM],
+        "update_skipped": bool(stats[M.UPDATE_SKIPPED]),
         "peak_bytes": torch.cuda.max_memory_allocated() if cuda else None,
     }
     if not all(math.isfinite(v) for v in (out["loss"], out["grad_norm"])):

@@ -10,12 +10,13 @@ dataset fingerprint, checkpoint step and the predictor checkpoint logged beside 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import mlflow.pyfunc
+
+from workflows.checkpoint_state import CheckpointState
 
 
 # mlflow's package does not export mlflow.pyfunc.PythonModel to mypy (name-defined), so the base is Any (misc).
@@ -50,8 +51,8 @@ class HFPolicyModel(mlflow.pyfunc.PythonModel):  # type: ignore[misc,name-define
         return out
 
 
-def _checkpoint(run_id: str, tracking: Any) -> tuple[Path, dict[str, Any]]:
-    from workflows.runs import STATE, latest_checkpoint, run_storage
+def _checkpoint(run_id: str, tracking: Any) -> tuple[Path, CheckpointState]:
+    from workflows.runs import latest_checkpoint, run_storage
 
     storage = run_storage(run_id, tracking)
     ckpt = latest_checkpoint(storage)
@@ -60,7 +61,7 @@ def _checkpoint(run_id: str, tracking: Any) -> tuple[Path, dict[str, Any]]:
             f"run {run_id} has no checkpoint under {storage} yet (checkpoints are written every "
             "checkpoint_every steps and at the end)"
         )
-    return ckpt, json.loads((ckpt / STATE).read_text())
+    return ckpt, CheckpointState.read(ckpt)
 
 
 def register(
@@ -81,9 +82,9 @@ def register(
     ckpt, state = _checkpoint(run_id, tracking)
     client = mlflow.MlflowClient()
     run = client.get_run(run_id)
-    progress(f"logging {ckpt} (step {state['step']}) as a model of run {run_id}")
+    progress(f"logging {ckpt} (step {state.step}) as a model of run {run_id}")
     with mlflow.start_run(run_id=run_id):
-        client.log_artifact(run_id, str(ckpt / "predictor.pt"), f"checkpoint_step{state['step']}")
+        client.log_artifact(run_id, str(ckpt / "predictor.pt"), f"checkpoint_step{state.step}")
         info = mlflow.pyfunc.log_model(
             name="policy",
             python_model=HFPolicyModel(),
@@ -98,8 +99,8 @@ def register(
         "config_hash": run.data.tags.get("tracerl.config_hash", "unknown"),
         "dataset_fingerprint": run.data.tags.get("tracerl.dataset_fingerprint", "unknown"),
         "allocator": run.data.tags.get("tracerl.allocator", "unknown"),
-        "checkpoint_step": str(state["step"]),
-        "predictor_checkpoint": f"runs:/{run_id}/checkpoint_step{state['step']}/predictor.pt",
+        "checkpoint_step": str(state.step),
+        "predictor_checkpoint": f"runs:/{run_id}/checkpoint_step{state.step}/predictor.pt",
         "source_run": run_id,
     }
     mv = mlflow.register_model(info.model_uri, name, tags=tags)

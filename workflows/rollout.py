@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,37 @@ from tracerl.config import BudgetConfig, RolloutConfig
 from tracerl.config_loader import to_yaml
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.step import StepOutcome, run_step
-from tracerl.metrics import step_metrics
+from tracerl.engine.step_stats import step_metrics
+from tracerl.metrics import (
+    EFFECTIVE_RATIO,
+    GENERATED_TOKENS,
+    LEAVES,
+    PREFILL_COMPUTED,
+    PREFILL_REUSED,
+    SUCCESS_RATE,
+    TOOL_CALLS,
+)
 from tracerl.tree_io import tree_to_record
 from tracerl.types import Prompt
 from workflows.lm_stack import LMStack, build_stack, build_text_predictor, task_prompts
 from workflows.viewer import render_html
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    """What ``tracerl rollout`` wrote and the last step's metrics (docs/metrics.md)."""
+
+    out_dir: Path
+    metrics: dict[str, float]
+
+    def format(self) -> str:
+        m = self.metrics
+        return (
+            f"wrote {self.out_dir / 'trees.jsonl'} and {self.out_dir / 'trees.html'}\n"
+            f"effective ratio {m[EFFECTIVE_RATIO]:.3f}, {m[LEAVES]:.0f} leaves, "
+            f"{m[GENERATED_TOKENS]:.0f} generated tokens, {m[TOOL_CALLS]:.0f} tool calls, "
+            f"prefill re-used {m[PREFILL_REUSED]:.0f} / computed {m[PREFILL_COMPUTED]:.0f}"
+        )
 
 
 def outcome_records(out: StepOutcome) -> list[dict[str, Any]]:
@@ -74,13 +101,22 @@ def lm_step(
     return out
 
 
-def run_rollout(cfg: RolloutConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+def run_rollout(cfg: RolloutConfig, progress: Callable[[str], None] = lambda s: None) -> RolloutResult:
     check_data(cfg.env)  # a bad data file fails before any model loads
+    stack = build_stack(cfg.model, cfg.sampler, cfg.env, cfg.seed)
+    return rollout_steps(cfg, stack, progress)
+
+
+def rollout_steps(
+    cfg: RolloutConfig, stack: LMStack, progress: Callable[[str], None] = lambda s: None
+) -> RolloutResult:
+    """``cfg.steps`` steps on a built stack; writes the last step's trees (trees.jsonl, trees.html), its metrics
+    and the resolved config to ``cfg.out_dir``."""
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.yaml").write_text(to_yaml(cfg))
-    stack = build_stack(cfg.model, cfg.sampler, cfg.env, cfg.seed)
-    for w in stack.env.sandbox.warnings:
+    # Only some environments have a sandbox (math); any may report protections the machine lacks.
+    for w in getattr(stack.env, "warnings", []):
         progress(w)
     allocator = build_allocator(cfg.allocator)
     attach_lengths(allocator)
@@ -98,8 +134,8 @@ def run_rollout(cfg: RolloutConfig, progress: Callable[[str], None] = lambda s: 
         predictor.fit(out.sampled_trees)
         allocator.observe(out.sampled_trees)
         progress(
-            f"step {s}: {len(out.trees)} trees, {metrics['budget/leaves']:.0f} leaves, effective ratio "
-            f"{metrics['rollout/effective_ratio']:.2f}, success {metrics['rollout/success_rate']:.2f} "
+            f"step {s}: {len(out.trees)} trees, {metrics[LEAVES]:.0f} leaves, effective ratio "
+            f"{metrics[EFFECTIVE_RATIO]:.2f}, success {metrics[SUCCESS_RATE]:.2f} "
             f"({time.perf_counter() - t0:.1f} s)"
         )
     assert out is not None
@@ -111,7 +147,7 @@ def run_rollout(cfg: RolloutConfig, progress: Callable[[str], None] = lambda s: 
         render_html(records, f"tracerl rollout: allocator {cfg.allocator.name}")
     )
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    return metrics
+    return RolloutResult(out_dir, metrics)
 
 
 def merge_ledgers(step_ledger: BudgetLedger, engine_ledger: BudgetLedger) -> BudgetLedger:

@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tracerl import metrics as M
+
 NOTE = "mlflow.note.content"
 
 # key/ name -> the per-step metric it repeats (key/generated_tokens is the run's running total instead)
-KEY_ALIASES = {"key/accuracy": "eval/accuracy", "key/effective_ratio": "rollout/effective_ratio"}
-KEY_TOKENS = "key/generated_tokens"
+KEY_ALIASES = {M.KEY_ACCURACY: M.EVAL_ACCURACY, M.KEY_EFFECTIVE_RATIO: M.EFFECTIVE_RATIO}
+KEY_TOKENS = M.KEY_GENERATED_TOKENS
 
 
 def budget_shape(budget: Any, allocator: Any, space: Mapping[str, Any] | None = None) -> str:

@@ -13,11 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tracerl import metrics as M
 from tracerl.config import TrainConfig
 from tracerl.config_loader import to_flat_dict
+from workflows.checkpoint_state import STATE, CheckpointState
 from workflows.tracking import resolve_uri
 
-STATE = "state.json"
 PHASE = ".phase"
 
 
@@ -70,9 +71,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
         ):
             continue  # a copy cut short by a crash
         try:
-            step = int(json.loads(state.read_text())["step"])
-        except (ValueError, KeyError, json.JSONDecodeError):
-            continue
+            step = CheckpointState.read(d).step
+        except ValueError:
+            continue  # a state file cut short by a crash
         if best is None or step > best[0]:
             best = (step, state.parent)
     return best[1] if best else None
@@ -115,8 +116,8 @@ def run_summary(run_id: str, tracking: Any) -> dict[str, Any]:
 
     trk.setup(tracking)
     client = mlflow.MlflowClient()
-    acc = metric_series(client, run_id, "eval/accuracy")
-    er = metric_series(client, run_id, "rollout/effective_ratio")
+    acc = metric_series(client, run_id, M.EVAL_ACCURACY)
+    er = metric_series(client, run_id, M.EFFECTIVE_RATIO)
     out: dict[str, Any] = {"steps": len(er)}
     if acc:
         out["acc_before"] = acc[min(acc)]
@@ -124,16 +125,15 @@ def run_summary(run_id: str, tracking: Any) -> dict[str, Any]:
         out["accuracy_by_step"] = acc
     out["effective_ratio"] = sum(er.values()) / len(er) if er else float("nan")
     for key, name in (
-        ("budget/leaves", "leaves"),
-        ("budget/generated_tokens", "generated_tokens"),
-        ("budget/tool_calls", "tool_calls"),
-        ("budget/retried", "retried"),
+        (M.LEAVES, "leaves"),
+        (M.GENERATED_TOKENS, "generated_tokens"),
+        (M.TOOL_CALLS, "tool_calls"),
+        (M.RETRIED, "retried"),
     ):
         out[name] = int(sum(metric_series(client, run_id, key).values()))
-    rollout = sum(metric_series(client, run_id, "time/rollout_s").values())
+    rollout = sum(metric_series(client, run_id, M.TIME_ROLLOUT).values())
     overhead = sum(
-        sum(metric_series(client, run_id, f"time/{k}_s").values())
-        for k in ("score", "allocate_roots", "expand_prefixes", "fit_predictor")
+        sum(metric_series(client, run_id, M.phase_time(k)).values()) for k in M.ALLOC_PREDICTOR_PHASES
     )
     out["alloc_predictor_fraction_of_rollout"] = overhead / rollout if rollout else float("nan")
     return out

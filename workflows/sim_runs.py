@@ -14,8 +14,8 @@ from predictors.length import attach_lengths
 from tracerl.algos.allocators import build_allocator
 from tracerl.calibration import CalibrationData, collect_calibration, summarize_calibration
 from tracerl.engine.step import StepOutcome, run_step
+from tracerl.engine.step_stats import step_metrics
 from tracerl.experiment_config import BenchAllocationConfig
-from tracerl.metrics import step_metrics
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from tracerl import metrics as M
 from tracerl.experiment_config import StudyConfig
 
 FIELDS = (
@@ -69,13 +70,22 @@ def _outcomes(client: Any, run_id: str) -> dict[str, float] | None:
     """The last evaluation's per-task outcomes (``eval/outcomes_step_*.json``, logged by train)."""
     try:
         names = sorted(f.path for f in client.list_artifacts(run_id, "eval") if f.path.endswith(".json"))
-        if not names:
-            return None
-        with tempfile.TemporaryDirectory() as tmp:
-            local = client.download_artifacts(run_id, names[-1], tmp)
-            return {str(k): float(v) for k, v in json.loads(Path(local).read_text()).items()}
-    except Exception:  # noqa: BLE001 - MLflow raises its own exception types per store
+    except Exception:  # noqa: BLE001 - MLflow raises its own exception types per store (none logged: no outcomes)
         return None
+    if not names:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        local = client.download_artifacts(run_id, names[-1], tmp)
+        try:
+            return {str(k): float(v) for k, v in json.loads(Path(local).read_text()).items()}
+        except (
+            ValueError,
+            TypeError,
+            AttributeError,
+        ) as exc:  # a damaged file must not drop the cell silently
+            raise ValueError(
+                f"run {run_id}: {names[-1]} is not a JSON object of prompt id -> outcome ({exc})"
+            ) from exc
 
 
 def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[str, Any]]:
@@ -102,7 +112,7 @@ def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[s
         rid = r.info.run_id
         s = run_summary(rid, tracking)
         steps = int(s.get("steps", 0))
-        step_s = _mean(client, rid, "time/step_s")
+        step_s = _mean(client, rid, M.TIME_STEP)
         cells.append(
             {
                 "testbed": tb,
@@ -114,13 +124,13 @@ def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[s
                 "acc_before": float(s.get("acc_before", math.nan)),
                 "acc_after": float(s.get("acc_after", math.nan)),
                 "effective_ratio": float(s["effective_ratio"]),
-                "prefix_group_er": _mean(client, rid, "rollout/prefix_group_effective_ratio"),
-                "mixed_groups_per_step": float(_mean(client, rid, "rollout/mixed_groups") or 0.0),
+                "prefix_group_er": _mean(client, rid, M.PREFIX_GROUP_ER),
+                "mixed_groups_per_step": float(_mean(client, rid, M.MIXED_GROUPS) or 0.0),
                 "leaves": int(s["leaves"]),
                 "generated_tokens": int(s["generated_tokens"]),
                 "tokens_per_step": s["generated_tokens"] / steps if steps else 0.0,
                 "wall_s": float((r.info.end_time - r.info.start_time) / 1000 if r.info.end_time else 0.0),
-                "cpu_s": float(sum(metric_series(client, rid, "system/cpu_s").values())),
+                "cpu_s": float(sum(metric_series(client, rid, M.CPU_S).values())),
                 "tool_calls": int(s["tool_calls"]),
                 "step_s": step_s,
                 "outcomes": _outcomes(client, rid),

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tracerl import metrics as M
 from tracerl.config import TrainConfig
 from tracerl.config_loader import to_yaml
 from tracerl.experiment_config import SweepConfig
@@ -280,7 +281,7 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
                 metrics=[
                     mlflow.entities.Metric(k, v, int(time.time() * 1000), 0)
                     for k, v in latest.items()
-                    if k.startswith("key/")
+                    if k.startswith(M.KEY)
                 ],
             )
     (root / f"{name}.summary.json").write_text(json.dumps(summary, indent=2, default=str))

@@ -33,8 +33,8 @@ from typing import Any
 from envs.registry import check_data, resolve_env_paths
 from tracerl.config import TrainConfig
 from tracerl.config_loader import to_flat_dict, to_yaml
+from workflows.checkpoint_state import CheckpointState
 from workflows.runs import (
-    STATE,
     config_hash,
     dataset_fingerprint,
     git_sha,
@@ -197,7 +197,7 @@ def train(
     )
     t0 = time.perf_counter()
     status = "FAILED"
-    start = int(json.loads((resume_ckpt / STATE).read_text())["step"]) if resume_ckpt is not None else 0
+    start = CheckpointState.read(resume_ckpt).step if resume_ckpt is not None else 0
     steps_bar = bar(progress, cfg.steps, f"train {cfg.run_name or run_id[:8]}", "step", initial=start)
     steps_bar.follow(
         lambda: max((m.step for m in client.get_metric_history(run_id, "train/loss")), default=0)
@@ -332,10 +332,10 @@ def _restore_dir(ckpt: Any, storage: Path) -> str | None:
     best: tuple[int, str] | None = None
     if ckpt is not None:
         d = ckpt.to_directory()
-        best = (int(json.loads((Path(d) / STATE).read_text())["step"]), d)
+        best = (CheckpointState.read(d).step, d)
     found = latest_checkpoint(storage)
     if found is not None:
-        step = int(json.loads((found / STATE).read_text())["step"])
+        step = CheckpointState.read(found).step
         if best is None or step > best[0]:
             best = (step, str(found))
     return best[1] if best else None
@@ -373,12 +373,12 @@ def train_loop(config: dict[str, Any]) -> None:
     )  # the trainer's weights (mixed precision)
     tok, model = load_policy(master)
     ckpt_dir = _restore_dir(ray.train.get_checkpoint(), storage)
-    state: dict[str, Any] = {"step": 0}
+    state = CheckpointState(step=0)
     lora = cfg.trainer.lora_rank > 0
     if ckpt_dir is not None:
-        state = json.loads((Path(ckpt_dir) / STATE).read_text())
+        state = CheckpointState.read(ckpt_dir)
         if rank == 0:
-            _say(f"restoring from {ckpt_dir} (step {state['step']})")
+            _say(f"restoring from {ckpt_dir} (step {state.step})")
         if not lora:  # a LoRA run restores its adapters onto the base policy below
             from transformers import AutoModelForCausalLM
 
@@ -439,7 +439,7 @@ def train_loop(config: dict[str, Any]) -> None:
     driver = (
         _Driver(cfg, run_id, storage, tok, unwrap(model), state, ckpt_dir, restored) if rank == 0 else None
     )
-    start = int(state["step"])
+    start = state.step
     if driver is not None and start == 0 and cfg.eval_at_start:
         driver.evaluate(0)
     for step in range(start, cfg.steps):
@@ -489,7 +489,7 @@ class _Driver:
         storage: Path,
         tok: Any,
         model: Any,
-        state: dict[str, Any],
+        state: CheckpointState,
         ckpt_dir: str | None,
         restored: dict[str, Any] | None,
     ) -> None:
@@ -500,6 +500,7 @@ class _Driver:
         from envs.registry import tool_env_class
         from predictors.length import attach_lengths
         from tracerl.actors.pools import RolloutPool
+        from tracerl.actors.spec import WorkerSpec
         from tracerl.algos.allocators import build_allocator
         from tracerl.engine.react import TEMPLATES
         from workflows.lm_stack import make_text_predictor, task_prompts
@@ -513,16 +514,16 @@ class _Driver:
 
         self.metrics = MetricLog(self.client, run_id, storage, next_attempt(storage), _say)
         self.metrics.flush()  # what an earlier attempt spooled
-        self.mark = phase_marker(storage, cfg.chaos.enabled, int(state["step"]))
-        spec = {
-            "model": cfg.model,
-            "sampler": cfg.sampler,
-            "env": cfg.env,
-            "pools": cfg.pools,
-            "kill_at_step": cfg.faults.kill_rollout_worker_at_step,
-            "kill_env_at_step": cfg.faults.kill_env_worker_at_step,
-            "fault_dir": str(storage / ".faults"),
-        }
+        self.mark = phase_marker(storage, cfg.chaos.enabled, state.step)
+        spec = WorkerSpec(
+            cfg.model,
+            cfg.sampler,
+            cfg.env,
+            cfg.pools,
+            kill_at_step=cfg.faults.kill_rollout_worker_at_step,
+            kill_env_at_step=cfg.faults.kill_env_worker_at_step,
+            fault_dir=str(storage / ".faults"),
+        )
         p = cfg.pools
         self.pool = RolloutPool(
             spec, p.rollout_workers, p.rollout_cpus, p.rollout_gpus, p.max_retries, cfg.seed
@@ -548,8 +549,8 @@ class _Driver:
         # Token mode: generated tokens and leaves so far, for the mean cost of a leaf.
         self.spent = [0.0, 0.0]
         if ckpt_dir is not None:
-            self.rng.bit_generator.state = state["rng"]
-            self.spent = list(state.get("spent", self.spent))
+            self.rng.bit_generator.state = state.rng
+            self.spent = list(state.spent)
             self.predictor.load_state_dict(torch.load(Path(ckpt_dir) / "predictor.pt", weights_only=False))
             if (Path(ckpt_dir) / "allocator.pt").exists():  # trace_plus: its length predictor
                 self.allocator.load_state_dict(
@@ -608,7 +609,7 @@ class _Driver:
         from tracerl.algos.batch import collate
         from tracerl.calibration import collect_calibration, summarize_calibration
         from tracerl.engine.step import run_step
-        from tracerl.metrics import step_metrics
+        from tracerl.engine.step_stats import step_metrics
         from workflows.evaluate import leaf_score_means
         from workflows.rollout import sample_pool
 
@@ -716,16 +717,9 @@ class _Driver:
         torch.save(self.predictor.state_dict(), path / "predictor.pt")
         if self.allocator.state_dict():
             torch.save(self.allocator.state_dict(), path / "allocator.pt")
-        (path / STATE).write_text(
-            json.dumps(
-                {
-                    "step": step,
-                    "run_id": self.run_id,
-                    "rng": self.rng.bit_generator.state,
-                    "spent": self.spent,
-                }
-            )
-        )
+        CheckpointState(
+            step, self.run_id, self.rng.bit_generator.state, (self.spent[0], self.spent[1])
+        ).write(path)
         (path / "config.yaml").write_text(to_yaml(self.cfg))
 
     def close(self) -> None:

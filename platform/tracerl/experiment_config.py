@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from tracerl import metrics as M
 from tracerl.actors.config import ClusterConfig, TrackingConfig
 from tracerl.algos.config import AllocatorConfig, BudgetConfig, PredictorConfig
 from tracerl.config import EnvConfig, ModelConfig, SamplerConfig, TrainConfig, lm_budget, lm_env
@@ -178,7 +179,7 @@ class SweepConfig(TrainConfig):
     num_samples: int = 4
     """Trials."""
     max_concurrent_trials: int = 1
-    metric: str = "rollout/effective_ratio"
+    metric: str = M.EFFECTIVE_RATIO
     """Reported every step; the scheduler and the best-trial choice use it."""
     mode: Literal["max", "min"] = "max"
     scope: Literal["last", "avg", "all"] = "avg"

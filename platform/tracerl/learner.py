@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from tracerl.algos.batch import TrainBatch
+from tracerl import metrics as M
+from tracerl.algos.batch import PaddedBatch, TrainBatch
 from tracerl.algos.losses import LOSSES, LossInputs, token_logprobs
 from tracerl.config import LossConfig, OptimConfig
 
@@ -104,11 +105,10 @@ class PolicyLearner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
 
-    def _micro_batches(self, shard: TrainBatch) -> list[dict[str, torch.Tensor]]:
+    def _micro_batches(self, shard: TrainBatch) -> list[PaddedBatch]:
         n, mb = len(shard), self.loss_cfg.micro_batch_size
         return [
-            {k: v.to(self.device) for k, v in shard.select(range(i, min(i + mb, n))).pad(self.pad_id).items()}
-            for i in range(0, n, mb)
+            shard.select(range(i, min(i + mb, n))).pad(self.pad_id).to(self.device) for i in range(0, n, mb)
         ]
 
     def _forward(self, model: torch.nn.Module, **inputs: torch.Tensor) -> Any:
@@ -117,15 +117,13 @@ class PolicyLearner:
         with torch.autocast(self.device.type, dtype=self.autocast):
             return model(**inputs)
 
-    def _logprobs(
-        self, model: torch.nn.Module, mb: dict[str, torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self._forward(model, input_ids=mb["input_ids"], attention_mask=mb["attention_mask"])
-        return token_logprobs(out.logits, mb["input_ids"], self.temperature)
+    def _logprobs(self, model: torch.nn.Module, mb: PaddedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self._forward(model, input_ids=mb.input_ids, attention_mask=mb.attention_mask)
+        return token_logprobs(out.logits, mb.input_ids, self.temperature)
 
     @torch.no_grad()
     def _frozen_logprobs(
-        self, model: torch.nn.Module, mbs: list[dict[str, torch.Tensor]], rounds: int
+        self, model: torch.nn.Module, mbs: list[PaddedBatch], rounds: int
     ) -> list[torch.Tensor]:
         out = [self._logprobs(model, mb)[0] for mb in mbs]
         for _ in range(
@@ -181,17 +179,17 @@ class PolicyLearner:
                         continue
                     mb = mbs[i]
                     logp, ent = self._logprobs(self.model, mb)
-                    mask = mb["loss_mask"]
+                    mask = mb.loss_mask
                     old_lp = old[i] if old is not None else logp.detach()
                     w = None
                     if self.importance_sampling:
-                        raw = torch.exp(old_lp - mb["sampler_logprobs"])
+                        raw = torch.exp(old_lp - mb.sampler_logprobs)
                         w = torch.clamp(raw, max=lc.is_cap)
                         m = mask.float()
                         sums["is_weight"] += float((raw * m).sum())
                         sums["is_truncated"] += float(((raw > lc.is_cap).float() * m).sum())
                     res = self.loss_fn(
-                        LossInputs(logp, old_lp, mb["advantages"], mask, w, ref[i] if ref else None),
+                        LossInputs(logp, old_lp, mb.advantages, mask, w, ref[i] if ref else None),
                         eps_low=lc.eps_low,
                         eps_high=lc.eps_high,
                         kl_coef=lc.kl_coef,
@@ -203,7 +201,7 @@ class PolicyLearner:
                     sums[k] += float(v)
                 sums["entropy"] += float((ent.detach() * mask.float()).sum())
                 sums["tokens"] += float(mask.sum())
-                sums["signal"] += float(((mb["advantages"] != 0) & mask).sum())
+                sums["signal"] += float(((mb.advantages != 0) & mask).sum())
             params = [p for p in self.model.parameters() if p.requires_grad]
             max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
@@ -217,21 +215,21 @@ class PolicyLearner:
             self.scheduler.step()
             tokens = max(tot["tokens"], 1.0)
             stats = {
-                "train/loss": tot["loss"] / denominator,
-                "train/clip_fraction": tot["clipped"] / tokens,
-                "train/approx_kl": tot["approx_kl"] / tokens,
-                "train/entropy": tot["entropy"] / tokens,
-                "train/grad_norm": grad_norm,
-                "train/lr": lr,
-                "train/loss_tokens": tot["tokens"],
-                "train/signal_tokens": tot["signal"],
-                "train/update_skipped": float(skipped),
+                M.LOSS: tot["loss"] / denominator,
+                M.CLIP_FRACTION: tot["clipped"] / tokens,
+                M.APPROX_KL: tot["approx_kl"] / tokens,
+                M.ENTROPY: tot["entropy"] / tokens,
+                M.GRAD_NORM: grad_norm,
+                M.LR: lr,
+                M.LOSS_TOKENS: tot["tokens"],
+                M.SIGNAL_TOKENS: tot["signal"],
+                M.UPDATE_SKIPPED: float(skipped),
             }
             if self.ref_model is not None:
-                stats["train/kl_ref"] = tot["kl_ref"] / tokens
+                stats[M.KL_REF] = tot["kl_ref"] / tokens
             if self.importance_sampling:
-                stats["train/is_weight_mean"] = tot["is_weight"] / tokens
-                stats["train/is_truncated_fraction"] = tot["is_truncated"] / tokens
+                stats[M.IS_WEIGHT_MEAN] = tot["is_weight"] / tokens
+                stats[M.IS_TRUNCATED_FRACTION] = tot["is_truncated"] / tokens
         return stats
 
 

@@ -1,18 +1,17 @@
-"""Metric names (namespaced constants, each defined once in docs/metrics.md) and step statistics."""
+"""Metric names: namespaced constants, each defined once in docs/metrics.md (a test checks both ways).
+
+Every module logs and reads metrics through these names, never through string literals, so a renamed metric is
+one edit here and one in the docs (MLflow comparisons across runs depend on the names staying put). Names that
+carry a part (a phase, a depth, a calibration group) are built by the functions below. This module imports no
+project module, so anything may import it.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
 
-from tracerl.engine.step import StepOutcome
-from tracerl.tree import (
-    effective_ratio,
-    leaf_effective_ratio,
-    prefix_group_effective_ratio,
-    total_contrast_pairs,
-)
-
+# -- rollout/ (per step; tracerl.engine.step_stats.step_metrics) -----------------------------------------------------
 EFFECTIVE_RATIO = "rollout/effective_ratio"
 EFFECTIVE_RATIO_CANDIDATES = "rollout/effective_ratio_candidates"
 EFFECTIVE_RATIO_SAMPLED = "rollout/effective_ratio_sampled"
@@ -23,35 +22,138 @@ CONTRAST_PAIRS_PER_100 = "rollout/contrast_pairs_per_100_leaves"
 STEP_CONTRAST_PAIRS_PER_100 = "rollout/step_contrast_pairs_per_100_leaves"
 SUCCESS_RATE = "rollout/success_rate"
 PREFIX_GROUP_ER = "rollout/prefix_group_effective_ratio"
-"""Per depth t: ``f"{PREFIX_GROUP_ER}/depth_{t}"``."""
 EXPANDED_PREFIXES = "rollout/expanded_prefixes"
+ROLLOUT_EM = "rollout/em"
+ROLLOUT_F1 = "rollout/f1"
+
+# -- budget/ (per step; the fields of tracerl.engine.ledger.BudgetLedger) ----------------------------------------
+BUDGET = "budget/"
+"""Prefix of the ledger's counts: ``BudgetLedger.as_metrics`` makes ``budget/<field>`` (one constant each below)."""
+LEAVES = "budget/leaves"
+LEAF_BUDGET = "budget/leaf_budget"
+SAMPLED_LEAVES = "budget/sampled_leaves"
+BARE_ROLLOUTS = "budget/bare_rollouts"
+CONTINUATIONS = "budget/continuations"
+EXTRA_BARE = "budget/extra_bare"
+TURNS = "budget/turns"
+GENERATED_TOKENS = "budget/generated_tokens"
+PREFILL_COMPUTED = "budget/prefill_tokens_computed"
+PREFILL_REUSED = "budget/prefill_tokens_reused"
+LLM_CALLS = "budget/llm_calls"
+TOOL_CALLS = "budget/tool_calls"
+TOOL_CALLS_REPLAYED = "budget/tool_calls_replayed"
+INVALID_ACTIONS = "budget/invalid_actions"
+GRADE_TIMEOUTS = "budget/grade_timeouts"
+RETRIED = "budget/retried"
+CONTINUATION_PREFILL_COMPUTED = "budget/continuation_prefill_computed"
+CONTINUATION_PREFILL_REENCODE = "budget/continuation_prefill_reencode"
+
+# -- time/ (per step) --------------------------------------------------------------------------------------------
+STEP_PHASES = ("score", "allocate_roots", "rollout", "expand_prefixes")
+"""Phases of the step driver (tracerl.engine.step)."""
+ENGINE_PHASES = ("generate", "tools", "grade")
+"""Phases of a language-model rollout engine (tracerl.engine.rollout)."""
+TRAIN_PHASES = (
+    "select",
+    "fit_predictor",
+    "collate",
+    "broadcast",
+    "update_policy",
+    "sync_weights",
+    "eval",
+    "log",
+    "step",
+)
+"""Phases of a ``tracerl train`` step (``step`` is the whole step)."""
+ALLOC_PREDICTOR_PHASES = ("score", "allocate_roots", "expand_prefixes", "fit_predictor")
+"""The phases that make up the allocation and predictor overhead (``ALLOC_PREDICTOR_FRACTION``)."""
 
 
-def step_metrics(out: StepOutcome) -> dict[str, float]:
-    """Rollout statistics of one step (docs/metrics.md), plus its budget ledger."""
-    trees, sampled = out.trees, out.sampled_trees
-    leaves = sum(t.num_leaves for t in trees)
-    mixed = sum(t.is_mixed() for t in trees)
-    pairs = total_contrast_pairs(trees)
-    step_pairs = sum(v for t in trees for d, v in t.contrast_pairs().items() if d > 0)
-    rewards = [r for t in trees for r in t.rewards()]
-    m = {
-        EFFECTIVE_RATIO: effective_ratio(trees),
-        EFFECTIVE_RATIO_CANDIDATES: mixed / len(out.pool) if out.pool else 0.0,
-        EFFECTIVE_RATIO_SAMPLED: effective_ratio(sampled),
-        LEAF_EFFECTIVE_RATIO: leaf_effective_ratio(trees),
-        MIXED_GROUPS: float(mixed),
-        ACTIVE_PROMPTS: float(len(trees)),
-        CONTRAST_PAIRS_PER_100: 100.0 * pairs / leaves if leaves else 0.0,
-        STEP_CONTRAST_PAIRS_PER_100: 100.0 * step_pairs / leaves if leaves else 0.0,
-        SUCCESS_RATE: sum(rewards) / len(rewards) if rewards else 0.0,
-    }
-    pg_ratio, expanded, by_depth = prefix_group_effective_ratio(trees)
-    m[PREFIX_GROUP_ER] = pg_ratio  # NaN without continuations (flat allocators): MLflow logging drops it
-    m[EXPANDED_PREFIXES] = float(expanded)
-    m.update({f"{PREFIX_GROUP_ER}/depth_{d}": v for d, v in by_depth.items()})
-    m.update(out.ledger.as_metrics())
-    return m
+def phase_time(phase: str) -> str:
+    """``time/<phase>_s``: wall seconds spent in ``phase`` (one of the ``*_PHASES``)."""
+    return f"time/{phase}_s"
+
+
+TIME_STEP = phase_time("step")
+TIME_ROLLOUT = phase_time("rollout")
+TIME_LOG = phase_time("log")
+ALLOC_PREDICTOR_FRACTION = "time/alloc_predictor_fraction"
+
+# -- train/, throughput/, system/ (per step of tracerl train) ----------------------------------------------------
+LOSS = "train/loss"
+CLIP_FRACTION = "train/clip_fraction"
+APPROX_KL = "train/approx_kl"
+KL_REF = "train/kl_ref"
+ENTROPY = "train/entropy"
+GRAD_NORM = "train/grad_norm"
+LR = "train/lr"
+LOSS_TOKENS = "train/loss_tokens"
+SEQUENCES = "train/sequences"
+SIGNAL_TOKENS = "train/signal_tokens"
+UPDATE_SKIPPED = "train/update_skipped"
+REWARD_MEAN = "train/reward_mean"
+TRAIN_ACCURACY = "train/accuracy"
+RESPONSE_TOKENS = "train/response_tokens"
+TOKENS_PER_S = "train/tokens_per_s"
+IS_WEIGHT_MEAN = "train/is_weight_mean"
+IS_TRUNCATED_FRACTION = "train/is_truncated_fraction"
+GENERATED_TOKENS_PER_S = "throughput/generated_tokens_per_s"
+PEAK_MEMORY_MB = "system/peak_memory_mb"
+CPU_S = "system/cpu_s"
+ATTEMPT = "system/attempt"
+
+# -- predictor/ --------------------------------------------------------------------------------------------------
+CALIBRATION_STATS = ("mse", "brier", "auc", "ece", "mse_true", "count")
+"""What ``tracerl.calibration`` reports per group of anchors."""
+FIT_LENGTH_LOG_MSE = "predictor/fit_length_log_mse"
+FIT_LENGTH_EXAMPLES = "predictor/fit_length_examples"
+
+
+def calibration(group: str, stat: str) -> str:
+    """``predictor/<group>/<stat>``: calibration of the predictor on a group of anchors (roots, prefixes,
+    depth_<t>)."""
+    return f"predictor/{group}/{stat}"
+
+
+def predictor_fit(key: str) -> str:
+    """``predictor/fit_<key>``: what the predictor's online fit returned."""
+    return f"predictor/fit_{key}"
+
+
+# -- eval/ and key/ ----------------------------------------------------------------------------------------------
+EVAL = "eval/"
+"""Prefix of every held-out metric."""
+EVAL_ACCURACY = "eval/accuracy"
+EVAL_WELL_FORMED = "eval/well_formed_turns"
+EVAL_EM = "eval/em"
+EVAL_F1 = "eval/f1"
+KEY = "key/"
+"""Prefix of the copies that sort together in the MLflow runs table."""
+KEY_ACCURACY = "key/accuracy"
+KEY_EFFECTIVE_RATIO = "key/effective_ratio"
+KEY_GENERATED_TOKENS = "key/generated_tokens"
+
+
+def eval_source(source: str) -> str:
+    """``eval/accuracy/<source>``: held-out accuracy of one task source."""
+    return f"{EVAL_ACCURACY}/{source}"
+
+
+def prefix_group_depth(depth: int) -> str:
+    """``rollout/prefix_group_effective_ratio/depth_<t>``."""
+    return f"{PREFIX_GROUP_ER}/depth_{depth}"
+
+
+def answer_score(prefix: str, name: str) -> str:
+    """``rollout/<name>`` or ``eval/<name>`` (``prefix``: ``"rollout"``, ``"eval"``) for an environment's answer
+    score (search: em, f1)."""
+    return f"{prefix}/{name}"
+
+
+# -- bench/ (summaries of tracerl bench allocation and bench rollout) ---------------------------------------------
+def bench(key: str) -> str:
+    """``bench/<key>``: a benchmark summary (mean over seeds)."""
+    return f"bench/{key}"
 
 
 def mean_metrics(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:

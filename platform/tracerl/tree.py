@@ -92,6 +92,19 @@ class RolloutTree:
             self._leaf_ids.append(node.node_id)
         return node
 
+    def grow_to(self, grown: RolloutTree) -> None:
+        """Take the nodes, paths and fork states of ``grown``, a copy of this tree that was expanded elsewhere (a
+        rollout worker), in place: callers hold this object (the step's tree list). The prompt stays this tree's
+        own object (allocators and pools key prompts by identity)."""
+        if grown.prompt.prompt_id != self.prompt.prompt_id or len(grown.nodes) < len(self.nodes):
+            raise ValueError(
+                f"tree of prompt {self.prompt.prompt_id!r} ({len(self.nodes)} nodes) cannot grow to a tree of "
+                f"prompt {grown.prompt.prompt_id!r} with {len(grown.nodes)} nodes"
+            )
+        self.nodes, self.num_paths, self.num_bare = grown.nodes, grown.num_paths, grown.num_bare
+        self._leaf_ids, self.fork_state = grown._leaf_ids, grown.fork_state
+        self.prompt_token_ids = grown.prompt_token_ids
+
     def sequence(self, leaf_id: int) -> tuple[list[int], list[bool], list[int]]:
         """The token sequence of the rollout ending at ``leaf_id``: prompt then every turn's tokens.
 

@@ -29,6 +29,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from tracerl.actors.spec import WorkerSpec
 from tracerl.algos.allocators import Expansion
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult
@@ -176,24 +177,20 @@ class EnvPool(ToolEnv):
 class RolloutWorker:
     """A sampler actor: policy copy, sampler, engine, and the trees of the current step (with caches)."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: WorkerSpec) -> None:
         import torch
 
         from envs.registry import env_class
-        from tracerl.config import EnvConfig, ModelConfig, PoolConfig, SamplerConfig
         from tracerl.engine.react import TEMPLATES
         from tracerl.engine.rollout import TreeRolloutEngine
         from tracerl.models.hf import load_policy
         from tracerl.samplers import make_sampler
 
-        torch.set_num_threads(max(1, int(spec.get("threads", 1))))
-        model_cfg: ModelConfig = spec["model"]
-        sampler_cfg: SamplerConfig = spec["sampler"]
-        env_cfg: EnvConfig = spec["env"]
-        pools: PoolConfig = spec["pools"]
-        self.kill_at_step, self.fault_dir = spec.get("kill_at_step", -1), spec.get("fault_dir")
+        torch.set_num_threads(spec.threads)
+        model_cfg, sampler_cfg, env_cfg, pools = spec.model, spec.sampler, spec.env, spec.pools
+        self.kill_at_step, self.fault_dir = spec.kill_at_step, spec.fault_dir
         cls = env_class(env_cfg.name)
-        services = spec.get("services") or {}
+        services = spec.services
 
         def env_factory() -> Any:
             # Shared services (one actor per run, e.g. the search retriever) where the run started them.
@@ -205,7 +202,7 @@ class RolloutWorker:
                 pools.env_workers,
                 pools.env_cpus,
                 pools.max_retries,
-                spec.get("kill_env_at_step", -1),
+                spec.kill_env_at_step,
                 self.fault_dir,
             )
         else:
@@ -291,17 +288,16 @@ class RolloutPool:
     """The step driver's ``TreeBackend`` over a pool of ``RolloutWorker`` actors."""
 
     def __init__(
-        self, spec: dict[str, Any], size: int, cpus: float, gpus: float, max_retries: int, seed: int
+        self, spec: WorkerSpec, size: int, cpus: float, gpus: float, max_retries: int, seed: int
     ) -> None:
         from envs.registry import env_class
         from tracerl.actors.services import start_services
 
         self.services: dict[str, Any] = {}
-        pools = spec.get("pools")
-        if pools is not None and pools.env_workers > 0 and "services" not in spec:
+        if spec.pools.env_workers > 0 and not spec.services:
             # One actor per shared service for the whole run; env_workers=0 keeps everything in-process.
-            self.services = start_services(env_class(spec["env"].name), spec["env"], pools.env_cpus)
-            spec = {**spec, "services": self.services}
+            self.services = start_services(env_class(spec.env.name), spec.env, spec.pools.env_cpus)
+            spec = replace(spec, services=self.services)
         self.spec, self.cpus, self.gpus = spec, cpus, gpus
         self.max_retries, self.seed = max_retries, seed
         self.workers = [self._new() for _ in range(size)]
@@ -433,9 +429,7 @@ class RolloutPool:
         results = self._call_all(calls)
         for (w, key), (got, _led) in zip(keys, results):
             for i, new in zip(groups[(w, key)], got):
-                prompt = trees[i].prompt
-                trees[i].__dict__.update(new.__dict__)
-                trees[i].prompt = prompt
+                trees[i].grow_to(new)
         self._merge([led for _, led in results])
 
     def evaluate(

@@ -11,7 +11,7 @@ correction.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from tracerl.algos.advantages import ADVANTAGES
@@ -57,8 +57,8 @@ class TrainBatch:
         lo, hi = rank * n // world, (rank + 1) * n // world
         return self.select(range(lo, hi))
 
-    def pad(self, pad_id: int) -> dict[str, torch.Tensor]:
-        """Right-padded tensors: input_ids, attention_mask, loss_mask, advantages, sampler_logprobs."""
+    def pad(self, pad_id: int) -> PaddedBatch:
+        """Right-padded tensors of shape (sequences, longest sequence)."""
         import torch
 
         width = max((len(x) for x in self.input_ids), default=1)
@@ -66,13 +66,32 @@ class TrainBatch:
         def mat(rows: Sequence[Sequence[float]], fill: float, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor([list(r) + [fill] * (width - len(r)) for r in rows], dtype=dtype)
 
-        return {
-            "input_ids": mat(self.input_ids, pad_id, torch.long),
-            "attention_mask": mat([[1] * len(x) for x in self.input_ids], 0, torch.long),
-            "loss_mask": mat(self.loss_mask, False, torch.bool),
-            "advantages": mat(self.advantages, 0.0, torch.float32),
-            "sampler_logprobs": mat(self.sampler_logprobs, 0.0, torch.float32),
-        }
+        return PaddedBatch(
+            input_ids=mat(self.input_ids, pad_id, torch.long),
+            attention_mask=mat([[1] * len(x) for x in self.input_ids], 0, torch.long),
+            loss_mask=mat(self.loss_mask, False, torch.bool),
+            advantages=mat(self.advantages, 0.0, torch.float32),
+            sampler_logprobs=mat(self.sampler_logprobs, 0.0, torch.float32),
+        )
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    """A micro-batch as tensors, each (sequences, width), right-padded (``TrainBatch.pad``)."""
+
+    input_ids: torch.Tensor
+    """Token ids; pad id past each sequence's end."""
+    attention_mask: torch.Tensor
+    """1 on real tokens, 0 on padding."""
+    loss_mask: torch.Tensor
+    """True on model-generated tokens (bool)."""
+    advantages: torch.Tensor
+    """Per-token advantage (float32); 0 off the loss mask."""
+    sampler_logprobs: torch.Tensor
+    """Per-token log-prob under the sampler (float32); 0 off the loss mask."""
+
+    def to(self, device: torch.device | str) -> PaddedBatch:
+        return PaddedBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
 
 def collate(
@@ -102,8 +121,14 @@ def collate(
             for nid in tree.path(leaf_id)[1:]:
                 node = tree.nodes[nid]
                 n_model = sum(node.model_mask)
-                node_lps = list(node.logprobs) if len(node.logprobs) == n_model else [0.0] * n_model
-                lps += node_lps + [0.0] * (len(node.token_ids) - n_model)
+                if len(node.logprobs) != n_model:
+                    # Zeros here would make the importance weight exp(log pi_old - 0) without a word.
+                    raise ValueError(
+                        f"prompt {tree.prompt.prompt_id!r}, node {nid}: the sampler returned "
+                        f"{len(node.logprobs)} log-probs for {n_model} generated tokens; every sampler must "
+                        "return one log-prob per kept token (tracerl.samplers.base.Generation)"
+                    )
+                lps += list(node.logprobs) + [0.0] * (len(node.token_ids) - n_model)
             lps = [0.0] * len(tree.prompt_token_ids) + lps
             batch.input_ids.append(ids)
             batch.loss_mask.append(mask)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from tracerl.metrics import BUDGET, phase_time
+
 
 @dataclass
 class BudgetLedger:
@@ -42,7 +44,8 @@ class BudgetLedger:
     phase_s: dict[str, float] = field(default_factory=dict)
     """Wall time per phase, seconds."""
 
-    def as_metrics(self, prefix: str = "budget/") -> dict[str, float]:
-        out = {f"{prefix}{k}": float(v) for k, v in asdict(self).items() if k != "phase_s"}
-        out.update({f"time/{k}_s": v for k, v in self.phase_s.items()})
+    def as_metrics(self) -> dict[str, float]:
+        """``budget/<field>`` for every count, ``time/<phase>_s`` for every phase (docs/metrics.md)."""
+        out = {f"{BUDGET}{k}": float(v) for k, v in asdict(self).items() if k != "phase_s"}
+        out.update({phase_time(k): v for k, v in self.phase_s.items()})
         return out
