@@ -38,7 +38,7 @@ class ScriptedSampler:
     def __init__(self, tokenizer, tasks: Sequence[MathTask], wrong: bool = False) -> None:  # type: ignore[no-untyped-def]
         self.tok, self.tasks, self.wrong = tokenizer, tasks, wrong
 
-    def generate(self, contexts, max_new_tokens, stop, temperature, seed, caches=None):  # type: ignore[no-untyped-def]
+    def generate(self, contexts, max_new_tokens, stop, temperature, seeds, caches=None):  # type: ignore[no-untyped-def]
         out = []
         t = PlainTemplate()
         for ctx in contexts:
