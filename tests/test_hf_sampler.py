@@ -5,6 +5,7 @@ import torch
 
 from envs.math.tasks import generate as gen_tasks
 from tracerl.config import BootstrapConfig
+from tracerl.engine.seeds import SeedKey
 from tracerl.models.tiny import build_model, build_tokenizer
 from tracerl.samplers.hf import HFSampler
 from workflows.bootstrap import trace_segments
@@ -73,6 +74,30 @@ def test_prefix_reuse_equals_reencoding(parts, temperature: float) -> None:  # t
     plain = fresh.generate([other], 6, [], temperature=0.0, seeds=[0])[0]
     assert mixed.reused_tokens == shared and mixed.token_ids == plain.token_ids
     assert mixed.logprobs == pytest.approx(plain.logprobs, abs=2e-4)
+
+
+def test_a_sequence_samples_the_same_tokens_alone_and_in_a_batch() -> None:
+    """Each row samples from its own seed: the shipped tiny policy gives a context the same turn alone as in a
+    batch of three (left padding moves its logits by float rounding only, measured below 1e-5 in log-prob)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained("models/tiny-math")
+    sampler = HFSampler(AutoModelForCausalLM.from_pretrained("models/tiny-math"), tok, reuse_prefix=False)
+    ctxs = [
+        enc(tok, "Question: What is 12 * 7?\n"),
+        enc(tok, "Question: A shop sells 3 apples for 5 dollars. How much do 12 apples cost?\n"),
+        enc(tok, "Question: 9 + 4?\n"),
+    ]
+    seeds = [SeedKey(0, 1, f"p{i}", (0,), 1).value() for i in range(3)]
+    batch = sampler.generate(ctxs, 48, ["Observation:"], 1.0, seeds)
+    for ctx, seed, b in zip(ctxs, seeds, batch):
+        (alone,) = sampler.generate([ctx], 48, ["Observation:"], 1.0, [seed])
+        assert alone.token_ids == b.token_ids and len(alone.token_ids) > 5
+        assert alone.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    (other,) = sampler.generate(ctxs[:1], 48, ["Observation:"], 1.0, [seeds[0] + 1])
+    assert other.token_ids != batch[0].token_ids  # the seed, not the context alone, decides the draw
+    with pytest.raises(ValueError, match="one seed each"):
+        sampler.generate(ctxs, 8, [], 1.0, seeds[:2])
 
 
 @pytest.mark.gpu
