@@ -331,12 +331,7 @@ def run_generation(plan: Plan) -> dict[str, Any]:
     t1 = time.perf_counter()
     nxt = [p + f.token_ids + o for p, f, o in zip(prompts, first, obs)]
     second = sampler.generate(
-        nxt,
-        plan.new_tokens,
-        [],
-        temperature=1.0,
-        seeds=range(1, len(nxt) + 1),
-        caches=[f.cache for f in first],
+        nxt, plan.new_tokens, [], temperature=1.0, seeds=range(len(nxt)), caches=[f.cache for f in first]
     )
     _sync(plan.device)
     t2 = time.perf_counter()
