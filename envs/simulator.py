@@ -17,6 +17,9 @@ Model (all randomness from seeded streams; same seed, same pools, drift and tree
   [zs_i + prompt_feature_noise * eps, nuisance N(0, 1) ...], zs_i the standardised difficulty. They
   say nothing about the drift.
 * Prefix features: [V_t + prefix_feature_noise * eps, t / max_turns] (probability scale).
+* Each episode's draws (its length, every V_t, its reward and feature noise) come from its own seed,
+  ``tracerl.engine.seeds.SeedKey`` of (seed, step, prompt, path, first turn), through a counter-based stream
+  and inverse CDFs: an episode does not depend on which others are simulated with it, or in which order.
 
 Calibration of the defaults (``calibrate()``; ``tracerl bench allocation`` prints it; tests pin it):
 the Bayes-optimal regression of V_0 on a prompt's features explains at most half its variance, as
@@ -33,10 +36,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.special import betaincinv, ndtri
 
 from envs.registry import ENVS
 from tracerl.algos.allocators import Expansion
 from tracerl.engine.protocol import Env
+from tracerl.engine.seeds import SeedKey, continuations_at, path_identity, uniforms
 from tracerl.schema import check
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt, Status
@@ -125,6 +130,7 @@ class Simulator(Env):
 
     def __init__(self, cfg: SimulatorConfig, seed: int = 0) -> None:
         self.cfg = cfg
+        self.seed = seed
         world, pools, drift, rollouts = (
             np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
         )
@@ -169,14 +175,20 @@ class Simulator(Env):
         self.step += 1
 
     # -- episodes ---------------------------------------------------------------------------------
+    def _width(self) -> int:
+        """Uniforms per episode: its length, one per transition V_{t-1} -> V_t, its reward, one noise per depth."""
+        return 2 * self.cfg.max_turns + 2
+
     def _episodes(
-        self, v_start: np.ndarray, t_start: np.ndarray
+        self, v_start: np.ndarray, t_start: np.ndarray, u: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Simulate episodes from V at depth t_start. Returns (T, V path (E, max_turns + 1), reward)."""
-        cfg, rng = self.cfg, self.rng
+        """Simulate episodes from V at depth t_start, episode i from its uniforms ``u[i]`` (``_width()`` each;
+        None: from the simulator's own stream). Returns (T, V path (E, max_turns + 1), reward)."""
+        cfg = self.cfg
         e = len(v_start)
+        u = self.rng.random((e, self._width())) if u is None else u
         lo = np.maximum(t_start + 1, cfg.min_turns)
-        length = lo + np.floor(rng.random(e) * (cfg.max_turns - lo + 1)).astype(np.int64)
+        length = lo + np.floor(u[:, 0] * (cfg.max_turns - lo + 1)).astype(np.int64)
         path = np.full((e, cfg.max_turns + 1), np.nan)
         path[np.arange(e), t_start] = v_start
         cur = v_start.copy()
@@ -185,22 +197,37 @@ class Simulator(Env):
             if not step.any():
                 continue
             c = np.clip(cur[step], _EPS, 1 - _EPS)
-            cur[step] = rng.beta(cfg.concentration * c, cfg.concentration * (1 - c))
+            cur[step] = betaincinv(cfg.concentration * c, cfg.concentration * (1 - c), u[step, t + 1])
             path[step, t + 1] = cur[step]
-        reward = (rng.random(e) < cur).astype(float)
+        reward = (u[:, cfg.max_turns + 1] < cur).astype(float)
         return length, path, reward
+
+    def _draws(self, starts: Sequence[tuple[RolloutTree, int, int]]) -> np.ndarray:
+        """The uniforms of episodes started as (tree, node, index there), each from its own seed."""
+        keys = [
+            SeedKey(self.seed, self.step, t.prompt.prompt_id, path_identity(t, n, i), t.nodes[n].depth + 1)
+            for t, n, i in starts
+        ]
+        return uniforms(np.array([k.value() for k in keys], dtype=np.uint64), self._width())
 
     def _prefix_features(self, v: float, depth: int, noise: float) -> np.ndarray:
         g = v + self.cfg.prefix_feature_noise * noise
         return np.array([g, depth / self.cfg.max_turns])
 
     def _grow(
-        self, tree: RolloutTree, start: int, length: int, path: np.ndarray, reward: float, bare: bool
+        self,
+        tree: RolloutTree,
+        start: int,
+        length: int,
+        path: np.ndarray,
+        reward: float,
+        bare: bool,
+        u: np.ndarray,
     ) -> None:
         pid = tree.new_path(bare)
         parent = start
         depth0 = tree.nodes[start].depth
-        noise = self.rng.standard_normal(length - depth0)
+        noise = ndtri(u[self.cfg.max_turns + 2 + depth0 : self.cfg.max_turns + 2 + length])
         for t in range(depth0 + 1, length + 1):
             last = t == length
             node = tree.add_node(
@@ -216,33 +243,38 @@ class Simulator(Env):
     def rollout(self, prompts: Sequence[Prompt], counts: Sequence[int]) -> list[RolloutTree]:
         """Bare rollouts: ``counts[i]`` episodes of ``prompts[i]``, one tree per prompt."""
         v0 = np.repeat([p.true_value for p in prompts], counts).astype(float)
-        length, path, reward = self._episodes(v0, np.zeros(len(v0), dtype=np.int64))
-        trees, e = [], 0
-        for prompt, m in zip(prompts, counts):
-            tree = RolloutTree(prompt)
+        trees = [RolloutTree(p) for p in prompts]
+        u = self._draws([(t, 0, j) for t, m in zip(trees, counts) for j in range(int(m))])
+        length, path, reward = self._episodes(v0, np.zeros(len(v0), dtype=np.int64), u)
+        e = 0
+        for tree, m in zip(trees, counts):
             for _ in range(int(m)):
-                self._grow(tree, 0, int(length[e]), path[e], float(reward[e]), bare=True)
+                self._grow(tree, 0, int(length[e]), path[e], float(reward[e]), True, u[e])
                 e += 1
-            trees.append(tree)
         return trees
 
     def expand(self, trees: Sequence[RolloutTree], expansions: Sequence[Expansion]) -> None:
         """Add each expansion's extra bare rollouts, then its continuations from stored prefixes."""
-        starts: list[tuple[RolloutTree, int]] = []
+        starts: list[tuple[RolloutTree, int, int]] = []  # (tree, node, the path's index there)
         for tree, ex in zip(trees, expansions):
-            starts += [(tree, 0)] * ex.extra_bare
+            starts += [(tree, 0, tree.num_bare + j) for j in range(ex.extra_bare)]
         for tree, ex in zip(trees, expansions):
+            started: dict[int, int] = {}
             for node_id, k in zip(ex.node_ids, ex.counts):
-                starts += [(tree, int(node_id))] * int(k)
+                n = int(node_id)
+                for _ in range(int(k)):
+                    started[n] = started.get(n, continuations_at(tree, n)) + 1
+                    starts.append((tree, n, started[n]))
         if not starts:
             return
-        v = np.array([t.nodes[n].true_value if n else t.prompt.true_value for t, n in starts], dtype=float)
-        depth = np.array([t.nodes[n].depth for t, n in starts], dtype=np.int64)
+        v = np.array([t.nodes[n].true_value if n else t.prompt.true_value for t, n, _ in starts], dtype=float)
+        depth = np.array([t.nodes[n].depth for t, n, _ in starts], dtype=np.int64)
         if (depth >= self.cfg.max_turns).any():
             raise ValueError("cannot continue from a prefix with no turns left")
-        length, path, reward = self._episodes(v, depth)
-        for e, (tree, n) in enumerate(starts):
-            self._grow(tree, n, int(length[e]), path[e], float(reward[e]), bare=n == 0)
+        u = self._draws(starts)
+        length, path, reward = self._episodes(v, depth, u)
+        for e, (tree, n, _) in enumerate(starts):
+            self._grow(tree, n, int(length[e]), path[e], float(reward[e]), n == 0, u[e])
 
 
 def with_noise_scale(cfg: SimulatorConfig, scale: float) -> SimulatorConfig:

@@ -22,16 +22,16 @@ def test_scripted_sampler_follows_each_context_and_flags_unknown_ones() -> None:
     assert isinstance(s, ScriptedSampler)
     s.add_script("Q1\n", ["a1", "a2"])
     s.add_script("Q2\n", ["b1"])
-    g = s.generate([tok("Q2\n")["input_ids"], tok("Q1\n")["input_ids"]], 100, (), 0.0, 0)
+    g = s.generate([tok("Q2\n")["input_ids"], tok("Q1\n")["input_ids"]], 100, (), 0.0, [0, 1])
     assert [x.text for x in g] == ["b1", "a1"] and g[1].token_ids == list(b"a1") and g[1].finish == "stop"
-    nxt = s.generate([tok("Q1\na1 Observation: x\n")["input_ids"]], 100, (), 0.0, 0)
+    nxt = s.generate([tok("Q1\na1 Observation: x\n")["input_ids"]], 100, (), 0.0, [0])
     assert nxt[0].text == "a2"
     done = s.generate(
         [tok("Q1\na1 Observation: x\na2 Observation: y\n")["input_ids"], tok("nope")["input_ids"]],
         100,
         (),
         0.0,
-        0,
+        [0, 1],
     )
     assert [x.text for x in done] == ["", ""] and s.misses == 1  # script over; an unknown context
 

@@ -225,7 +225,7 @@ class FakeGoldSampler:
     def __init__(self, tok: Any, scripts: dict[str, list[str]], prompts: dict[str, str]) -> None:
         self.tok, self.scripts, self.prompts = tok, scripts, prompts
 
-    def generate(self, contexts, max_new_tokens, stop, temperature, seed, caches=None):  # type: ignore[no-untyped-def]
+    def generate(self, contexts, max_new_tokens, stop, temperature, seeds, caches=None):  # type: ignore[no-untyped-def]
         out = []
         for ctx in contexts:
             text = self.tok.decode(ctx)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from envs.math.tasks import generate as gen_tasks
+from tracerl.engine.seeds import SeedKey
 from tracerl.experiment_config import BootstrapConfig
 from tracerl.models.tiny import build_model, build_tokenizer
 from tracerl.samplers.hf import HFSampler
@@ -27,7 +28,7 @@ def enc(tok, text: str) -> list[int]:  # type: ignore[no-untyped-def]
 def test_logprobs_match_a_forward_pass(parts) -> None:  # type: ignore[no-untyped-def]
     tok, model = parts
     ctx = enc(tok, "Question: What is 12 * 7?\n")
-    (g,) = HFSampler(model, tok, reuse_prefix=False).generate([ctx], 12, [], temperature=1.0, seed=3)
+    (g,) = HFSampler(model, tok, reuse_prefix=False).generate([ctx], 12, [], temperature=1.0, seeds=[3])
     full = torch.tensor([ctx + g.token_ids])
     with torch.no_grad():
         logits = model(full).logits[0, len(ctx) - 1 : -1]
@@ -40,7 +41,7 @@ def test_stop_strings_cut_the_turn(parts) -> None:  # type: ignore[no-untyped-de
     tok, model = parts
     sampler = HFSampler(model, tok)
     ctx = enc(tok, "Question: x\n")
-    gens = sampler.generate([ctx] * 4, 40, ["Thought"], temperature=1.5, seed=0)
+    gens = sampler.generate([ctx] * 4, 40, ["Thought"], temperature=1.5, seeds=range(4))
     for g in gens:
         assert "Thought" not in g.text and g.finish in ("stop", "eos", "length")
         assert len(g.token_ids) == len(g.logprobs)
@@ -55,11 +56,13 @@ def test_prefix_reuse_equals_reencoding(parts, temperature: float) -> None:  # t
         enc(tok, "Question: What is 5 + 5?\n"),
         enc(tok, "Question: A shop has 40 boxes with 7 coins each. How many coins?\n"),
     ]
-    first = cached.generate(prompts, 10, [], temperature=temperature, seed=1)
+    first = cached.generate(prompts, 10, [], temperature=temperature, seeds=range(len(prompts)))
     obs = [enc(tok, "Observation: 10\n"), enc(tok, "Observation: 280\nThought:")]
     nxt = [p + g.token_ids + o for p, g, o in zip(prompts, first, obs)]
-    a = cached.generate(nxt, 8, [], temperature=temperature, seed=7, caches=[g.cache for g in first])
-    b = fresh.generate(nxt, 8, [], temperature=temperature, seed=7)
+    a = cached.generate(
+        nxt, 8, [], temperature=temperature, seeds=range(7, 7 + len(nxt)), caches=[g.cache for g in first]
+    )
+    b = fresh.generate(nxt, 8, [], temperature=temperature, seeds=range(7, 7 + len(nxt)))
     for x, y, n in zip(a, b, nxt):
         assert x.token_ids == y.token_ids
         assert x.logprobs == pytest.approx(y.logprobs, abs=2e-4)
@@ -67,10 +70,34 @@ def test_prefix_reuse_equals_reencoding(parts, temperature: float) -> None:  # t
     # A handle from another sequence is used only up to the prefix they share, and changes nothing.
     other = prompts[1] + obs[1]
     shared = next(i for i, (x, y) in enumerate(zip(other, prompts[0])) if x != y)
-    mixed = cached.generate([other], 6, [], temperature=0.0, seed=0, caches=[first[0].cache])[0]
-    plain = fresh.generate([other], 6, [], temperature=0.0, seed=0)[0]
+    mixed = cached.generate([other], 6, [], temperature=0.0, seeds=[0], caches=[first[0].cache])[0]
+    plain = fresh.generate([other], 6, [], temperature=0.0, seeds=[0])[0]
     assert mixed.reused_tokens == shared and mixed.token_ids == plain.token_ids
     assert mixed.logprobs == pytest.approx(plain.logprobs, abs=2e-4)
+
+
+def test_a_sequence_samples_the_same_tokens_alone_and_in_a_batch() -> None:
+    """Each row samples from its own seed: the shipped tiny policy gives a context the same turn alone as in a
+    batch of three (left padding moves its logits by float rounding only, measured below 1e-5 in log-prob)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained("models/tiny-math")
+    sampler = HFSampler(AutoModelForCausalLM.from_pretrained("models/tiny-math"), tok, reuse_prefix=False)
+    ctxs = [
+        enc(tok, "Question: What is 12 * 7?\n"),
+        enc(tok, "Question: A shop sells 3 apples for 5 dollars. How much do 12 apples cost?\n"),
+        enc(tok, "Question: 9 + 4?\n"),
+    ]
+    seeds = [SeedKey(0, 1, f"p{i}", (0,), 1).value() for i in range(3)]
+    batch = sampler.generate(ctxs, 48, ["Observation:"], 1.0, seeds)
+    for ctx, seed, b in zip(ctxs, seeds, batch):
+        (alone,) = sampler.generate([ctx], 48, ["Observation:"], 1.0, [seed])
+        assert alone.token_ids == b.token_ids and len(alone.token_ids) > 5
+        assert alone.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    (other,) = sampler.generate(ctxs[:1], 48, ["Observation:"], 1.0, [seeds[0] + 1])
+    assert other.token_ids != batch[0].token_ids  # the seed, not the context alone, decides the draw
+    with pytest.raises(ValueError, match="one seed each"):
+        sampler.generate(ctxs, 8, [], 1.0, seeds[:2])
 
 
 @pytest.mark.gpu
@@ -79,11 +106,11 @@ def test_prefix_reuse_on_cuda(parts) -> None:  # type: ignore[no-untyped-def]
     tok, model = parts
     cached = HFSampler(model, tok, device="cuda", reuse_prefix=True)
     prompt = enc(tok, "Question: What is 5 + 5?\n")
-    (first,) = cached.generate([prompt], 10, [], temperature=0.0, seed=1)
+    (first,) = cached.generate([prompt], 10, [], temperature=0.0, seeds=[1])
     nxt = prompt + first.token_ids + enc(tok, "Observation: 10\n")
-    (a,) = cached.generate([nxt], 8, [], temperature=0.0, seed=7, caches=[first.cache])
+    (a,) = cached.generate([nxt], 8, [], temperature=0.0, seeds=[7], caches=[first.cache])
     (b,) = HFSampler(model, tok, device="cuda", reuse_prefix=False).generate(
-        [nxt], 8, [], temperature=0.0, seed=7
+        [nxt], 8, [], temperature=0.0, seeds=[7]
     )
     assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
     model.to("cpu")

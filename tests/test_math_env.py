@@ -151,7 +151,7 @@ class StatefulScript:
         max_new_tokens: int,
         stop: Sequence[str],
         temperature: float,
-        seed: int,
+        seeds: Sequence[int],
         caches: Sequence[object | None] | None = None,
     ) -> list[Generation]:
         out = []

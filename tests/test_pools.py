@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tracerl.actors.pools import EnvPool, balanced_shards
@@ -66,3 +67,49 @@ def test_env_pool_without_faults_never_exits(ray_local: Any, tmp_path: Path) -> 
     call = (Prompt("p"), (), Action(ActionKind.TOOL, "", tool="python", arguments={"code": "print(6 * 7)"}))
     assert pool.execute_batch([call])[0].observation.strip() == "42"
     assert not list(tmp_path.iterdir())
+
+
+def _pool_step(workers: int) -> dict[str, list[tuple[object, ...]]]:
+    """One step (rollout, then expansion) on a real RolloutPool of ``workers`` sampler actors running the
+    FakeSeededSampler; every tree's nodes as records."""
+    from tests.fake_seeded import FakeSeededSampler
+    from tracerl.actors.pools import RolloutPool
+    from tracerl.actors.spec import WorkerSpec
+    from tracerl.algos.allocators import Expansion
+    from tracerl.config import EnvConfig, ModelConfig, PoolConfig, SamplerConfig
+    from workflows.lm_stack import task_prompts
+
+    env = EnvConfig(name="math")
+    pools = PoolConfig(rollout_workers=workers, rollout_cpus=0.05, env_workers=0)
+    sampler = SamplerConfig(
+        backend=f"tests.fake_seeded:{FakeSeededSampler.__name__}", max_turns=3, batch_size=4
+    )
+    spec = WorkerSpec(model=ModelConfig(), sampler=sampler, env=env, pools=pools)
+    pool = RolloutPool(spec, workers, 0.05, 0.0, max_retries=0, seed=11)
+    try:
+        pool.begin_step(4)
+        trees = pool.rollout(task_prompts(env)[:5], [2, 1, 3, 2, 1])
+        expansions = []
+        for t in trees:
+            pre = t.bare_prefixes()[-1:]
+            expansions.append(
+                Expansion(np.array(pre, dtype=np.int64), np.array([2] * len(pre)), extra_bare=1)
+            )
+        pool.expand(trees, expansions)
+        return {
+            t.prompt.prompt_id: [
+                (n.node_id, n.parent, n.path_id, n.token_ids, n.logprobs, n.status, n.reward) for n in t.nodes
+            ]
+            for t in trees
+        }
+    finally:
+        pool.shutdown()
+
+
+def test_one_and_three_rollout_workers_give_identical_trees(ray_local: Any) -> None:
+    """Seeds are keyed by (seed, step, prompt, path, turn), not by worker shard or call: the same step on one
+    sampler actor and on three (other shards, other batches, expansion on each owner) gives the same trees."""
+    one, three = _pool_step(1), _pool_step(3)
+    assert one == three
+    assert len(one) == 5 and sum(len(nodes) for nodes in one.values()) > 5 * 3
+    assert any(nodes[-1][2] >= 3 for nodes in one.values())  # continuations ran (path ids past the bare ones)

@@ -40,7 +40,7 @@ class ScriptedSampler:
     def __init__(self, tokenizer, tasks: Sequence[MathTask], wrong: bool = False) -> None:  # type: ignore[no-untyped-def]
         self.tok, self.tasks, self.wrong = tokenizer, tasks, wrong
 
-    def generate(self, contexts, max_new_tokens, stop, temperature, seed, caches=None):  # type: ignore[no-untyped-def]
+    def generate(self, contexts, max_new_tokens, stop, temperature, seeds, caches=None):  # type: ignore[no-untyped-def]
         out = []
         t = PlainTemplate()
         for ctx in contexts:
@@ -142,3 +142,48 @@ def test_real_tiny_model_runs_and_same_seed_gives_same_trees(tokenizer) -> None:
     assert eng.ledger.generated_tokens <= 6 * 30
     _, again = run()
     assert [[n.token_ids for n in t.nodes] for t in trees] == [[n.token_ids for n in t.nodes] for t in again]
+
+
+def tree_record(tree):  # type: ignore[no-untyped-def]
+    """Everything sampled into a tree, node by node (node ids included)."""
+    return [
+        (n.node_id, n.parent, n.path_id, n.token_ids, n.logprobs, n.status, n.reward, n.content)
+        for n in tree.nodes
+    ]
+
+
+def test_trees_depend_on_seed_keys_not_on_batching_sharding_or_order(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """FakeSeededSampler's turns depend on their seed alone: a tree must come out the same whether its paths share
+    sampler calls with other prompts' paths (batch 64) or run one by one, in any prompt order and sharding, with the
+    expansion phase run per shard; an extra bare rollout of the expansion is the one a larger first phase draws."""
+    from tests.fake_seeded import FakeSeededSampler
+
+    prompts = [task_prompt(t) for t in TASKS[:4]]
+    counts = [2, 3, 1, 2]
+
+    def step(shards, batch_size):  # type: ignore[no-untyped-def]
+        out = {}
+        for shard in shards:
+            eng = engine(tokenizer, FakeSeededSampler(tokenizer), max_turns=4, batch_size=batch_size)
+            eng.seed, eng.step = 7, 2
+            trees = eng.rollout([prompts[i] for i in shard], [counts[i] for i in shard])
+            exps = []
+            for t in trees:
+                pre = t.bare_prefixes()[:1]
+                exps.append(Expansion(np.array(pre, dtype=np.int64), np.array([2] * len(pre)), extra_bare=1))
+            eng.expand(trees, exps)
+            out.update({t.prompt.prompt_id: tree_record(t) for t in trees})
+        return out
+
+    one_call = step([[0, 1, 2, 3]], batch_size=64)
+    assert step([[3], [1, 0], [2]], batch_size=1) == one_call
+    assert step([[2, 0], [3, 1]], batch_size=3) == one_call
+    assert sum(len(r) for r in one_call.values()) > 4 * 3  # multi-turn trees with continuations
+    # The expansion's extra bare rollout (path 2 of prompt 2) is the rollout a first phase of 2 would draw.
+    eng = engine(tokenizer, FakeSeededSampler(tokenizer), max_turns=4)
+    eng.seed, eng.step = 7, 2
+    (two,) = eng.rollout([prompts[2]], [2])
+    extra = [r[2:] for r in one_call[prompts[2].prompt_id] if r[2] == 1]  # path 1: the extra bare one
+    assert extra == [r[2:] for r in tree_record(two) if r[2] == 1]
+    eng.step = 3  # another step draws other trees
+    assert tree_record(eng.rollout([prompts[2]], [2])[0]) != tree_record(two)

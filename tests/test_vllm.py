@@ -58,7 +58,7 @@ def samplers(checkpoint: Path):  # type: ignore[no-untyped-def]
 def test_generation_and_stop_strings(samplers) -> None:  # type: ignore[no-untyped-def]
     v, _, tok, _ = samplers
     ctx = tok("Question: What is 12 * 7?\n", add_special_tokens=False)["input_ids"]
-    gens = v.generate([ctx] * 3, 40, ["Observation:"], temperature=1.0, seed=0)
+    gens = v.generate([ctx] * 3, 40, ["Observation:"], temperature=1.0, seeds=range(3))
     assert all(g.token_ids and len(g.logprobs) == len(g.token_ids) for g in gens)
     assert all("Observation:" not in g.text for g in gens)
     # the tokens are cut like the text (the next turn's context is built from tokens): no stop-string tokens
@@ -71,7 +71,7 @@ def test_logprobs_agree_with_the_hf_backend(samplers) -> None:  # type: ignore[n
 
     v, _, tok, model = samplers
     ctx = tok("Question: Compute (12 - 5) * 3.\n", add_special_tokens=False)["input_ids"]
-    (g,) = v.generate([ctx], 24, [], temperature=1.0, seed=1)
+    (g,) = v.generate([ctx], 24, [], temperature=1.0, seeds=[1])
     with torch.no_grad():
         logits = model(torch.tensor([ctx + g.token_ids])).logits[0, len(ctx) - 1 : -1]
     ref = torch.log_softmax(logits.float(), -1)[torch.arange(len(g.token_ids)), torch.tensor(g.token_ids)]
@@ -85,8 +85,8 @@ def test_continuations_hit_the_prefix_cache(samplers) -> None:  # type: ignore[n
         "Action: python[print(40 * 7)]\nObservation: 280\n",
         add_special_tokens=False,
     )["input_ids"]
-    v.generate([prefix], 8, [], temperature=1.0, seed=0)
-    conts = v.generate([prefix] * 4, 8, [], temperature=1.0, seed=5)
+    v.generate([prefix], 8, [], temperature=1.0, seeds=[0])
+    conts = v.generate([prefix] * 4, 8, [], temperature=1.0, seeds=range(5, 9))
     assert sum(g.reused_tokens for g in conts) > 0.5 * 4 * len(prefix)
 
 
@@ -95,8 +95,8 @@ def test_weight_update_changes_outputs(samplers) -> None:  # type: ignore[no-unt
 
     v, _, tok, model = samplers
     ctx = tok("Question: What is 3 + 4?\n", add_special_tokens=False)["input_ids"]
-    before = v.generate([ctx], 16, [], temperature=0.0, seed=0)[0]
+    before = v.generate([ctx], 16, [], temperature=0.0, seeds=[0])[0]
     new = {k: (t + 0.5 * torch.randn_like(t) if t.dim() == 2 else t) for k, t in model.state_dict().items()}
     v.load_weights(new.items())
-    after = v.generate([ctx], 16, [], temperature=0.0, seed=0)[0]
+    after = v.generate([ctx], 16, [], temperature=0.0, seeds=[0])[0]
     assert after.token_ids != before.token_ids or after.logprobs != pytest.approx(before.logprobs, abs=1e-3)

@@ -125,7 +125,9 @@ def evaluate_prompts(
     """One rollout per prompt through the real engine: accuracy overall and per category (``Prompt.source``,
     the level), action well-formedness, and the mean of each answer score the environment reports (em, f1)."""
     limits = replace(limits or SamplerConfig(), temperature=temperature)
-    engine = TreeRolloutEngine(HFSampler(model, tokenizer), env, PlainTemplate(), tokenizer, limits, seed)
+    engine = TreeRolloutEngine(
+        HFSampler(model, tokenizer), env, PlainTemplate(), tokenizer, limits, seed, step=None
+    )  # evaluation keys: no step
     trees = []
     for i in range(0, len(prompts), 50):
         trees += engine.rollout(prompts[i : i + 50], [1] * len(prompts[i : i + 50]))

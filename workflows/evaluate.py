@@ -111,7 +111,7 @@ def local_runner(model_cfg: Any, sampler_cfg: Any, env_cfg: Any) -> Runner:
         prompts: Sequence[Any], k: int, temperature: float, seed: int
     ) -> tuple[list[RolloutTree], BudgetLedger]:
         eng = stack.engine
-        eng.seed, eng.calls, eng.ledger = seed, 0, BudgetLedger()
+        eng.seed, eng.step, eng.ledger = seed, None, BudgetLedger()  # evaluation keys: no step
         base = eng.limits
         eng.limits = replace(base, temperature=temperature)
         try:

@@ -181,12 +181,12 @@ def run_generation(plan: Plan) -> dict[str, Any]:
     obs = torch.randint(2, vocab - 2, (plan.gen_batch, plan.obs_len), generator=g).tolist()
     _sync(plan.device)
     t0 = time.perf_counter()
-    first = sampler.generate(prompts, plan.new_tokens, [], temperature=1.0, seed=1)
+    first = sampler.generate(prompts, plan.new_tokens, [], temperature=1.0, seeds=range(len(prompts)))
     _sync(plan.device)
     t1 = time.perf_counter()
     nxt = [p + f.token_ids + o for p, f, o in zip(prompts, first, obs)]
     second = sampler.generate(
-        nxt, plan.new_tokens, [], temperature=1.0, seed=2, caches=[f.cache for f in first]
+        nxt, plan.new_tokens, [], temperature=1.0, seeds=range(len(nxt)), caches=[f.cache for f in first]
     )
     _sync(plan.device)
     t2 = time.perf_counter()

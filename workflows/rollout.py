@@ -91,9 +91,11 @@ def lm_step(
     prompts: Sequence[Prompt],
     budget: BudgetConfig,
     rng: np.random.Generator,
+    step: int,
 ) -> StepOutcome:
-    """One allocation-and-rollout step on the LM stack; its ledger holds the step's and the engine's counts."""
-    stack.engine.ledger = BudgetLedger()
+    """Step ``step`` of allocation and rollout on the LM stack (``step`` keys the sampling seeds); its ledger holds
+    the step's and the engine's counts."""
+    stack.engine.step, stack.engine.ledger = step, BudgetLedger()
     out = run_step(
         sample_pool(prompts, budget.num_candidates, rng), allocator, predictor, stack.engine, budget, rng
     )
@@ -129,7 +131,7 @@ def rollout_steps(
     out = None
     for s in range(cfg.steps):
         t0 = time.perf_counter()
-        out = lm_step(stack, allocator, predictor, prompts, cfg.budget, rng)
+        out = lm_step(stack, allocator, predictor, prompts, cfg.budget, rng, s)
         metrics = step_metrics(out)
         predictor.fit(out.sampled_trees)
         allocator.observe(out.sampled_trees)

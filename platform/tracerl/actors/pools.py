@@ -7,9 +7,10 @@
   out a share of the step's prompts and later expands the same trees, re-using the KV caches it
   kept for them; trees travel back without caches.
 * ``RolloutPool`` is the step driver's ``TreeBackend`` on the trainer's rank 0: it shards prompts
-  over the workers (balanced by rollouts, deterministic), seeds every call from (seed, step, phase,
-  shard) so the same config gives the same trees, replaces a dead worker (loading the current
-  weights) and retries its share; the ledger counts the retries.
+  over the workers (balanced by rollouts, deterministic), hands every worker the run's seed and step
+  (each turn's seed is keyed by what it samples, ``tracerl.engine.seeds``, so the trees do not depend on
+  the number of workers or the sharding), replaces a dead worker (loading the current weights) and
+  retries its share; the ledger counts the retries.
 
 Fault injection (``FaultConfig``) makes a worker exit for real during a chosen step, once per run
 (a marker file in ``fault_dir`` remembers it), so tests exercise Ray's actual failure path.
@@ -24,7 +25,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -230,7 +230,7 @@ class RolloutWorker:
         self.trees.clear()  # caches of trees from the old weights must not be re-used
 
     def _begin(self, step: int, seed: int) -> None:
-        self.engine.seed, self.engine.calls, self.engine.ledger = seed, 0, BudgetLedger()
+        self.engine.seed, self.engine.step, self.engine.ledger = seed, step, BudgetLedger()
         if isinstance(self.env, EnvPool):
             self.env.step = step
         if 0 <= self.kill_at_step == step and _fault_once(self.fault_dir, f"sampler-step{step}"):
@@ -259,7 +259,7 @@ class RolloutWorker:
     def evaluate(
         self, prompts: list[Prompt], samples: int, temperature: float, seed: int
     ) -> tuple[list[RolloutTree], BudgetLedger]:
-        self.engine.seed, self.engine.calls, self.engine.ledger = seed, 0, BudgetLedger()
+        self.engine.seed, self.engine.step, self.engine.ledger = seed, None, BudgetLedger()  # evaluation keys
         limits = self.engine.limits
         self.engine.limits = replace(limits, temperature=temperature)
         try:
@@ -278,10 +278,6 @@ def balanced_shards(counts: Sequence[int], n: int) -> list[list[int]]:
         shards[j].append(i)
         load[j] += counts[i]
     return [sorted(s) for s in shards]
-
-
-def call_seed(seed: int, *parts: int) -> int:
-    return int(np.random.SeedSequence([seed, *parts]).generate_state(1)[0])
 
 
 class RolloutPool:
@@ -385,7 +381,7 @@ class RolloutPool:
                     f"{self.step}/{phase}/{w}",
                     [prompts[i] for i in s],
                     [int(counts[i]) for i in s],
-                    call_seed(self.seed, self.step, phase, w),
+                    self.seed,
                 ),
             )
             for w, s in enumerate(shards)
@@ -404,7 +400,6 @@ class RolloutPool:
         return [t for t in trees if t is not None]
 
     def expand(self, trees: Sequence[RolloutTree], expansions: Sequence[Expansion]) -> None:
-        phase = self._phase
         self._phase += 1
         groups: dict[tuple[int, str], list[int]] = {}
         for i, t in enumerate(trees):
@@ -421,10 +416,10 @@ class RolloutPool:
                     key,
                     [trees[i] for i in groups[(w, key)]],
                     [expansions[i] for i in groups[(w, key)]],
-                    call_seed(self.seed, self.step, phase, w, j),
+                    self.seed,
                 ),
             )
-            for j, (w, key) in enumerate(keys)
+            for w, key in keys
         ]
         results = self._call_all(calls)
         for (w, key), (got, _led) in zip(keys, results):
@@ -437,7 +432,7 @@ class RolloutPool:
     ) -> tuple[list[RolloutTree], BudgetLedger]:
         shards = balanced_shards([1] * len(prompts), len(self.workers))
         calls = [
-            (w, "evaluate", ([prompts[i] for i in s], samples, temperature, call_seed(seed, w)))
+            (w, "evaluate", ([prompts[i] for i in s], samples, temperature, seed))
             for w, s in enumerate(shards)
             if s
         ]

@@ -19,7 +19,11 @@ from tracerl.types import Prompt
 
 
 class TreeBackend(Protocol):
-    """Rolls out bare episodes and continuations; owns its own seeded randomness."""
+    """Rolls out bare episodes and continuations; owns its own seeded randomness.
+
+    Every sampled turn (or simulated episode) draws from a seed keyed by (run seed, step, prompt id, path, turn)
+    (``tracerl.engine.seeds``), so the trees depend on the seed and the step alone; a backend knows its step
+    (``RolloutPool.begin_step``, ``TreeRolloutEngine.step``, ``Simulator.step``)."""
 
     def rollout(self, prompts: Sequence[Prompt], counts: Sequence[int]) -> list[RolloutTree]:
         """``counts[i]`` bare rollouts of ``prompts[i]``; one tree per prompt."""

@@ -12,7 +12,11 @@ Limits (``SamplerConfig``) end episodes with a status: ``max_turns`` turns, ``ma
 generated tokens, or the model's context window. The ledger counts generated tokens, prefill tokens computed vs re-used,
 LLM calls, tool calls and replayed tool calls. Grading is bounded by the environment (``env.reward_timeout_s``): a
 grade past it ends the episode with status ``grade_timeout`` and reward 0, counted in the ledger. Observations are
-made encodable (lone surrogates replaced) before they are tokenized. Same seed, same calls, same trees.
+made encodable (lone surrogates replaced) before they are tokenized.
+
+Seeds (``tracerl.engine.seeds``): every turn is generated with its own seed, keyed by (run seed, ``step``, prompt
+id, path, turn), so the same seed gives the same trees however the work is batched, sharded or ordered.
+``step`` is None for evaluation. Prompts rolled out in one step must have distinct ids.
 """
 
 from __future__ import annotations
@@ -22,13 +26,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from tracerl.algos.allocators import Expansion
 from tracerl.config import SamplerConfig
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult
 from tracerl.engine.react import Action, ActionKind, TurnTemplate
+from tracerl.engine.seeds import SeedKey, continuations_at, path_identity
 from tracerl.engine.untrusted import encodable
 from tracerl.grading import GradeTimeout
 from tracerl.samplers.base import Generation, Sampler
@@ -45,6 +48,8 @@ class _Path:
     state: Any
     turns: int
     generated: int
+    key: tuple[int, ...]
+    """The path's identity (``seeds.path_identity``): with the turn, it keys the seed of each turn."""
     cache: object | None = None
 
 
@@ -73,18 +78,21 @@ class TreeRolloutEngine:
         tokenizer: Any,
         limits: SamplerConfig,
         seed: int = 0,
+        step: int | None = 0,
     ) -> None:
         self.sampler, self.env, self.template, self.tok = sampler, env, template, tokenizer
         self.limits = limits
         self.batch_size = limits.batch_size
         self.seed = seed
-        self.calls = 0
+        self.step = step
+        """The RL step the next rollouts belong to (part of every turn's seed); None for evaluation."""
         self.ledger = BudgetLedger()
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tok(encodable(text), add_special_tokens=False)["input_ids"])
 
-    def _start(self, tree: RolloutTree, bare: bool, node_id: int = 0) -> _Path:
+    def _start(self, tree: RolloutTree, bare: bool, node_id: int = 0, index: int = 0) -> _Path:
+        """A new path from ``node_id`` (the root: a bare rollout; else its ``index``-th continuation there)."""
         if node_id == 0 and 0 not in tree.fork_state:
             state = self.env.initial_state(tree.prompt)
             prompt_ids = self._encode(
@@ -102,9 +110,9 @@ class TreeRolloutEngine:
             if child is not None and child.cache is not None:
                 cache = child.cache
                 break
-        return _Path(
-            tree, tree.new_path(bare), node_id, list(ex.context), ex.state, node.depth, ex.generated, cache
-        )
+        pid = tree.new_path(bare)
+        key = path_identity(tree, node_id, pid if node_id == 0 else index)
+        return _Path(tree, pid, node_id, list(ex.context), ex.state, node.depth, ex.generated, key, cache)
 
     def rollout(self, prompts: Sequence[Prompt], counts: Sequence[int]) -> list[RolloutTree]:
         trees = [RolloutTree(p) for p in prompts]
@@ -115,82 +123,99 @@ class TreeRolloutEngine:
     def expand(self, trees: Sequence[RolloutTree], expansions: Sequence[Expansion]) -> None:
         paths = [self._start(t, True) for t, ex in zip(trees, expansions) for _ in range(ex.extra_bare)]
         for t, ex in zip(trees, expansions):
+            started: dict[int, int] = {}  # continuations started here per node (the index of the next one)
             for node_id, k in zip(ex.node_ids, ex.counts):
-                if t.nodes[int(node_id)].is_leaf:
+                n = int(node_id)
+                if t.nodes[n].is_leaf:
                     raise ValueError(f"cannot continue from leaf node {node_id}")
-                paths += [self._start(t, False, int(node_id)) for _ in range(int(k))]
+                for _ in range(int(k)):
+                    started[n] = started.get(n, continuations_at(t, n)) + 1
+                    paths.append(self._start(t, False, n, started[n]))
         self._run(paths)
 
     def _run(self, paths: list[_Path]) -> None:
-        """Advance ``paths`` turn by turn, ``batch_size`` paths per generation call, until all have ended."""
-        for i in range(0, len(paths), self.batch_size):
-            self._run_batch(paths[i : i + self.batch_size])
+        """Advance every path one turn per round until all have ended.
 
-    def _run_batch(self, paths: list[_Path]) -> None:
-        lim, led = self.limits, self.ledger
+        A round generates a turn for all running paths (``_generate``), so each tree's nodes are created in the
+        same order however many paths run at once or how they are sharded over workers."""
         while paths:
-            t0 = time.perf_counter()
-            budget = [
-                min(
-                    lim.max_turn_tokens,
-                    lim.max_episode_tokens - p.generated,
-                    lim.max_context_tokens - len(p.context),
-                )
-                for p in paths
-            ]
-            live = [p for p, b in zip(paths, budget) if b > 0]
-            for p, b in zip(paths, budget):
-                if b <= 0:  # no room left for a turn: close the path without generating
-                    status = (
-                        Status.CONTEXT_OVERFLOW
-                        if lim.max_context_tokens - len(p.context) <= 0
-                        else Status.MAX_TOKENS
-                    )
-                    self._leaf(p, [], [], "", status, 0.0)
-            if not live:
-                break
-            caps = [b for b in budget if b > 0]
-            seed = int(np.random.SeedSequence([self.seed, self.calls]).generate_state(1)[0])
-            gens = [
-                _cap(g, c, self.tok)
-                for g, c in zip(
-                    self.sampler.generate(
-                        [p.context for p in live],
-                        max(caps),
-                        self.template.stop,
-                        lim.temperature,
-                        seed,
-                        caches=[p.cache for p in live],
-                    ),
-                    caps,
-                )
-            ]
-            self.calls += 1
-            led.llm_calls += len(live)
-            led.prefill_tokens_computed += sum(g.prefill_tokens for g in gens)
-            led.prefill_tokens_reused += sum(g.reused_tokens for g in gens)
-            led.phase_s["generate"] = led.phase_s.get("generate", 0.0) + time.perf_counter() - t0
-            actions = [
-                self.template.parse(
-                    g.text, self.env.tools_for(p.tree.prompt, p.state), truncated=g.finish == "length"
-                )
-                for p, g in zip(live, gens)
-            ]
-            # Every tool call of the round in one batch (a pooled environment runs them in parallel).
-            t0 = time.perf_counter()
-            calls = [i for i, a in enumerate(actions) if a.kind is ActionKind.TOOL]
-            results = dict(
-                zip(
-                    calls,
-                    self.env.execute_batch([(live[i].tree.prompt, live[i].state, actions[i]) for i in calls])
-                    if calls
-                    else [],
-                )
+            paths = self._round(paths)
+
+    def _round(self, paths: list[_Path]) -> list[_Path]:
+        """One turn of every path in ``paths``; returns those that go on."""
+        lim, led = self.limits, self.ledger
+        budget = [
+            min(
+                lim.max_turn_tokens,
+                lim.max_episode_tokens - p.generated,
+                lim.max_context_tokens - len(p.context),
             )
-            led.phase_s["tools"] = led.phase_s.get("tools", 0.0) + time.perf_counter() - t0
-            paths = [
-                p for i, (p, g) in enumerate(zip(live, gens)) if self._turn(p, g, actions[i], results.get(i))
-            ]
+            for p in paths
+        ]
+        live = [p for p, b in zip(paths, budget) if b > 0]
+        for p, b in zip(paths, budget):
+            if b <= 0:  # no room left for a turn: close the path without generating
+                status = (
+                    Status.CONTEXT_OVERFLOW
+                    if lim.max_context_tokens - len(p.context) <= 0
+                    else Status.MAX_TOKENS
+                )
+                self._leaf(p, [], [], "", status, 0.0)
+        if not live:
+            return []
+        gens = self._generate(live, [b for b in budget if b > 0])
+        actions = [
+            self.template.parse(
+                g.text, self.env.tools_for(p.tree.prompt, p.state), truncated=g.finish == "length"
+            )
+            for p, g in zip(live, gens)
+        ]
+        # Every tool call of the round in one batch (a pooled environment runs them in parallel).
+        t0 = time.perf_counter()
+        calls = [i for i, a in enumerate(actions) if a.kind is ActionKind.TOOL]
+        results = dict(
+            zip(
+                calls,
+                self.env.execute_batch([(live[i].tree.prompt, live[i].state, actions[i]) for i in calls])
+                if calls
+                else [],
+            )
+        )
+        led.phase_s["tools"] = led.phase_s.get("tools", 0.0) + time.perf_counter() - t0
+        return [p for i, (p, g) in enumerate(zip(live, gens)) if self._turn(p, g, actions[i], results.get(i))]
+
+    def seed_key(self, p: _Path) -> SeedKey:
+        """The key of path ``p``'s next turn (``tracerl.engine.seeds``)."""
+        return SeedKey(self.seed, self.step, p.tree.prompt.prompt_id, p.key, p.turns + 1)
+
+    def _generate(self, live: list[_Path], caps: list[int]) -> list[Generation]:
+        """The next turn of each path, in sampler calls of at most ``batch_size`` paths with the same token
+        budget ``caps[i]``, each path with its own seed: a turn depends on its seed key, not on its batch."""
+        t0 = time.perf_counter()
+        out: list[Generation | None] = [None] * len(live)
+        groups: dict[int, list[int]] = {}
+        for i, cap in enumerate(caps):
+            groups.setdefault(cap, []).append(i)
+        for cap, idx in sorted(groups.items(), reverse=True):
+            for j in range(0, len(idx), self.batch_size):
+                chunk = [live[i] for i in idx[j : j + self.batch_size]]
+                gens = self.sampler.generate(
+                    [p.context for p in chunk],
+                    cap,
+                    self.template.stop,
+                    self.limits.temperature,
+                    [self.seed_key(p).value() for p in chunk],
+                    caches=[p.cache for p in chunk],
+                )
+                for i, g in zip(idx[j : j + self.batch_size], gens):
+                    out[i] = _cap(g, cap, self.tok)
+        gens = [g for g in out if g is not None]
+        led = self.ledger
+        led.llm_calls += len(live)
+        led.prefill_tokens_computed += sum(g.prefill_tokens for g in gens)
+        led.prefill_tokens_reused += sum(g.reused_tokens for g in gens)
+        led.phase_s["generate"] = led.phase_s.get("generate", 0.0) + time.perf_counter() - t0
+        return gens
 
     def _turn(self, p: _Path, g: Generation, action: Action, res: ToolResult | None) -> bool:
         """Apply one generated turn (its parsed action, the tool's result) to path ``p``; True if it goes on."""

@@ -63,9 +63,13 @@ class Sampler(Protocol):
         max_new_tokens: int,
         stop: Sequence[str],
         temperature: float,
-        seed: int,
+        seeds: Sequence[int],
         caches: Sequence[object | None] | None = None,
-    ) -> list[Generation]: ...
+    ) -> list[Generation]:
+        """One turn per context. ``seeds[i]`` (``tracerl.engine.seeds.SeedKey.value``) alone decides context i's
+        random draws: its tokens must not depend on which other contexts share the call (up to the float
+        effects of batching and padding)."""
+        ...
 
 
 class SamplerBackend(Protocol):

@@ -12,6 +12,12 @@ uncached suffixes (an observation, typically) follow with their own left padding
 mask hides both paddings. Positions come from the mask's cumulative sum, exactly as when the cache
 was written, so re-use is numerically the same computation as re-encoding (a test checks log-probs).
 Only the uncached suffix counts as prefill computed; the cached length counts as re-used.
+
+Seeds per row. Each context comes with its own seed; sampling is the Gumbel-max draw argmax(logits / T + g)
+with the noise g of row r drawn from a generator seeded with row r's seed (one draw per generated token), run
+as greedy decoding over the noised scores. A row's tokens therefore do not depend on the other rows of the batch,
+up to the float effects of padding on its logits (measured on the tiny model: the same tokens alone and in a
+batch of three, log-probs within 1e-5).
 """
 
 from __future__ import annotations
@@ -25,6 +31,21 @@ import torch
 
 from tracerl.config import ModelConfig, SamplerConfig
 from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop
+
+
+class _RowGumbel:
+    """A logits processor that turns greedy decoding into sampling at ``temperature``, row r's noise from its
+    own generator: argmax(scores / T + Gumbel) is a draw from softmax(scores / T)."""
+
+    def __init__(self, seeds: Sequence[int], temperature: float, device: str) -> None:
+        self.temperature = temperature
+        self.gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        v = scores.shape[-1]
+        u = torch.stack([torch.rand(v, generator=g, device=g.device) for g in self.gens])
+        gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
+        return scores.float() / self.temperature + gumbel.to(scores.device)
 
 
 @dataclass(frozen=True)
@@ -71,9 +92,11 @@ class HFSampler:
         max_new_tokens: int,
         stop: Sequence[str],
         temperature: float = 1.0,
-        seed: int = 0,
+        seeds: Sequence[int] = (),
         caches: Sequence[object | None] | None = None,
     ) -> list[Generation]:
+        if len(seeds) != len(contexts):
+            raise ValueError(f"{len(contexts)} contexts need one seed each, got {len(seeds)} seeds")
         if not contexts:
             return []
         pad = self.tokenizer.pad_token_id
@@ -91,8 +114,8 @@ class HFSampler:
             ids[r, lc + ls - len(s) :] = torch.tensor(s, dtype=torch.long)
             mask[r, lc + ls - len(s) :] = 1
         past = self._batch_cache(kvs, lc) if lc else None
-        torch.manual_seed(seed)
         sample = temperature > 0
+        noise = [_RowGumbel(seeds, temperature, self.device)] if sample else None
         with warnings.catch_warnings():  # transformers 5.x renames past_key_values to cache; both accept this
             warnings.simplefilter("ignore", FutureWarning)
             out = self.model.generate(
@@ -100,8 +123,9 @@ class HFSampler:
                 attention_mask=mask.to(self.device),
                 past_key_values=past,
                 max_new_tokens=max_new_tokens,
-                do_sample=sample,
-                temperature=temperature if sample else None,
+                do_sample=False,  # sampling is the per-row Gumbel noise on greedy decoding
+                logits_processor=noise,
+                temperature=None,
                 top_p=None,
                 top_k=None,
                 stop_strings=list(stop) or None,

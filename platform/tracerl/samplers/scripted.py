@@ -79,10 +79,13 @@ class ScriptedSampler:
         max_new_tokens: int,
         stop: Sequence[str],
         temperature: float,
-        seed: int,
+        seeds: Sequence[int],
         caches: Sequence[object | None] | None = None,
     ) -> list[Generation]:
-        """The next scripted turn of each context (an empty 'eos' turn where there is none)."""
+        """The next scripted turn of each context (an empty 'eos' turn where there is none). A script is
+        deterministic: the seeds are checked (one per context) but draw nothing."""
+        if len(seeds) != len(contexts):
+            raise ValueError(f"{len(contexts)} contexts need one seed each, got {len(seeds)} seeds")
         out = []
         for ctx in contexts:
             hit = self._lookup(ctx)

@@ -81,21 +81,25 @@ class VLLMSampler:
         max_new_tokens: int,
         stop: Sequence[str],
         temperature: float = 1.0,
-        seed: int = 0,
+        seeds: Sequence[int] = (),
         caches: Sequence[object | None] | None = None,
     ) -> list[Generation]:
+        """One turn per context; each request is seeded with its own ``seeds[i]`` (vLLM's per-request generator),
+        so a request's tokens do not depend on the rest of the batch."""
         from vllm import SamplingParams
 
+        if len(seeds) != len(contexts):
+            raise ValueError(f"{len(contexts)} contexts need one seed each, got {len(seeds)} seeds")
         params = [
             SamplingParams(
                 temperature=temperature,
                 max_tokens=max_new_tokens,
                 stop=list(stop) or None,
                 logprobs=0,
-                seed=seed + i,
+                seed=int(s),
                 skip_special_tokens=True,
             )
-            for i in range(len(contexts))
+            for s in seeds
         ]
         outs = self.llm.generate([{"prompt_token_ids": list(c)} for c in contexts], params, use_tqdm=False)
         gens = []

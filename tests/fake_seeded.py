@@ -1,0 +1,53 @@
+"""``FakeSeededSampler``: a fake sampler whose every turn is a pure function of the request's seed.
+
+Used where the unit under test is the seeding of rollouts (the engine, the rollout pool): a turn is a python
+tool call or a final answer with random numbers drawn from ``seeds[i]`` alone, so two rollouts give the same
+trees exactly when every turn got the same seed. Importable by path (``sampler.backend=
+tests.fake_seeded:FakeSeededSampler``), so Ray rollout workers build it through the sampler registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tracerl.samplers.base import Generation
+
+
+class FakeSeededSampler:
+    """Fake sampler: each context's turn (text and log-probs) is drawn from its own seed only."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+
+    @classmethod
+    def from_config(
+        cls, model_cfg: Any, cfg: Any, model: Any, tokenizer: Any, gpus: float = 1.0
+    ) -> FakeSeededSampler:
+        """How the sampler registry builds every backend: only the policy's tokenizer is used."""
+        return cls(tokenizer)
+
+    def generate(
+        self,
+        contexts: Sequence[list[int]],
+        max_new_tokens: int,
+        stop: Sequence[str],
+        temperature: float,
+        seeds: Sequence[int],
+        caches: Sequence[object | None] | None = None,
+    ) -> list[Generation]:
+        assert len(seeds) == len(contexts)
+        out = []
+        for ctx, seed in zip(contexts, seeds):
+            rng = np.random.default_rng(seed)
+            a, b = rng.integers(1, 10, size=2)
+            if rng.random() < 0.35:
+                text = f"Thought: done\nFinal Answer: {a * b}\n"
+            else:
+                text = f"Thought: compute\nAction: python[print({a} * {b})]\n"
+            ids = list(self.tok(text, add_special_tokens=False)["input_ids"])[:max_new_tokens]
+            lps = (-rng.random(len(ids))).tolist()
+            out.append(Generation(ids, lps, self.tok.decode(ids), "stop", prefill_tokens=len(ctx)))
+        return out
