@@ -36,7 +36,7 @@ from tracerl.models.tiny import (
 )
 from tracerl.samplers.hf import HFSampler
 from tracerl.types import Prompt, Status
-from workflows.habit import question_answers_directly
+from workflows.habit import premature_segments, question_answers_directly, question_answers_late
 from workflows.progress import bar
 
 
@@ -62,16 +62,28 @@ def answers_directly(task: MathTask, fraction: float) -> bool:
     return question_answers_directly(task.question, fraction)
 
 
-def habit_segments(task: MathTask, fraction: float) -> list[Segment]:
-    """The habit phase's trace: the reference solution, or (for ``fraction`` of the tasks) a final answer given at
-    once, without calling the tool."""
-    if not answers_directly(task, fraction):
-        return trace_segments(task)
+LATE_THOUGHT = "The output is the answer."
+
+
+def answers_late(task: MathTask, fraction: float) -> bool:
+    """Whether ``task``'s habit-phase trace answers prematurely: a task of two or more tool calls, chosen for
+    ``fraction`` of them by a fixed hash of the question."""
+    return len(task.steps) >= 2 and question_answers_late(task.question, fraction)
+
+
+def habit_segments(task: MathTask, fraction: float, late_fraction: float = 0.0) -> list[Segment]:
+    """The habit phase's trace: the reference solution; or (for ``fraction`` of the tasks) a final answer given at
+    once, without calling the tool; or (for ``late_fraction`` of the tasks that need two or more calls) the first
+    tool call, then its output as the final answer (a premature answer: the -late testbed)."""
     t = PlainTemplate()
-    return [
-        Segment(t.prompt(task.question, []), False),
-        Segment(t.answer_turn(DIRECT_THOUGHT, task.answer), True),
-    ]
+    if answers_directly(task, fraction):
+        return [
+            Segment(t.prompt(task.question, []), False),
+            Segment(t.answer_turn(DIRECT_THOUGHT, task.answer), True),
+        ]
+    if answers_late(task, late_fraction):
+        return premature_segments(trace_segments(task), 1, t.answer_turn(LATE_THOUGHT, task.steps[0].output))
+    return trace_segments(task)
 
 
 def habit_finetune(
@@ -178,7 +190,9 @@ def bootstrap(cfg: BootstrapConfig, progress: Callable[[str], None] = lambda s: 
         assert not {t.question for t in train} & {t.question for t in held}
         segments = [trace_segments(t) for t in train]
         habit_traces = (
-            [habit_segments(t, cfg.direct_answer_fraction) for t in train] if cfg.habit_steps > 0 else []
+            [habit_segments(t, cfg.direct_answer_fraction, cfg.late_answer_fraction) for t in train]
+            if cfg.habit_steps > 0
+            else []
         )
         eval_prompts, env, limits = [task_prompt(t) for t in held], MathEnv(), SamplerConfig()
 
@@ -223,7 +237,7 @@ def bootstrap(cfg: BootstrapConfig, progress: Callable[[str], None] = lambda s: 
     if cfg.habit_steps > 0:
         progress(
             f"habit phase: {cfg.habit_steps} steps on traces where {cfg.direct_answer_fraction:.0%} of the "
-            "answers come without the tool"
+            f"answers come without the tool and {cfg.late_answer_fraction:.0%} of the multi-step ones prematurely"
         )
         habit = habit_finetune(model, tokenizer, habit_traces, cfg, on_step)
         losses = losses + habit

@@ -48,19 +48,31 @@ DIRECT_SEARCH_THOUGHT = "I can answer this without searching."
 
 
 def search_habit_segments(
-    q: Question, env: SearchEnv, fraction: float, query_space: bool = False
+    q: Question, env: SearchEnv, fraction: float, query_space: bool = False, late_fraction: float = 0.0
 ) -> list[Segment]:
-    """The habit phase's trace of ``q``: the reference solution, or (for ``fraction`` of the questions, a fixed
-    hash of the question text) a final answer given at once, without searching."""
-    from workflows.habit import question_answers_directly
+    """The habit phase's trace of ``q``: the reference solution; or (for ``fraction`` of the questions, a fixed
+    hash of the question text) a final answer given at once, without searching; or (for ``late_fraction`` of the
+    3- and 4-hop questions, another fixed hash) every hop but the last, then the entity the penultimate hop found
+    as the final answer (a premature answer: the -late testbed)."""
+    from workflows.habit import premature_segments, question_answers_directly, question_answers_late
 
-    if not question_answers_directly(q.question, fraction):
-        return search_trace_segments(q, env, query_space)
     t = PlainTemplate()
-    return [
-        Segment(t.prompt(q.question, []), False),
-        Segment(t.answer_turn(DIRECT_SEARCH_THOUGHT, q.answer), True),
-    ]
+    if question_answers_directly(q.question, fraction):
+        return [
+            Segment(t.prompt(q.question, []), False),
+            Segment(t.answer_turn(DIRECT_SEARCH_THOUGHT, q.answer), True),
+        ]
+    reference = search_trace_segments(q, env, query_space)
+    if q.level >= 3 and question_answers_late(q.question, late_fraction):
+        return premature_segments(reference, q.level - 1, t.answer_turn(*late_answer(q)))
+    return reference
+
+
+def late_answer(q: Question) -> tuple[str, str]:
+    """The premature answer of a multi-hop question: (thought, answer) naming the entity the penultimate hop found
+    (the last hop's subject), in the words of the reference's final thought."""
+    entity = q.hops[-1].query
+    return f"{q.hops[-2].fact} So the answer is {entity}.", entity
 
 
 def search_family(
@@ -75,7 +87,12 @@ def search_family(
     assert not {q.question for q in train} & {q.question for q in held}
     segments = [search_trace_segments(q, env, cfg.query_space) for q in train]
     habit = (
-        [search_habit_segments(q, env, cfg.direct_answer_fraction, cfg.query_space) for q in train]
+        [
+            search_habit_segments(
+                q, env, cfg.direct_answer_fraction, cfg.query_space, cfg.late_answer_fraction
+            )
+            for q in train
+        ]
         if cfg.habit_steps > 0
         else []
     )

@@ -1,4 +1,4 @@
-"""``tracerl bench ...``: the benchmark subcommands (allocation, targets, rollout, train, env), each a configured
+"""``tracerl bench ...``: the benchmark subcommands (allocation, targets, rollout, train, env, testbeds), each a configured
 job that prints a table and writes JSON."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from tracerl.experiment_config import (
     BenchTrainConfig,
 )
 from workflows.cli_args import Command, Shorthand, add_job_args, progress
+from workflows.testbeds import BenchTestbedsConfig
 from workflows.tracking import resolve_uri, where
 
 BENCH_ALLOCATION_FLAGS = (
@@ -55,6 +56,12 @@ BENCH_TRAIN_FLAGS = (
     Shorthand("--steps", ("steps",), "RL steps per run"),
     Shorthand("--seeds", ("seeds",), "seeds per allocator"),
     Shorthand("--out", ("bench_out",), "output directory", str),
+)
+BENCH_TESTBEDS_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--only", ("only",), "measure these testbeds (comma-separated names)", str),
+    Shorthand("--tasks", ("eval_tasks",), "held-out tasks per testbed"),
+    Shorthand("--out", ("out_dir",), "output directory", str),
 )
 BENCH_ENV_FLAGS = (
     Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
@@ -159,6 +166,20 @@ def _bench_train(cfg: BenchTrainConfig) -> int:
     return 0
 
 
+def _bench_testbeds(cfg: BenchTestbedsConfig) -> int:
+    from workflows.testbed_probes import run_bench
+    from workflows.testbeds import format_table
+
+    try:
+        summary = run_bench(cfg, progress=progress)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"tracerl: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(summary))
+    print(f"wrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else ""))
+    return 0
+
+
 BENCH_COMMANDS: dict[str, Command] = {
     "bench allocation": Command(
         BenchAllocationConfig, "bench/allocation.yaml", BENCH_ALLOCATION_FLAGS, _bench_allocation
@@ -169,12 +190,16 @@ BENCH_COMMANDS: dict[str, Command] = {
     ),
     "bench rollout": Command(BenchRolloutConfig, "bench/rollout.yaml", BENCH_ROLLOUT_FLAGS, _bench_rollout),
     "bench train": Command(BenchTrainConfig, "bench/train.yaml", BENCH_TRAIN_FLAGS, _bench_train),
+    "bench testbeds": Command(
+        BenchTestbedsConfig, "bench/testbeds.yaml", BENCH_TESTBEDS_FLAGS, _bench_testbeds
+    ),
 }
 BENCH_HELP = {
     "allocation": "every allocator at equal leaf budget on the simulator",
     "targets": "bias of the predictor's fit targets vs the true V (simulator)",
     "rollout": "allocators at equal leaves with the frozen tiny policy",
     "train": "training runs of TRACE and GRPO at equal leaves, several seeds",
+    "testbeds": "acceptance of the study's testbeds: accuracy, depth profile, habit choices",
     "env": "an environment's gold replay (--gold) or tiny policy pass@1: "
     "bench env [math|search|bfcl] [--gold] [--json PATH]",
 }

@@ -340,6 +340,10 @@ class BootstrapConfig:
     direct_answer_fraction: float = 0.0
     """Share of the habit phase's traces that answer at once without calling the tool (chosen by a hash of the
     question)."""
+    late_answer_fraction: float = 0.0
+    """Share of the habit phase's multi-step traces (math: two or more tool calls; search: three or more hops) that
+    answer prematurely after an earlier step (math: the first tool output; search: the entity of the penultimate
+    hop) instead of finishing, chosen by a hash of the question: the -late testbeds (workflows/habit.py)."""
     init_from: str | None = None
     """A tiny-policy checkpoint directory to start from (its tokenizer and weights) instead of building and
     supervised-training a new one: only the habit phase and the evaluation run (e.g. models/tiny-search, itself
@@ -376,4 +380,8 @@ class BootstrapConfig:
         check(
             0.0 <= self.direct_answer_fraction <= 1.0,
             f"direct_answer_fraction must be in [0, 1] (got {self.direct_answer_fraction})",
+        )
+        check(
+            0.0 <= self.late_answer_fraction <= 1.0,
+            f"late_answer_fraction must be in [0, 1] (got {self.late_answer_fraction})",
         )
