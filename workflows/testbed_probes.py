@@ -16,6 +16,7 @@ from workflows.testbeds import (
     BenchTestbedsConfig,
     Probe,
     branch_probability,
+    final_answer,
     first_wrong_turn,
     path_contents,
     summarize,
@@ -115,14 +116,17 @@ def measure(family: str, model_path: str, cfg: BenchTestbedsConfig) -> dict[str,
             logits = model(torch.tensor([ids])).logits[0]
         return torch.log_softmax(logits.float(), dim=-1).tolist()
 
-    rewards, first_wrong, p_direct, p_late = [], [], [], []
+    rewards, first_wrong, p_direct, p_late, premature = [], [], [], [], 0
     by_level: dict[str, list[float]] = {}
     for probe, tree in zip(probes, trees):
         r = float(tree.rewards()[0])
         rewards.append(r)
         by_level.setdefault(probe.prompt.source.removeprefix("generated-"), []).append(r)
         if r < 1.0:
-            first_wrong.append(first_wrong_turn(path_contents(tree), probe.observations()))
+            turns = path_contents(tree)
+            first_wrong.append(first_wrong_turn(turns, probe.observations()))
+            late_answer = final_answer(probe.late_turn) if probe.late_turn else None
+            premature += late_answer is not None and final_answer(turns[-1]) == late_answer
         ref = [s.text for s in probe.reference]
         p_direct.append(branch_probability(score, tokenizer, ref[:1], probe.direct_turn, ref[1]))
         if probe.late_steps is not None and probe.late_turn is not None:
@@ -133,6 +137,7 @@ def measure(family: str, model_path: str, cfg: BenchTestbedsConfig) -> dict[str,
         "first_wrong": first_wrong,
         "p_direct": p_direct,
         "p_late": p_late,
+        "premature": premature,
         "by_level": {k: sum(v) / len(v) for k, v in sorted(by_level.items())},
         "wall_s": time.perf_counter() - t0,
     }
@@ -156,6 +161,7 @@ def run_bench(cfg: BenchTestbedsConfig, progress: Callable[[str], None] = lambda
                 per_task["p_late"],
                 bool(tb.get("late", False)),
                 cfg,
+                per_task["premature"],
             ),
             "by_level": per_task["by_level"],
             "wall_s": per_task["wall_s"],

@@ -112,6 +112,11 @@ def path_contents(tree: Any) -> list[str]:
     return [tree.nodes[i].content for i in tree.path(leaf.node_id)[1:]]
 
 
+def final_answer(text: str) -> str | None:
+    """The answer a turn gives (``Final Answer: ...``), stripped; None for a turn without one."""
+    return text.split("Final Answer:", 1)[1].strip() if "Final Answer:" in text else None
+
+
 def depth_profile(turns: Sequence[int]) -> dict[int, float]:
     """Share of failures per first-wrong turn."""
     return {k: turns.count(k) / len(turns) for k in sorted(set(turns))} if turns else {}
@@ -148,8 +153,10 @@ def summarize(
     p_late: Sequence[float],
     late: bool,
     cfg: BenchTestbedsConfig,
+    premature: int = 0,
 ) -> dict[str, Any]:
-    """The acceptance numbers of one testbed from its per-task measurements (``first_wrong``: the failures)."""
+    """The acceptance numbers of one testbed from its per-task measurements (``first_wrong``: the failures;
+    ``premature``: greedy failures that gave the late habit's premature answer)."""
     failures = len(first_wrong)
     late_share = sum(t >= 2 for t in first_wrong) / failures if failures else float("nan")
     out: dict[str, Any] = {
@@ -157,6 +164,7 @@ def summarize(
         "accuracy": sum(rewards) / len(rewards),
         "failures": failures,
         "failures_turn2_or_later": late_share,
+        "failures_premature": premature / failures if failures else float("nan"),
         "depth_profile": depth_profile(list(first_wrong)),
         "p_direct_median": statistics.median(p_direct) if p_direct else None,
         "p_late_median": statistics.median(p_late) if p_late else None,
@@ -180,14 +188,15 @@ def _f(x: float | None) -> str:
 def format_table(summary: dict[str, Any]) -> str:
     """The acceptance table and the depth profiles, as markdown."""
     rows = [
-        "| testbed | accuracy | failures | first wrong at turn >= 2 | median p_direct | median p_late (tasks) "
-        "| accepted |",
-        "|---|---|---|---|---|---|---|",
+        "| testbed | accuracy | failures | first wrong at turn >= 2 | premature answers | median p_direct "
+        "| median p_late (tasks) | accepted |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, r in summary["testbeds"].items():
         bad = [k for k, ok in r["checks"].items() if not ok]
         rows.append(
             f"| {name} | {_f(r['accuracy'])} | {r['failures']} | {_f(r['failures_turn2_or_later'])} "
+            f"| {_f(r['failures_premature'])} "
             f"| {_f(r['p_direct_median'])} | {_f(r['p_late_median'])} ({r['late_tasks']}) "
             f"| {'yes' if r['accepted'] else 'no: ' + ', '.join(bad)} |"
         )
