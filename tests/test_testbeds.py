@@ -17,6 +17,7 @@ from workflows.testbeds import (
     depth_profile,
     final_answer,
     first_wrong_turn,
+    is_premature,
     path_contents,
     summarize,
 )
@@ -125,6 +126,7 @@ ANSWER = "Thought: t\nFinal Answer: {}\n"
             3,
         ),  # a reference-exact path, then a wrong answer
         ([CALL.format(12), CALL.format(6)], 2),  # stopped on a limit after a wrong second call
+        ([CALL.format(12), CALL.format(6), ANSWER.format(6)], 2),  # a wrong second call, then its output
         ([CALL.format(12), CALL.format(7), CALL.format(7), ANSWER.format(7)], 3),  # one call too many
     ],
 )
@@ -133,6 +135,9 @@ def test_first_wrong_turn_on_hand_built_trees(turns: list[str], expected: int) -
     _chain(tree, turns, 0.0)
     assert path_contents(tree) == turns
     assert first_wrong_turn(path_contents(tree), ["12", "7"]) == expected
+    # The late habit's failure: the reference's first call, then an answer where the reference calls again.
+    assert is_premature(turns, expected, 1) == (expected == 2 and "Final Answer" in turns[1])
+    assert not is_premature(turns, expected, None)
 
 
 def test_final_answer_of_a_turn() -> None:

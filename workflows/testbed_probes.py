@@ -16,8 +16,8 @@ from workflows.testbeds import (
     BenchTestbedsConfig,
     Probe,
     branch_probability,
-    final_answer,
     first_wrong_turn,
+    is_premature,
     path_contents,
     summarize,
 )
@@ -125,8 +125,7 @@ def measure(family: str, model_path: str, cfg: BenchTestbedsConfig) -> dict[str,
         if r < 1.0:
             turns = path_contents(tree)
             first_wrong.append(first_wrong_turn(turns, probe.observations()))
-            late_answer = final_answer(probe.late_turn) if probe.late_turn else None
-            premature += late_answer is not None and final_answer(turns[-1]) == late_answer
+            premature += is_premature(turns, first_wrong[-1], probe.late_steps)
         ref = [s.text for s in probe.reference]
         p_direct.append(branch_probability(score, tokenizer, ref[:1], probe.direct_turn, ref[1]))
         if probe.late_steps is not None and probe.late_turn is not None:

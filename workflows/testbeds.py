@@ -117,6 +117,12 @@ def final_answer(text: str) -> str | None:
     return text.split("Final Answer:", 1)[1].strip() if "Final Answer:" in text else None
 
 
+def is_premature(contents: Sequence[str], first_wrong: int, late_steps: int | None) -> bool:
+    """Whether a failed path went wrong by the late habit: it followed the reference through ``late_steps`` tool
+    turns and then answered (whatever value it wrote: the tiny policies also slip when they copy one)."""
+    return late_steps is not None and first_wrong == late_steps + 1 and final_answer(contents[first_wrong - 1]) is not None
+
+
 def depth_profile(turns: Sequence[int]) -> dict[int, float]:
     """Share of failures per first-wrong turn."""
     return {k: turns.count(k) / len(turns) for k in sorted(set(turns))} if turns else {}
@@ -156,7 +162,7 @@ def summarize(
     premature: int = 0,
 ) -> dict[str, Any]:
     """The acceptance numbers of one testbed from its per-task measurements (``first_wrong``: the failures;
-    ``premature``: greedy failures that gave the late habit's premature answer)."""
+    ``premature``: greedy failures that went wrong by answering at the late habit's point, :func:`is_premature`)."""
     failures = len(first_wrong)
     late_share = sum(t >= 2 for t in first_wrong) / failures if failures else float("nan")
     out: dict[str, Any] = {
