@@ -120,7 +120,11 @@ def final_answer(text: str) -> str | None:
 def is_premature(contents: Sequence[str], first_wrong: int, late_steps: int | None) -> bool:
     """Whether a failed path went wrong by the late habit: it followed the reference through ``late_steps`` tool
     turns and then answered (whatever value it wrote: the tiny policies also slip when they copy one)."""
-    return late_steps is not None and first_wrong == late_steps + 1 and final_answer(contents[first_wrong - 1]) is not None
+    return (
+        late_steps is not None
+        and first_wrong == late_steps + 1
+        and final_answer(contents[first_wrong - 1]) is not None
+    )
 
 
 def depth_profile(turns: Sequence[int]) -> dict[int, float]:
