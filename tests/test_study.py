@@ -361,3 +361,25 @@ def test_fill_tokens_writes_t_then_token_cells_run_with_it(tmp_path: Path) -> No
     assert fake.token_budgets == [None, None, 100]
     report = run_study(dataclasses.replace(tokens, report_only=True), conf, train_fn=fake)
     assert len(fake.calls) == calls + 1 and report["ran"] == [] and len(report["report"]["cells"]) == 3
+
+
+def test_token_check_names_the_cells_off_their_token_budget() -> None:
+    from workflows.study_report import token_check
+
+    def cell(alloc: str, seed: int, per_step: float) -> dict[str, object]:
+        return {
+            "allocator": alloc,
+            "seed": seed,
+            "token_budget": 1000.0,
+            "tokens_vs_budget": per_step / 1000 - 1,
+        }
+
+    ok = [cell("grpo", 0, 1020.0), cell("trace", 0, 960.0)]
+    assert token_check(ok) == (
+        "- Realised tokens per step against T = 1000: -4.0 % to +2.0 %, every cell within +-5 %."
+    )
+    assert token_check([*ok, cell("trace", 1, 1100.0)]).endswith("; outside +-5 %: trace/s1 (+10.0 %).")
+    assert (
+        token_check([{"tokens_vs_budget": None}])
+        == "- Realised tokens per step: no T recorded for these cells."
+    )

@@ -113,6 +113,9 @@ def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[s
         s = run_summary(rid, tracking)
         steps = int(s.get("steps", 0))
         step_s = _mean(client, rid, M.TIME_STEP)
+        t_raw = r.data.params.get("budget.token_budget")
+        target = float(t_raw) if budget == "tokens" and t_raw not in (None, "None", "null") else None
+        per_step = s["generated_tokens"] / steps if steps else 0.0
         cells.append(
             {
                 "testbed": tb,
@@ -128,7 +131,9 @@ def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[s
                 "mixed_groups_per_step": float(_mean(client, rid, M.MIXED_GROUPS) or 0.0),
                 "leaves": int(s["leaves"]),
                 "generated_tokens": int(s["generated_tokens"]),
-                "tokens_per_step": s["generated_tokens"] / steps if steps else 0.0,
+                "tokens_per_step": per_step,
+                "token_budget": target,
+                "tokens_vs_budget": per_step / target - 1.0 if target else None,
                 "wall_s": float((r.info.end_time - r.info.start_time) / 1000 if r.info.end_time else 0.0),
                 "cpu_s": float(sum(metric_series(client, rid, M.CPU_S).values())),
                 "tool_calls": int(s["tool_calls"]),
@@ -192,6 +197,25 @@ def verdict(c: dict[str, Any]) -> str:
     return f"{c['allocator']} does not beat grpo {where}: {pts}, the interval contains 0."
 
 
+TOKEN_TOLERANCE = 0.05
+"""A token cell's realised mean generated tokens per step must lie within this fraction of T."""
+
+
+def token_check(cells: Sequence[dict[str, Any]]) -> str:
+    """One line on the token cells' realised tokens per step against T: the range, and any cell off by more
+    than ``TOKEN_TOLERANCE``."""
+    gaps = [(c, c["tokens_vs_budget"]) for c in cells if c.get("tokens_vs_budget") is not None]
+    if not gaps:
+        return "- Realised tokens per step: no T recorded for these cells."
+    lo, hi = min(g for _, g in gaps), max(g for _, g in gaps)
+    off = [c for c, g in gaps if abs(g) > TOKEN_TOLERANCE]
+    line = f"- Realised tokens per step against T = {gaps[0][0]['token_budget']:.0f}: {100 * lo:+.1f} % to {100 * hi:+.1f} %"
+    if not off:
+        return line + f", every cell within +-{100 * TOKEN_TOLERANCE:.0f} %."
+    names = ", ".join(f"{c['allocator']}/s{c['seed']} ({100 * c['tokens_vs_budget']:+.1f} %)" for c in off)
+    return line + f"; outside +-{100 * TOKEN_TOLERANCE:.0f} %: {names}."
+
+
 def _fmt(x: Any, spec: str = ".3f") -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
@@ -232,9 +256,10 @@ def markdown(
                 f"| {m('leaves'):.0f} | {m('generated_tokens'):.0f} | {m('tool_calls'):.0f} "
                 f"| {m('wall_s'):.0f} | {_fmt(m('cpu_s'), '.0f')} |"
             )
-        lines += (
-            [""] + [f"- {verdict(c)}" for c in comps if c["testbed"] == tb and c["budget"] == budget] + [""]
-        )
+        lines += [""] + [f"- {verdict(c)}" for c in comps if c["testbed"] == tb and c["budget"] == budget]
+        if budget == "tokens":
+            lines.append(token_check(here))
+        lines.append("")
     lines += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
     return "\n".join(lines) + "\n"
 
