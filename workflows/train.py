@@ -34,17 +34,10 @@ from typing import Any
 
 from envs.registry import check_data, resolve_env_paths
 from tracerl.config import TrainConfig
-from tracerl.config_loader import to_flat_dict, to_yaml
+from tracerl.config_loader import to_yaml
 from tracerl.engine.timer import PhaseTimer
 from workflows.checkpoint_state import CheckpointState
-from workflows.runs import (
-    config_hash,
-    dataset_fingerprint,
-    git_sha,
-    latest_checkpoint,
-    run_storage,
-    run_summary,
-)
+from workflows.runs import create_run, resumed_config, run_summary
 from workflows.tracking import resolve_uri, where
 from workflows.train_driver import Driver
 from workflows.train_setup import Worker, quiet_train_reports, setup_worker
@@ -98,15 +91,7 @@ def train(
     resume_ckpt: Path | None = None
     run_id = cfg.resume or ""
     if cfg.resume:
-        storage = run_storage(cfg.resume, cfg.tracking)
-        from tracerl.config_loader import compose
-
-        saved = storage / "config.yaml"
-        if not saved.is_file():
-            raise FileNotFoundError(f"run {cfg.resume} has no saved config at {saved}")
-        keep = [o for o in (overrides or []) if not o.startswith("resume=")]
-        cfg = compose(TrainConfig, saved, keep + [f"resume={cfg.resume}"])
-        resume_ckpt = latest_checkpoint(storage)
+        cfg, storage, resume_ckpt = resumed_config(cfg.resume, cfg.tracking, overrides or [])
         progress(f"resuming MLflow run {run_id} from {resume_ckpt or 'its start (no checkpoint yet)'}")
     check_data(cfg.env)  # a bad data file is the user's to fix: before Ray starts or a run exists
     progress(where(cfg.tracking))
@@ -120,20 +105,7 @@ def train(
     from workflows.run_info import train_tags
 
     cfg = resolve_paths(cfg)
-    from workflows.lm_stack import SetupError
-
-    if not Path(cfg.model.path).is_dir():
-        raise SetupError(
-            f"model.path={cfg.model.path!r} is not a checkpoint directory; build the tiny policy with "
-            "`tracerl bootstrap` or point model.path at an HF checkpoint"
-        )
-    from tracerl.models.hf import check_window
-
-    check_window(cfg.model.path, cfg.sampler)
-    if cfg.trainer.lora_rank > 0:  # before any run is created: a bad target list is the user's to fix
-        from tracerl.models.wrap import check_lora
-
-        check_lora(cfg.model.path, cfg.trainer)
+    check_model(cfg)
     # Quiet workers: no per-load progress bars (the workers inherit these when this process starts Ray).
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -142,38 +114,7 @@ def train(
     exp_id = trk.setup(cfg.tracking)
     client = mlflow.MlflowClient()
     if not cfg.resume:
-        name = cfg.run_name or f"{cfg.allocator.name}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-        run = client.create_run(
-            exp_id,
-            run_name=name,
-            tags={
-                "tracerl.command": "train",
-                "tracerl.allocator": cfg.allocator.name,
-                "tracerl.git_sha": git_sha(),
-                "tracerl.config_hash": config_hash(cfg),
-                "tracerl.dataset_fingerprint": dataset_fingerprint(cfg),
-                "tracerl.base_model": cfg.model.path,
-                **train_tags(cfg),
-                **(tags or {}),
-            },
-        )
-        run_id = run.info.run_id
-        storage = Path(cfg.out_dir) / f"{name}-{run_id[:8]}"
-        storage.mkdir(parents=True, exist_ok=True)
-        cfg = dataclasses.replace(cfg, run_name=name)
-        (storage / "config.yaml").write_text(to_yaml(cfg))
-        client.set_tag(run_id, "tracerl.storage", str(storage))
-        flat = to_flat_dict(cfg)
-        for i in range(0, len(flat), 100):
-            keys = list(flat)[i : i + 100]
-            client.log_batch(
-                run_id,
-                params=[
-                    mlflow.entities.Param(k, ("null" if flat[k] is None else str(flat[k]))[:6000])
-                    for k in keys
-                ],
-            )
-        client.log_artifact(run_id, str(storage / "config.yaml"))
+        run_id, storage, cfg = create_run(client, exp_id, cfg, {**train_tags(cfg), **(tags or {})})
     else:
         client.update_run(run_id, status="RUNNING")
         (storage / "config.yaml").write_text(to_yaml(dataclasses.replace(cfg, resume=None)))
@@ -233,6 +174,24 @@ def train(
     )
     (storage / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def check_model(cfg: TrainConfig) -> None:
+    """The policy checkpoint exists, its context window fits the sampler's, and LoRA targets name its layers:
+    checked before any run is created (these are the user's to fix)."""
+    from tracerl.models.hf import check_window
+    from workflows.lm_stack import SetupError
+
+    if not Path(cfg.model.path).is_dir():
+        raise SetupError(
+            f"model.path={cfg.model.path!r} is not a checkpoint directory; build the tiny policy with "
+            "`tracerl bootstrap` or point model.path at an HF checkpoint"
+        )
+    check_window(cfg.model.path, cfg.sampler)
+    if cfg.trainer.lora_rank > 0:
+        from tracerl.models.wrap import check_lora
+
+        check_lora(cfg.model.path, cfg.trainer)
 
 
 RESOURCE_KNOBS = (
