@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tracerl.config import FaultConfig
+from tracerl.actors.config import FaultConfig
 
 
 def fault_once(fault_dir: str | None, name: str) -> bool:
