@@ -1,13 +1,15 @@
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
 
 from envs.simulator import Simulator, SimulatorConfig
 from predictors import build_predictor
-from tracerl.algos.allocators import ALLOCATORS, PrefixCandidates, build_allocator
+from tracerl.algos.allocators import ALLOCATORS, PrefixCandidates, StepPlan, TreePOAllocator, build_allocator
 from tracerl.config import AllocatorConfig, BudgetConfig, PredictorConfig
 from tracerl.engine.step import run_step
+from tracerl.types import Anchor
 
 ALL = [
     "grpo",
@@ -48,6 +50,32 @@ def test_registry_lists_every_allocator() -> None:
     assert ALLOCATORS.names() == sorted(ALL)
     with pytest.raises(KeyError, match="unknown allocator 'nope'; known: dapo, grpo"):
         build_allocator(AllocatorConfig(name="nope"))
+
+
+def test_the_step_carries_out_the_plan_an_allocator_makes() -> None:
+    """No allocator flag is read: an allocator that plans two generation batches (3 prompts x 2 bare rollouts each,
+    in its own order) and 1 continuation per bare rollout gets exactly that."""
+
+    class TwoBatches(TreePOAllocator):
+        def plan_step(
+            self,
+            v: np.ndarray | None,
+            anchors: Sequence[Anchor],
+            budget: BudgetConfig,
+            rng: np.random.Generator,
+        ) -> StepPlan:
+            counts = np.zeros(len(anchors), np.int64)
+            counts[:6] = 2
+            return StepPlan(counts, [np.array([4, 0, 2]), np.array([1, 5, 3])], continuations=1)
+
+    env = Simulator(SimulatorConfig(num_prompts=64), seed=0)
+    pred = build_predictor(PredictorConfig(name="tabular"), seed=0)
+    pool = env.sample_pool(10)
+    out = run_step(pool, TwoBatches(AllocatorConfig()), pred, env, BUDGET, np.random.default_rng(0))
+    assert [t.prompt for t in out.trees] == [pool[i] for i in (4, 0, 2, 1, 5, 3)]
+    assert out.root_counts.tolist() == [2] * 6 + [0] * 4
+    assert [e.leaves for e in out.expansions] == [2] * 6  # m N = 2 x 1 continuations (or extra bare) each
+    assert out.ledger.leaves == sum(t.num_leaves for t in out.trees) == 6 * (2 + 2)
 
 
 @pytest.mark.parametrize("name", [n for n in ALL if n not in ("dapo", "trace_plus")])  # trace_plus: tokens

@@ -8,7 +8,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tracerl.actors.pools import EnvPool, balanced_shards
+from tracerl.actors.envpool import EnvPool
+from tracerl.actors.faults import Faults
+from tracerl.actors.pools import balanced_shards
 from tracerl.engine.react import Action, ActionKind
 from tracerl.types import Prompt
 
@@ -42,7 +44,7 @@ def test_balanced_shards_are_deterministic_and_even() -> None:
 
 
 def test_env_pool_retries_a_call_whose_actor_died(ray_local: Any, tmp_path: Path) -> None:
-    pool = EnvPool(_math_env, size=2, cpus=0.05, max_retries=2, kill_at_step=3, fault_dir=str(tmp_path))
+    pool = EnvPool(_math_env, size=2, cpus=0.05, max_retries=2, faults=Faults(str(tmp_path), env_step=3))
     pool.step = 3
     calls = [
         (
@@ -61,12 +63,33 @@ def test_env_pool_retries_a_call_whose_actor_died(ray_local: Any, tmp_path: Path
 
 def test_env_pool_without_faults_never_exits(ray_local: Any, tmp_path: Path) -> None:
     pool = EnvPool(
-        _math_env, size=1, cpus=0.05, max_retries=0, fault_dir=str(tmp_path)
-    )  # kill_at_step=-1: never
+        _math_env, size=1, cpus=0.05, max_retries=0, faults=Faults(str(tmp_path))
+    )  # env_step=-1: never
     assert pool.step == -1  # before the first step (held-out evaluation runs here)
     call = (Prompt("p"), (), Action(ActionKind.TOOL, "", tool="python", arguments={"code": "print(6 * 7)"}))
     assert pool.execute_batch([call])[0].observation.strip() == "42"
     assert not list(tmp_path.iterdir())
+
+
+def test_a_fault_exits_its_process_once_per_run(tmp_path: Path) -> None:
+    """faults.kill_*_at_step: the process exits for real at its step, once; a replacement reaching the step again
+    (the marker file is there) carries on."""
+    import subprocess
+    import sys
+
+    from tracerl.config import FaultConfig
+
+    faults = Faults.from_config(FaultConfig(kill_rollout_worker_at_step=2), tmp_path / ".faults")
+    assert (faults.sampler_step, faults.env_step, faults.trainer_step) == (2, -1, -1)
+    code = (
+        "from tracerl.actors.faults import Faults; import sys; "
+        f"f = Faults({faults.fault_dir!r}, sampler_step=2); f.sampler(1); f.env(2); f.trainer(2); f.sampler(2); "
+        "sys.exit(7)"
+    )
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert first.returncode == 1 and "the sampler process exits during step 2" in first.stdout
+    assert [p.name for p in (tmp_path / ".faults").iterdir()] == ["sampler-step2"]
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 7  # fired already
 
 
 def _pool_step(workers: int) -> dict[str, list[tuple[object, ...]]]:

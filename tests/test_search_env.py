@@ -224,7 +224,7 @@ def ray_local() -> Any:
 
 
 def test_one_shared_retriever_actor_serves_every_env_actor(ray_local: Any) -> None:
-    from tracerl.actors.pools import EnvPool
+    from tracerl.actors.envpool import EnvPool
     from tracerl.actors.services import start_services, stop_services
 
     services = start_services(SearchEnv, CFG, cpus=0.05)

@@ -1,10 +1,11 @@
-"""Run bookkeeping shared by train, registry, compare, sweep and the chaos drill: where a run's storage and
-checkpoints are, its lineage (git SHA, config hash, dataset fingerprint), the phase marker rank 0 keeps for the
-fault drill, and summaries read back from MLflow (the last value logged per step wins, so a step re-run after a
-restart is read once, from the attempt that completed it)."""
+"""Run bookkeeping shared by train, registry, compare, sweep and the chaos drill: a training run's creation (or the
+config it resumes with), where its storage and checkpoints are, its lineage (git SHA, config hash, dataset
+fingerprint), the phase marker rank 0 keeps for the fault drill, and summaries read back from MLflow (the last
+value logged per step wins, so a step re-run after a restart is read once, from the attempt that completed it)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -15,7 +16,7 @@ from typing import Any
 
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
-from tracerl.config_loader import to_flat_dict
+from tracerl.config_loader import to_flat_dict, to_yaml
 from workflows.checkpoint_state import STATE, CheckpointState
 from workflows.tracking import resolve_uri
 
@@ -96,6 +97,63 @@ def run_storage(run_id: str, tracking: Any) -> Path:
     if not storage:
         raise LookupError(f"MLflow run {run_id} was not made by `tracerl train` (no tracerl.storage tag)")
     return Path(storage)
+
+
+def create_run(
+    client: Any, exp_id: str, cfg: TrainConfig, tags: dict[str, str]
+) -> tuple[str, Path, TrainConfig]:
+    """A new MLflow run of ``tracerl train``: lineage tags (git SHA, config hash, dataset fingerprint) plus ``tags``,
+    its storage directory ``<out_dir>/<run name>-<id>`` holding the resolved config (also the run's params and an
+    artifact). Returns the run id, the storage and the config with its run name."""
+    import time
+
+    import mlflow
+
+    name = cfg.run_name or f"{cfg.allocator.name}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run = client.create_run(
+        exp_id,
+        run_name=name,
+        tags={
+            "tracerl.command": "train",
+            "tracerl.allocator": cfg.allocator.name,
+            "tracerl.git_sha": git_sha(),
+            "tracerl.config_hash": config_hash(cfg),
+            "tracerl.dataset_fingerprint": dataset_fingerprint(cfg),
+            "tracerl.base_model": cfg.model.path,
+            **tags,
+        },
+    )
+    run_id = run.info.run_id
+    storage = Path(cfg.out_dir) / f"{name}-{run_id[:8]}"
+    storage.mkdir(parents=True, exist_ok=True)
+    cfg = dataclasses.replace(cfg, run_name=name)
+    (storage / "config.yaml").write_text(to_yaml(cfg))
+    client.set_tag(run_id, "tracerl.storage", str(storage))
+    flat = to_flat_dict(cfg)
+    for i in range(0, len(flat), 100):
+        keys = list(flat)[i : i + 100]
+        client.log_batch(
+            run_id,
+            params=[
+                mlflow.entities.Param(k, ("null" if flat[k] is None else str(flat[k]))[:6000]) for k in keys
+            ],
+        )
+    client.log_artifact(run_id, str(storage / "config.yaml"))
+    return run_id, storage, cfg
+
+
+def resumed_config(run_id: str, tracking: Any, overrides: list[str]) -> tuple[TrainConfig, Path, Path | None]:
+    """What ``resume=RUN_ID`` continues with: the run's saved config.yaml with the command's other overrides on top,
+    its storage, and its newest complete checkpoint (None: none yet)."""
+    from tracerl.config_loader import compose
+
+    storage = run_storage(run_id, tracking)
+    saved = storage / "config.yaml"
+    if not saved.is_file():
+        raise FileNotFoundError(f"run {run_id} has no saved config at {saved}")
+    keep = [o for o in overrides if not o.startswith("resume=")]
+    cfg = compose(TrainConfig, saved, keep + [f"resume={run_id}"])
+    return cfg, storage, latest_checkpoint(storage)
 
 
 def metric_series(client: Any, run_id: str, key: str) -> dict[int, float]:

@@ -1,83 +1,34 @@
-"""Sampler and environment actor pools: thin Ray adapters around the rollout engine.
+"""The sampler actor pool: thin Ray adapters around the rollout engine.
 
-* ``EnvWorker`` runs tool calls (each in its own sandboxed process). ``EnvPool`` is the
-  ``ToolEnv`` a sampler actor hands its engine: a round's tool calls go to the env actors in
-  parallel; a call whose actor died is re-submitted to a fresh actor and counted as retried.
-* ``RolloutWorker`` holds a copy of the policy, a sampler and a ``TreeRolloutEngine``. It rolls
-  out a share of the step's prompts and later expands the same trees, re-using the KV caches it
-  kept for them; trees travel back without caches.
+* ``RolloutWorker`` holds a copy of the policy, a sampler and a ``TreeRolloutEngine`` (its tool calls go to its own
+  environment actors: actors/envpool.py). It rolls out a share of the step's prompts and later expands the same
+  trees, re-using the KV caches it kept for them; trees travel back without caches.
 * ``RolloutPool`` is the step driver's ``TreeBackend`` on the trainer's rank 0: it shards prompts
   over the workers (balanced by rollouts, deterministic), hands every worker the run's seed and step
   (each turn's seed is keyed by what it samples, ``tracerl.engine.seeds``, so the trees do not depend on
   the number of workers or the sharding), replaces a dead worker (loading the current weights) and
-  retries its share; the ledger counts the retries.
+  retries its share (actors/retry.py); the ledger counts the retries.
 
-Fault injection (``FaultConfig``) makes a worker exit for real during a chosen step, once per run
-(a marker file in ``fault_dir`` remembers it), so tests exercise Ray's actual failure path.
+The spec's ``faults`` (actors/faults.py) make a worker exit for real during a chosen step, once per run.
 """
 
 from __future__ import annotations
 
 import copy
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from tracerl.actors.envpool import EnvPool
+from tracerl.actors.retry import DEAD, OWN, call_with_retries
 from tracerl.actors.spec import WorkerSpec
 from tracerl.algos.allocators import Expansion
 from tracerl.engine.ledger import BudgetLedger
-from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult
-from tracerl.engine.react import Action, ToolSpec
+from tracerl.engine.protocol import ToolEnv
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt
-
-DEAD = (RayActorError, ActorDiedError, ActorUnavailableError)
-# Pools reserve their own resources: outside any placement group that captures child actors (a Tune trial's, a
-# Ray Train worker's), where they would wait forever for room that the group does not have.
-_OWN = PlacementGroupSchedulingStrategy(placement_group=None)  # type: ignore[arg-type]
-
-
-def _fault_once(fault_dir: str | None, name: str) -> bool:
-    """True the first time ``name`` is claimed in ``fault_dir`` (a marker file), then never again."""
-    if not fault_dir:
-        return False
-    marker = Path(fault_dir) / name
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return False
-    os.close(fd)
-    return True
-
-
-def call_with_retries(
-    n: int, submit: Callable[[int], Any], on_dead: Callable[[int], None], max_retries: int
-) -> tuple[list[Any], list[int]]:
-    """Run calls ``0 .. n-1`` in parallel (``submit(i)`` starts call i on some actor and returns its ref); a call
-    whose actor died gets ``on_dead(i)`` (which replaces the actor) and runs again, at most ``max_retries`` times.
-    Returns the results and how many times each call was retried."""
-    out: list[Any] = [None] * n
-    tries = [0] * n
-    pending = {submit(i): i for i in range(n)}
-    while pending:
-        done, _ = ray.wait(list(pending), num_returns=1)
-        i = pending.pop(done[0])
-        try:
-            out[i] = ray.get(done[0])
-        except DEAD:
-            if tries[i] >= max_retries:
-                raise
-            tries[i] += 1
-            on_dead(i)
-            pending[submit(i)] = i
-    return out, tries
 
 
 def strip_caches(tree: RolloutTree) -> RolloutTree:
@@ -88,90 +39,6 @@ def strip_caches(tree: RolloutTree) -> RolloutTree:
         for k, v in tree.fork_state.items()
     }
     return out
-
-
-class EnvWorker:
-    """Runs tool calls of one environment (a Ray actor)."""
-
-    def __init__(
-        self, env_factory: Callable[[], Any], kill_at_step: int = -1, fault_dir: str | None = None
-    ) -> None:
-        self.env = env_factory()
-        self.kill_at_step, self.fault_dir = kill_at_step, fault_dir
-
-    def execute(self, step: int, prompt: Prompt, state: Any, action: Action) -> ToolResult:
-        if 0 <= self.kill_at_step == step and _fault_once(self.fault_dir, f"env-step{step}"):
-            os._exit(1)
-        return self.env.execute(prompt, state, action)  # type: ignore[no-any-return]
-
-
-class EnvPool(ToolEnv):
-    """A ``ToolEnv`` whose tool calls run on env actors; rewards and states are computed locally."""
-
-    def __init__(
-        self,
-        env_factory: Callable[[], ToolEnv],
-        size: int,
-        cpus: float,
-        max_retries: int,
-        kill_at_step: int = -1,
-        fault_dir: str | None = None,
-    ) -> None:
-        self.local = env_factory()
-        self.tools, self.fork_mode = self.local.tools, self.local.fork_mode
-        self._new = lambda: (
-            ray.remote(num_cpus=cpus)(EnvWorker)
-            .options(scheduling_strategy=_OWN)
-            .remote(env_factory, kill_at_step, fault_dir)
-        )
-        self.actors = [self._new() for _ in range(size)]
-        self.max_retries = max_retries
-        self.step = -1
-        self._next = 0
-
-    def initial_state(self, prompt: Prompt) -> Any:
-        return self.local.initial_state(prompt)
-
-    def reward(self, prompt: Prompt, answer: str | None) -> float:
-        return float(self.local.reward(prompt, answer))
-
-    def tools_for(self, prompt: Prompt, state: Any) -> Sequence[ToolSpec]:
-        """The local environment's per-task tools."""
-        return self.local.tools_for(prompt, state)
-
-    def on_answer(self, prompt: Prompt, state: Any, action: Action) -> AnswerResult | None:
-        """The local environment's multi-turn hook (next user message or final reward), run here."""
-        return self.local.on_answer(prompt, state, action)
-
-    def scores(self, prompt: Prompt, answer: str | None) -> dict[str, float]:
-        """The local environment's answer metrics, run here like the reward."""
-        return self.local.scores(prompt, answer)
-
-    def gold_turns(self, prompt: Prompt, template: Any) -> list[str]:
-        """The local environment's reference turns."""
-        return self.local.gold_turns(prompt, template)
-
-    @property
-    def warnings(self) -> list[str]:
-        """The local environment's warnings (the actors run the same class on the same machine kind)."""
-        return self.local.warnings
-
-    def execute(self, prompt: Prompt, state: Any, action: Action) -> ToolResult:
-        return self.execute_batch([(prompt, state, action)])[0]
-
-    def execute_batch(self, calls: Sequence[tuple[Prompt, Any, Action]]) -> list[ToolResult]:
-        actor = [0] * len(calls)  # the actor each call last ran on
-
-        def submit(i: int) -> Any:
-            actor[i] = self._next % len(self.actors)
-            self._next += 1
-            return self.actors[actor[i]].execute.remote(self.step, *calls[i])  # type: ignore[attr-defined]
-
-        def on_dead(i: int) -> None:
-            self.actors[actor[i]] = self._new()
-
-        results, retried = call_with_retries(len(calls), submit, on_dead, self.max_retries)
-        return [replace(r, retried=r.retried + n) for r, n in zip(results, retried)]
 
 
 class RolloutWorker:
@@ -188,7 +55,7 @@ class RolloutWorker:
 
         torch.set_num_threads(spec.threads)
         model_cfg, sampler_cfg, env_cfg, pools = spec.model, spec.sampler, spec.env, spec.pools
-        self.kill_at_step, self.fault_dir = spec.kill_at_step, spec.fault_dir
+        self.faults = spec.faults
         cls = env_class(env_cfg.name)
         services = spec.services
 
@@ -202,8 +69,7 @@ class RolloutWorker:
                 pools.env_workers,
                 pools.env_cpus,
                 pools.max_retries,
-                spec.kill_env_at_step,
-                self.fault_dir,
+                self.faults,
             )
         else:
             env = env_factory()
@@ -233,8 +99,7 @@ class RolloutWorker:
         self.engine.seed, self.engine.step, self.engine.ledger = seed, step, BudgetLedger()
         if isinstance(self.env, EnvPool):
             self.env.step = step
-        if 0 <= self.kill_at_step == step and _fault_once(self.fault_dir, f"sampler-step{step}"):
-            os._exit(1)
+        self.faults.sampler(step)
 
     def rollout(
         self, step: int, key: str, prompts: list[Prompt], counts: list[int], seed: int
@@ -306,7 +171,7 @@ class RolloutPool:
     def _new(self) -> Any:
         return (
             ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0)(RolloutWorker)
-            .options(scheduling_strategy=_OWN)
+            .options(scheduling_strategy=OWN)
             .remote(self.spec)
         )
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracerl.actors.faults import NO_FAULTS, Faults
 from tracerl.config import EnvConfig, ModelConfig, PoolConfig, SamplerConfig
 
 
@@ -17,12 +18,9 @@ class WorkerSpec:
     sampler: SamplerConfig
     env: EnvConfig
     pools: PoolConfig
-    kill_at_step: int = -1
-    """Fault drill: the worker exits at the start of this step (once per run; -1: never)."""
-    kill_env_at_step: int = -1
-    """Fault drill: an environment actor exits at this step (once per run; -1: never)."""
-    fault_dir: str | None = None
-    """Where the drills mark that a fault already fired (so a restarted run does not repeat it)."""
+    faults: Faults = NO_FAULTS
+    """Fault drills (actors/faults.py): the worker or one of its environment actors exits at a given step, once per
+    run."""
     services: Mapping[str, Any] = field(default_factory=dict)
     """The run's shared service actors by name (e.g. the search retriever); empty: each environment builds its
     own."""

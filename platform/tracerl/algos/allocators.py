@@ -3,9 +3,12 @@
 Every allocator answers two questions with the same signature, so the step driver has no special
 cases (docs/method.md, "Stage 1", "Stage 2", "Baselines"):
 
-* ``roots(v, budget, rng)``: rollout counts for the candidate pool, given predicted root success
-  probabilities ``v`` (``None`` while the predictor is cold: uniform allocation).
-* ``prefixes(cands, budget, rng)``: continuation counts per non-leaf bare prefix of each active tree,
+* ``plan_step(v, anchors, budget, rng)``: Stage 1 as a ``StepPlan``: rollout counts for the candidate pool,
+  given predicted root success probabilities ``v`` (``None`` while the predictor is cold: uniform
+  allocation), in which generation batches to roll them out, and how many continuations Stage 2 spends. The
+  default plans ``roots(...)`` in one batch followed by N continuations per bare rollout; flat allocators plan
+  no Stage 2, dapo plans re-sampled batches, trace_plus prices its roots. engine/step.py carries the plan out.
+* ``prefixes(cands, rng)``: continuation counts per non-leaf bare prefix of each active tree,
   given the prefix's rollout reward r and predicted probability p (``None`` while cold).
 
 | name               | roots                                 | prefixes             |
@@ -77,14 +80,38 @@ class Expansion:
         return int(self.counts.sum()) + self.extra_bare
 
 
+@dataclass(frozen=True)
+class StepPlan:
+    """Stage 1's decisions for one step (``Allocator.plan_step``); engine/step.py carries them out.
+
+    The step rolls out ``batches`` in order, ``counts[i]`` bare rollouts of each candidate i of a batch, until
+    ``keep_mixed`` mixed groups are kept (dynamic sampling); then, when ``continuations`` N > 0, Stage 2 gives every
+    kept tree with m bare rollouts a local budget of m N continuations.
+    """
+
+    counts: np.ndarray
+    """Bare rollouts per candidate, shape (B,) (for every batch, whether the step draws it or not)."""
+    batches: list[np.ndarray]
+    """Candidate indices per generation batch, in rollout order (one batch: the candidates with counts > 0)."""
+    continuations: int = 0
+    """N, continuations per bare rollout in Stage 2; 0: no Stage 2 (flat allocators)."""
+    keep_mixed: int | None = None
+    """Dynamic sampling: keep only mixed groups, at most this many, drawing batches until that many are kept.
+    None: keep every tree."""
+    costs: np.ndarray | None = None
+    """Cost-aware allocators: predicted generated tokens of one bare rollout per candidate, shape (B,); Stage 2 then
+    prices prefixes too (``Allocator.price``) and gives each prompt its token share m c N."""
+
+
+def one_batch(counts: np.ndarray, continuations: int = 0, costs: np.ndarray | None = None) -> StepPlan:
+    """The usual plan: every candidate with counts > 0 in one generation batch."""
+    return StepPlan(counts, [np.flatnonzero(counts)], continuations, costs=costs)
+
+
 class Allocator:
-    """Base allocator; subclasses choose root and prefix modes. Users may subclass and register."""
+    """Base allocator: ``roots`` then ``prefixes`` (a tree step). Users may subclass and register."""
 
     name = "base"
-    flat = False
-    """Flat allocators spend the whole leaf budget as bare rollouts (no continuations)."""
-    dynamic = False
-    """Dynamic sampling (dapo): the driver re-samples groups until enough are mixed."""
     predictor: str | None = None
     """Force this predictor (oracle_trace uses the simulator's oracle)."""
     targets: Literal["recursive", "debiased"] | None = None
@@ -93,8 +120,11 @@ class Allocator:
     def __init__(self, cfg: AllocatorConfig) -> None:
         self.cfg = cfg
 
-    def root_budget(self, budget: BudgetConfig) -> int:
-        return budget.leaves if self.flat else budget.roots
+    def plan_step(
+        self, v: np.ndarray | None, anchors: Sequence[Anchor], budget: BudgetConfig, rng: np.random.Generator
+    ) -> StepPlan:
+        """Stage 1 over the candidates' root ``anchors``: ``roots`` in one batch, then N continuations each."""
+        return one_batch(self.roots(v, len(anchors), budget, rng), budget.continuations)
 
     def roots(
         self, v: np.ndarray | None, num_candidates: int, budget: BudgetConfig, rng: np.random.Generator
@@ -110,12 +140,6 @@ class Allocator:
         """Predicted generated tokens of one rollout from each anchor; None: the allocator is not cost-aware."""
         return None
 
-    def priced_roots(
-        self, v: np.ndarray | None, costs: np.ndarray, budget: BudgetConfig, rng: np.random.Generator
-    ) -> np.ndarray:
-        """Root counts given per-candidate rollout costs (cost-aware allocators)."""
-        return self.roots(v, len(costs), budget, rng)
-
     def observe(self, trees: Sequence[RolloutTree]) -> dict[str, float]:
         """Fit allocator-owned models (trace_plus: its length predictor) on a step's finished trees."""
         return {}
@@ -128,8 +152,17 @@ class Allocator:
         """Restore what ``state_dict`` returned."""
 
     def prefixes(self, cands: Sequence[PrefixCandidates], rng: np.random.Generator) -> list[Expansion]:
-        """Default: spend nothing on prefixes (flat allocators)."""
+        """Default: spend nothing on prefixes."""
         return [Expansion(c.node_ids, np.zeros(len(c.node_ids), np.int64), 0) for c in cands]
+
+
+class FlatAllocator(Allocator):
+    """Flat allocators spend the whole leaf budget as bare rollouts: their plan has no Stage 2."""
+
+    def plan_step(
+        self, v: np.ndarray | None, anchors: Sequence[Anchor], budget: BudgetConfig, rng: np.random.Generator
+    ) -> StepPlan:
+        return one_batch(self.roots(v, len(anchors), budget, rng))
 
 
 # -- root modes ---------------------------------------------------------------------------------
@@ -212,11 +245,10 @@ ALLOCATORS: Registry[type[Allocator]] = Registry("allocator", group="tracerl.all
 
 
 @ALLOCATORS.register("grpo")
-class GRPOAllocator(Allocator):
+class GRPOAllocator(FlatAllocator):
     """Uniform prompts, G full rollouts each."""
 
     name = "grpo"
-    flat = True
 
     def roots(
         self, v: np.ndarray | None, num_candidates: int, budget: BudgetConfig, rng: np.random.Generator
@@ -225,11 +257,10 @@ class GRPOAllocator(Allocator):
 
 
 @ALLOCATORS.register("pcl")
-class PCLAllocator(Allocator):
+class PCLAllocator(FlatAllocator):
     """Prompt curriculum learning: the L/G prompts predicted closest to 0.5, G rollouts each."""
 
     name = "pcl"
-    flat = True
 
     def roots(
         self, v: np.ndarray | None, num_candidates: int, budget: BudgetConfig, rng: np.random.Generator
@@ -243,13 +274,21 @@ class PCLAllocator(Allocator):
 class DAPOAllocator(GRPOAllocator):
     """DAPO dynamic sampling: GRPO groups, zero-variance groups dropped and re-sampled.
 
-    The driver draws generation batches of L/G prompts x G rollouts from the candidate pool (in a
+    The step draws generation batches of L/G prompts x G rollouts from the candidate pool (in a
     random order) until L/G mixed groups are kept or ``max_gen_batches`` batches were drawn; surplus
     mixed groups of the last batch are dropped, as in DAPO. It spends more rollouts than it keeps.
     """
 
     name = "dapo"
-    dynamic = True
+
+    def plan_step(
+        self, v: np.ndarray | None, anchors: Sequence[Anchor], budget: BudgetConfig, rng: np.random.Generator
+    ) -> StepPlan:
+        want = budget.num_groups
+        order = rng.permutation(len(anchors))
+        chunks = [order[b * want : (b + 1) * want] for b in range(self.cfg.max_gen_batches)]
+        counts = np.full(len(anchors), budget.group_size, dtype=np.int64)
+        return StepPlan(counts, [c for c in chunks if len(c)], keep_mixed=want)
 
 
 @ALLOCATORS.register("treepo")

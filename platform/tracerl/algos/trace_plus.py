@@ -20,7 +20,15 @@ from typing import Protocol, cast
 
 import numpy as np
 
-from tracerl.algos.allocators import ALLOCATORS, Expansion, PrefixCandidates, TraceAllocator, uniform_roots
+from tracerl.algos.allocators import (
+    ALLOCATORS,
+    Expansion,
+    PrefixCandidates,
+    StepPlan,
+    TraceAllocator,
+    one_batch,
+    uniform_roots,
+)
 from tracerl.algos.config import BudgetConfig
 from tracerl.algos.costaware import solve_prefixes_tokens, solve_roots_tokens
 from tracerl.tree import RolloutTree
@@ -69,9 +77,18 @@ class TracePlusAllocator(TraceAllocator):
         if self.lengths is not None and "lengths" in state:
             self.lengths.load_state_dict(cast("dict[str, object]", state["lengths"]))
 
+    def plan_step(
+        self, v: np.ndarray | None, anchors: Sequence[Anchor], budget: BudgetConfig, rng: np.random.Generator
+    ) -> StepPlan:
+        costs = self.price(anchors)
+        if costs is None:  # the length predictor is not ready: trace's plan
+            return super().plan_step(v, anchors, budget, rng)
+        return one_batch(self.priced_roots(v, costs, budget, rng), budget.continuations, costs)
+
     def priced_roots(
         self, v: np.ndarray | None, costs: np.ndarray, budget: BudgetConfig, rng: np.random.Generator
     ) -> np.ndarray:
+        """Root counts within the step's token budget, given per-candidate rollout costs."""
         if v is None:
             return uniform_roots(len(costs), budget.roots, self.cfg.root_group_size, rng)
         tokens = (

@@ -1,29 +1,31 @@
 """One allocation-and-rollout step (docs/design.md, "One training step"), backend-agnostic.
 
     v     = predictor.score(roots)          # Stage 1 (None while the predictor is cold)
-    m     = allocator.roots(v, M)
-    bare  = backend.rollout(candidates, m)
-    p     = predictor.score(prefixes(bare)) # Stage 2
+    plan  = allocator.plan_step(v, M)       # root counts, generation batches, N
+    bare  = backend.rollout(candidates, plan)
+    p     = predictor.score(prefixes(bare)) # Stage 2 (when the plan has continuations)
     K     = allocator.prefixes(bare, p, N)
     trees = backend.expand(bare, K)
 
-Dynamic sampling (dapo) replaces Stage 1 with re-sampled generation batches. Every score is kept
-with its anchor so calibration can be measured once the trees are finished.
+The allocator's plan, not the step, holds what differs between allocators: flat allocators plan no Stage 2,
+dynamic sampling (dapo) plans re-sampled generation batches and keeps only mixed groups, cost-aware allocators
+price roots and prefixes. Every score is kept with its anchor so calibration can be measured once the trees are
+finished.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from tracerl.algos.allocators import Allocator, Expansion, PrefixCandidates
+from tracerl.algos.allocators import Allocator, Expansion, PrefixCandidates, StepPlan
 from tracerl.config import BudgetConfig
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.protocol import TreeBackend, account
+from tracerl.engine.timer import PhaseTimer
 from tracerl.tree import RolloutTree
 from tracerl.types import Anchor, Prompt
 
@@ -58,12 +60,6 @@ class StepOutcome:
     ledger: BudgetLedger = field(default_factory=BudgetLedger)
 
 
-def _timed(ledger: BudgetLedger, phase: str, t0: float) -> float:
-    now = time.perf_counter()
-    ledger.phase_s[phase] = ledger.phase_s.get(phase, 0.0) + now - t0
-    return now
-
-
 def run_step(
     pool: Sequence[Prompt],
     allocator: Allocator,
@@ -71,105 +67,90 @@ def run_step(
     backend: TreeBackend,
     budget: BudgetConfig,
     rng: np.random.Generator,
+    timer: PhaseTimer | None = None,
 ) -> StepOutcome:
-    """Allocate and roll out one step's budget. Returns the trees and every decision taken."""
+    """Allocate and roll out one step's budget. Returns the trees and every decision taken.
+
+    Phases are timed by ``timer`` (score, allocate_roots, rollout, expand_prefixes); without one, into the
+    outcome's ``ledger.phase_s``."""
     ledger = BudgetLedger()
+    timer = timer or PhaseTimer(ledger.phase_s)
     pool = list(pool)
-    t0 = time.perf_counter()
-    scores = predictor.score([Anchor(p) for p in pool])
-    t0 = _timed(ledger, "score", t0)
-    v = scores if predictor.ready else None
-    if allocator.dynamic:
-        return _dynamic_step(pool, scores, allocator, backend, budget, rng, ledger, t0)
-    costs = allocator.price([Anchor(p) for p in pool])  # cost-aware allocators only (trace_plus)
-    if costs is None:
-        counts = allocator.roots(v, len(pool), budget, rng)
-    else:
-        counts = allocator.priced_roots(v, costs, budget, rng)
-    t0 = _timed(ledger, "allocate_roots", t0)
-    active = np.flatnonzero(counts)
-    trees = backend.rollout([pool[i] for i in active], counts[active].tolist())
-    t0 = _timed(ledger, "rollout", t0)
-    out = StepOutcome(pool, trees, trees, counts, scores, ledger=ledger)
-    if not allocator.flat and budget.continuations > 0:
-        root_costs = None if costs is None else costs[active]
-        _expand(out, allocator, predictor, backend, budget, rng, counts[active], t0, root_costs)
-    account(ledger, trees)
-    ledger.leaves = ledger.sampled_leaves = sum(t.num_leaves for t in trees)
+    roots = [Anchor(p) for p in pool]
+    with timer("score"):
+        scores = predictor.score(roots)
+    with timer("allocate_roots"):
+        plan = allocator.plan_step(scores if predictor.ready else None, roots, budget, rng)
+    with timer("rollout"):
+        out, kept = _roll_out(pool, plan, backend, scores, ledger)
+    if plan.continuations > 0:
+        _expand(out, plan, kept, allocator, predictor, backend, rng, timer)
+    account(ledger, out.sampled_trees)
+    ledger.leaves = sum(t.num_leaves for t in out.trees)
+    ledger.sampled_leaves = sum(t.num_leaves for t in out.sampled_trees)
     ledger.extra_bare = sum(e.extra_bare for e in out.expansions)
     return out
 
 
+def _roll_out(
+    pool: list[Prompt], plan: StepPlan, backend: TreeBackend, scores: np.ndarray, ledger: BudgetLedger
+) -> tuple[StepOutcome, list[int]]:
+    """The plan's bare rollouts, batch by batch (dynamic sampling: until enough mixed groups are kept); the outcome
+    and the candidate index of each kept tree."""
+    counts = np.zeros_like(plan.counts)
+    kept: list[RolloutTree] = []
+    kept_idx: list[int] = []
+    sampled: list[RolloutTree] = []
+    for batch in plan.batches:
+        if plan.keep_mixed is not None and len(kept) >= plan.keep_mixed:
+            break
+        counts[batch] = plan.counts[batch]
+        trees = backend.rollout([pool[i] for i in batch], plan.counts[batch].tolist())
+        sampled += trees
+        for i, t in zip(batch, trees):
+            if plan.keep_mixed is None or t.is_mixed():
+                kept.append(t)
+                kept_idx.append(int(i))
+    if plan.keep_mixed is not None:
+        kept, kept_idx = kept[: plan.keep_mixed], kept_idx[: plan.keep_mixed]
+    return StepOutcome(pool, kept, sampled, counts, scores, ledger=ledger), kept_idx
+
+
 def _expand(
     out: StepOutcome,
+    plan: StepPlan,
+    kept: list[int],
     allocator: Allocator,
     predictor: Scorer,
     backend: TreeBackend,
-    budget: BudgetConfig,
     rng: np.random.Generator,
-    bare_counts: np.ndarray,
-    t0: float,
-    root_costs: np.ndarray | None = None,
+    timer: PhaseTimer,
 ) -> None:
-    ledger = out.ledger
-    anchors: list[Anchor] = []
-    spans: list[tuple[int, int]] = []
-    cands_meta: list[tuple[np.ndarray, np.ndarray]] = []
-    for tree in out.trees:
-        ids = np.array(tree.bare_prefixes(), dtype=np.int64)
-        rewards = tree.path_rewards()
-        r = np.array([rewards[tree.nodes[i].path_id] for i in ids], dtype=float)
-        spans.append((len(anchors), len(anchors) + len(ids)))
-        anchors += [tree.anchor(int(i)) for i in ids]
-        cands_meta.append((ids, r))
-    p_all = predictor.score(anchors)
-    c_all = None if root_costs is None else allocator.price(anchors)
-    t0 = _timed(ledger, "score", t0)
-    cands = []
-    for ti, ((ids, r), (a, b), m) in enumerate(zip(cands_meta, spans, bare_counts)):
-        p = p_all[a:b]
-        out.prefix_scores += [(ti, int(i), float(x)) for i, x in zip(ids, p)]
-        cost = None if c_all is None else c_all[a:b]
-        share = None if root_costs is None else float(m * root_costs[ti] * budget.continuations)
-        cands.append(
-            PrefixCandidates(
-                ids, r, p if predictor.ready else None, int(m) * budget.continuations, cost, share
-            )
-        )
-    out.expansions = allocator.prefixes(cands, rng)
-    t0 = _timed(ledger, "expand_prefixes", t0)
-    backend.expand(out.trees, out.expansions)
-    _timed(ledger, "rollout", t0)
-
-
-def _dynamic_step(
-    pool: list[Prompt],
-    scores: np.ndarray,
-    allocator: Allocator,
-    backend: TreeBackend,
-    budget: BudgetConfig,
-    rng: np.random.Generator,
-    ledger: BudgetLedger,
-    t0: float,
-) -> StepOutcome:
-    """DAPO dynamic sampling: generation batches of L/G prompts until L/G mixed groups are kept."""
-    want, g = budget.num_groups, budget.group_size
-    order = rng.permutation(len(pool))
-    counts = np.zeros(len(pool), dtype=np.int64)
-    kept: list[RolloutTree] = []
-    sampled: list[RolloutTree] = []
-    max_batches = allocator.cfg.max_gen_batches
-    for b in range(max_batches):
-        chunk = order[b * want : (b + 1) * want]
-        if len(kept) >= want or len(chunk) == 0:
-            break
-        counts[chunk] = g
-        trees = backend.rollout([pool[i] for i in chunk], [g] * len(chunk))
-        sampled += trees
-        kept += [t for t in trees if t.is_mixed()]
-    kept = kept[:want]
-    _timed(ledger, "rollout", t0)
-    account(ledger, sampled)
-    ledger.leaves = sum(t.num_leaves for t in kept)
-    ledger.sampled_leaves = sum(t.num_leaves for t in sampled)
-    return StepOutcome(pool, kept, sampled, counts, scores, ledger=ledger)
+    """Stage 2: score every tree's bare prefixes, let the allocator place N continuations per bare rollout (priced
+    prompts: within their token share), and roll the continuations out."""
+    with timer("score"):
+        anchors: list[Anchor] = []
+        spans: list[tuple[int, int]] = []
+        cands_meta: list[tuple[np.ndarray, np.ndarray]] = []
+        for tree in out.trees:
+            ids = np.array(tree.bare_prefixes(), dtype=np.int64)
+            rewards = tree.path_rewards()
+            r = np.array([rewards[tree.nodes[i].path_id] for i in ids], dtype=float)
+            spans.append((len(anchors), len(anchors) + len(ids)))
+            anchors += [tree.anchor(int(i)) for i in ids]
+            cands_meta.append((ids, r))
+        p_all = predictor.score(anchors)
+        c_all = None if plan.costs is None else allocator.price(anchors)
+    with timer("expand_prefixes"):
+        n = plan.continuations
+        cands = []
+        for ti, ((ids, r), (a, b), i) in enumerate(zip(cands_meta, spans, kept)):
+            p = p_all[a:b]
+            m = int(plan.counts[i])
+            out.prefix_scores += [(ti, int(j), float(x)) for j, x in zip(ids, p)]
+            cost = None if c_all is None else c_all[a:b]
+            share = None if plan.costs is None else float(m * plan.costs[i] * n)
+            cands.append(PrefixCandidates(ids, r, p if predictor.ready else None, m * n, cost, share))
+        out.expansions = allocator.prefixes(cands, rng)
+    with timer("rollout"):
+        backend.expand(out.trees, out.expansions)

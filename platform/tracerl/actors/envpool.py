@@ -1,0 +1,96 @@
+"""Environment actors: ``EnvWorker`` runs tool calls of one environment (each in its own sandboxed process);
+``EnvPool`` is the ``ToolEnv`` a sampler actor hands its engine. A round's tool calls go to the env actors in
+parallel; a call whose actor died is re-submitted to a fresh actor and counted as retried. Rewards, states and the
+environment's other hooks run locally, in the sampler actor."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import ray
+
+from tracerl.actors.faults import NO_FAULTS, Faults
+from tracerl.actors.retry import OWN, call_with_retries
+from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult
+from tracerl.engine.react import Action, ToolSpec
+from tracerl.types import Prompt
+
+
+class EnvWorker:
+    """Runs tool calls of one environment (a Ray actor)."""
+
+    def __init__(self, env_factory: Callable[[], Any], faults: Faults = NO_FAULTS) -> None:
+        self.env = env_factory()
+        self.faults = faults
+
+    def execute(self, step: int, prompt: Prompt, state: Any, action: Action) -> ToolResult:
+        self.faults.env(step)
+        return self.env.execute(prompt, state, action)  # type: ignore[no-any-return]
+
+
+class EnvPool(ToolEnv):
+    """A ``ToolEnv`` whose tool calls run on env actors; rewards and states are computed locally."""
+
+    def __init__(
+        self,
+        env_factory: Callable[[], ToolEnv],
+        size: int,
+        cpus: float,
+        max_retries: int,
+        faults: Faults = NO_FAULTS,
+    ) -> None:
+        self.local = env_factory()
+        self.tools, self.fork_mode = self.local.tools, self.local.fork_mode
+        self._new = lambda: (
+            ray.remote(num_cpus=cpus)(EnvWorker).options(scheduling_strategy=OWN).remote(env_factory, faults)
+        )
+        self.actors = [self._new() for _ in range(size)]
+        self.max_retries = max_retries
+        self.step = -1
+        self._next = 0
+
+    def initial_state(self, prompt: Prompt) -> Any:
+        return self.local.initial_state(prompt)
+
+    def reward(self, prompt: Prompt, answer: str | None) -> float:
+        return float(self.local.reward(prompt, answer))
+
+    def tools_for(self, prompt: Prompt, state: Any) -> Sequence[ToolSpec]:
+        """The local environment's per-task tools."""
+        return self.local.tools_for(prompt, state)
+
+    def on_answer(self, prompt: Prompt, state: Any, action: Action) -> AnswerResult | None:
+        """The local environment's multi-turn hook (next user message or final reward), run here."""
+        return self.local.on_answer(prompt, state, action)
+
+    def scores(self, prompt: Prompt, answer: str | None) -> dict[str, float]:
+        """The local environment's answer metrics, run here like the reward."""
+        return self.local.scores(prompt, answer)
+
+    def gold_turns(self, prompt: Prompt, template: Any) -> list[str]:
+        """The local environment's reference turns."""
+        return self.local.gold_turns(prompt, template)
+
+    @property
+    def warnings(self) -> list[str]:
+        """The local environment's warnings (the actors run the same class on the same machine kind)."""
+        return self.local.warnings
+
+    def execute(self, prompt: Prompt, state: Any, action: Action) -> ToolResult:
+        return self.execute_batch([(prompt, state, action)])[0]
+
+    def execute_batch(self, calls: Sequence[tuple[Prompt, Any, Action]]) -> list[ToolResult]:
+        actor = [0] * len(calls)  # the actor each call last ran on
+
+        def submit(i: int) -> Any:
+            actor[i] = self._next % len(self.actors)
+            self._next += 1
+            return self.actors[actor[i]].execute.remote(self.step, *calls[i])  # type: ignore[attr-defined]
+
+        def on_dead(i: int) -> None:
+            self.actors[actor[i]] = self._new()
+
+        results, retried = call_with_retries(len(calls), submit, on_dead, self.max_retries)
+        return [replace(r, retried=r.retried + n) for r, n in zip(results, retried)]

@@ -1,0 +1,42 @@
+"""The one way a step's phases are timed: ``with timer("rollout"): ...`` adds the block's wall seconds to
+``timer.seconds["rollout"]``.
+
+A phase entered twice in a step sums (``score`` runs for the roots and again for the prefixes; ``rollout`` for the
+bare rollouts and again for the continuations). The timer also knows when its step started, in wall and process
+CPU time, for ``time/step_s`` and ``system/cpu_s`` (docs/metrics.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class PhaseTimer:
+    """Wall seconds per named phase of one step (a new timer per step)."""
+
+    def __init__(self, seconds: dict[str, float] | None = None) -> None:
+        self.seconds: dict[str, float] = {} if seconds is None else seconds
+        """Seconds per phase; pass a dict to collect into it (a ``BudgetLedger.phase_s``)."""
+        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+    def elapsed(self) -> float:
+        """Wall seconds since the timer started."""
+        return time.perf_counter() - self.wall0
+
+    def cpu(self) -> float:
+        """This process's CPU seconds since the timer started."""
+        return time.process_time() - self.cpu0
+
+    def metrics(self) -> dict[str, float]:
+        """``time/<phase>_s`` for every phase timed so far."""
+        return {f"time/{k}_s": v for k, v in self.seconds.items()}

@@ -1,0 +1,243 @@
+"""Rank 0's part of ``tracerl train``: the sampler actor pool, the predictor, the allocator, the candidate-pool RNG,
+held-out evaluation, the weight sync, checkpoints of its own state and the step's metrics. The step itself, which
+calls these in order, is ``workflows.train.train_step``."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tracerl.actors.faults import Faults
+from tracerl.config import BudgetConfig, TrainConfig
+from tracerl.config_loader import to_yaml
+from tracerl.engine.timer import PhaseTimer
+from workflows.checkpoint_state import CheckpointState
+from workflows.runs import phase_marker
+from workflows.tracking import resolve_uri
+from workflows.train_setup import ADAPTERS, say
+
+
+class Driver:
+    """Rank 0's pools, predictor, allocator and candidate pools, and the run's metric log."""
+
+    def __init__(self, cfg: TrainConfig, run_id: str, storage: Path, tok: Any, model: Any, step: int) -> None:
+        """Start the sampler pool (every sampler loads ``model.path``) and build the allocator and predictor."""
+        import mlflow
+        import numpy as np
+
+        from envs.registry import tool_env_class
+        from predictors.length import attach_lengths
+        from tracerl.actors.pools import RolloutPool
+        from tracerl.actors.spec import WorkerSpec
+        from tracerl.algos.allocators import build_allocator
+        from tracerl.engine.react import TEMPLATES
+        from workflows.lm_stack import make_text_predictor, task_prompts
+        from workflows.spool import MetricLog, next_attempt
+
+        self.cfg, self.run_id, self.storage, self.tok = cfg, run_id, storage, tok
+        # The HF model class and config that checkpoints are written with (a LoRA run's base model).
+        self.export = model.get_base_model() if hasattr(model, "get_base_model") else model
+        mlflow.set_tracking_uri(resolve_uri(cfg.tracking.uri))
+        self.client = mlflow.MlflowClient()
+        self.metrics = MetricLog(self.client, run_id, storage, next_attempt(storage), say)
+        self.metrics.flush()  # what an earlier attempt spooled
+        self.mark = phase_marker(storage, cfg.chaos.enabled, step)
+        self.faults = Faults.from_config(cfg.faults, storage / ".faults")
+        spec = WorkerSpec(cfg.model, cfg.sampler, cfg.env, cfg.pools, faults=self.faults)
+        p = cfg.pools
+        self.pool = RolloutPool(
+            spec, p.rollout_workers, p.rollout_cpus, p.rollout_gpus, p.max_retries, cfg.seed
+        )
+        for w in self.pool.warnings():
+            say(f"sandbox: {w}")
+        self.allocator = build_allocator(cfg.allocator)
+        attach_lengths(self.allocator)  # trace_plus: its length predictor
+        template = TEMPLATES.get(cfg.model.template)(tok)
+        tools = list(tool_env_class(cfg.env.name).tools)
+        self.predictor = make_text_predictor(
+            cfg.predictor,
+            cfg.seed,
+            model,
+            tok,
+            lambda q: template.prompt(q, tools),
+            name=self.allocator.predictor,
+            targets=self.allocator.targets,
+        )
+        self.prompts = task_prompts(cfg.env)
+        self.eval_prompts = task_prompts(cfg.env, held_out=True)
+        self.rng = np.random.default_rng(cfg.seed)
+        # Token mode: generated tokens and leaves so far, for the mean cost of a leaf.
+        self.spent = [0.0, 0.0]
+
+    def restore(self, ckpt_dir: str, state: CheckpointState, weights: dict[str, Any]) -> None:
+        """Continue from a checkpoint: candidate-pool RNG, tokens spent, predictor and allocator state, and the
+        restored policy pushed to the samplers (a fresh run's samplers already hold ``model.path``)."""
+        import torch
+
+        self.rng.bit_generator.state = state.rng
+        self.spent = list(state.spent)
+        self.predictor.load_state_dict(torch.load(Path(ckpt_dir) / "predictor.pt", weights_only=False))
+        if (Path(ckpt_dir) / "allocator.pt").exists():  # trace_plus: its length predictor
+            self.allocator.load_state_dict(torch.load(Path(ckpt_dir) / "allocator.pt", weights_only=False))
+        self.sync(weights)
+
+    def budget(self) -> BudgetConfig:
+        """This step's budget (token mode: L re-set from the token budget and the mean tokens of a leaf so far)."""
+        budget = self.cfg.budget
+        if budget.token_budget is not None and self.spent[1] > 0:
+            budget = budget.for_tokens(self.spent[0] / self.spent[1], max_candidates=len(self.prompts))
+        return budget
+
+    def rollout_metrics(self, out: Any, budget: BudgetConfig) -> dict[str, float]:
+        """The step's rollout, budget and calibration metrics (before the predictor fits on the new trees); the
+        samplers' counts (tokens, tool calls, retries, generation time) join the step's ledger."""
+        from tracerl.calibration import collect_calibration, summarize_calibration
+        from tracerl.engine.step_stats import step_metrics
+        from workflows.evaluate import leaf_score_means
+        from workflows.rollout import merge_ledgers
+
+        out.ledger = merge_ledgers(out.ledger, self.pool.ledger)
+        self.spent = [self.spent[0] + out.ledger.generated_tokens, self.spent[1] + out.ledger.leaves]
+        m = step_metrics(out)
+        m["budget/leaf_budget"] = float(budget.leaves)
+        if self.predictor.ready:
+            for group, vals in summarize_calibration(collect_calibration(out)).items():
+                m.update({f"predictor/{group}/{k}": v for k, v in vals.items()})
+        m.update({f"rollout/{k}": v for k, v in leaf_score_means(out.trees).items()})  # search: em, f1
+        gen_s = out.ledger.phase_s.get("generate", 0.0)
+        m["throughput/generated_tokens_per_s"] = out.ledger.generated_tokens / gen_s if gen_s else 0.0
+        return m
+
+    @staticmethod
+    def batch_metrics(batch: Any, out: Any) -> dict[str, float]:
+        """Reward, accuracy and response length of the collated batch (one sequence per leaf)."""
+        rewards = batch.rewards
+        return {
+            "train/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+            "train/accuracy": sum(r > 0.5 for r in rewards) / len(rewards) if rewards else 0.0,
+            "train/response_tokens": out.ledger.generated_tokens / max(out.ledger.leaves, 1),
+            "train/sequences": float(len(batch)),
+        }
+
+    def fit(self, out: Any) -> dict[str, float]:
+        """Fit the predictor (and trace_plus's length predictor) on every tree rolled out this step."""
+        fit = {**self.predictor.fit(out.sampled_trees), **self.allocator.observe(out.sampled_trees)}
+        return {f"predictor/fit_{k}": v for k, v in fit.items()}
+
+    def sync(self, weights: dict[str, Any]) -> None:
+        """Push the policy's full HF-named weights (``Worker.gather``) to every sampler."""
+        import torch
+
+        self.mark("sync_weights")
+        dtype = getattr(torch, self.cfg.model.dtype)  # the samplers' (master weights may be more precise)
+        self.pool.load_weights({k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()})
+
+    def eval_due(self, done: int) -> bool:
+        return bool(self.cfg.eval_every and done % self.cfg.eval_every == 0) or done == self.cfg.steps
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Greedy held-out accuracy (per source; search: em, f1); per-task outcomes as an artifact."""
+        from workflows.evaluate import evaluate_prompts
+        from workflows.run_info import key_metrics
+
+        self.mark("eval", step)
+        m, traces = evaluate_prompts(self.pool.evaluate, self.eval_prompts, 0, 0.0, self.cfg.seed + 10_000)
+        with tempfile.TemporaryDirectory() as tmp:  # per-task outcomes: the study's bootstrap resamples tasks
+            (Path(tmp) / f"outcomes_step_{step:05d}.json").write_text(
+                json.dumps(
+                    {t["prompt_id"]: float(any(r["reward"] > 0.5 for r in t["rollouts"])) for t in traces}
+                )
+            )
+            self.metrics.log_artifacts(Path(tmp), "eval")
+        out = {"eval/accuracy": m["accuracy"], "eval/well_formed_turns": m["greedy"]["well_formed_turns"]}
+        for src, acc in m["greedy"]["by_source"].items():
+            out[f"eval/accuracy/{src}"] = acc
+        out.update({f"eval/{k}": v for k, v in m["greedy"].get("scores", {}).items()})  # search: em, f1
+        if step == 0:  # later evaluations are logged with their step's metrics
+            self.metrics.log(
+                {**out, **key_metrics(out), "budget/retried": float(self.pool.ledger.retried)}, step
+            )
+        say(
+            f"held-out greedy accuracy after {step} steps: {m['accuracy']:.3f} ({len(self.eval_prompts)} tasks)"
+        )
+        return out
+
+    def close_step(self, m: dict[str, float], done: int, out: Any, timer: PhaseTimer) -> dict[str, float]:
+        """The step's last metrics (retries, attempt, phase times, memory, CPU) and, when due, a sample of its
+        trees as artifacts; then everything is logged at step ``done`` (spooled while the server is down)."""
+        from workflows.run_info import key_metrics
+
+        self.mark("log")
+        with timer("log"):
+            m["budget/retried"] = float(self.pool.ledger.retried)  # with retries of the weight sync and eval
+            m["system/attempt"] = float(self.metrics.attempt)
+            m.update(timer.metrics())
+            rollout_s = m.get("time/rollout_s", 0.0)
+            overhead = sum(
+                m.get(f"time/{k}_s", 0.0)
+                for k in ("score", "allocate_roots", "expand_prefixes", "fit_predictor")
+            )
+            m["time/alloc_predictor_fraction"] = overhead / rollout_s if rollout_s else 0.0
+            m["system/peak_memory_mb"] = _peak_memory_mb()
+            m["system/cpu_s"] = timer.cpu()  # rank 0's process: step driver and learner
+            if (self.cfg.log_trees_every and done % self.cfg.log_trees_every == 0) or done == self.cfg.steps:
+                self._log_trees(out, done)
+        m["time/log_s"] = timer.seconds["log"]
+        m["time/step_s"] = timer.elapsed()
+        m["train/tokens_per_s"] = m.get("budget/generated_tokens", 0.0) / max(m["time/step_s"], 1e-9)
+        self.metrics.log({**m, **key_metrics(m, self.spent[0])}, done)
+        say(
+            f"step {done}/{self.cfg.steps}  ER {m['rollout/effective_ratio']:.2f}  reward {m['train/reward_mean']:.2f}"
+            f"  loss {m['train/loss']:+.4f}  clip {m['train/clip_fraction']:.3f}  {m['time/step_s']:.1f} s"
+            + (f"  held-out {m['eval/accuracy']:.3f}" if "eval/accuracy" in m else "")
+        )
+        return m
+
+    def _log_trees(self, out: Any, step: int) -> None:
+        from workflows.rollout import outcome_records
+        from workflows.viewer import render_html
+
+        records = outcome_records(out)
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(Path(tmp) / "trees.jsonl", "w") as f:
+                for r in records[:16]:
+                    f.write(json.dumps(r) + "\n")
+            (Path(tmp) / "trees.html").write_text(
+                render_html(records[:16], f"{self.cfg.run_name}: step {step}")
+            )
+            self.metrics.log_artifacts(Path(tmp), f"trees/step_{step:05d}")
+
+    def save(self, path: Path, step: int, weights: dict[str, Any], adapters: dict[str, Any]) -> None:
+        """Rank 0's share of a checkpoint: the merged policy (HF format), LoRA adapters, predictor, allocator
+        state, candidate-pool RNG, tokens spent and the config."""
+        import torch
+
+        self.mark("save", step)
+        self.export.save_pretrained(path / "policy", state_dict=weights)
+        if adapters:
+            torch.save(adapters, path / ADAPTERS)
+        self.tok.save_pretrained(path / "policy")
+        torch.save(self.predictor.state_dict(), path / "predictor.pt")
+        if self.allocator.state_dict():
+            torch.save(self.allocator.state_dict(), path / "allocator.pt")
+        CheckpointState(
+            step, self.run_id, self.rng.bit_generator.state, (self.spent[0], self.spent[1])
+        ).write(path)
+        (path / "config.yaml").write_text(to_yaml(self.cfg))
+
+    def close(self) -> None:
+        self.mark("done")
+        self.metrics.flush()
+        self.pool.shutdown()
+
+
+def _peak_memory_mb() -> float:
+    import resource
+
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
