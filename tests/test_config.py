@@ -188,6 +188,9 @@ def test_token_mode_sets_leaves_from_the_token_budget_and_cost_per_leaf() -> Non
     # unit = lcm(1 + N, G) = 12 leaves; 2000 tokens / (30 tokens x 12) = 5 units
     assert b.for_tokens(30.0).leaves == 60 and b.for_tokens(30.0).roots == 20
     assert b.for_tokens(1000.0).leaves == 12  # at least one unit
+    # at least m_min bare rollouts: with unit = lcm(3, 3) = 3 leaves (1 root), m_min = 2 needs 2 units
+    small = BudgetConfig(num_leaves=15, continuations=2, group_size=3, pool_factor=2, token_budget=400)
+    assert small.for_tokens(200.0).leaves == 3 and small.for_tokens(200.0, min_roots=2).leaves == 6
     assert b.for_tokens(30.0, max_candidates=48).leaves == 48  # pool 4 x 48 / 4 = 48 candidates fits
     assert (
         BudgetConfig(num_leaves=48, continuations=2, group_size=4).for_tokens(30.0).leaves == 48

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import subprocess
@@ -73,71 +74,17 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     stop_process(proc)
 
 
-def test_smoke_sweep_logs_parent_and_children_to_a_server(
+def test_asha_sweep_on_a_server_in_token_mode_stops_a_trailing_trial_and_restores(
     tiny_policy: Path, mlflow_server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import mlflow
-
-    args = [
-        "sweep",
-        "--config",
-        str(ROOT / "conf" / "sweep" / "smoke.yaml"),
-        f"model.path={tiny_policy}",
-        f"tracking.uri={mlflow_server}",
-        f"out_dir={tmp_path}/runs",
-        "--name",
-        "smoke",
-        "budget.token_budget=400",
-    ]
-    assert main(args) == 0
-    assert "best (rollout/effective_ratio" in capsys.readouterr().out
-    mlflow.set_tracking_uri(mlflow_server)
-    client = mlflow.MlflowClient()
-    runs = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])
-    parents = [r for r in runs if r.data.tags.get("tracerl.command") == "sweep"]
-    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    parent = parents[0]
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert len(children) == 2 and all(r.data.tags["tracerl.sweep"] == "smoke" for r in children)
-    assert {r.data.params["budget.continuations"] for r in children} <= {"2", "4"}
-    from tracerl.config import BudgetConfig
-
-    for r in children:  # every step of every trial reached the server
-        assert len(client.get_metric_history(r.info.run_id, "rollout/effective_ratio")) == 3
-        # token mode: L starts at num_leaves, then follows 400 tokens / the trial's mean tokens per leaf so far
-        hist = {
-            k: [m.value for m in sorted(client.get_metric_history(r.info.run_id, k), key=lambda m: m.step)]
-            for k in ("budget/leaf_budget", "budget/generated_tokens", "budget/leaves")
-        }
-        budget = BudgetConfig(
-            num_leaves=15,
-            continuations=int(r.data.params["budget.continuations"]),
-            group_size=3,
-            pool_factor=2,
-            token_budget=400,
-        )
-        expected = [15] + [
-            budget.for_tokens(
-                sum(hist["budget/generated_tokens"][:t]) / sum(hist["budget/leaves"][:t]), max_candidates=64
-            ).leaves
-            for t in (1, 2)
-        ]
-        assert hist["budget/leaf_budget"] == expected
-    best = json.loads(parent.data.tags["tracerl.best_config"])
-    assert set(best) == {"budget.continuations", "allocator.m_max"}
-    # the same name again restores the finished experiment instead of starting new trials
-    assert main(args) == 0
-    runs = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])
-    assert len([r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]) == 2
-
-
-def test_asha_stops_a_trailing_trial(
-    tiny_policy: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """ASHA at rung 1: the first trial (15 leaves a step) sets the bar; the second (6 leaves) trails it and is stopped
-    after its first step. Its MLflow child run keeps what it logged and is marked killed."""
+    """One sweep checks what two used to (each a few minutes on 2 cores): the smoke sweep over HTTP to a real
+    MLflow server in token mode, with ASHA at rung 1. The first trial (15 leaves at step 1) sets the bar; the
+    second (6) trails it and is stopped after its first step: its child run keeps what it logged and is marked
+    killed, and its Ray Train placement group is released. The same name again restores the finished sweep."""
     import mlflow
     import yaml
+
+    from tracerl.config import BudgetConfig
 
     conf = yaml.safe_load((ROOT / "conf" / "sweep" / "smoke.yaml").read_text())
     conf.update(
@@ -149,40 +96,70 @@ def test_asha_stops_a_trailing_trial(
         scope="last",
     )
     (tmp_path / "asha.yaml").write_text(yaml.safe_dump(conf))
-    uri = f"sqlite:///{tmp_path}/mlruns.db"
     args = [
         "sweep",
         "--config",
         str(tmp_path / "asha.yaml"),
         f"model.path={tiny_policy}",
-        f"tracking.uri={uri}",
+        f"tracking.uri={mlflow_server}",
         f"out_dir={tmp_path}/runs",
         "--name",
         "asha",
+        "budget.token_budget=400",
     ]
     before = set(_reserved_groups())  # the test session's Ray may hold groups of its own
     assert main(args) == 0
-    # The Ray outlives the sweep: the stopped trial's Ray Train placement group was removed, nothing is left reserved
+    cap = capsys.readouterr()
+    assert "best (budget/leaves" in cap.out and "stopped early" in cap.out
+    # The Ray outlives the sweep: the stopped trial's Ray Train placement group was removed by the sweep (Ray
+    # Train's own cleaner cannot act here), nothing is left reserved
     assert set(_reserved_groups()) - before == set()
+    assert "released the Ray Train placement group" in cap.err
     summary = json.loads((tmp_path / "runs" / "sweeps" / "asha.summary.json").read_text())
     by_leaves = {t["config"]["budget.num_leaves"]: t for t in summary["trials"]}
     assert by_leaves[15]["steps"] == 3 and by_leaves[6]["steps"] == 1 and by_leaves[6]["stopped_early"]
     assert summary["best_config"] == {"budget.num_leaves": 15}
-    mlflow.set_tracking_uri(uri)
+
+    mlflow.set_tracking_uri(mlflow_server)
     client = mlflow.MlflowClient()
     runs = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])
-    children = {r.data.params["budget.num_leaves"]: r for r in runs if "mlflow.parentRunId" in r.data.tags}
-    assert sorted(children) == ["15", "6"]
-    stopped = children["6"]
+    (parent,) = [r for r in runs if r.data.tags.get("tracerl.command") == "sweep"]
+    assert parent.info.status == "FINISHED"
+    assert json.loads(parent.data.tags["tracerl.best_config"]) == {"budget.num_leaves": 15}
+    children = {
+        r.data.params["budget.num_leaves"]: r
+        for r in runs
+        if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+    }
+    assert sorted(children) == ["15", "6"] and all(
+        r.data.tags["tracerl.sweep"] == "asha" for r in children.values()
+    )
+    stopped, kept = children["6"], children["15"]
     # stopped after step 1; its Train run may log the step it was in before the trial's actor is gone
     assert [m.step for m in client.get_metric_history(stopped.info.run_id, "budget/leaves")] in ([1], [1, 2])
     assert stopped.info.status == "KILLED" and stopped.data.tags["tracerl.stopped_early"] == "asha"
-    assert children["15"].info.status == "FINISHED"
-    cap = capsys.readouterr()
-    assert "stopped early" in cap.out
-    assert (
-        "released the Ray Train placement group" in cap.err
-    )  # by the sweep (Ray Train's cleaner cannot, here)
+    assert kept.info.status == "FINISHED"
+    # every step of the finished trial reached the server
+    assert len(client.get_metric_history(kept.info.run_id, "rollout/effective_ratio")) == 3
+    # token mode: L starts at num_leaves; step t (0-based) may spend (t + 1) x 400 tokens less what the steps
+    # before spent (unspent tokens carry over), at the trial's mean tokens per leaf so far, at least m_min roots
+    hist = {
+        k: [m.value for m in sorted(client.get_metric_history(kept.info.run_id, k), key=lambda m: m.step)]
+        for k in ("budget/leaf_budget", "budget/generated_tokens", "budget/leaves")
+    }
+    budget = BudgetConfig(num_leaves=15, continuations=2, group_size=3, pool_factor=2, token_budget=400)
+    gen, leaves = hist["budget/generated_tokens"], hist["budget/leaves"]
+    expected = [15] + [
+        dataclasses.replace(budget, token_budget=max(1, int(400 * (t + 1) - sum(gen[:t]))))
+        .for_tokens(sum(gen[:t]) / sum(leaves[:t]), max_candidates=64, min_roots=2)
+        .leaves
+        for t in (1, 2)
+    ]
+    assert hist["budget/leaf_budget"] == expected
+    # the same name again restores the finished experiment instead of starting new trials
+    assert main(args) == 0
+    runs = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])
+    assert len([r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]) == 2
 
 
 def test_a_restored_trial_resumes_its_own_unfinished_run(tmp_path: Path) -> None:

@@ -265,7 +265,7 @@ def train_step(step: int, w: Worker, d: Driver | None) -> None:
     if d is not None:
         d.mark("rollout", done)
         with timer("select"):
-            budget = d.budget()
+            budget = d.budget(step)
             pool = sample_pool(d.prompts, budget.num_candidates, d.rng)
             d.pool.begin_step(step)
         # score, allocate_roots (the allocator's plan), rollout, expand_prefixes: tracerl/engine/step.py

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -83,12 +84,19 @@ class Driver:
             self.allocator.load_state_dict(torch.load(Path(ckpt_dir) / "allocator.pt", weights_only=False))
         self.sync(weights)
 
-    def budget(self) -> BudgetConfig:
-        """This step's budget (token mode: L re-set from the token budget and the mean tokens of a leaf so far)."""
+    def budget(self, step: int) -> BudgetConfig:
+        """Step ``step``'s budget (0-based). Token mode: L re-set from the tokens this step may spend and the mean
+        tokens of a leaf so far. Unspent tokens carry over: the steps up to this one share ``(step + 1) x T``, so
+        the run's mean tokens per step tracks T (an overrun is made up by later steps)."""
         budget = self.cfg.budget
-        if budget.token_budget is not None and self.spent[1] > 0:
-            budget = budget.for_tokens(self.spent[0] / self.spent[1], max_candidates=len(self.prompts))
-        return budget
+        if budget.token_budget is None or self.spent[1] <= 0:
+            return budget
+        left = max(1, int(budget.token_budget * (step + 1) - self.spent[0]))
+        return replace(budget, token_budget=left).for_tokens(
+            self.spent[0] / self.spent[1],
+            max_candidates=len(self.prompts),
+            min_roots=self.cfg.allocator.m_min,
+        )
 
     def rollout_metrics(self, out: Any, budget: BudgetConfig) -> dict[str, float]:
         """The step's rollout, budget and calibration metrics (before the predictor fits on the new trees); the

@@ -59,9 +59,10 @@ class BudgetConfig:
     pool_factor: int = 4
     """The candidate pool holds pool_factor * L / G prompts, shared by every allocator that selects."""
     token_budget: int | None = None
-    """Token mode (training): generated tokens per step. Each step's L is the largest multiple of
-    lcm(1 + N, G) whose expected cost, at the run's mean generated tokens per leaf so far, fits the budget
-    (at least one multiple); num_leaves sets the first step's L. Null: leaf mode, L fixed."""
+    """Token mode (training): T, generated tokens per step. Unspent tokens carry over: step t (0-based) may
+    spend (t + 1) T less what steps 0..t-1 spent, and its L is the largest multiple of lcm(1 + N, G) whose
+    expected cost, at the run's mean generated tokens per leaf so far, fits that (at least m_min bare rollouts);
+    num_leaves sets the first step's L. Null: leaf mode, L fixed."""
 
     def __post_init__(self) -> None:
         n = self.continuations
@@ -117,9 +118,13 @@ class BudgetConfig:
         """B, the shared candidate pool size."""
         return self.pool_factor * self.num_groups
 
-    def for_tokens(self, tokens_per_leaf: float, max_candidates: int | None = None) -> BudgetConfig:
+    def for_tokens(
+        self, tokens_per_leaf: float, max_candidates: int | None = None, min_roots: int = 1
+    ) -> BudgetConfig:
         """Token mode: this budget with L set so that L x ``tokens_per_leaf`` fits ``token_budget`` (and the
-        candidate pool, pool_factor L / G prompts, fits ``max_candidates`` where given)."""
+        candidate pool, pool_factor L / G prompts, fits ``max_candidates`` where given). L is a multiple of
+        lcm(1 + N, G) and never below what one step can place: at least ``min_roots`` bare rollouts (the tree
+        allocators' m_min; a prompt gets 0 or at least m_min) and one flat group."""
         import math
 
         if self.token_budget is None or tokens_per_leaf <= 0:
@@ -128,7 +133,8 @@ class BudgetConfig:
         units = int(self.token_budget // (tokens_per_leaf * unit))
         if max_candidates is not None:
             units = min(units, max_candidates * self.group_size // (self.pool_factor * unit))
-        return replace(self, num_leaves=max(1, units) * unit, num_roots=None)
+        least = max(1, math.ceil(min_roots * (1 + self.continuations) / unit))
+        return replace(self, num_leaves=max(least, units) * unit, num_roots=None)
 
 
 @dataclass(frozen=True)
