@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.registry import check_data, resolve_env_paths
+from tracerl import metrics as M
 from tracerl.config import TrainConfig
 from tracerl.config_loader import to_yaml
 from tracerl.engine.timer import PhaseTimer
@@ -141,9 +142,7 @@ def train(
     status = "FAILED"
     start = CheckpointState.read(resume_ckpt).step if resume_ckpt is not None else 0
     steps_bar = bar(progress, cfg.steps, f"train {cfg.run_name or run_id[:8]}", "step", initial=start)
-    steps_bar.follow(
-        lambda: max((m.step for m in client.get_metric_history(run_id, "train/loss")), default=0)
-    )
+    steps_bar.follow(lambda: max((m.step for m in client.get_metric_history(run_id, M.LOSS)), default=0))
     try:
         trainer.fit()
         status = "FINISHED"

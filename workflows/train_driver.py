@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from tracerl import metrics as M
 from tracerl.actors.faults import Faults
 from tracerl.config import BudgetConfig, TrainConfig
 from tracerl.config_loader import to_yaml
@@ -109,13 +110,15 @@ class Driver:
         out.ledger = merge_ledgers(out.ledger, self.pool.ledger)
         self.spent = [self.spent[0] + out.ledger.generated_tokens, self.spent[1] + out.ledger.leaves]
         m = step_metrics(out)
-        m["budget/leaf_budget"] = float(budget.leaves)
+        m[M.LEAF_BUDGET] = float(budget.leaves)
         if self.predictor.ready:
             for group, vals in summarize_calibration(collect_calibration(out)).items():
-                m.update({f"predictor/{group}/{k}": v for k, v in vals.items()})
-        m.update({f"rollout/{k}": v for k, v in leaf_score_means(out.trees).items()})  # search: em, f1
+                m.update({M.calibration(group, k): v for k, v in vals.items()})
+        m.update(
+            {M.answer_score("rollout", k): v for k, v in leaf_score_means(out.trees).items()}
+        )  # search: em, f1
         gen_s = out.ledger.phase_s.get("generate", 0.0)
-        m["throughput/generated_tokens_per_s"] = out.ledger.generated_tokens / gen_s if gen_s else 0.0
+        m[M.GENERATED_TOKENS_PER_S] = out.ledger.generated_tokens / gen_s if gen_s else 0.0
         return m
 
     @staticmethod
@@ -123,16 +126,16 @@ class Driver:
         """Reward, accuracy and response length of the collated batch (one sequence per leaf)."""
         rewards = batch.rewards
         return {
-            "train/reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
-            "train/accuracy": sum(r > 0.5 for r in rewards) / len(rewards) if rewards else 0.0,
-            "train/response_tokens": out.ledger.generated_tokens / max(out.ledger.leaves, 1),
-            "train/sequences": float(len(batch)),
+            M.REWARD_MEAN: sum(rewards) / len(rewards) if rewards else 0.0,
+            M.TRAIN_ACCURACY: sum(r > 0.5 for r in rewards) / len(rewards) if rewards else 0.0,
+            M.RESPONSE_TOKENS: out.ledger.generated_tokens / max(out.ledger.leaves, 1),
+            M.SEQUENCES: float(len(batch)),
         }
 
     def fit(self, out: Any) -> dict[str, float]:
         """Fit the predictor (and trace_plus's length predictor) on every tree rolled out this step."""
         fit = {**self.predictor.fit(out.sampled_trees), **self.allocator.observe(out.sampled_trees)}
-        return {f"predictor/fit_{k}": v for k, v in fit.items()}
+        return {M.predictor_fit(k): v for k, v in fit.items()}
 
     def sync(self, weights: dict[str, Any]) -> None:
         """Push the policy's full HF-named weights (``Worker.gather``) to every sampler."""
@@ -159,14 +162,14 @@ class Driver:
                 )
             )
             self.metrics.log_artifacts(Path(tmp), "eval")
-        out = {"eval/accuracy": m["accuracy"], "eval/well_formed_turns": m["greedy"]["well_formed_turns"]}
+        out = {M.EVAL_ACCURACY: m["accuracy"], M.EVAL_WELL_FORMED: m["greedy"]["well_formed_turns"]}
         for src, acc in m["greedy"]["by_source"].items():
-            out[f"eval/accuracy/{src}"] = acc
-        out.update({f"eval/{k}": v for k, v in m["greedy"].get("scores", {}).items()})  # search: em, f1
+            out[M.eval_source(src)] = acc
+        out.update(
+            {M.answer_score("eval", k): v for k, v in m["greedy"].get("scores", {}).items()}
+        )  # search: em, f1
         if step == 0:  # later evaluations are logged with their step's metrics
-            self.metrics.log(
-                {**out, **key_metrics(out), "budget/retried": float(self.pool.ledger.retried)}, step
-            )
+            self.metrics.log({**out, **key_metrics(out), M.RETRIED: float(self.pool.ledger.retried)}, step)
         say(
             f"held-out greedy accuracy after {step} steps: {m['accuracy']:.3f} ({len(self.eval_prompts)} tasks)"
         )
@@ -179,27 +182,27 @@ class Driver:
 
         self.mark("log")
         with timer("log"):
-            m["budget/retried"] = float(self.pool.ledger.retried)  # with retries of the weight sync and eval
-            m["system/attempt"] = float(self.metrics.attempt)
+            m[M.RETRIED] = float(self.pool.ledger.retried)  # with retries of the weight sync and eval
+            m[M.ATTEMPT] = float(self.metrics.attempt)
             m.update(timer.metrics())
-            rollout_s = m.get("time/rollout_s", 0.0)
+            rollout_s = m.get(M.TIME_ROLLOUT, 0.0)
             overhead = sum(
-                m.get(f"time/{k}_s", 0.0)
+                m.get(M.phase_time(k), 0.0)
                 for k in ("score", "allocate_roots", "expand_prefixes", "fit_predictor")
             )
-            m["time/alloc_predictor_fraction"] = overhead / rollout_s if rollout_s else 0.0
-            m["system/peak_memory_mb"] = _peak_memory_mb()
-            m["system/cpu_s"] = timer.cpu()  # rank 0's process: step driver and learner
+            m[M.ALLOC_PREDICTOR_FRACTION] = overhead / rollout_s if rollout_s else 0.0
+            m[M.PEAK_MEMORY_MB] = _peak_memory_mb()
+            m[M.CPU_S] = timer.cpu()  # rank 0's process: step driver and learner
             if (self.cfg.log_trees_every and done % self.cfg.log_trees_every == 0) or done == self.cfg.steps:
                 self._log_trees(out, done)
-        m["time/log_s"] = timer.seconds["log"]
-        m["time/step_s"] = timer.elapsed()
-        m["train/tokens_per_s"] = m.get("budget/generated_tokens", 0.0) / max(m["time/step_s"], 1e-9)
+        m[M.TIME_LOG] = timer.seconds["log"]
+        m[M.TIME_STEP] = timer.elapsed()
+        m[M.TOKENS_PER_S] = m.get(M.GENERATED_TOKENS, 0.0) / max(m[M.TIME_STEP], 1e-9)
         self.metrics.log({**m, **key_metrics(m, self.spent[0])}, done)
         say(
-            f"step {done}/{self.cfg.steps}  ER {m['rollout/effective_ratio']:.2f}  reward {m['train/reward_mean']:.2f}"
-            f"  loss {m['train/loss']:+.4f}  clip {m['train/clip_fraction']:.3f}  {m['time/step_s']:.1f} s"
-            + (f"  held-out {m['eval/accuracy']:.3f}" if "eval/accuracy" in m else "")
+            f"step {done}/{self.cfg.steps}  ER {m[M.EFFECTIVE_RATIO]:.2f}  reward {m[M.REWARD_MEAN]:.2f}"
+            f"  loss {m[M.LOSS]:+.4f}  clip {m[M.CLIP_FRACTION]:.3f}  {m[M.TIME_STEP]:.1f} s"
+            + (f"  held-out {m[M.EVAL_ACCURACY]:.3f}" if M.EVAL_ACCURACY in m else "")
         )
         return m
 

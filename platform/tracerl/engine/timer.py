@@ -12,6 +12,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from tracerl import metrics as M
+
 
 class PhaseTimer:
     """Wall seconds per named phase of one step (a new timer per step)."""
@@ -39,4 +41,4 @@ class PhaseTimer:
 
     def metrics(self) -> dict[str, float]:
         """``time/<phase>_s`` for every phase timed so far."""
-        return {f"time/{k}_s": v for k, v in self.seconds.items()}
+        return {M.phase_time(k): v for k, v in self.seconds.items()}
