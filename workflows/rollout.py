@@ -21,7 +21,7 @@ from predictors.length import attach_lengths
 from tracerl.algos.allocators import Allocator, build_allocator
 from tracerl.config import BudgetConfig, RolloutConfig
 from tracerl.config_loader import to_yaml
-from tracerl.engine.ledger import BudgetLedger
+from tracerl.engine.ledger import ENGINE_COUNTS, BudgetLedger
 from tracerl.engine.step import StepOutcome, run_step
 from tracerl.engine.step_stats import step_metrics
 from tracerl.metrics import (
@@ -154,17 +154,7 @@ def rollout_steps(
 
 def merge_ledgers(step_ledger: BudgetLedger, engine_ledger: BudgetLedger) -> BudgetLedger:
     """The step's counts (leaves, rollouts) plus the engine's (tokens, calls, tool work, generation time)."""
-    for f in (
-        "generated_tokens",
-        "prefill_tokens_computed",
-        "prefill_tokens_reused",
-        "llm_calls",
-        "tool_calls",
-        "tool_calls_replayed",
-        "invalid_actions",
-        "grade_timeouts",
-        "retried",
-    ):
+    for f in ENGINE_COUNTS:
         setattr(step_ledger, f, getattr(engine_ledger, f))
     step_ledger.phase_s.update({k: v for k, v in engine_ledger.phase_s.items()})
     return step_ledger

@@ -25,7 +25,7 @@ from tracerl.actors.envpool import EnvPool
 from tracerl.actors.retry import DEAD, OWN, call_with_retries
 from tracerl.actors.spec import WorkerSpec
 from tracerl.algos.allocators import Expansion
-from tracerl.engine.ledger import BudgetLedger
+from tracerl.engine.ledger import ENGINE_COUNTS, BudgetLedger
 from tracerl.engine.protocol import ToolEnv
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt
@@ -218,17 +218,7 @@ class RolloutPool:
 
     def _merge(self, ledgers: Sequence[BudgetLedger]) -> None:
         for led in ledgers:
-            for f in (
-                "generated_tokens",
-                "prefill_tokens_computed",
-                "prefill_tokens_reused",
-                "llm_calls",
-                "tool_calls",
-                "tool_calls_replayed",
-                "invalid_actions",
-                "grade_timeouts",
-                "retried",
-            ):
+            for f in ENGINE_COUNTS:
                 setattr(self.ledger, f, getattr(self.ledger, f) + getattr(led, f))
             for k, v in led.phase_s.items():  # workers run in parallel: the slowest one's time
                 self.ledger.phase_s[k] = max(self.ledger.phase_s.get(k, 0.0), v)

@@ -6,6 +6,19 @@ from dataclasses import asdict, dataclass, field
 
 from tracerl.metrics import BUDGET, phase_time
 
+ENGINE_COUNTS = (
+    "generated_tokens",
+    "prefill_tokens_computed",
+    "prefill_tokens_reused",
+    "llm_calls",
+    "tool_calls",
+    "tool_calls_replayed",
+    "invalid_actions",
+    "grade_timeouts",
+    "retried",
+)
+"""The ledger counts an engine (a sampler worker) adds up; the step's own counts (leaves, rollouts) are not."""
+
 
 @dataclass
 class BudgetLedger:
