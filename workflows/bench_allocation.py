@@ -62,7 +62,7 @@ def _execute(
     if cfg.workers <= 1:
         out = []
         for i, (name, seed, noise) in enumerate(jobs, 1):
-            out.append(run_allocator(cfg, name, seed, noise))
+            out.append(_run_job(cfg, name, seed, noise))
             report(i, out[-1], noise)
         return out
     import ray
@@ -85,10 +85,16 @@ def _execute(
 
 
 def _run_job(cfg: BenchAllocationConfig, name: str, seed: int, noise: float) -> RunResult:
+    """One job on one torch thread, serial or as a Ray task: float sums then add up in the same order either way
+    (with the driver's default thread count, calibration differed from the Ray tasks' in the 8th digit)."""
     import torch
 
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one core per task; the predictor's ops are tiny
-    return run_allocator(cfg, name, seed, noise)
+    try:
+        return run_allocator(cfg, name, seed, noise)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _ci95(values: Sequence[float]) -> float:
