@@ -113,6 +113,36 @@ def test_verdict_applies_the_decision_rule() -> None:
     assert verdict({**c, "diff": -0.05, "ci95": [-0.09, -0.01]}).startswith("grpo beats trace")
 
 
+def test_answer_checks_the_hypothesis_case_by_case() -> None:
+    from workflows.study_report import answer
+
+    def comp(tb: str, budget: str, alloc: str, lo: float, hi: float, vs: str = "grpo") -> dict[str, Any]:
+        return {
+            "testbed": tb,
+            "budget": budget,
+            "allocator": alloc,
+            "vs": vs,
+            "diff": (lo + hi) / 2,
+            "ci95": [lo, hi],
+        }
+
+    comps = [
+        comp("math-late", "tokens", "trace", 0.01, 0.09),
+        comp("math-late", "leaves", "trace", -0.02, 0.04),
+        comp("math-habit", "leaves", "trace", -0.09, -0.01),
+    ]
+    text = "\n".join(answer(comps, [comp("math-late", "tokens", "trace_plus", 0.02, 0.06, vs="trace")]))
+    assert "- Beats grpo: trace on math-late at equal tokens." in text
+    assert "- Loses to grpo: trace on math-habit at equal leaves." in text
+    assert "- on the -late testbeds trace beats grpo: partly confirmed (trace beats grpo on math-late" in text
+    assert (
+        "- on the -late testbeds trace_plus beats trace at equal tokens: confirmed (trace_plus beats trace"
+        in text
+    )
+    assert "- on the turn-1 (-habit) testbeds grpo keeps up with trace: confirmed" in text
+    assert "trace_plus beats trace at equal tokens: not measured." in "\n".join(answer(comps, []))
+
+
 class FakeTrain:
     """Stands in for ``workflows.train.train``: records each call and makes the child run a real train would
     (tags, metrics, the per-task outcomes artifact, a saved config), finishing it or, when told, cutting it."""
@@ -121,6 +151,13 @@ class FakeTrain:
         self.tmp, self.cut = tmp, cut or set()
         self.calls: list[tuple[str, str | None]] = []
         self.token_budgets: list[int | None] = []
+        self.baselines: list[str] = []
+
+    def baseline(self, cfg: Any) -> dict[str, float]:
+        """The fake's baseline evaluation: one of four held-out tasks solved (accuracy 0.25)."""
+        self.baselines.append(cfg.model.path)
+        assert cfg.eval_at_start is False  # the cells skip their own step-0 evaluation
+        return {f"p{i}": float(i < 1) for i in range(4)}
 
     def __call__(self, cfg: Any, tags: dict[str, str]) -> dict[str, Any]:
         import mlflow
@@ -178,7 +215,7 @@ def _smoke(tmp: Path, **kw: Any) -> StudyConfig:
 def test_study_skips_finished_cells_and_resumes_a_cut_one(tmp_path: Path) -> None:
     fake = FakeTrain(tmp_path, cut={"math-habit/leaves/trace/s0"})
     lines: list[str] = []
-    first = run_study(_smoke(tmp_path), SMOKE, lines.append, train_fn=fake)
+    first = run_study(_smoke(tmp_path), SMOKE, lines.append, train_fn=fake, baseline_fn=fake.baseline)
     assert first["failed"] == {"math-habit/leaves/trace/s0": "RuntimeError: cut math-habit/leaves/trace/s0"}
     assert first["ran"] == ["math-habit/leaves/grpo/s0"]
     assert (
@@ -186,16 +223,24 @@ def test_study_skips_finished_cells_and_resumes_a_cut_one(tmp_path: Path) -> Non
         "again to resume it; about 0 min left" in lines
     )
     assert fake.calls == [("math-habit/leaves/grpo/s0", None), ("math-habit/leaves/trace/s0", None)]
-    s = run_study(_smoke(tmp_path), SMOKE, lines.append, train_fn=fake)
+    s = run_study(_smoke(tmp_path), SMOKE, lines.append, train_fn=fake, baseline_fn=fake.baseline)
     assert fake.calls[2][0] == "math-habit/leaves/trace/s0" and fake.calls[2][1] is not None
     assert s["skipped"] == ["math-habit/leaves/grpo/s0"] and s["ran"] == ["math-habit/leaves/trace/s0"]
     assert any(
         line.startswith("cell 1/1 math-habit/leaves/trace/s0: held-out 0.250 -> 0.750") for line in lines
     )
-    again = run_study(_smoke(tmp_path), SMOKE, lines.append, train_fn=fake)
+    again = run_study(_smoke(tmp_path), SMOKE, lines.append, train_fn=fake, baseline_fn=fake.baseline)
+    assert len(fake.baselines) == 1  # once, however often the study is resumed
+    assert "baseline math-habit: held-out greedy accuracy 0.250 (4 tasks)" in lines
     assert len(fake.calls) == 3 and again["ran"] == [] and len(again["skipped"]) == 2
     assert again["parent_run_id"] == s["parent_run_id"]
-    fresh = run_study(_smoke(tmp_path, only="allocator=grpo", fresh=True), SMOKE, lines.append, train_fn=fake)
+    fresh = run_study(
+        _smoke(tmp_path, only="allocator=grpo", fresh=True),
+        SMOKE,
+        lines.append,
+        train_fn=fake,
+        baseline_fn=fake.baseline,
+    )
     assert fake.calls[3] == ("math-habit/leaves/grpo/s0", None) and fresh["ran"] == [
         "math-habit/leaves/grpo/s0"
     ]
@@ -251,7 +296,7 @@ def test_token_cells_refuse_without_t(tmp_path: Path) -> None:
         match="mean generated tokens per step over all steps of the testbed's leaves-mode "
         "grpo cells.*--fill-tokens",
     ):
-        run_study(cfg, SMOKE, train_fn=fake)
+        run_study(cfg, SMOKE, train_fn=fake, baseline_fn=fake.baseline)
     assert fake.calls == []
 
 
@@ -332,7 +377,13 @@ def test_smoke_study_end_to_end_then_skips_both_cells(
     assert "ran 0 cells, skipped 2, failed 0" in capsys.readouterr().out
     assert (
         len(client.search_runs([exp.experiment_id], filter_string="tags.`tracerl.study` = 'smoke-study'"))
-        == 3
+        == 4  # the parent, the testbed's baseline and two cells
+    )
+    [base] = client.search_runs(
+        [exp.experiment_id], filter_string="tags.`tracerl.study.baseline` = 'math-habit'"
+    )
+    assert base.info.status == "FINISHED" and all(
+        c["acc_before"] == base.data.metrics["eval/accuracy"] for c in doc["cells"]
     )
 
 
@@ -341,12 +392,12 @@ def test_fill_tokens_writes_t_then_token_cells_run_with_it(tmp_path: Path) -> No
     conf.write_text(SMOKE.read_text())
     fake = FakeTrain(tmp_path)
     run_study(
-        _smoke(tmp_path), conf, train_fn=fake
+        _smoke(tmp_path), conf, train_fn=fake, baseline_fn=fake.baseline
     )  # the leaves-mode grpo and trace cells: 100 tokens a step
     lines: list[str] = []
-    assert run_study(_smoke(tmp_path, fill_tokens=True), conf, lines.append, train_fn=fake) == {
-        "filled": True
-    }
+    assert run_study(
+        _smoke(tmp_path, fill_tokens=True), conf, lines.append, train_fn=fake, baseline_fn=fake.baseline
+    ) == {"filled": True}
     assert "testbed math-habit: T = 100 generated tokens per step written to" in lines[-1]
     cfg = compose(StudyConfig, conf, [f"out_dir={tmp_path}/report", f"runs_dir={tmp_path}/runs"])
     assert cfg.testbeds["math-habit"]["token_budget"] == 100
@@ -356,10 +407,12 @@ def test_fill_tokens_writes_t_then_token_cells_run_with_it(tmp_path: Path) -> No
         groups=[{**cfg.groups[0], "budgets": ["tokens"], "allocators": ["grpo"]}],
     )
     calls = len(fake.calls)
-    s = run_study(tokens, conf, train_fn=fake)
+    s = run_study(tokens, conf, train_fn=fake, baseline_fn=fake.baseline)
     assert s["ran"] == ["math-habit/tokens/grpo/s0"] and len(fake.calls) == calls + 1
     assert fake.token_budgets == [None, None, 100]
-    report = run_study(dataclasses.replace(tokens, report_only=True), conf, train_fn=fake)
+    report = run_study(
+        dataclasses.replace(tokens, report_only=True), conf, train_fn=fake, baseline_fn=fake.baseline
+    )
     assert len(fake.calls) == calls + 1 and report["ran"] == [] and len(report["report"]["cells"]) == 3
 
 

@@ -79,6 +79,11 @@ def task_traces(trees: Sequence[RolloutTree], label: str) -> list[dict[str, Any]
     return out
 
 
+def task_outcomes(traces: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per task 1.0 if any of its rollouts succeeded (reward > 0.5), else 0.0: the study's bootstrap resamples these."""
+    return {str(t["prompt_id"]): float(any(r["reward"] > 0.5 for r in t["rollouts"])) for t in traces}
+
+
 Runner = Callable[[Sequence[Any], int, float, int], tuple[list[RolloutTree], BudgetLedger]]
 
 

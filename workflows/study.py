@@ -20,6 +20,7 @@ from typing import Any
 
 from tracerl.config import TrainConfig
 from tracerl.experiment_config import StudyConfig
+from workflows.study_baseline import BaselineFn, ensure_baselines
 
 COORDS = ("testbed", "budget", "allocator", "seed")
 TAG = "tracerl.study"
@@ -134,6 +135,7 @@ def cell_config(
         f"env.{base.env.name}.eval_tasks={cfg.eval_tasks}",
         f"run_name={cfg.name}-{cell.key.replace('/', '-')}",
         f"out_dir={cfg.runs_dir}",
+        "eval_at_start=false",  # the testbed's baseline evaluated the starting checkpoint once (study_baseline.py)
         *[str(o) for o in tb.get("overrides", [])],
     ]
     if cell.budget == "tokens":
@@ -207,11 +209,14 @@ def run_study(
     config_path: str | Path,
     progress: Callable[[str], None] = lambda s: None,
     train_fn: Callable[..., dict[str, Any]] | None = None,
+    baseline_fn: BaselineFn | None = None,
 ) -> dict[str, Any]:
     """Run the selected cells not yet finished, then write the report; returns {parent_run_id, ran, skipped, failed,
     report}. A failed cell does not stop the others: its run is kept and the next invocation resumes it.
 
-    ``train_fn`` replaces Ray tasks running ``workflows.train.train`` (a unit test passes a fake that records calls).
+    Before its first cell runs, each testbed's starting checkpoint is evaluated once (workflows/study_baseline.py).
+    ``train_fn`` and ``baseline_fn`` replace the Ray tasks running ``workflows.train.train`` and the baseline
+    evaluation (a unit test passes fakes that record calls).
     """
     import mlflow
 
@@ -248,7 +253,24 @@ def run_study(
             )
             if missing:
                 raise ValueError(token_budget_error(missing[0], config_path))
-            ran = _run_cells(cfg, todo, parent, progress, train_fn, failed)
+            before: dict[str, float] = {}
+            if todo:
+                from workflows.runs import git_sha
+
+                if baseline_fn is None:
+                    from workflows.ray_utils import init_ray
+
+                    init_ray(cfg.cluster)
+                first: dict[str, TrainConfig] = {}
+                for (
+                    c,
+                    _,
+                ) in todo:  # a testbed's first cell to run stands for all (same checkpoint, same tasks)
+                    if c.testbed not in first:
+                        first[c.testbed] = cell_config(cfg, c)
+                tags = {"mlflow.parentRunId": parent, TAG: cfg.name, "tracerl.git_sha": git_sha()}
+                before = ensure_baselines(client, exp_id, parent, first, tags, progress, baseline_fn)
+            ran = _run_cells(cfg, todo, parent, progress, train_fn, failed, before)
         report = write_report(cfg, client, exp_id, parent, progress)
         status = "FAILED" if failed else "FINISHED"
     except KeyboardInterrupt:
@@ -270,6 +292,7 @@ def _run_cells(
     progress: Callable[[str], None],
     train_fn: Callable[..., dict[str, Any]] | None,
     failed: dict[str, str],
+    before: dict[str, float],
 ) -> list[str]:
     """Run the cells; a cell that raises is recorded in ``failed`` (key -> error) and the others go on."""
     from workflows.runs import git_sha
@@ -294,7 +317,7 @@ def _run_cells(
         try:
             s = result()
             what = (
-                f"held-out {s.get('acc_before', float('nan')):.3f} -> {s.get('acc_after', float('nan')):.3f} "
+                f"held-out {before.get(c.testbed, float('nan')):.3f} -> {s.get('acc_after', float('nan')):.3f} "
                 f"in {s.get('wall_s', 0):.0f} s"
             )
         except Exception as e:  # noqa: BLE001 - any failure of one cell: the others go on, a rerun resumes it

@@ -88,6 +88,13 @@ def _outcomes(client: Any, run_id: str) -> dict[str, float] | None:
             ) from exc
 
 
+def _own_start(client: Any, run_id: str) -> float:
+    """A cell's own step-0 evaluation (cells of studies from before the baseline runs), NaN without one."""
+    from workflows.runs import metric_series
+
+    return float(metric_series(client, run_id, M.EVAL_ACCURACY).get(0, math.nan))
+
+
 def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[str, Any]]:
     """One record per cell (its newest FINISHED child run), the JSON fields plus ``outcomes`` and ``tool_calls``."""
     from workflows.runs import metric_series, run_summary
@@ -107,6 +114,11 @@ def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[s
         )
         if k not in newest or r.info.start_time > newest[k].info.start_time:
             newest[k] = r
+    from workflows.study_baseline import baseline_accuracy, finished_baselines
+
+    before = {
+        tb: baseline_accuracy(client, rid) for tb, rid in finished_baselines(client, exp_id, parent).items()
+    }
     cells = []
     for (tb, budget, alloc, seed), r in sorted(newest.items()):
         rid = r.info.run_id
@@ -124,7 +136,7 @@ def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[s
                 "seed": seed,
                 "run_id": rid,
                 "steps": steps,
-                "acc_before": float(s.get("acc_before", math.nan)),
+                "acc_before": before.get(tb, _own_start(client, rid)),
                 "acc_after": float(s.get("acc_after", math.nan)),
                 "effective_ratio": float(s["effective_ratio"]),
                 "prefix_group_er": _mean(client, rid, M.PREFIX_GROUP_ER),
@@ -144,14 +156,20 @@ def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[s
     return cells
 
 
-def comparisons(cells: Sequence[dict[str, Any]], samples: int) -> list[dict[str, Any]]:
-    """Every allocator against grpo per testbed x budget, paired by seed and held-out task."""
+def comparisons(
+    cells: Sequence[dict[str, Any]], samples: int, vs: str = "grpo", only: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """Every allocator (or those in ``only``) against ``vs`` per testbed x budget, paired by seed and held-out task."""
     out = []
     groups = sorted({(c["testbed"], c["budget"]) for c in cells})
     for tb, budget in groups:
         here = [c for c in cells if c["testbed"] == tb and c["budget"] == budget]
-        base = {c["seed"]: c for c in here if c["allocator"] == "grpo"}
-        for alloc in sorted({c["allocator"] for c in here} - {"grpo"}):
+        base = {c["seed"]: c for c in here if c["allocator"] == vs}
+        if not base:
+            continue
+        for alloc in sorted({c["allocator"] for c in here} - {vs}):
+            if only is not None and alloc not in only:
+                continue
             mine = {c["seed"]: c for c in here if c["allocator"] == alloc}
             a, b = _paired(mine, base)
             if not a:
@@ -162,7 +180,7 @@ def comparisons(cells: Sequence[dict[str, Any]], samples: int) -> list[dict[str,
                     "testbed": tb,
                     "budget": budget,
                     "allocator": alloc,
-                    "vs": "grpo",
+                    "vs": vs,
                     "diff": diff,
                     "ci95": [ci[0], ci[1]],
                 }
@@ -186,15 +204,59 @@ def _paired(
     return a, b
 
 
+def outcome(c: dict[str, Any]) -> str:
+    """'win', 'loss' or 'tie' of ``c['allocator']`` against ``c['vs']`` by the decision rule."""
+    lo, hi = c["ci95"]
+    return "win" if lo > 0 else "loss" if hi < 0 else "tie"
+
+
 def verdict(c: dict[str, Any]) -> str:
     lo, hi = c["ci95"]
+    vs = c.get("vs", "grpo")
     pts = f"{100 * c['diff']:+.1f} points (95 % interval {100 * lo:+.1f} to {100 * hi:+.1f})"
     where = f"on {c['testbed']} at equal {c['budget']}"
-    if lo > 0:
-        return f"{c['allocator']} beats grpo {where}: {pts}, the interval excludes 0."
-    if hi < 0:
-        return f"grpo beats {c['allocator']} {where}: {pts}, the interval excludes 0."
-    return f"{c['allocator']} does not beat grpo {where}: {pts}, the interval contains 0."
+    return {
+        "win": f"{c['allocator']} beats {vs} {where}: {pts}, the interval excludes 0.",
+        "loss": f"{vs} beats {c['allocator']} {where}: {pts}, the interval excludes 0.",
+        "tie": f"{c['allocator']} does not beat {vs} {where}: {pts}, the interval contains 0.",
+    }[outcome(c)]
+
+
+def answer(comps: Sequence[dict[str, Any]], vs_trace: Sequence[dict[str, Any]]) -> list[str]:
+    """The plain-language answer, read off the decision rule: where an allocator beats grpo, where grpo beats it,
+    where neither, and the stated hypothesis checked case by case (confirmed, refuted or not measured)."""
+    lines = ["## The answer", ""]
+    for kind, say in (("win", "beats grpo"), ("loss", "loses to grpo"), ("tie", "neither wins")):
+        hits = [
+            f"{c['allocator']} on {c['testbed']} at equal {c['budget']}" for c in comps if outcome(c) == kind
+        ]
+        lines.append(f"- {say.capitalize()}: {'; '.join(hits) if hits else 'nowhere'}.")
+    lines += ["", "The hypothesis, stated before the grid ran:", ""]
+
+    def check(claim: str, cases: list[dict[str, Any]], want: Callable[[str], bool]) -> None:
+        if not cases:
+            lines.append(f"- {claim}: not measured.")
+            return
+        held = [want(outcome(c)) for c in cases]
+        state = "confirmed" if all(held) else "refuted" if not any(held) else "partly confirmed"
+        lines.append(f"- {claim}: {state} ({'; '.join(verdict(c) for c in cases)})")
+
+    late = [c for c in comps if c["testbed"].endswith("-late")]
+    habit = [c for c in comps if c["testbed"].endswith("-habit")]
+    check(
+        "on the -late testbeds trace beats grpo", [c for c in late if c["allocator"] == "trace"], "win".__eq__
+    )
+    check(
+        "on the -late testbeds trace_plus beats trace at equal tokens",
+        [c for c in vs_trace if c["allocator"] == "trace_plus" and c["testbed"].endswith("-late")],
+        "win".__eq__,
+    )
+    check(
+        "on the turn-1 (-habit) testbeds grpo keeps up with trace",
+        [c for c in habit if c["allocator"] == "trace"],
+        "win".__ne__,
+    )
+    return lines + [""]
 
 
 TOKEN_TOLERANCE = 0.05
@@ -220,14 +282,23 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+NOTES = "study_notes.md"
+"""A hand-written discussion beside the report (the why behind the answer); the report includes it as it is."""
+
+
 def markdown(
-    sha: str, cells: Sequence[dict[str, Any]], comps: Sequence[dict[str, Any]], plots: Sequence[str]
+    sha: str,
+    cells: Sequence[dict[str, Any]],
+    comps: Sequence[dict[str, Any]],
+    plots: Sequence[str],
+    vs_trace: Sequence[dict[str, Any]] = (),
+    notes: str | None = None,
 ) -> str:
     lines = [
         "# The TRACE study",
         "",
-        f"Commit `{sha}`; {len(cells)} cells. Held-out greedy accuracy before the first "
-        "and after the last step; after is the mean +- std over seeds. Decision rule, stated in advance: an "
+        f"Commit `{sha}`; {len(cells)} cells. Held-out greedy accuracy of the testbed's starting checkpoint "
+        "(evaluated once per testbed) and after the last step; after is the mean +- std over seeds. Decision rule, stated in advance: an "
         "allocator beats grpo on a testbed and budget when the 95 % interval of the paired difference "
         "(hierarchical bootstrap over seeds, then held-out tasks) excludes 0.",
         "",
@@ -256,11 +327,14 @@ def markdown(
                 f"| {m('leaves'):.0f} | {m('generated_tokens'):.0f} | {m('tool_calls'):.0f} "
                 f"| {m('wall_s'):.0f} | {_fmt(m('cpu_s'), '.0f')} |"
             )
-        lines += [""] + [f"- {verdict(c)}" for c in comps if c["testbed"] == tb and c["budget"] == budget]
+        lines += [""] + [
+            f"- {verdict(c)}" for c in (*comps, *vs_trace) if c["testbed"] == tb and c["budget"] == budget
+        ]
         if budget == "tokens":
             lines.append(token_check(here))
         lines.append("")
     lines += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
+    lines[4:4] = answer(comps, vs_trace) + (["## Why", "", notes.strip(), ""] if notes else [])
     return "\n".join(lines) + "\n"
 
 
@@ -304,6 +378,7 @@ def write_report(
     """study.md, study.json and plots under ``cfg.out_dir`` (and ``cfg.json_path``), logged on the parent run."""
     cells = collect(client, exp_id, parent, cfg.tracking)
     comps = comparisons(cells, cfg.bootstrap_samples)
+    vs_trace = comparisons(cells, cfg.bootstrap_samples, vs="trace", only=("trace_debiased", "trace_plus"))
     sha = client.get_run(parent).data.tags.get("tracerl.git_sha", "unknown")
     shas = {client.get_run(c["run_id"]).data.tags.get("tracerl.git_sha") for c in cells}
     if len(shas) > 1:
@@ -313,7 +388,9 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     pngs = plots(cells, out) if cells else []
     (out / "study.json").write_text(json.dumps(doc, indent=2))
-    (out / "study.md").write_text(markdown(sha, cells, comps, pngs))
+    notes = out / NOTES
+    text = notes.read_text() if notes.is_file() else None
+    (out / "study.md").write_text(markdown(sha, cells, comps, pngs, vs_trace, text))
     if cfg.json_path:
         Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.json_path).write_text(json.dumps(doc, indent=2))

@@ -150,17 +150,13 @@ class Driver:
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Greedy held-out accuracy (per source; search: em, f1); per-task outcomes as an artifact."""
-        from workflows.evaluate import evaluate_prompts
+        from workflows.evaluate import evaluate_prompts, task_outcomes
         from workflows.run_info import key_metrics
 
         self.mark("eval", step)
         m, traces = evaluate_prompts(self.pool.evaluate, self.eval_prompts, 0, 0.0, self.cfg.seed + 10_000)
         with tempfile.TemporaryDirectory() as tmp:  # per-task outcomes: the study's bootstrap resamples tasks
-            (Path(tmp) / f"outcomes_step_{step:05d}.json").write_text(
-                json.dumps(
-                    {t["prompt_id"]: float(any(r["reward"] > 0.5 for r in t["rollouts"])) for t in traces}
-                )
-            )
+            (Path(tmp) / f"outcomes_step_{step:05d}.json").write_text(json.dumps(task_outcomes(traces)))
             self.metrics.log_artifacts(Path(tmp), "eval")
         out = {M.EVAL_ACCURACY: m["accuracy"], M.EVAL_WELL_FORMED: m["greedy"]["well_formed_turns"]}
         for src, acc in m["greedy"]["by_source"].items():
