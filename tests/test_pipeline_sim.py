@@ -106,9 +106,10 @@ def test_continuous_tool_wait_is_not_bubble() -> None:
 
 @pytest.mark.parametrize("name", ["tiny_cpu.yaml", "qwen3_8b_h100.yaml"])
 def test_properties_on_the_shipped_profiles(name: str) -> None:
-    """Overlap is never slower than streaming; utilisation and bubble are fractions. Barrier is never faster than
-    streaming draw by draw with continuous batching; with hf's rounds only on average: a round is as long as its
-    longest row, so continuations that join a round of long bare turns can cost more than they save (docs)."""
+    """Overlap is never slower than streaming; utilisation and bubble are fractions. Barrier is slower than
+    streaming on average; not in every draw: with hf's rounds a round is as long as its longest row, so
+    continuations that join a round of long bare turns can cost more than they save, and with continuous batching
+    early joins pause decoding for their prefill and lengthen others' KV reads (within 1% here; docs)."""
     p = load_profile(Path("conf/bench/pipeline_profiles") / name)
     p = replace(p, prompts_per_sampler=min(p.prompts_per_sampler, 4), replications=1)
     for seed in range(3):
@@ -118,14 +119,13 @@ def test_properties_on_the_shipped_profiles(name: str) -> None:
             m = step_metrics(p, draws[:n])
             assert m["streaming"]["step_s"] >= m["overlap"]["step_s"] > 0
             if p.batching == "continuous":
-                assert m["barrier"]["step_s"] >= m["streaming"]["step_s"]
+                assert m["barrier"]["step_s"] >= 0.99 * m["streaming"]["step_s"]
             for mode in m.values():
                 assert 0.0 <= mode["util"] <= 1.0 and 0.0 <= mode["bubble"] <= 1.0
                 assert mode["util"] + mode["bubble"] <= 1.0 + 1e-9
                 assert 0.0 <= mode["rollout_util"] <= 1.0
-    if p.batching == "rounds":
-        res = simulate(replace(p, replications=20), (2, 8))
-        assert all(b >= s for b, s in zip(res["barrier"]["step_s"], res["streaming"]["step_s"]))
+    res = simulate(replace(p, replications=20 if p.batching == "rounds" else 3), (2, 8))
+    assert all(b >= s for b, s in zip(res["barrier"]["step_s"], res["streaming"]["step_s"]))
 
 
 def test_barrier_waits_for_the_slowest_sampler() -> None:

@@ -6,6 +6,10 @@ machine: ``python -m workflows.pipeline_measure [--trees DIR]``.
   two times over the difference of the lengths, the rest of the shorter call is the call's fixed cost and prefill.
 - prefill: one-token generate calls on contexts of two lengths; tokens per second from the difference.
 - tool: the math environment's sandboxed Python tool on one cell, ``--tool-calls`` times (median, quartiles).
+- engine (``--engine``): the rollout engine itself (``TreeRolloutEngine``, the embedded default's model, sampler
+  and math environment, in process) on real tasks, every generate call timed with its rows, decode iterations
+  and padded prefill, every tool call timed; a least-squares fit of
+  seconds = overhead + prefill tokens / speed + iterations x (a + c rows) over the calls.
 - ``--trees DIR``: turns per bare rollout, tokens per turn, observation tokens and bare rollouts per prompt from
   the ``trees.jsonl`` files under DIR (a ``tracerl train`` run's logged trees, or ``tracerl rollout``'s output).
 
@@ -88,6 +92,69 @@ def measure_tool(calls: int) -> dict[str, float]:
     return {"median_s": statistics.median(lat), "q1_s": q[0], "q3_s": q[2], "calls": calls}
 
 
+def measure_engine(prompts: list[int], per_prompt: int, seed: int = 0) -> dict[str, Any]:
+    """Bare rollouts of ``n`` tasks (each of ``prompts``) with the real engine; per-call timings and the fit."""
+    import numpy as np
+
+    from tracerl.config import RolloutConfig
+    from tracerl.config_loader import compose, conf_dir
+    from workflows.lm_stack import build_stack, task_prompts
+
+    cfg = compose(RolloutConfig, conf_dir() / "rollout" / "math.yaml", ["model=tiny_habit", f"seed={seed}"])
+    stack = build_stack(cfg.model, cfg.sampler, cfg.env, cfg.seed)
+    model, env = stack.engine.sampler.model, stack.env  # type: ignore[attr-defined]
+    calls: list[tuple[int, int, int, float]] = []  # rows, decode iterations, padded input tokens, seconds
+    tools: list[float] = []
+    generate, execute = model.generate, env.execute
+
+    def timed_generate(**kw: Any) -> Any:
+        t0 = time.perf_counter()
+        out = generate(**kw)
+        width = kw["input_ids"].shape[1]
+        calls.append(
+            (
+                out.sequences.shape[0],
+                out.sequences.shape[1] - width,
+                out.sequences.shape[0] * width,
+                time.perf_counter() - t0,
+            )
+        )
+        return out
+
+    def timed_execute(*a: Any) -> Any:
+        t0 = time.perf_counter()
+        res = execute(*a)
+        tools.append(time.perf_counter() - t0)
+        return res
+
+    model.generate, env.execute = timed_generate, timed_execute
+    tasks = task_prompts(cfg.env)
+    start = 0
+    for n in prompts:
+        stack.engine.step = start
+        stack.engine.rollout(tasks[start : start + n], [per_prompt] * n)
+        start += n
+    x = np.array([[1.0, tok, it, it * b] for b, it, tok, _ in calls])
+    y = np.array([c[3] for c in calls])
+    overhead, per_prefill, a, c = np.linalg.lstsq(x, y, rcond=None)[0]
+    q = statistics.quantiles(tools, n=4) if len(tools) > 1 else tools * 3
+    return {
+        "calls": [list(map(float, c)) for c in calls],
+        "fit": {
+            "call_overhead_s": overhead,
+            "prefill_tokens_per_s": 1 / per_prefill if per_prefill > 0 else None,
+            "decode_s_fixed": a,
+            "decode_s_per_row": c,
+        },
+        "tool": {
+            "median_s": statistics.median(tools) if tools else None,
+            "q1_s": q[0],
+            "q3_s": q[2],
+            "calls": len(tools),
+        },
+    }
+
+
 def summarize_trees(root: Path) -> dict[str, Any]:
     """Turns of each bare rollout, model tokens of each turn, observation tokens, bare rollouts per prompt."""
     turns: collections.Counter[int] = collections.Counter()
@@ -123,9 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="timed calls per point (the fastest is kept)")
     ap.add_argument("--tool-calls", type=int, default=10)
     ap.add_argument("--trees", help="a directory holding trees.jsonl files to summarize")
+    ap.add_argument("--engine", default="", help="tasks per engine rollout, comma-separated (e.g. 1,2,4,8)")
     args = ap.parse_args(argv)
-    out: dict[str, Any] = measure_speeds([int(b) for b in args.batches.split(",")], 8, 40, args.reps)
-    out["tool"] = measure_tool(args.tool_calls)
+    out: dict[str, Any] = {}
+    if args.engine:
+        out["engine"] = measure_engine([int(n) for n in args.engine.split(",")], per_prompt=3)
+    else:
+        out.update(measure_speeds([int(b) for b in args.batches.split(",")], 8, 40, args.reps))
+        out["tool"] = measure_tool(args.tool_calls)
     if args.trees:
         out["trees"] = summarize_trees(Path(args.trees))
     print(json.dumps(out, indent=2))  # the command's own output
