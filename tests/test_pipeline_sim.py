@@ -191,3 +191,35 @@ def test_cli_writes_the_sim_part_and_validates(tmp_path: Path) -> None:
     assert main([*argv, "--samplers", "0"]) == 2
     assert main([*argv, "--validate", str(tmp_path / "missing.json")]) == 2
     assert main(["bench", "pipeline", "--sim", "--profile", str(tmp_path / "nope.yaml")]) == 2
+
+
+def test_tree_shapes_for_the_profile(tmp_path: Path) -> None:
+    """pipeline_measure reads turns of bare rollouts, tokens per turn and observation tokens from trees.jsonl."""
+    from workflows.pipeline_measure import summarize_trees
+
+    def node(i: int, parent: int | None, depth: int, path: int, tokens: int, model: int) -> dict[str, object]:
+        return {
+            "id": i,
+            "parent": parent,
+            "depth": depth,
+            "path": path,
+            "tokens": tokens,
+            "model_tokens": model,
+        }
+
+    tree = {
+        "bare_rollouts": 2,
+        "nodes": [
+            node(0, None, 0, -1, 0, 0),
+            node(1, 0, 1, 0, 30, 20),  # bare 0: a tool turn (10 observation tokens), then an answer
+            node(2, 1, 2, 0, 18, 18),
+            node(3, 0, 1, 1, 22, 22),  # bare 1: answers at once
+            node(4, 1, 2, 2, 16, 16),  # a continuation from node 1
+        ],
+    }
+    (tmp_path / "step_1").mkdir()
+    (tmp_path / "step_1" / "trees.jsonl").write_text(json.dumps(tree) + "\n")
+    out = summarize_trees(tmp_path)
+    assert out["bare_turns"] == {1: 1, 2: 1}
+    assert out["turn_tokens_mean"] == pytest.approx((20 + 18 + 22 + 16) / 4)
+    assert out["obs_tokens_mean"] == 10 and out["bare_per_prompt"] == [2]

@@ -102,7 +102,7 @@ def measure_engine(prompts: list[int], per_prompt: int, seed: int = 0) -> dict[s
 
     cfg = compose(RolloutConfig, conf_dir() / "rollout" / "math.yaml", ["model=tiny_habit", f"seed={seed}"])
     stack = build_stack(cfg.model, cfg.sampler, cfg.env, cfg.seed)
-    model, env = stack.engine.sampler.model, stack.env  # type: ignore[attr-defined]
+    model, env = stack.model, stack.env  # the sampler generates with this module (HFSampler keeps it)
     calls: list[tuple[int, int, int, float]] = []  # rows, decode iterations, padded input tokens, seconds
     tools: list[float] = []
     generate, execute = model.generate, env.execute
