@@ -90,6 +90,10 @@ def test_streaming_starts_a_prompt_s_continuations_when_its_own_bare_rollouts_en
     stream = run_continuous(p, bare, _follow(bare, cont, 0.0))
     assert stream.finish_s == pytest.approx(4.0)
     assert stream.busy_s == pytest.approx(4.0)  # always at least one row decoding
+    # overlap: the continuations also wait for the new weights (here at 5 s); the wait is bubble, not flight
+    late = run_continuous(p, bare, _follow(bare, cont, 0.0, not_before=5.0))
+    assert late.finish_s == pytest.approx(5.0 + 3.0)
+    assert late.span_s == pytest.approx(3.0 + 3.0)
     rounds = run_rounds(replace(p, batching="rounds"), bare, _follow(bare, cont, 0.0))
     # rounds: round 1 runs 30 iterations (both rows), prompt 0's continuation joins round 2 with prompt 1's
     assert rounds.finish_s == pytest.approx(3.0 + 3.0)

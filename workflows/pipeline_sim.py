@@ -8,8 +8,8 @@ may start and whether the update holds the samplers:
     barrier:   R = max_s bare_s + alloc + max_s cont_s        step = R + between + update + sync
     streaming: a prompt's continuations start alloc after its own bare rollouts end
                R = max_s all_s                                 step = R + between + update + sync
-    overlap:   streaming, and the update runs beside the next step's rollouts
-                                                               step = max(R + between, update) + sync
+    overlap:   streaming beside the previous update; continuations wait for the new weights too
+                                                               step = max(R + between, update + sync)
 
 Samplers are simulated one by one (they share nothing but the barrier, and a sampler's continuation phase does not
 depend on when it starts), with the same random draws for every mode and every S: S = 8 is the first 8 samplers of
@@ -147,11 +147,16 @@ class _State:
 
 @dataclass
 class _Follow:
-    """Continuations released ``delay`` after the last bare rollout of their prompt ends (streaming)."""
+    """Continuations released ``delay`` after the last bare rollout of their prompt ends (streaming), and not
+    before ``not_before`` (overlap: the new weights)."""
 
     paths: dict[int, list[Path_]] = field(default_factory=dict)
     delay: float = 0.0
+    not_before: float = 0.0
     left: dict[int, int] = field(default_factory=dict)
+
+    def release(self, t: float) -> float:
+        return max(t + self.delay, self.not_before)
 
     def done(self, path: Path_) -> list[Path_]:
         if not path.bare or path.prompt not in self.left:
@@ -160,8 +165,8 @@ class _Follow:
         return self.paths.pop(path.prompt, []) if self.left[path.prompt] == 0 else []
 
 
-def _follow(bare: list[Path_], cont: list[Path_], delay: float) -> _Follow:
-    f = _Follow(delay=delay)
+def _follow(bare: list[Path_], cont: list[Path_], delay: float, not_before: float = 0.0) -> _Follow:
+    f = _Follow(delay=delay, not_before=not_before)
     for b in bare:
         f.left[b.prompt] = f.left.get(b.prompt, 0) + 1
     for c in cont:
@@ -205,7 +210,7 @@ def run_rounds(p: Profile, paths: list[Path_], follow: _Follow | None = None) ->
                 going.append(s)
             elif follow is not None:
                 for x in follow.done(s.path):
-                    heapq.heappush(pending, (t + follow.delay, next(seq), x))
+                    heapq.heappush(pending, (follow.release(t), next(seq), x))
         active = going
     run.finish_s = t
     return run
@@ -277,36 +282,47 @@ def run_continuous(p: Profile, paths: list[Path_], follow: _Follow | None = None
                 in_tool += 1
             elif follow is not None:
                 for x in follow.done(s.path):
-                    heapq.heappush(arrivals, (t + follow.delay, next(seq), _State(x, 0, x.prefill), False))
+                    heapq.heappush(arrivals, (follow.release(t), next(seq), _State(x, 0, x.prefill), False))
     run.finish_s = t
     return run
 
 
 @dataclass(frozen=True)
 class SamplerDraw:
-    """One sampler's runs (barrier's two phases, streaming's single run) and the tokens its paths train on."""
+    """One sampler's runs (barrier's two phases, streaming's and overlap's single runs) and the tokens its paths
+    train on."""
 
     bare: Run
     cont: Run
     stream: Run
+    overlap: Run
     trained_tokens: int
 
 
 def simulate_sampler(p: Profile, rng: np.random.Generator, first_prompt: int = 0) -> SamplerDraw:
+    """Overlap starts the step's bare rollouts while the previous update runs (time 0 = both start) and releases
+    continuations once the new weights are in (the update timed with this sampler's own share of tokens)."""
     engine = run_rounds if p.batching == "rounds" else run_continuous
     bare, cont = workload(p, rng, first_prompt)
     per_prompt = p.alloc_s / p.prompts_per_sampler  # streaming scores and allocates one prompt at a time
     tokens = sum(x.trained_tokens for x in bare + cont)
+    weights_in = _update(p, tokens) + p.weight_sync_s
     return SamplerDraw(
-        engine(p, bare), engine(p, cont), engine(p, bare, _follow(bare, cont, per_prompt)), tokens
+        engine(p, bare),
+        engine(p, cont),
+        engine(p, bare, _follow(bare, cont, per_prompt)),
+        engine(p, bare, _follow(bare, cont, per_prompt, weights_in)),
+        tokens,
     )
+
+
+def _update(p: Profile, tokens: float) -> float:
+    return p.update_s + (tokens / p.update_tokens_per_s if p.update_tokens_per_s > 0 else 0.0)
 
 
 def update_time(p: Profile, draws: list[SamplerDraw]) -> float:
     """The update: fixed seconds plus the tokens of one sampler's share over the learner's speed for that share."""
-    if p.update_tokens_per_s <= 0:
-        return p.update_s
-    return p.update_s + float(np.mean([d.trained_tokens for d in draws])) / p.update_tokens_per_s
+    return _update(p, float(np.mean([d.trained_tokens for d in draws])))
 
 
 def step_metrics(p: Profile, draws: list[SamplerDraw]) -> dict[str, dict[str, float]]:
@@ -317,14 +333,19 @@ def step_metrics(p: Profile, draws: list[SamplerDraw]) -> dict[str, dict[str, fl
     fixed = p.between_steps_s + update + p.weight_sync_s
     r_b = max(d.bare.finish_s for d in draws) + p.alloc_s + max(d.cont.finish_s for d in draws)
     r_s = max(d.stream.finish_s for d in draws)
+    r_o = max(d.overlap.finish_s for d in draws)
     steps = {
         "barrier": (r_b, r_b + fixed),
         "streaming": (r_s, r_s + fixed),
-        "overlap": (r_s, max(r_s + p.between_steps_s, update) + p.weight_sync_s),
+        "overlap": (r_o, max(r_o + p.between_steps_s, update + p.weight_sync_s)),
     }
     out = {}
     for mode, (rollout, step) in steps.items():
-        runs = [r for d in draws for r in ((d.bare, d.cont) if mode == "barrier" else (d.stream,))]
+        runs = [
+            r
+            for d in draws
+            for r in {"barrier": (d.bare, d.cont), "streaming": (d.stream,)}.get(mode, (d.overlap,))
+        ]
         busy = sum(r.busy_s for r in runs)
         iters = sum(r.iters for r in runs)
         out[mode] = {
@@ -387,8 +408,8 @@ def sim_entry(
     entry["overlap_step_s"] = res["overlap"]["step_s"]
     for mode in MODES:
         entry[f"{mode}_bubble"] = res[mode]["bubble"]
-    entry["barrier_rollout_s"] = res["barrier"]["rollout_s"]
-    entry["streaming_rollout_s"] = res["streaming"]["rollout_s"]
+    for mode in MODES:
+        entry[f"{mode}_rollout_s"] = res[mode]["rollout_s"]
     for mode in MODES:
         entry[f"{mode}_rollout_util"] = res[mode]["rollout_util"]
     entry["update_s"] = res["barrier"]["update_s"]
@@ -411,7 +432,7 @@ def format_table(entries: list[dict[str, Any]]) -> str:
         )
         for i, s in enumerate(e["samplers"]):
             for mode in MODES:
-                rollout = e["barrier_rollout_s" if mode == "barrier" else "streaming_rollout_s"][i]
+                rollout = e[f"{mode}_rollout_s"][i]
                 lines.append(
                     f"{s:>4} {mode:<10} {e[f'{mode}_step_s'][i]:>9.2f} {rollout:>9.2f} "
                     f"{e[f'{mode}_util'][i]:>6.3f} {e[f'{mode}_rollout_util'][i]:>6.3f} {e[f'{mode}_bubble'][i]:>6.3f}"
