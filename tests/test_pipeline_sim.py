@@ -11,6 +11,7 @@ import yaml
 
 from workflows.cli import main
 from workflows.pipeline_profile import Dist, Profile, load_profile, profile_from_dict, shipped_profiles
+from workflows.pipeline_report import validation_error
 from workflows.pipeline_sim import (
     Path_,
     _follow,
@@ -19,7 +20,6 @@ from workflows.pipeline_sim import (
     simulate,
     simulate_sampler,
     step_metrics,
-    validation_error,
 )
 
 
@@ -191,7 +191,11 @@ def test_cli_writes_the_sim_part_and_validates(tmp_path: Path) -> None:
         "streaming": {"step_s": first["streaming_step_s"]},
     }
     assert first["validation_error"] == pytest.approx(validation_error(pred, (2, 4), cpu))
-    assert second["validation_error"] is None
+    assert second["validation_error"] is None and "validation" not in second
+    detail = first["validation"]
+    assert set(detail) == {"barrier", "streaming"}  # the JSON has no overlap entry
+    assert detail["barrier"]["measured_step_s"] == 4.0 and detail["barrier"]["measured_rollout_s"] is None
+    assert detail["streaming"]["predicted_step_s"] == first["streaming_step_s"][0]
     assert main([*argv, "--samplers", "0"]) == 2
     assert main([*argv, "--validate", str(tmp_path / "missing.json")]) == 2
     assert main(["bench", "pipeline", "--sim", "--profile", str(tmp_path / "nope.yaml")]) == 2

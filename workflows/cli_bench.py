@@ -228,7 +228,7 @@ def bench_pipeline_sim(args: argparse.Namespace) -> int:
     import json
 
     from workflows.pipeline_profile import load_profile, shipped_profiles
-    from workflows.pipeline_sim import format_table, read_cpu, sim_entry
+    from workflows.pipeline_report import format_table, read_cpu, sim_entry
 
     if not getattr(args, "sim", False):
         print(

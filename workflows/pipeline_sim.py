@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import json
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -376,74 +374,3 @@ def simulate(p: Profile, samplers: tuple[int, ...] = SAMPLERS) -> dict[str, dict
                 for k, v in vals.items():
                     acc[mode][k][i].append(v)
     return {m: {k: [float(np.mean(x)) for x in v] for k, v in d.items()} for m, d in acc.items()}
-
-
-def validation_error(
-    pred: dict[str, dict[str, list[float]]], samplers: tuple[int, ...], cpu: dict[str, Any]
-) -> float:
-    """max over barrier and streaming of |predicted - measured| / measured step time at S = 2 (the CPU bench's
-    ``cpu.<mode>.step_s``)."""
-    if 2 not in samplers:
-        raise ValueError("validation needs S = 2 among the simulated samplers")
-    i = samplers.index(2)
-    errs = []
-    for mode in ("barrier", "streaming"):
-        measured = cpu.get(mode, {}).get("step_s") if isinstance(cpu.get(mode), dict) else None
-        if not isinstance(measured, (int, float)) or measured <= 0:
-            raise ValueError(f"the CPU bench JSON has no cpu.{mode}.step_s > 0 to validate against")
-        errs.append(abs(pred[mode]["step_s"][i] - measured) / measured)
-    return max(errs)
-
-
-def sim_entry(
-    p: Profile, samplers: tuple[int, ...] = SAMPLERS, cpu: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """The issue's JSON "sim" entry for one profile (plus the bubble, rollout time and occupancy per mode)."""
-    res = simulate(p, samplers)
-    entry: dict[str, Any] = {"profile": p.name, "samplers": list(samplers)}
-    for mode in MODES:
-        entry[f"{mode}_util"] = res[mode]["util"]
-    entry["barrier_step_s"] = res["barrier"]["step_s"]
-    entry["streaming_step_s"] = res["streaming"]["step_s"]
-    entry["overlap_step_s"] = res["overlap"]["step_s"]
-    for mode in MODES:
-        entry[f"{mode}_bubble"] = res[mode]["bubble"]
-    for mode in MODES:
-        entry[f"{mode}_rollout_s"] = res[mode]["rollout_s"]
-    for mode in MODES:
-        entry[f"{mode}_rollout_util"] = res[mode]["rollout_util"]
-    entry["update_s"] = res["barrier"]["update_s"]
-    entry["barrier_occupancy"] = res["barrier"]["occupancy"]
-    entry["streaming_occupancy"] = res["streaming"]["occupancy"]
-    entry["validation_error"] = None if cpu is None else validation_error(res, samplers, cpu)
-    return entry
-
-
-def format_table(entries: list[dict[str, Any]]) -> str:
-    """Per profile, S and mode: step and rollout seconds, utilisation of the step and of its rollout phase, bubble."""
-    lines = []
-    for e in entries:
-        err = e["validation_error"]
-        lines.append(
-            f"\n{e['profile']}" + ("" if err is None else f"  (validation error at S = 2: {err:.3f})")
-        )
-        lines.append(
-            f"{'S':>4} {'mode':<10} {'step_s':>9} {'rollout_s':>9} {'util':>6} {'r_util':>6} {'bubble':>6}"
-        )
-        for i, s in enumerate(e["samplers"]):
-            for mode in MODES:
-                rollout = e[f"{mode}_rollout_s"][i]
-                lines.append(
-                    f"{s:>4} {mode:<10} {e[f'{mode}_step_s'][i]:>9.2f} {rollout:>9.2f} "
-                    f"{e[f'{mode}_util'][i]:>6.3f} {e[f'{mode}_rollout_util'][i]:>6.3f} {e[f'{mode}_bubble'][i]:>6.3f}"
-                )
-    return "\n".join(lines)
-
-
-def read_cpu(path: Path) -> dict[str, Any]:
-    """The "cpu" part of a ``tracerl bench pipeline --json`` file."""
-    data = json.loads(Path(path).read_text())
-    cpu = data.get("cpu") if isinstance(data, dict) else None
-    if not isinstance(cpu, dict):
-        raise ValueError(f'{path}: no "cpu" object (write it with tracerl bench pipeline --json PATH)')
-    return cpu
