@@ -30,11 +30,13 @@ def numbers(x: Any) -> list[float]:
 
 
 def test_dry_run_writes_every_section_without_ray_or_mlflow(tmp_path: Path) -> None:
-    """The script's own entry point in a fresh interpreter: every section ok, finite numbers, no Ray/MLflow/vLLM."""
+    """The script's own entry point in a fresh interpreter: every section ok, finite numbers, nothing imported that
+    a bare CUDA machine with torch, transformers and peft lacks (Ray, MLflow, vLLM, omegaconf, optuna)."""
     out = tmp_path / "gpu.json"
     code = (
         "import sys, json; from workflows.gpu_check import main; rc = main(['--json', sys.argv[1]]); "
-        "print(json.dumps({'rc': rc, 'loaded': [m for m in ('ray', 'mlflow', 'vllm') if m in sys.modules]}))"
+        "gone = ('ray', 'mlflow', 'vllm', 'omegaconf', 'optuna'); "
+        "print(json.dumps({'rc': rc, 'loaded': [m for m in gone if m in sys.modules]}))"
     )
     env = {
         **os.environ,

@@ -254,6 +254,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in cli_mlflow.HANDLERS:
             return cli_mlflow.HANDLERS[args.command](args)
         name = f"{args.command} {args.bench}" if args.command == "bench" else args.command
+        if name == "bench pipeline" and (getattr(args, "sim", False) or name not in COMMANDS):
+            return cli_bench.bench_pipeline_sim(args)
         if name == "bench env":
             cli_bench.bench_env_overrides(args)
         return COMMANDS[name].run(load(name, args))

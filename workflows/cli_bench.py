@@ -205,11 +205,71 @@ BENCH_HELP = {
 }
 
 
+def add_pipeline_sim(bench_sub: Any) -> None:
+    """``bench pipeline --sim``: the scale model's flags, added to the CPU bench's ``pipeline`` parser when there
+    is one, else on a ``pipeline`` parser of its own (the sim needs no config, Ray or model)."""
+    p = bench_sub.choices.get("pipeline") or bench_sub.add_parser(
+        "pipeline", help="the rollout pipeline: barrier vs streaming vs overlap (--sim: the scale model)"
+    )
+    p.add_argument("--sim", action="store_true", help="run the scale model (docs/pipeline_model.md)")
+    p.add_argument(
+        "--profile",
+        action="append",
+        help="a profile YAML (repeatable; default: every file in conf/bench/pipeline_profiles/)",
+    )
+    p.add_argument("--samplers", default="2,8,16,32,64", help="sampler counts S, comma-separated")
+    p.add_argument("--validate", metavar="PATH", help="the CPU bench's JSON: error of the S = 2 prediction")
+    if "--json" not in p._option_string_actions:
+        p.add_argument("--json", help="also write the JSON summary here")
+
+
+def bench_pipeline_sim(args: argparse.Namespace) -> int:
+    """The scale model on every profile: a table, and the issue's "sim" JSON part (merged into ``--json``)."""
+    import json
+
+    from workflows.pipeline_profile import load_profile, shipped_profiles
+    from workflows.pipeline_report import format_table, read_cpu, sim_entry
+
+    if not getattr(args, "sim", False):
+        print(
+            "tracerl: the CPU part of bench pipeline is not on this branch; run bench pipeline --sim",
+            file=sys.stderr,
+        )
+        return 2
+    if getattr(args, "overrides", None):
+        print(
+            f"tracerl: bench pipeline --sim takes no key=value overrides (got {args.overrides})",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        samplers = tuple(int(x) for x in args.samplers.split(","))
+        if not samplers or min(samplers) < 1:
+            raise ValueError(f"--samplers must be positive integers, got {args.samplers!r}")
+        profiles = [load_profile(Path(x)) for x in (args.profile or shipped_profiles())]
+        cpu = read_cpu(Path(args.validate)) if args.validate else None
+        entries = [sim_entry(p, samplers, cpu if p.cpu_bench else None) for p in profiles]
+    except (OSError, ValueError) as exc:
+        print(f"tracerl: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(entries))
+    path = getattr(args, "json", None)
+    if path:
+        out = Path(path)
+        data = json.loads(out.read_text()) if out.is_file() else {}  # keep the CPU bench's part
+        data["sim"] = entries
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=2))
+        print(f"wrote {out}")
+    return 0
+
+
 def add_parsers(sub: Any) -> None:
     """``bench`` and its subcommands, on ``sub`` (the top-level ``add_subparsers`` result)."""
     bench = sub.add_parser("bench", help="benchmarks that print tables and write JSON")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     for name, text in BENCH_HELP.items():
         add_job_args(bench_sub.add_parser(name, help=text), BENCH_COMMANDS[f"bench {name}"])
+    add_pipeline_sim(bench_sub)
     env_p = bench_sub.choices["env"]
     env_p.add_argument("--gold", action="store_true", help="replay the reference actions (sets gold=true)")
