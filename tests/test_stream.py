@@ -8,6 +8,7 @@ two with every expansion re-encoded elsewhere, and on two when one actor dies mi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -197,3 +198,62 @@ def test_a_sampler_actor_dying_mid_stream_is_replaced_and_the_step_completes(
     assert (tmp_path / f"sampler-step{STEP}").exists()
     assert ledger.retried >= 1
     assert got[:4] == barrier[:4] and got[5] == barrier[5]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["pipeline.mode=async"], "pipeline.mode must be one of 'barrier', 'streaming' (got 'async')"),
+        (["pipeline.reencode_queue=-2"], "pipeline.reencode_queue must be >= 0, or -1 for never (got -2)"),
+        (
+            ["modes=[barrier,overlap]"],
+            "bad value for 'modes[1]': Invalid value 'overlap', expected one of ['barrier', 'streaming']",
+        ),
+    ],
+)
+def test_bad_pipeline_settings_fail_with_a_message_naming_the_key(overrides: list[str], message: str) -> None:
+    from tracerl.config_loader import ConfigError, compose, conf_dir
+    from tracerl.experiment_config import BenchPipelineConfig
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        compose(BenchPipelineConfig, conf_dir() / "bench/pipeline.yaml", overrides)
+
+
+def test_the_pipeline_bench_summary_has_the_issues_cpu_schema() -> None:
+    """Means over seeds of each run's mean step per mode; same_allocation over every step; overlap 'not built'."""
+    from tracerl.config_loader import compose, conf_dir
+    from tracerl.experiment_config import BenchPipelineConfig
+    from workflows.bench_pipeline import format_table, summarize
+
+    cfg = compose(BenchPipelineConfig, conf_dir() / "bench/pipeline.yaml", ["seeds=2", "steps=2"])
+    assert cfg.pipeline.mode == "barrier" and cfg.modes == ["barrier", "streaming"]
+    assert cfg.pools.rollout_workers == 2 and cfg.sampler.backend == "hf"
+
+    def step(s: float, same: bool = True) -> dict[str, Any]:
+        return {
+            "step_s": s,
+            "rollout_s": s / 2,
+            "busy": 0.5,
+            "occupancy": 3.0,
+            "generated_tokens": 10,
+            "same_allocation": same,
+        }
+
+    runs = [
+        {"mode": "barrier", "seed": 0, "steps": [step(4.0), step(6.0)]},
+        {"mode": "streaming", "seed": 0, "steps": [step(3.0), step(3.0)]},
+        {"mode": "barrier", "seed": 1, "steps": [step(2.0), step(2.0)]},
+        {"mode": "streaming", "seed": 1, "steps": [step(1.0), step(1.0, same=False)]},
+    ]
+    cpu = summarize(cfg, runs)["cpu"]
+    assert set(cpu) == {"barrier", "streaming", "overlap", "same_allocation"}
+    assert cpu["barrier"] == {
+        "step_s": 3.5,
+        "rollout_s": 1.75,
+        "busy": 0.5,
+        "occupancy": 3.0,
+        "generated_tokens": 10,
+    }
+    assert cpu["streaming"]["step_s"] == 2.0 and cpu["same_allocation"] is False
+    assert cpu["overlap"]["status"] == "not built"
+    assert "streaming / barrier step time: 0.571" in format_table(summarize(cfg, runs))
