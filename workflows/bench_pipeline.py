@@ -2,7 +2,8 @@
 
 The sampler actors of ``tracerl train`` (conf/bench/pipeline.yaml: the embedded default, 2 hf sampler actors, the
 tiny policy, equal leaves) run ``steps`` allocation-and-rollout steps per (seed, mode) with the policy frozen,
-seeds interleaved (seed s in every mode, then seed s + 1) on one pool, the predictor learning online in each run.
+seeds interleaved (seed s in every mode, then seed s + 1; the modes' order alternates by seed) on one pool after
+``warmup_steps`` unmeasured steps, the predictor learning online in each run.
 Per step: the step's wall time, its rollout phase, the samplers' busy fraction (seconds they spent generating, as
 measured by each sampler actor, over actors x step wall), their mean batch occupancy (rows that produced a token
 per decode forward, measured by the samplers), generated tokens, and ``same_allocation`` (the barrier's Stage 2
@@ -55,10 +56,13 @@ def run_bench(cfg: BenchPipelineConfig, progress: Callable[[str], None] = lambda
     policy = load_policy(cfg.model)  # the predictor's features (the samplers load their own copy)
     runs: list[dict[str, Any]] = []
     try:
+        if cfg.warmup_steps:
+            progress(f"warm-up: {cfg.warmup_steps} unmeasured steps")
+            run_one(cfg, pool, policy, cfg.modes[0], cfg.seed + cfg.seeds, progress, cfg.warmup_steps)
         for k in range(cfg.seeds):
-            for mode in cfg.modes:
-                seed = cfg.seed + k
-                steps = run_one(cfg, pool, policy, mode, seed, progress)
+            seed = cfg.seed + k
+            for mode in cfg.modes[:: 1 if k % 2 == 0 else -1]:  # alternate which mode runs first
+                steps = run_one(cfg, pool, policy, mode, seed, progress, cfg.steps)
                 runs.append({"mode": mode, "seed": seed, "steps": steps})
     finally:
         pool.shutdown()
@@ -79,8 +83,9 @@ def run_one(
     mode: PipelineMode,
     seed: int,
     progress: Callable[[str], None],
+    num_steps: int,
 ) -> list[dict[str, Any]]:
-    """``cfg.steps`` steps of one (mode, seed) on ``pool``: per step its measurements."""
+    """``num_steps`` steps of one (mode, seed) on ``pool``: per step its measurements."""
     from envs.registry import tool_env_class
     from predictors.length import attach_lengths
     from tracerl.algos.allocators import build_allocator
@@ -108,7 +113,7 @@ def run_one(
     rng = np.random.default_rng(seed)
     pool.seed = seed
     steps = []
-    for s in range(cfg.steps):
+    for s in range(num_steps):
         pool.begin_step(s)
         timer = PhaseTimer()
         t0 = time.perf_counter()

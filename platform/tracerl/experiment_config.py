@@ -178,7 +178,9 @@ class BenchPipelineConfig(TrainConfig):
     modes: list[PipelineMode] = field(default_factory=lambda: ["barrier", "streaming"])
     """Pipeline modes to compare ('overlap', issue 16 item 4, is not built)."""
     seeds: int = 3
-    """Seeds (seed, seed + 1, ...); each runs ``steps`` steps per mode."""
+    """Seeds (seed, seed + 1, ...); each runs ``steps`` steps per mode, the modes' order alternating by seed."""
+    warmup_steps: int = 1
+    """Steps run first and not measured (actor start-up, the samplers' first forwards)."""
     json_path: str | None = None
     """Write the JSON summary here as well (``--json``)."""
     bench_out: str = "bench_out/pipeline"
@@ -187,6 +189,7 @@ class BenchPipelineConfig(TrainConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check(self.seeds >= 1, f"seeds must be >= 1 (got {self.seeds})")
+        check(self.warmup_steps >= 0, f"warmup_steps must be >= 0 (got {self.warmup_steps})")
         check(len(self.modes) >= 1, "modes must name at least one pipeline mode")
         check_choices(self, "")
 
