@@ -71,8 +71,10 @@ def run_bench(cfg: BenchPipelineConfig, progress: Callable[[str], None] = lambda
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(summary, indent=2))
     if cfg.json_path:
-        Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.json_path).write_text(json.dumps(summary, indent=2))
+        path = Path(cfg.json_path)
+        kept = json.loads(path.read_text()) if path.is_file() else {}  # the scale model's "sim" part stays
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**kept, **summary}, indent=2))
     return summary
 
 
