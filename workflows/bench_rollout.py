@@ -72,7 +72,7 @@ def run_one(
     warm = int(cfg.steps * cfg.warmup_fraction)
     for s in range(cfg.steps):
         t0 = time.perf_counter()
-        out = lm_step(stack, allocator, predictor, prompts, cfg.budget, rng, s)
+        out = lm_step(stack, allocator, predictor, prompts, cfg.budget, rng, s, cfg.pipeline.mode)
         if s >= warm:
             collect_calibration(out, calib)
         predictor.fit(out.sampled_trees)

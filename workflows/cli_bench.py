@@ -12,6 +12,7 @@ from tracerl.config_loader import ConfigError, conf_dir
 from tracerl.experiment_config import (
     BenchAllocationConfig,
     BenchEnvConfig,
+    BenchPipelineConfig,
     BenchRolloutConfig,
     BenchTrainConfig,
 )
@@ -55,6 +56,12 @@ BENCH_TRAIN_FLAGS = (
     Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
     Shorthand("--steps", ("steps",), "RL steps per run"),
     Shorthand("--seeds", ("seeds",), "seeds per allocator"),
+    Shorthand("--out", ("bench_out",), "output directory", str),
+)
+BENCH_PIPELINE_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--steps", ("steps",), "steps per seed and mode"),
+    Shorthand("--seeds", ("seeds",), "seeds (interleaved: every mode per seed)"),
     Shorthand("--out", ("bench_out",), "output directory", str),
 )
 BENCH_TESTBEDS_FLAGS = (
@@ -166,6 +173,22 @@ def _bench_train(cfg: BenchTrainConfig) -> int:
     return 0
 
 
+def _bench_pipeline(cfg: BenchPipelineConfig) -> int:
+    from workflows.bench_pipeline import format_table, run_bench
+    from workflows.lm_stack import SetupError
+
+    try:
+        summary = run_bench(cfg, progress=progress)
+    except (SetupError, FileNotFoundError, ValueError) as exc:
+        print(f"tracerl: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(summary))
+    print(
+        f"wrote {Path(cfg.bench_out) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
+    )
+    return 0
+
+
 def _bench_testbeds(cfg: BenchTestbedsConfig) -> int:
     from workflows.testbed_probes import run_bench
     from workflows.testbeds import format_table
@@ -190,6 +213,9 @@ BENCH_COMMANDS: dict[str, Command] = {
     ),
     "bench rollout": Command(BenchRolloutConfig, "bench/rollout.yaml", BENCH_ROLLOUT_FLAGS, _bench_rollout),
     "bench train": Command(BenchTrainConfig, "bench/train.yaml", BENCH_TRAIN_FLAGS, _bench_train),
+    "bench pipeline": Command(
+        BenchPipelineConfig, "bench/pipeline.yaml", BENCH_PIPELINE_FLAGS, _bench_pipeline
+    ),
     "bench testbeds": Command(
         BenchTestbedsConfig, "bench/testbeds.yaml", BENCH_TESTBEDS_FLAGS, _bench_testbeds
     ),
@@ -199,6 +225,7 @@ BENCH_HELP = {
     "targets": "bias of the predictor's fit targets vs the true V (simulator)",
     "rollout": "allocators at equal leaves with the frozen tiny policy",
     "train": "training runs of TRACE and GRPO at equal leaves, several seeds",
+    "pipeline": "barrier vs streaming steps on the training setup (frozen policy): step time, busy, occupancy",
     "testbeds": "acceptance of the study's testbeds: accuracy, depth profile, habit choices",
     "env": "an environment's gold replay (--gold) or tiny policy pass@1: "
     "bench env [math|search|bfcl] [--gold] [--json PATH]",

@@ -19,7 +19,7 @@ from envs.registry import check_data
 from predictors.base import Predictor
 from predictors.length import attach_lengths
 from tracerl.algos.allocators import Allocator, build_allocator
-from tracerl.config import BudgetConfig, RolloutConfig
+from tracerl.config import BudgetConfig, PipelineMode, RolloutConfig
 from tracerl.config_loader import to_yaml
 from tracerl.engine.ledger import ENGINE_COUNTS, BudgetLedger
 from tracerl.engine.step import StepOutcome, run_step
@@ -92,13 +92,13 @@ def lm_step(
     budget: BudgetConfig,
     rng: np.random.Generator,
     step: int,
+    mode: PipelineMode = "barrier",
 ) -> StepOutcome:
-    """Step ``step`` of allocation and rollout on the LM stack (``step`` keys the sampling seeds); its ledger holds
-    the step's and the engine's counts."""
+    """Step ``step`` of allocation and rollout on the LM stack (``step`` keys the sampling seeds; ``mode`` is
+    ``pipeline.mode``); its ledger holds the step's and the engine's counts."""
     stack.engine.step, stack.engine.ledger = step, BudgetLedger()
-    out = run_step(
-        sample_pool(prompts, budget.num_candidates, rng), allocator, predictor, stack.engine, budget, rng
-    )
+    pool = sample_pool(prompts, budget.num_candidates, rng)
+    out = run_step(pool, allocator, predictor, stack.engine, budget, rng, mode=mode)
     out.ledger = merge_ledgers(out.ledger, stack.engine.ledger)
     return out
 
@@ -131,7 +131,7 @@ def rollout_steps(
     out = None
     for s in range(cfg.steps):
         t0 = time.perf_counter()
-        out = lm_step(stack, allocator, predictor, prompts, cfg.budget, rng, s)
+        out = lm_step(stack, allocator, predictor, prompts, cfg.budget, rng, s, cfg.pipeline.mode)
         metrics = step_metrics(out)
         predictor.fit(out.sampled_trees)
         allocator.observe(out.sampled_trees)
@@ -156,5 +156,6 @@ def merge_ledgers(step_ledger: BudgetLedger, engine_ledger: BudgetLedger) -> Bud
     """The step's counts (leaves, rollouts) plus the engine's (tokens, calls, tool work, generation time)."""
     for f in ENGINE_COUNTS:
         setattr(step_ledger, f, getattr(engine_ledger, f))
+    step_ledger.kv_depth = {d: list(c) for d, c in engine_ledger.kv_depth.items()}
     step_ledger.phase_s.update({k: v for k, v in engine_ledger.phase_s.items()})
     return step_ledger

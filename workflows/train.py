@@ -268,7 +268,7 @@ def train_step(step: int, w: Worker, d: Driver | None) -> None:
             pool = sample_pool(d.prompts, budget.num_candidates, d.rng)
             d.pool.begin_step(step)
         # score, allocate_roots (the allocator's plan), rollout, expand_prefixes: tracerl/engine/step.py
-        out = run_step(pool, d.allocator, d.predictor, d.pool, budget, d.rng, timer)
+        out = run_step(pool, d.allocator, d.predictor, d.pool, budget, d.rng, timer, cfg.pipeline.mode)
         m = d.rollout_metrics(out, budget)  # calibration of this step's scores, before the fit
         with timer("fit_predictor"):
             m.update(d.fit(out))

@@ -50,7 +50,13 @@ class Driver:
         spec = WorkerSpec(cfg.model, cfg.sampler, cfg.env, cfg.pools, faults=self.faults)
         p = cfg.pools
         self.pool = RolloutPool(
-            spec, p.rollout_workers, p.rollout_cpus, p.rollout_gpus, p.max_retries, cfg.seed
+            spec,
+            p.rollout_workers,
+            p.rollout_cpus,
+            p.rollout_gpus,
+            p.max_retries,
+            cfg.seed,
+            cfg.pipeline.reencode_queue,
         )
         for w in self.pool.warnings():
             say(f"sandbox: {w}")

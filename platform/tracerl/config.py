@@ -43,6 +43,8 @@ __all__ = [
     "LossConfig",
     "ModelConfig",
     "OptimConfig",
+    "PipelineConfig",
+    "PipelineMode",
     "PoolConfig",
     "PredictorConfig",
     "RolloutConfig",
@@ -186,6 +188,30 @@ class SamplerConfig:
         check(self.batch_size >= 1, f"sampler.batch_size must be >= 1 (got {self.batch_size})")
 
 
+PipelineMode = Literal["barrier", "streaming"]
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """How a step schedules its rollouts (docs/design.md, "Streaming steps")."""
+
+    mode: PipelineMode = "barrier"
+    """'barrier': every bare rollout of the step ends before any prefix is scored and expanded. 'streaming': a
+    prompt's prefixes are scored and its continuations start as soon as its own bare rollouts end, while other
+    prompts still roll out; the same trees and decisions as 'barrier' (sampling aside: batches differ)."""
+    reencode_queue: int = 128
+    """Streaming on sampler actors: a continuation goes to the actor holding its prefix's KV cache unless that
+    actor has more than this many paths running or queued; then the least-loaded actor re-encodes the prefix.
+    -1: always the owner."""
+
+    def __post_init__(self) -> None:
+        check_choices(self, "pipeline")
+        check(
+            self.reencode_queue >= -1,
+            f"pipeline.reencode_queue must be >= 0, or -1 for never (got {self.reencode_queue})",
+        )
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """``tracerl train``: RL on the language-model stack with Ray Train workers and actor pools."""
@@ -207,6 +233,7 @@ class TrainConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)
     chaos: ChaosConfig = field(default_factory=ChaosConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     steps: int = 40
     """RL steps."""
     seed: int = 0
@@ -301,6 +328,7 @@ class RolloutConfig:
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
     predictor: PredictorConfig = field(default_factory=lambda: PredictorConfig(features="hashed"))
     budget: BudgetConfig = field(default_factory=lm_budget)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     seed: int = 0
     """Seeds the candidate pool, allocation ties and sampling."""
     steps: int = 3

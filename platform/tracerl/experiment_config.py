@@ -9,7 +9,16 @@ from typing import Any, ClassVar, Literal
 from tracerl import metrics as M
 from tracerl.actors.config import ClusterConfig, TrackingConfig
 from tracerl.algos.config import AllocatorConfig, BudgetConfig, PredictorConfig
-from tracerl.config import EnvConfig, ModelConfig, SamplerConfig, TrainConfig, lm_budget, lm_env
+from tracerl.config import (
+    EnvConfig,
+    ModelConfig,
+    PipelineConfig,
+    PipelineMode,
+    SamplerConfig,
+    TrainConfig,
+    lm_budget,
+    lm_env,
+)
 from tracerl.schema import check, check_choices
 
 
@@ -54,6 +63,7 @@ class BenchRolloutConfig:
     predictor: PredictorConfig = field(default_factory=lambda: PredictorConfig(features="hashed"))
     budget: BudgetConfig = field(default_factory=lm_budget)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     allocators: list[str] = field(default_factory=lambda: ["grpo", "pcl", "treepo", "trace"])
     """Allocators to compare."""
     steps: int = 10
@@ -158,6 +168,30 @@ class BenchTrainConfig(TrainConfig):
         check(self.seeds >= 1, f"seeds must be >= 1 (got {self.seeds})")
         check(len(self.allocators) >= 1, "allocators must name at least one allocator")
         check(self.resume is None, "bench train starts fresh runs; resume is not allowed")
+
+
+@dataclass(frozen=True)
+class BenchPipelineConfig(TrainConfig):
+    """``tracerl bench pipeline``: barrier vs streaming steps (``pipeline.mode``) on the training setup, frozen
+    policy, seeds interleaved (seed s: every mode, then seed s + 1)."""
+
+    modes: list[PipelineMode] = field(default_factory=lambda: ["barrier", "streaming"])
+    """Pipeline modes to compare ('overlap', issue 16 item 4, is not built)."""
+    seeds: int = 3
+    """Seeds (seed, seed + 1, ...); each runs ``steps`` steps per mode, the modes' order alternating by seed."""
+    warmup_steps: int = 1
+    """Steps run first and not measured (actor start-up, the samplers' first forwards)."""
+    json_path: str | None = None
+    """Write the JSON summary here as well (``--json``)."""
+    bench_out: str = "bench_out/pipeline"
+    """Where results.json goes."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.seeds >= 1, f"seeds must be >= 1 (got {self.seeds})")
+        check(self.warmup_steps >= 0, f"warmup_steps must be >= 0 (got {self.warmup_steps})")
+        check(len(self.modes) >= 1, "modes must name at least one pipeline mode")
+        check_choices(self, "")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ STEP_CONTRAST_PAIRS_PER_100 = "rollout/step_contrast_pairs_per_100_leaves"
 SUCCESS_RATE = "rollout/success_rate"
 PREFIX_GROUP_ER = "rollout/prefix_group_effective_ratio"
 EXPANDED_PREFIXES = "rollout/expanded_prefixes"
+KV_HIT_RATE = "rollout/kv_hit_rate"
 ROLLOUT_EM = "rollout/em"
 ROLLOUT_F1 = "rollout/f1"
 
@@ -47,6 +48,11 @@ GRADE_TIMEOUTS = "budget/grade_timeouts"
 RETRIED = "budget/retried"
 CONTINUATION_PREFILL_COMPUTED = "budget/continuation_prefill_computed"
 CONTINUATION_PREFILL_REENCODE = "budget/continuation_prefill_reencode"
+KV_LOCAL_CONTINUATIONS = "budget/kv_local_continuations"
+KV_REENCODED_CONTINUATIONS = "budget/kv_reencoded_continuations"
+DECODE_STEPS = "budget/decode_steps"
+DECODE_ROWS = "budget/decode_rows"
+SAMPLER_BUSY_S = "budget/sampler_busy_s"
 
 # -- time/ (per step) --------------------------------------------------------------------------------------------
 STEP_PHASES = ("score", "allocate_roots", "rollout", "expand_prefixes")
@@ -142,6 +148,11 @@ def eval_source(source: str) -> str:
 def prefix_group_depth(depth: int) -> str:
     """``rollout/prefix_group_effective_ratio/depth_<t>``."""
     return f"{PREFIX_GROUP_ER}/depth_{depth}"
+
+
+def kv_hit_rate_depth(depth: int) -> str:
+    """``rollout/kv_hit_rate/depth_<t>``."""
+    return f"{KV_HIT_RATE}/depth_{depth}"
 
 
 def answer_score(prefix: str, name: str) -> str:

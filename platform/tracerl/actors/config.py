@@ -110,7 +110,8 @@ class FaultConfig:
     """Fault injection for tests and cluster drills: a real process exit at a given step (-1 = never)."""
 
     kill_rollout_worker_at_step: int = -1
-    """A sampler actor exits during its first rollout call of this step."""
+    """A sampler actor exits during its first rollout call of this step (streaming: on its second call of the step,
+    after one round)."""
     kill_env_worker_at_step: int = -1
     """An environment actor exits during its first tool call of this step."""
     kill_trainer_at_step: int = -1

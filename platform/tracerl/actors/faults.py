@@ -36,7 +36,8 @@ class Faults:
 
     fault_dir: str | None = None
     sampler_step: int = -1
-    """A sampler actor exits during its first rollout or expansion call of this step."""
+    """A sampler actor exits during its first rollout or expansion call of this step (a streaming step: its second
+    call, mid-stream)."""
     env_step: int = -1
     """An environment actor exits during its first tool call of this step."""
     trainer_step: int = -1

@@ -25,8 +25,9 @@ from tracerl.actors.envpool import EnvPool
 from tracerl.actors.retry import DEAD, OWN, call_with_retries
 from tracerl.actors.spec import WorkerSpec
 from tracerl.algos.allocators import Expansion
-from tracerl.engine.ledger import ENGINE_COUNTS, BudgetLedger
+from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.protocol import ToolEnv
+from tracerl.engine.stream import OnBare
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt
 
@@ -81,6 +82,8 @@ class RolloutWorker:
         )
         self.sampler_cfg = sampler_cfg
         self.trees: dict[str, list[RolloutTree]] = {}
+        self.stream_run: Any = None
+        """This actor's share of the current streaming step (engine/stream.py), with its caches."""
 
     def warnings(self) -> list[str]:
         return list(self.env.warnings)
@@ -94,12 +97,14 @@ class RolloutWorker:
             with torch.no_grad():
                 self.model.load_state_dict(state)
         self.trees.clear()  # caches of trees from the old weights must not be re-used
+        self.stream_run = None
 
-    def _begin(self, step: int, seed: int) -> None:
+    def _begin(self, step: int, seed: int, fault: bool = True) -> None:
         self.engine.seed, self.engine.step, self.engine.ledger = seed, step, BudgetLedger()
         if isinstance(self.env, EnvPool):
             self.env.step = step
-        self.faults.sampler(step)
+        if fault:
+            self.faults.sampler(step)
 
     def rollout(
         self, step: int, key: str, prompts: list[Prompt], counts: list[int], seed: int
@@ -116,10 +121,44 @@ class RolloutWorker:
         self._begin(step, seed)
         local = self.trees.get(key)
         # Our own copies carry the KV caches; a fresh worker (after a failure) continues from the sent trees.
-        if local is None or [len(t.nodes) for t in local] != [len(t.nodes) for t in trees]:
+        own = local is not None and [len(t.nodes) for t in local] == [len(t.nodes) for t in trees]
+        if local is None or not own:
             local = trees
+        for t, ex in zip(local, expansions):
+            depths = [t.nodes[int(n)].depth for n, k in zip(ex.node_ids, ex.counts) for _ in range(int(k))]
+            self.engine.ledger.count_continuations(depths, own)
         self.engine.expand(local, expansions)
         return [strip_caches(t) for t in local], self.engine.ledger
+
+    def stream(
+        self,
+        step: int,
+        seed: int,
+        begin: tuple[list[int], list[Prompt], list[int]] | None,
+        adds: list[tuple[int, RolloutTree, Expansion]],
+    ) -> tuple[list[tuple[int, RolloutTree]], list[tuple[int, RolloutTree]], int, bool, BudgetLedger]:
+        """One round of this actor's share of a streaming step (actors/stream_pool.py): ``begin`` (tree ids,
+        prompts, counts) starts the share, ``adds`` are expansions to start; returns the trees whose bare rollouts
+        ended and those that finished (without caches), the paths still running, whether work is left, and the
+        step's counts so far. A fault drill fires on the first call after the one that began (mid-stream)."""
+        from tracerl.engine.stream import StreamRun
+
+        if begin is not None:
+            self._begin(step, seed, fault=False)
+            self.stream_run = StreamRun(self.engine, *begin)
+        else:
+            self.faults.sampler(step)
+        run = self.stream_run
+        for i, tree, ex in adds:
+            run.add_expansion(i, tree, ex)
+        bare, done = run.advance()
+        return (
+            [(i, strip_caches(run.trees[i])) for i in bare],
+            [(i, strip_caches(run.trees[i])) for i in done],
+            len(run.paths),
+            run.active,
+            self.engine.ledger,
+        )
 
     def evaluate(
         self, prompts: list[Prompt], samples: int, temperature: float, seed: int
@@ -149,7 +188,14 @@ class RolloutPool:
     """The step driver's ``TreeBackend`` over a pool of ``RolloutWorker`` actors."""
 
     def __init__(
-        self, spec: WorkerSpec, size: int, cpus: float, gpus: float, max_retries: int, seed: int
+        self,
+        spec: WorkerSpec,
+        size: int,
+        cpus: float,
+        gpus: float,
+        max_retries: int,
+        seed: int,
+        reencode_queue: int = 128,
     ) -> None:
         from envs.registry import env_class
         from tracerl.actors.services import start_services
@@ -161,6 +207,9 @@ class RolloutPool:
             spec = replace(spec, services=self.services)
         self.spec, self.cpus, self.gpus = spec, cpus, gpus
         self.max_retries, self.seed = max_retries, seed
+        self.reencode_queue = reencode_queue
+        """Streaming: an actor with more paths than this gives new expansions to the least-loaded one
+        (``pipeline.reencode_queue``; -1: never)."""
         self.workers = [self._new() for _ in range(size)]
         self.ledger = BudgetLedger()
         self.step = 0
@@ -218,8 +267,7 @@ class RolloutPool:
 
     def _merge(self, ledgers: Sequence[BudgetLedger]) -> None:
         for led in ledgers:
-            for f in ENGINE_COUNTS:
-                setattr(self.ledger, f, getattr(self.ledger, f) + getattr(led, f))
+            self.ledger.add_engine(led)
             for k, v in led.phase_s.items():  # workers run in parallel: the slowest one's time
                 self.ledger.phase_s[k] = max(self.ledger.phase_s.get(k, 0.0), v)
 
@@ -281,6 +329,14 @@ class RolloutPool:
             for i, new in zip(groups[(w, key)], got):
                 trees[i].grow_to(new)
         self._merge([led for _, led in results])
+
+    def stream(self, prompts: Sequence[Prompt], counts: Sequence[int], on_bare: OnBare) -> list[RolloutTree]:
+        """A streaming step's rollouts (``pipeline.mode=streaming``): actors/stream_pool.py."""
+        from tracerl.actors.stream_pool import PoolStream
+
+        self._phase += 1
+        shards = balanced_shards(counts, len(self.workers))
+        return PoolStream(self, shards, prompts, counts, on_bare).run()
 
     def evaluate(
         self, prompts: Sequence[Prompt], samples: int, temperature: float, seed: int

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from tracerl.metrics import BUDGET, phase_time
+from tracerl.metrics import BUDGET, kv_hit_rate_depth, phase_time
 
 ENGINE_COUNTS = (
     "generated_tokens",
@@ -16,6 +16,11 @@ ENGINE_COUNTS = (
     "invalid_actions",
     "grade_timeouts",
     "retried",
+    "kv_local_continuations",
+    "kv_reencoded_continuations",
+    "decode_steps",
+    "decode_rows",
+    "sampler_busy_s",
 )
 """The ledger counts an engine (a sampler worker) adds up; the step's own counts (leaves, rollouts) are not."""
 
@@ -54,11 +59,47 @@ class BudgetLedger:
     """Answers whose grading ran past ``env.reward_timeout_s`` (reward 0, leaf status ``grade_timeout``)."""
     retried: int = 0
     """Work items retried after an actor failure."""
+    kv_local_continuations: int = 0
+    """Continuations run by the sampler that holds their prefix's KV cache (its own copy of the tree)."""
+    kv_reencoded_continuations: int = 0
+    """Continuations run by a sampler without that copy (a busy owner's overflow, a replaced actor): it re-encodes
+    the prefix."""
+    decode_steps: int = 0
+    """Decode forwards: per sampler call, the longest generation in its batch (a batched call runs that many)."""
+    decode_rows: int = 0
+    """Rows that produced a token, summed over decode forwards (tokens generated, before per-path caps);
+    ``decode_rows / decode_steps`` is the mean batch occupancy."""
+    sampler_busy_s: float = 0.0
+    """Seconds the samplers spent generating, summed over sampler actors (busy fraction: over actors x wall)."""
+    kv_depth: dict[int, list[int]] = field(default_factory=dict)
+    """Continuations per prefix depth: [on the KV owner, total] (``rollout/kv_hit_rate/depth_<t>``)."""
     phase_s: dict[str, float] = field(default_factory=dict)
     """Wall time per phase, seconds."""
 
+    def count_continuations(self, depths: list[int], local: bool) -> None:
+        """Count continuations starting at prefixes of these depths, run on their KV owner (``local``) or not."""
+        for d in depths:
+            hit = self.kv_depth.setdefault(d, [0, 0])
+            hit[0] += int(local)
+            hit[1] += 1
+        if local:
+            self.kv_local_continuations += len(depths)
+        else:
+            self.kv_reencoded_continuations += len(depths)
+
+    def add_engine(self, other: BudgetLedger) -> None:
+        """Add an engine's (a sampler worker's) counts: ``ENGINE_COUNTS`` and the per-depth KV counts."""
+        for f in ENGINE_COUNTS:
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+        for d, (hit, total) in other.kv_depth.items():
+            mine = self.kv_depth.setdefault(d, [0, 0])
+            mine[0] += hit
+            mine[1] += total
+
     def as_metrics(self) -> dict[str, float]:
-        """``budget/<field>`` for every count, ``time/<phase>_s`` for every phase (docs/metrics.md)."""
-        out = {f"{BUDGET}{k}": float(v) for k, v in asdict(self).items() if k != "phase_s"}
+        """``budget/<field>`` for every count, ``time/<phase>_s`` for every phase, the KV hit rate per prefix depth
+        (docs/metrics.md)."""
+        out = {f"{BUDGET}{k}": float(v) for k, v in asdict(self).items() if k not in ("phase_s", "kv_depth")}
         out.update({phase_time(k): v for k, v in self.phase_s.items()})
+        out.update({kv_hit_rate_depth(d): hit / total for d, (hit, total) in self.kv_depth.items() if total})
         return out

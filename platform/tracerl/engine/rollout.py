@@ -32,6 +32,7 @@ from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult
 from tracerl.engine.react import Action, ActionKind, TurnTemplate
 from tracerl.engine.seeds import SeedKey, continuations_at, path_identity
+from tracerl.engine.stream import OnBare, stream_in_process
 from tracerl.engine.untrusted import encodable
 from tracerl.grading import GradeTimeout
 from tracerl.samplers.base import Generation, Sampler
@@ -121,6 +122,15 @@ class TreeRolloutEngine:
         return trees
 
     def expand(self, trees: Sequence[RolloutTree], expansions: Sequence[Expansion]) -> None:
+        self._run(self.expansion_paths(trees, expansions))
+
+    def stream(self, prompts: Sequence[Prompt], counts: Sequence[int], on_bare: OnBare) -> list[RolloutTree]:
+        """Streaming step (``pipeline.mode=streaming``, engine/stream.py): each tree's expansion joins the
+        running rounds as soon as ``on_bare`` decides it."""
+        return stream_in_process(self, prompts, counts, on_bare)
+
+    def expansion_paths(self, trees: Sequence[RolloutTree], expansions: Sequence[Expansion]) -> list[_Path]:
+        """The new paths of ``expansions``: every tree's extra bare rollouts, then its continuations."""
         paths = [self._start(t, True) for t, ex in zip(trees, expansions) for _ in range(ex.extra_bare)]
         for t, ex in zip(trees, expansions):
             started: dict[int, int] = {}  # continuations started here per node (the index of the next one)
@@ -131,7 +141,7 @@ class TreeRolloutEngine:
                 for _ in range(int(k)):
                     started[n] = started.get(n, continuations_at(t, n)) + 1
                     paths.append(self._start(t, False, n, started[n]))
-        self._run(paths)
+        return paths
 
     def _run(self, paths: list[_Path]) -> None:
         """Advance every path one turn per round until all have ended.
@@ -140,6 +150,10 @@ class TreeRolloutEngine:
         same order however many paths run at once or how they are sharded over workers."""
         while paths:
             paths = self._round(paths)
+
+    def advance(self, paths: list[_Path]) -> list[_Path]:
+        """One round of ``paths`` (streaming: the caller adds new paths between rounds); those that go on."""
+        return self._round(paths)
 
     def _round(self, paths: list[_Path]) -> list[_Path]:
         """One turn of every path in ``paths``; returns those that go on."""
@@ -207,10 +221,14 @@ class TreeRolloutEngine:
                     [self.seed_key(p).value() for p in chunk],
                     caches=[p.cache for p in chunk],
                 )
+                lengths = [len(g.token_ids) for g in gens]
+                self.ledger.decode_steps += max(lengths, default=0)
+                self.ledger.decode_rows += sum(lengths)
                 for i, g in zip(idx[j : j + self.batch_size], gens):
                     out[i] = _cap(g, cap, self.tok)
         gens = [g for g in out if g is not None]
         led = self.ledger
+        led.sampler_busy_s += time.perf_counter() - t0
         led.llm_calls += len(live)
         led.prefill_tokens_computed += sum(g.prefill_tokens for g in gens)
         led.prefill_tokens_reused += sum(g.reused_tokens for g in gens)

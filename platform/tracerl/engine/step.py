@@ -15,19 +15,31 @@ finished.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from tracerl.algos.allocators import Allocator, Expansion, PrefixCandidates, StepPlan
-from tracerl.config import BudgetConfig
+from tracerl.config import BudgetConfig, PipelineMode
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.protocol import TreeBackend, account
+from tracerl.engine.stream import OnBare
 from tracerl.engine.timer import PhaseTimer
 from tracerl.tree import RolloutTree
 from tracerl.types import Anchor, Prompt
+
+
+@runtime_checkable
+class StreamingBackend(TreeBackend, Protocol):
+    """A backend that runs a step without the barrier (engine/stream.py)."""
+
+    def stream(self, prompts: Sequence[Prompt], counts: Sequence[int], on_bare: OnBare) -> list[RolloutTree]:
+        """``counts[i]`` bare rollouts of ``prompts[i]``; each tree's expansion, once ``on_bare`` returns it, runs
+        while other trees still roll out. One finished tree per prompt."""
+        ...
 
 
 class Scorer(Protocol):
@@ -58,6 +70,10 @@ class StepOutcome:
     expansions: list[Expansion] = field(default_factory=list)
     """Stage 2 decisions, aligned with ``trees``."""
     ledger: BudgetLedger = field(default_factory=BudgetLedger)
+    stage2_inputs: list[PrefixCandidates] = field(default_factory=list)
+    """What the allocator's Stage 2 saw, per tree in ``trees`` order (``same_allocation``)."""
+    stage2_rng: np.random.Generator | None = None
+    """A copy of the step's generator as Stage 2 began (``same_allocation``)."""
 
 
 def run_step(
@@ -68,11 +84,14 @@ def run_step(
     budget: BudgetConfig,
     rng: np.random.Generator,
     timer: PhaseTimer | None = None,
+    mode: PipelineMode = "barrier",
 ) -> StepOutcome:
     """Allocate and roll out one step's budget. Returns the trees and every decision taken.
 
     Phases are timed by ``timer`` (score, allocate_roots, rollout, expand_prefixes); without one, into the
-    outcome's ``ledger.phase_s``."""
+    outcome's ``ledger.phase_s``. ``mode`` is ``pipeline.mode``: 'streaming' expands each tree as soon as its own
+    bare rollouts end (``streams``: plans with one generation batch and a Stage 2, on a backend that streams);
+    the step then takes the same decisions as in 'barrier' mode (``_OrderedStage2``)."""
     ledger = BudgetLedger()
     timer = timer or PhaseTimer(ledger.phase_s)
     pool = list(pool)
@@ -81,10 +100,13 @@ def run_step(
         scores = predictor.score(roots)
     with timer("allocate_roots"):
         plan = allocator.plan_step(scores if predictor.ready else None, roots, budget, rng)
-    with timer("rollout"):
-        out, kept = _roll_out(pool, plan, backend, scores, ledger)
-    if plan.continuations > 0:
-        _expand(out, plan, kept, allocator, predictor, backend, rng, timer)
+    if mode == "streaming" and streams(plan, backend):
+        out = _stream(pool, plan, allocator, predictor, backend, scores, ledger, rng, timer)
+    else:
+        with timer("rollout"):
+            out, kept = _roll_out(pool, plan, backend, scores, ledger)
+        if plan.continuations > 0:
+            _expand(out, plan, kept, allocator, predictor, backend, rng, timer)
     account(ledger, out.sampled_trees)
     ledger.leaves = sum(t.num_leaves for t in out.trees)
     ledger.sampled_leaves = sum(t.num_leaves for t in out.sampled_trees)
@@ -129,28 +151,147 @@ def _expand(
     """Stage 2: score every tree's bare prefixes, let the allocator place N continuations per bare rollout (priced
     prompts: within their token share), and roll the continuations out."""
     with timer("score"):
-        anchors: list[Anchor] = []
-        spans: list[tuple[int, int]] = []
-        cands_meta: list[tuple[np.ndarray, np.ndarray]] = []
-        for tree in out.trees:
-            ids = np.array(tree.bare_prefixes(), dtype=np.int64)
-            rewards = tree.path_rewards()
-            r = np.array([rewards[tree.nodes[i].path_id] for i in ids], dtype=float)
-            spans.append((len(anchors), len(anchors) + len(ids)))
-            anchors += [tree.anchor(int(i)) for i in ids]
-            cands_meta.append((ids, r))
-        p_all = predictor.score(anchors)
-        c_all = None if plan.costs is None else allocator.price(anchors)
+        scored = _score_prefixes(out.trees, plan, allocator, predictor)
     with timer("expand_prefixes"):
-        n = plan.continuations
-        cands = []
-        for ti, ((ids, r), (a, b), i) in enumerate(zip(cands_meta, spans, kept)):
-            p = p_all[a:b]
-            m = int(plan.counts[i])
-            out.prefix_scores += [(ti, int(j), float(x)) for j, x in zip(ids, p)]
-            cost = None if c_all is None else c_all[a:b]
-            share = None if plan.costs is None else float(m * plan.costs[i] * n)
-            cands.append(PrefixCandidates(ids, r, p if predictor.ready else None, m * n, cost, share))
-        out.expansions = allocator.prefixes(cands, rng)
+        out.stage2_inputs = _candidates(out, plan, kept, 0, scored, predictor)
+        out.stage2_rng = copy.deepcopy(rng)
+        out.expansions = allocator.prefixes(out.stage2_inputs, rng)
     with timer("rollout"):
         backend.expand(out.trees, out.expansions)
+
+
+_Scored = tuple[list[tuple[np.ndarray, np.ndarray]], list[tuple[int, int]], np.ndarray, np.ndarray | None]
+
+
+def _score_prefixes(
+    trees: Sequence[RolloutTree], plan: StepPlan, allocator: Allocator, predictor: Scorer
+) -> _Scored:
+    """Every bare prefix of ``trees`` scored (and priced, for cost-aware plans) in one call: per tree its prefix
+    ids and rewards, its span in the scores, the scores and the costs."""
+    anchors: list[Anchor] = []
+    spans: list[tuple[int, int]] = []
+    cands_meta: list[tuple[np.ndarray, np.ndarray]] = []
+    for tree in trees:
+        ids = np.array(tree.bare_prefixes(), dtype=np.int64)
+        rewards = tree.path_rewards()
+        r = np.array([rewards[tree.nodes[i].path_id] for i in ids], dtype=float)
+        spans.append((len(anchors), len(anchors) + len(ids)))
+        anchors += [tree.anchor(int(i)) for i in ids]
+        cands_meta.append((ids, r))
+    p_all = predictor.score(anchors)
+    c_all = None if plan.costs is None else allocator.price(anchors)
+    return cands_meta, spans, p_all, c_all
+
+
+def _candidates(
+    out: StepOutcome, plan: StepPlan, kept: list[int], first: int, scored: _Scored, predictor: Scorer
+) -> list[PrefixCandidates]:
+    """The allocator's input for the scored trees ``first, first + 1, ...`` of ``out.trees`` (candidate indices
+    ``kept``); records their prefix scores."""
+    cands_meta, spans, p_all, c_all = scored
+    n = plan.continuations
+    cands = []
+    for ti, ((ids, r), (a, b), i) in enumerate(zip(cands_meta, spans, kept[first:]), start=first):
+        p = p_all[a:b]
+        m = int(plan.counts[i])
+        out.prefix_scores += [(ti, int(j), float(x)) for j, x in zip(ids, p)]
+        cost = None if c_all is None else c_all[a:b]
+        share = None if plan.costs is None else float(m * plan.costs[i] * n)
+        cands.append(PrefixCandidates(ids, r, p if predictor.ready else None, m * n, cost, share))
+    return cands
+
+
+def streams(plan: StepPlan, backend: TreeBackend) -> bool:
+    """Whether a streaming step runs this plan: one generation batch, all kept, a Stage 2, and a backend with
+    ``stream``. Other plans (flat allocators, dynamic sampling) have no Stage 2 to overlap and run as in barrier
+    mode."""
+    return (
+        plan.continuations > 0
+        and len(plan.batches) == 1
+        and plan.keep_mixed is None
+        and isinstance(backend, StreamingBackend)
+    )
+
+
+class _OrderedStage2:
+    """Stage 2 of a streaming step, one tree at a time, in the step's tree order.
+
+    Per tree, the decision is the barrier's: its local budget (m N continuations, or its token share m c N) is
+    fixed by Stage 1 before any rollout, and the allocators solve each tree on its own. What couples the trees is
+    the step's random generator, which breaks ties tree after tree; so tree k is solved once trees 0 .. k-1 are,
+    as soon as its own bare rollouts and theirs have ended, and the generator is drawn in the barrier's order.
+    Scores (and prices) are computed per tree instead of in one batch (docs/design.md, "Streaming steps")."""
+
+    def __init__(
+        self,
+        out: StepOutcome,
+        plan: StepPlan,
+        kept: list[int],
+        allocator: Allocator,
+        predictor: Scorer,
+        rng: np.random.Generator,
+        timer: PhaseTimer,
+    ) -> None:
+        self.out, self.plan, self.kept = out, plan, kept
+        self.allocator, self.predictor, self.rng, self.timer = allocator, predictor, rng, timer
+        self.ready: dict[int, RolloutTree] = {}
+        self.expansions: list[Expansion] = []
+
+    def __call__(self, ids: list[int], trees: list[RolloutTree]) -> list[tuple[int, Expansion]]:
+        self.ready.update(zip(ids, trees))
+        launch = []
+        while len(self.expansions) in self.ready:
+            k = len(self.expansions)
+            tree = self.ready.pop(k)
+            with self.timer("score"):
+                scored = _score_prefixes([tree], self.plan, self.allocator, self.predictor)
+            with self.timer("expand_prefixes"):
+                cands = _candidates(self.out, self.plan, self.kept, k, scored, self.predictor)
+                if k == 0:
+                    self.out.stage2_rng = copy.deepcopy(self.rng)
+                self.out.stage2_inputs += cands
+                ex = self.allocator.prefixes(cands, self.rng)[0]
+            self.expansions.append(ex)
+            launch.append((k, ex))
+        return launch
+
+
+def _stream(
+    pool: list[Prompt],
+    plan: StepPlan,
+    allocator: Allocator,
+    predictor: Scorer,
+    backend: TreeBackend,
+    scores: np.ndarray,
+    ledger: BudgetLedger,
+    rng: np.random.Generator,
+    timer: PhaseTimer,
+) -> StepOutcome:
+    """A streaming step's rollouts and Stage 2 (``time/rollout_s`` then includes the Stage 2 scoring and solving
+    that ran meanwhile, also timed as ``score`` and ``expand_prefixes``)."""
+    assert isinstance(backend, StreamingBackend)
+    batch = [int(i) for i in plan.batches[0]]
+    counts = np.zeros_like(plan.counts)
+    counts[batch] = plan.counts[batch]
+    out = StepOutcome(pool, [], [], counts, scores, ledger=ledger)
+    stage2 = _OrderedStage2(out, plan, batch, allocator, predictor, rng, timer)
+    with timer("rollout"):
+        trees = backend.stream([pool[i] for i in batch], [int(plan.counts[i]) for i in batch], stage2)
+    if len(stage2.expansions) != len(trees):
+        raise RuntimeError(f"streaming step: {len(stage2.expansions)} of {len(trees)} trees were expanded")
+    out.trees, out.sampled_trees, out.expansions = trees, list(trees), stage2.expansions
+    return out
+
+
+def same_allocation(out: StepOutcome, allocator: Allocator) -> bool:
+    """Whether the barrier's Stage 2, one allocator call over every tree with the generator as Stage 2 began, run
+    on this step's own bare trees and scores (``out.stage2_inputs``), places exactly ``out.expansions``."""
+    if out.stage2_rng is None:
+        return not out.expansions
+    again = allocator.prefixes(out.stage2_inputs, copy.deepcopy(out.stage2_rng))
+    return len(again) == len(out.expansions) and all(
+        np.array_equal(a.node_ids, b.node_ids)
+        and np.array_equal(a.counts, b.counts)
+        and a.extra_bare == b.extra_bare
+        for a, b in zip(again, out.expansions)
+    )

@@ -1,0 +1,104 @@
+"""Streaming tree rollouts (``pipeline.mode=streaming``): no step-wide barrier between bare rollouts and Stage 2.
+
+In barrier mode every bare rollout of every prompt ends before any prefix is scored. Here an engine runs its
+prompts' paths round by round (one turn per running path, ``TreeRolloutEngine``'s rounds) and reports each tree
+whose bare rollouts have all ended; the step driver scores that tree's prefixes, solves its expansion and hands
+it back, and the continuations join the next round while other prompts still roll out.
+
+A tree's paths start together and advance one turn per round in both modes, and every turn's seed is keyed by
+(seed, step, prompt, path, turn), so with a sampler whose output depends on the seed alone the trees are those of
+barrier mode (tests/test_stream.py). ``StreamRun`` is one engine's share (a sampler actor's, or the whole step's
+in process); ``stream_in_process`` drives one run in this process; ``tracerl.actors.stream_pool`` drives one run per
+sampler actor.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tracerl.algos.allocators import Expansion
+from tracerl.tree import RolloutTree
+from tracerl.types import Prompt
+
+OnBare = Callable[[list[int], list[RolloutTree]], list[tuple[int, Expansion]]]
+"""The step driver's Stage 2: called with the trees (by index in the step) whose bare rollouts just ended; returns
+the expansions to launch now, ``(index, expansion)``, for these trees or for trees reported earlier."""
+
+
+class StreamRun:
+    """One engine's share of a streaming step: its trees (with their KV caches), their running paths, and where
+    each tree stands: 'bare' (bare rollouts running), 'wait' (reported, expansion not decided yet), 'expand'
+    (continuations running), 'done'."""
+
+    def __init__(
+        self, engine: Any, ids: Sequence[int], prompts: Sequence[Prompt], counts: Sequence[int]
+    ) -> None:
+        self.engine = engine
+        """A ``TreeRolloutEngine`` (its ``_start``, ``expansion_paths``, ``advance`` and ``ledger``)."""
+        self.trees: dict[int, RolloutTree] = {}
+        self.stage: dict[int, str] = {}
+        self.paths: list[Any] = []
+        self.add_bare(ids, prompts, counts)
+
+    def add_bare(self, ids: Sequence[int], prompts: Sequence[Prompt], counts: Sequence[int]) -> None:
+        """Start ``counts[k]`` bare rollouts of ``prompts[k]``, tree ``ids[k]`` of the step."""
+        for i, p, m in zip(ids, prompts, counts):
+            self.trees[i] = RolloutTree(p)
+            self.stage[i] = "bare"
+            self.paths += [self.engine._start(self.trees[i], True) for _ in range(int(m))]
+
+    def add_expansion(self, i: int, tree: RolloutTree, expansion: Expansion) -> None:
+        """Start tree ``i``'s expansion from our own copy (it holds the KV caches) or, without one (the owner was
+        busy or died), from the sent ``tree``, whose prefixes the sampler re-encodes. Both are counted."""
+        own = self.trees.get(i)
+        local = own is not None and len(own.nodes) == len(tree.nodes)
+        if not local:
+            own = self.trees[i] = tree
+        assert own is not None
+        depths = [
+            own.nodes[int(n)].depth for n, k in zip(expansion.node_ids, expansion.counts) for _ in range(k)
+        ]
+        self.engine.ledger.count_continuations(depths, local)
+        self.stage[i] = "expand"
+        self.paths += self.engine.expansion_paths([own], [expansion])
+
+    @property
+    def active(self) -> bool:
+        """Paths still run, or a tree waits to be reported."""
+        return bool(self.paths) or any(s in ("bare", "expand") for s in self.stage.values())
+
+    def advance(self) -> tuple[list[int], list[int]]:
+        """One round of every running path; returns the trees whose bare rollouts ended and those that finished."""
+        if self.paths:
+            self.paths = self.engine.advance(self.paths)
+        running = Counter(id(p.tree) for p in self.paths)
+        bare, done = [], []
+        for i, s in self.stage.items():
+            if running[id(self.trees[i])]:
+                continue
+            if s == "bare":
+                self.stage[i] = "wait"
+                bare.append(i)
+            elif s == "expand":
+                self.stage[i] = "done"
+                done.append(i)
+        return bare, done
+
+
+def stream_in_process(
+    engine: Any, prompts: Sequence[Prompt], counts: Sequence[int], on_bare: OnBare
+) -> list[RolloutTree]:
+    """A streaming step on one in-process engine; the trees in ``prompts`` order."""
+    run = StreamRun(engine, range(len(prompts)), prompts, counts)
+    while run.active:
+        bare, _ = run.advance()
+        launch = on_bare(bare, [run.trees[i] for i in bare]) if bare else []
+        for i, ex in launch:
+            run.add_expansion(i, run.trees[i], ex)
+        stages = set(run.stage.values())
+        if not run.paths and not launch and "wait" in stages and stages <= {"wait", "done"}:
+            waiting = sorted(i for i, s in run.stage.items() if s == "wait")
+            raise RuntimeError(f"streaming step: no expansion was decided for trees {waiting}")
+    return [run.trees[i] for i in range(len(prompts))]

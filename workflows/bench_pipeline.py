@@ -1,0 +1,200 @@
+"""``tracerl bench pipeline``: barrier vs streaming steps (``pipeline.mode``) on the training setup.
+
+The sampler actors of ``tracerl train`` (conf/bench/pipeline.yaml: the embedded default, 2 hf sampler actors, the
+tiny policy, equal leaves) run ``steps`` allocation-and-rollout steps per (seed, mode) with the policy frozen,
+seeds interleaved (seed s in every mode, then seed s + 1; the modes' order alternates by seed) on one pool after
+``warmup_steps`` unmeasured steps, the predictor learning online in each run.
+Per step: the step's wall time, its rollout phase, the samplers' busy fraction (seconds they spent generating, as
+measured by each sampler actor, over actors x step wall), their mean batch occupancy (rows that produced a token
+per decode forward, measured by the samplers), generated tokens, and ``same_allocation`` (the barrier's Stage 2
+re-run on the step's own bare trees and scores places the same continuations). The update-overlap mode (issue 16
+item 4) is not built: its entry says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tracerl.config import PipelineMode
+from tracerl.experiment_config import BenchPipelineConfig
+
+KEYS = ("step_s", "rollout_s", "busy", "occupancy", "generated_tokens")
+NOT_BUILT = {
+    "status": "not built",
+    "why": "update overlap (pipeline.overlap, issue 16 item 4) is not implemented",
+}
+
+
+def run_bench(cfg: BenchPipelineConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    from envs.registry import check_data
+    from tracerl.actors.pools import RolloutPool
+    from tracerl.actors.spec import WorkerSpec
+    from tracerl.models.hf import load_policy
+    from workflows.ray_utils import init_ray
+
+    check_data(cfg.env)
+    init_ray(cfg.cluster)
+    p = cfg.pools
+    spec = WorkerSpec(cfg.model, cfg.sampler, cfg.env, p)
+    pool = RolloutPool(
+        spec,
+        p.rollout_workers,
+        p.rollout_cpus,
+        p.rollout_gpus,
+        p.max_retries,
+        cfg.seed,
+        cfg.pipeline.reencode_queue,
+    )
+    policy = load_policy(cfg.model)  # the predictor's features (the samplers load their own copy)
+    runs: list[dict[str, Any]] = []
+    try:
+        if cfg.warmup_steps:
+            progress(f"warm-up: {cfg.warmup_steps} unmeasured steps")
+            run_one(cfg, pool, policy, cfg.modes[0], cfg.seed + cfg.seeds, progress, cfg.warmup_steps)
+        for k in range(cfg.seeds):
+            seed = cfg.seed + k
+            for mode in cfg.modes[:: 1 if k % 2 == 0 else -1]:  # alternate which mode runs first
+                steps = run_one(cfg, pool, policy, mode, seed, progress, cfg.steps)
+                runs.append({"mode": mode, "seed": seed, "steps": steps})
+    finally:
+        pool.shutdown()
+    summary = summarize(cfg, runs)
+    out = Path(cfg.bench_out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(summary, indent=2))
+    if cfg.json_path:
+        path = Path(cfg.json_path)
+        kept = json.loads(path.read_text()) if path.is_file() else {}  # the scale model's "sim" part stays
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**kept, **summary}, indent=2))
+    return summary
+
+
+def run_one(
+    cfg: BenchPipelineConfig,
+    pool: Any,
+    policy: tuple[Any, Any],
+    mode: PipelineMode,
+    seed: int,
+    progress: Callable[[str], None],
+    num_steps: int,
+) -> list[dict[str, Any]]:
+    """``num_steps`` steps of one (mode, seed) on ``pool``: per step its measurements."""
+    from envs.registry import tool_env_class
+    from predictors.length import attach_lengths
+    from tracerl.algos.allocators import build_allocator
+    from tracerl.engine.react import TEMPLATES
+    from tracerl.engine.step import run_step, same_allocation
+    from tracerl.engine.timer import PhaseTimer
+    from workflows.lm_stack import make_text_predictor, task_prompts
+    from workflows.rollout import sample_pool
+
+    tok, model = policy
+    template = TEMPLATES.get(cfg.model.template)(tok)
+    tools = list(tool_env_class(cfg.env.name).tools)
+    allocator = build_allocator(cfg.allocator)
+    attach_lengths(allocator)
+    predictor = make_text_predictor(
+        cfg.predictor,
+        seed,
+        model,
+        tok,
+        lambda q: template.prompt(q, tools),
+        name=allocator.predictor,
+        targets=allocator.targets,
+    )
+    prompts = task_prompts(cfg.env)
+    rng = np.random.default_rng(seed)
+    pool.seed = seed
+    steps = []
+    for s in range(num_steps):
+        pool.begin_step(s)
+        timer = PhaseTimer()
+        t0 = time.perf_counter()
+        out = run_step(
+            sample_pool(prompts, cfg.budget.num_candidates, rng),
+            allocator,
+            predictor,
+            pool,
+            cfg.budget,
+            rng,
+            timer,
+            mode,
+        )
+        wall = time.perf_counter() - t0
+        led = pool.ledger
+        m = {
+            "step_s": wall,
+            "rollout_s": timer.seconds.get("rollout", 0.0),
+            "busy": led.sampler_busy_s / (len(pool.workers) * wall),
+            "occupancy": led.decode_rows / led.decode_steps if led.decode_steps else 0.0,
+            "generated_tokens": led.generated_tokens,
+            "same_allocation": same_allocation(out, allocator),
+            "leaves": sum(t.num_leaves for t in out.trees),
+            "kv_reencoded_continuations": led.kv_reencoded_continuations,
+        }
+        steps.append(m)
+        predictor.fit(out.sampled_trees)
+        allocator.observe(out.sampled_trees)
+        progress(
+            f"  {mode} seed {seed} step {s}: {wall:.1f} s (rollout {m['rollout_s']:.1f} s), busy {m['busy']:.2f}, "
+            f"occupancy {m['occupancy']:.1f}, {m['generated_tokens']} tokens, same allocation {m['same_allocation']}"
+        )
+    return steps
+
+
+def summarize(cfg: BenchPipelineConfig, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's "cpu" part: per mode the mean over seeds of each run's mean step; ``same_allocation`` over every
+    streaming step."""
+    cpu: dict[str, Any] = {}
+    for mode in cfg.modes:
+        per_seed = [r["steps"] for r in runs if r["mode"] == mode]
+        means = {
+            k: statistics.fmean(statistics.fmean(s[k] for s in steps) for steps in per_seed) for k in KEYS
+        }
+        means["generated_tokens"] = int(round(means["generated_tokens"]))
+        cpu[mode] = means
+    cpu.setdefault("overlap", NOT_BUILT)
+    cpu["same_allocation"] = all(s["same_allocation"] for r in runs for s in r["steps"])
+    return {
+        "cpu": cpu,
+        "runs": runs,
+        "config": {
+            "seeds": cfg.seeds,
+            "steps": cfg.steps,
+            "rollout_workers": cfg.pools.rollout_workers,
+            "budget": dataclasses.asdict(cfg.budget),
+            "reencode_queue": cfg.pipeline.reencode_queue,
+        },
+    }
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    cpu, c = summary["cpu"], summary["config"]
+    lines = [
+        f"seeds={c['seeds']}, steps={c['steps']}, sampler actors={c['rollout_workers']}, "
+        f"leaves/step={c['budget']['num_leaves']}",
+        f"{'mode':<10} {'step s':>7} {'rollout s':>9} {'busy':>5} {'occupancy':>9} {'gen tokens':>10}",
+    ]
+    for mode, m in cpu.items():
+        if isinstance(m, dict) and "step_s" in m:
+            lines.append(
+                f"{mode:<10} {m['step_s']:>7.2f} {m['rollout_s']:>9.2f} {m['busy']:>5.2f} {m['occupancy']:>9.2f} "
+                f"{m['generated_tokens']:>10d}"
+            )
+        elif isinstance(m, dict):
+            lines.append(f"{mode:<10} {m['status']}")
+    if "barrier" in cpu and "streaming" in cpu:
+        lines.append(
+            f"streaming / barrier step time: {cpu['streaming']['step_s'] / cpu['barrier']['step_s']:.3f}"
+        )
+    lines.append(f"same_allocation: {cpu['same_allocation']}")
+    return "\n".join(lines)
