@@ -15,7 +15,6 @@ finished.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -72,8 +71,8 @@ class StepOutcome:
     ledger: BudgetLedger = field(default_factory=BudgetLedger)
     stage2_inputs: list[PrefixCandidates] = field(default_factory=list)
     """What the allocator's Stage 2 saw, per tree in ``trees`` order (``same_allocation``)."""
-    stage2_rng: np.random.Generator | None = None
-    """A copy of the step's generator as Stage 2 began (``same_allocation``)."""
+    stage2_seed: int | None = None
+    """The seed of the step's Stage 2: tree k breaks its ties with ``tree_rng(stage2_seed, k)``."""
 
 
 def run_step(
@@ -91,7 +90,7 @@ def run_step(
     Phases are timed by ``timer`` (score, allocate_roots, rollout, expand_prefixes); without one, into the
     outcome's ``ledger.phase_s``. ``mode`` is ``pipeline.mode``: 'streaming' expands each tree as soon as its own
     bare rollouts end (``streams``: plans with one generation batch and a Stage 2, on a backend that streams);
-    the step then takes the same decisions as in 'barrier' mode (``_OrderedStage2``)."""
+    the step then takes the same decisions as in 'barrier' mode (``_TreeStage2``)."""
     ledger = BudgetLedger()
     timer = timer or PhaseTimer(ledger.phase_s)
     pool = list(pool)
@@ -100,13 +99,17 @@ def run_step(
         scores = predictor.score(roots)
     with timer("allocate_roots"):
         plan = allocator.plan_step(scores if predictor.ready else None, roots, budget, rng)
+    # One draw, before any rollout, in both modes: each tree's Stage 2 then has its own generator, so its
+    # decision does not depend on when or in which order the trees finish (streaming solves each on arrival).
+    seed = int(rng.integers(2**63)) if plan.continuations > 0 else None
     if mode == "streaming" and streams(plan, backend):
-        out = _stream(pool, plan, allocator, predictor, backend, scores, ledger, rng, timer)
+        assert seed is not None
+        out = _stream(pool, plan, allocator, predictor, backend, scores, ledger, seed, timer)
     else:
         with timer("rollout"):
             out, kept = _roll_out(pool, plan, backend, scores, ledger)
-        if plan.continuations > 0:
-            _expand(out, plan, kept, allocator, predictor, backend, rng, timer)
+        if seed is not None:
+            _expand(out, plan, kept, allocator, predictor, backend, seed, timer)
     account(ledger, out.sampled_trees)
     ledger.leaves = sum(t.num_leaves for t in out.trees)
     ledger.sampled_leaves = sum(t.num_leaves for t in out.sampled_trees)
@@ -145,17 +148,17 @@ def _expand(
     allocator: Allocator,
     predictor: Scorer,
     backend: TreeBackend,
-    rng: np.random.Generator,
+    seed: int,
     timer: PhaseTimer,
 ) -> None:
     """Stage 2: score every tree's bare prefixes, let the allocator place N continuations per bare rollout (priced
-    prompts: within their token share), and roll the continuations out."""
+    prompts: within their token share), tree k with ``tree_rng(seed, k)``, and roll the continuations out."""
     with timer("score"):
         scored = _score_prefixes(out.trees, plan, allocator, predictor)
     with timer("expand_prefixes"):
         out.stage2_inputs = _candidates(out, plan, kept, 0, scored, predictor)
-        out.stage2_rng = copy.deepcopy(rng)
-        out.expansions = allocator.prefixes(out.stage2_inputs, rng)
+        out.stage2_seed = seed
+        out.expansions = solve_trees(allocator, out.stage2_inputs, seed)
     with timer("rollout"):
         backend.expand(out.trees, out.expansions)
 
@@ -213,14 +216,24 @@ def streams(plan: StepPlan, backend: TreeBackend) -> bool:
     )
 
 
-class _OrderedStage2:
-    """Stage 2 of a streaming step, one tree at a time, in the step's tree order.
+def tree_rng(seed: int, k: int) -> np.random.Generator:
+    """Tree ``k``'s Stage 2 generator in a step whose Stage 2 seed is ``seed``."""
+    return np.random.default_rng([seed, k])
 
-    Per tree, the decision is the barrier's: its local budget (m N continuations, or its token share m c N) is
-    fixed by Stage 1 before any rollout, and the allocators solve each tree on its own. What couples the trees is
-    the step's random generator, which breaks ties tree after tree; so tree k is solved once trees 0 .. k-1 are,
-    as soon as its own bare rollouts and theirs have ended, and the generator is drawn in the barrier's order.
-    Scores (and prices) are computed per tree instead of in one batch (docs/design.md, "Streaming steps")."""
+
+def solve_trees(allocator: Allocator, cands: Sequence[PrefixCandidates], seed: int) -> list[Expansion]:
+    """Stage 2 of every tree, each on its own: tree k's local budget (m N continuations, or its token share m c N)
+    was fixed by Stage 1, and its ties are broken by ``tree_rng(seed, k)``."""
+    return [allocator.prefixes([c], tree_rng(seed, k))[0] for k, c in enumerate(cands)]
+
+
+class _TreeStage2:
+    """Stage 2 of a streaming step: each tree is scored and solved as soon as its own bare rollouts end.
+
+    Its decision is the barrier's: the local budget was fixed by Stage 1 before any rollout, and the tree's ties
+    are broken by its own generator (``tree_rng``), so neither the order nor the time the trees finish changes what
+    is placed. Scores (and prices) are computed per tree instead of in one batch (docs/design.md, "Streaming
+    steps")."""
 
     def __init__(
         self,
@@ -229,29 +242,23 @@ class _OrderedStage2:
         kept: list[int],
         allocator: Allocator,
         predictor: Scorer,
-        rng: np.random.Generator,
+        seed: int,
         timer: PhaseTimer,
     ) -> None:
         self.out, self.plan, self.kept = out, plan, kept
-        self.allocator, self.predictor, self.rng, self.timer = allocator, predictor, rng, timer
-        self.ready: dict[int, RolloutTree] = {}
-        self.expansions: list[Expansion] = []
+        self.allocator, self.predictor, self.seed, self.timer = allocator, predictor, seed, timer
+        self.inputs: dict[int, PrefixCandidates] = {}
+        self.expansions: dict[int, Expansion] = {}
 
     def __call__(self, ids: list[int], trees: list[RolloutTree]) -> list[tuple[int, Expansion]]:
-        self.ready.update(zip(ids, trees))
         launch = []
-        while len(self.expansions) in self.ready:
-            k = len(self.expansions)
-            tree = self.ready.pop(k)
+        for k, tree in zip(ids, trees):
             with self.timer("score"):
                 scored = _score_prefixes([tree], self.plan, self.allocator, self.predictor)
             with self.timer("expand_prefixes"):
-                cands = _candidates(self.out, self.plan, self.kept, k, scored, self.predictor)
-                if k == 0:
-                    self.out.stage2_rng = copy.deepcopy(self.rng)
-                self.out.stage2_inputs += cands
-                ex = self.allocator.prefixes(cands, self.rng)[0]
-            self.expansions.append(ex)
+                (cand,) = _candidates(self.out, self.plan, self.kept, k, scored, self.predictor)
+                ex = self.allocator.prefixes([cand], tree_rng(self.seed, k))[0]
+            self.inputs[k], self.expansions[k] = cand, ex
             launch.append((k, ex))
         return launch
 
@@ -264,7 +271,7 @@ def _stream(
     backend: TreeBackend,
     scores: np.ndarray,
     ledger: BudgetLedger,
-    rng: np.random.Generator,
+    seed: int,
     timer: PhaseTimer,
 ) -> StepOutcome:
     """A streaming step's rollouts and Stage 2 (``time/rollout_s`` then includes the Stage 2 scoring and solving
@@ -274,21 +281,27 @@ def _stream(
     counts = np.zeros_like(plan.counts)
     counts[batch] = plan.counts[batch]
     out = StepOutcome(pool, [], [], counts, scores, ledger=ledger)
-    stage2 = _OrderedStage2(out, plan, batch, allocator, predictor, rng, timer)
+    stage2 = _TreeStage2(out, plan, batch, allocator, predictor, seed, timer)
     with timer("rollout"):
         trees = backend.stream([pool[i] for i in batch], [int(plan.counts[i]) for i in batch], stage2)
     if len(stage2.expansions) != len(trees):
         raise RuntimeError(f"streaming step: {len(stage2.expansions)} of {len(trees)} trees were expanded")
-    out.trees, out.sampled_trees, out.expansions = trees, list(trees), stage2.expansions
+    order = range(len(trees))
+    out.trees, out.sampled_trees = trees, list(trees)
+    out.expansions = [stage2.expansions[k] for k in order]
+    out.stage2_inputs, out.stage2_seed = [stage2.inputs[k] for k in order], seed
+    out.prefix_scores.sort(
+        key=lambda x: x[0]
+    )  # tree order, as the barrier records them (stable within a tree)
     return out
 
 
 def same_allocation(out: StepOutcome, allocator: Allocator) -> bool:
-    """Whether the barrier's Stage 2, one allocator call over every tree with the generator as Stage 2 began, run
-    on this step's own bare trees and scores (``out.stage2_inputs``), places exactly ``out.expansions``."""
-    if out.stage2_rng is None:
+    """Whether the barrier's Stage 2 (``solve_trees`` with the step's Stage 2 seed), run on this step's own bare
+    trees and scores (``out.stage2_inputs``), places exactly ``out.expansions``."""
+    if out.stage2_seed is None:
         return not out.expansions
-    again = allocator.prefixes(out.stage2_inputs, copy.deepcopy(out.stage2_rng))
+    again = solve_trees(allocator, out.stage2_inputs, out.stage2_seed)
     return len(again) == len(out.expansions) and all(
         np.array_equal(a.node_ids, b.node_ids)
         and np.array_equal(a.counts, b.counts)
