@@ -38,8 +38,9 @@ from workflows.spool import SPOOL
 
 PHASES = ("rollout", "sync_weights", "eval", "save")  # what a kill can be aimed at
 # Per-step metrics defined only at steps where their condition holds (docs/metrics.md): the prefix-group effective
-# ratio needs expanded prefixes (at that depth), so such a key may skip steps; where it is logged it is read once.
-CONDITIONAL = (M.PREFIX_GROUP_ER,)
+# ratio needs expanded prefixes (at that depth), the KV hit rate continuations (at that depth), so such a key may skip
+# steps; where it is logged it is read once.
+CONDITIONAL = (M.PREFIX_GROUP_ER, M.KV_HIT_RATE)
 ACTORS = {"sampler": "RolloutWorker", "env": "EnvWorker", "trainer": "RayTrainWorker"}
 
 
