@@ -157,8 +157,8 @@ def _bench_rollout(cfg: BenchRolloutConfig) -> int:
     return 0
 
 
-def _bench_train(cfg: BenchTrainConfig) -> int:
-    from workflows.bench_train import format_table, run_bench
+def _lm_bench(cfg: BenchTrainConfig | BenchPipelineConfig, run_bench: Any, format_table: Any) -> int:
+    """A benchmark of training steps on the LM stack: run, print its table, say where its JSON went."""
     from workflows.lm_stack import SetupError
 
     try:
@@ -171,22 +171,18 @@ def _bench_train(cfg: BenchTrainConfig) -> int:
         f"wrote {Path(cfg.bench_out) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
     )
     return 0
+
+
+def _bench_train(cfg: BenchTrainConfig) -> int:
+    from workflows.bench_train import format_table, run_bench
+
+    return _lm_bench(cfg, run_bench, format_table)
 
 
 def _bench_pipeline(cfg: BenchPipelineConfig) -> int:
     from workflows.bench_pipeline import format_table, run_bench
-    from workflows.lm_stack import SetupError
 
-    try:
-        summary = run_bench(cfg, progress=progress)
-    except (SetupError, FileNotFoundError, ValueError) as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
-    print(format_table(summary))
-    print(
-        f"wrote {Path(cfg.bench_out) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
-    )
-    return 0
+    return _lm_bench(cfg, run_bench, format_table)
 
 
 def _bench_testbeds(cfg: BenchTestbedsConfig) -> int:
