@@ -416,6 +416,23 @@ def test_fill_tokens_writes_t_then_token_cells_run_with_it(tmp_path: Path) -> No
     assert len(fake.calls) == calls + 1 and report["ran"] == [] and len(report["report"]["cells"]) == 3
 
 
+def test_fill_tokens_waits_for_every_leaves_mode_grpo_seed(tmp_path: Path) -> None:
+    """T is the mean over all of a testbed's leaves-mode grpo cells: with one seed of two finished nothing is
+    written (a partial mean would commit another T)."""
+    conf = tmp_path / "study.yaml"
+    conf.write_text(SMOKE.read_text())
+    fake = FakeTrain(tmp_path)
+    two = dataclasses.replace(
+        _smoke(tmp_path), groups=[{**_smoke(tmp_path).groups[0], "allocators": ["grpo"], "seeds": [0, 1]}]
+    )
+    run_study(dataclasses.replace(two, only="seed=0"), conf, train_fn=fake, baseline_fn=fake.baseline)
+    lines: list[str] = []
+    with pytest.raises(ValueError, match="has no finished leaves-mode grpo cell to compute T from"):
+        run_study(dataclasses.replace(two, fill_tokens=True), conf, lines.append, train_fn=fake)
+    assert "testbed math-habit: T not written, its leaves-mode grpo seeds [1] have not finished" in lines
+    assert "token_budget: null" in conf.read_text()
+
+
 def test_token_check_names_the_cells_off_their_token_budget() -> None:
     from workflows.study_report import token_check
 

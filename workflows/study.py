@@ -230,7 +230,7 @@ def run_study(
     exp_id = trk.setup(cfg.tracking)
     client = mlflow.MlflowClient()
     if cfg.fill_tokens:
-        for tb, t in fill_tokens(cfg, client, exp_id, config_path).items():
+        for tb, t in fill_tokens(cfg, client, exp_id, config_path, progress).items():
             progress(f"testbed {tb}: T = {t} generated tokens per step written to {config_path}")
         return {"filled": True}
     parent = _parent(client, exp_id, cfg, progress)
@@ -372,9 +372,15 @@ def write_token_budget(config_path: str | Path, testbed: str, tokens: int) -> No
     raise ValueError(f"{path}: testbeds.{testbed} has no token_budget line (add `token_budget: null`)")
 
 
-def fill_tokens(cfg: StudyConfig, client: Any, exp_id: str, config_path: str | Path) -> dict[str, int]:
-    """T per testbed: mean generated tokens per step over all steps of its leaves-mode grpo cells; written into
-    the config file."""
+def fill_tokens(
+    cfg: StudyConfig,
+    client: Any,
+    exp_id: str,
+    config_path: str | Path,
+    progress: Callable[[str], None] = lambda s: None,
+) -> dict[str, int]:
+    """T per testbed: mean generated tokens per step over all steps of its leaves-mode grpo cells, written into the
+    config file once every one of those cells has finished (a testbed with some unfinished is left as it is)."""
     from workflows.study_report import collect
 
     parents = client.search_runs(
@@ -388,10 +394,23 @@ def fill_tokens(cfg: StudyConfig, client: Any, exp_id: str, config_path: str | P
         for c in collect(client, exp_id, p.info.run_id, cfg.tracking)
         if c["budget"] == "leaves" and c["allocator"] == "grpo"
     ]
+    want = {
+        tb: {
+            c.seed
+            for c in enumerate_cells(cfg)
+            if (c.testbed, c.budget, c.allocator) == (tb, "leaves", "grpo")
+        }
+        for tb in cfg.testbeds
+    }
     filled = {}
     for tb in cfg.testbeds:
         cs = [c for c in cells if c["testbed"] == tb and c["steps"]]
-        if not cs:
+        missing = sorted(want[tb] - {c["seed"] for c in cs})
+        if not cs or missing:  # T is the mean over all of them: a partial mean would fix another T
+            if cs:
+                progress(
+                    f"testbed {tb}: T not written, its leaves-mode grpo seeds {missing} have not finished"
+                )
             continue
         t = round(sum(c["generated_tokens"] for c in cs) / sum(c["steps"] for c in cs))
         write_token_budget(config_path, tb, t)
