@@ -40,7 +40,7 @@ from tracerl.engine.timer import PhaseTimer
 from workflows.checkpoint_state import CheckpointState
 from workflows.runs import create_run, resumed_config, run_summary
 from workflows.tracking import resolve_uri, where
-from workflows.train_driver import Driver
+from workflows.train_driver import Ahead, Driver
 from workflows.train_setup import Worker, quiet_train_reports, setup_worker
 
 # -- driver side ------------------------------------------------------------------------------------
@@ -240,41 +240,41 @@ def train_loop(config: dict[str, Any]) -> None:
             driver.restore(worker.ckpt_dir, worker.state, restored)
         if start == 0 and cfg.eval_at_start:
             driver.evaluate(0)
+    ahead = None
     for step in range(start, cfg.steps):
-        train_step(step, worker, driver)
+        ahead = train_step(step, worker, driver, ahead)
     if driver is not None:
         driver.close()
 
 
-def train_step(step: int, w: Worker, d: Driver | None) -> None:
+def train_step(step: int, w: Worker, d: Driver | None, ahead: Ahead | None = None) -> Ahead | None:
     """One RL step on every rank; ``d`` (rank 0's driver) is None on the others, which only update on their shard.
 
     Rank 0 selects the candidate pool, scores it, allocates roots, rolls out, expands prefixes (run_step), fits
     the predictor and collates; the batch is broadcast and every rank updates; rank 0 pushes the new weights to the
     samplers, evaluates when due and logs; a checkpoint every ``checkpoint_every`` steps. One timer times each phase.
+    With ``pipeline.overlap`` the next step's Stage 1 and bare rollouts start before the update (``ahead``, which
+    this step returns and the next finishes on the new weights).
     """
     from tracerl.algos.batch import collate
-    from tracerl.engine.step import run_step
     from tracerl.learner import denominator
-    from workflows.rollout import sample_pool
 
-    cfg, timer, done = w.cfg, PhaseTimer(), step + 1
-    batch = out = None
+    cfg, done = w.cfg, step + 1
+    timer = ahead.timer if ahead is not None else PhaseTimer()
+    timer.restart()
+    batch = out = nxt = None
     m: dict[str, float] = {}
     if d is not None:
         d.mark("rollout", done)
-        with timer("select"):
-            budget = d.budget(step)
-            pool = sample_pool(d.prompts, budget.num_candidates, d.rng)
-            d.pool.begin_step(step)
-        # score, allocate_roots (the allocator's plan), rollout, expand_prefixes: tracerl/engine/step.py
-        out = run_step(pool, d.allocator, d.predictor, d.pool, budget, d.rng, timer, cfg.pipeline.mode)
+        # select, score, allocate_roots, rollout, expand_prefixes (tracerl/engine/step.py)
+        out, budget = d.roll_out(step, timer) if ahead is None else d.finish_ahead(ahead)
         m = d.rollout_metrics(out, budget)  # calibration of this step's scores, before the fit
         with timer("fit_predictor"):
             m.update(d.fit(out))
         with timer("collate"):
             batch = collate(out.trees, cfg.loss.advantage, cfg.loss.normalize_std, cfg.loss.debiased_values)
         m.update(d.batch_metrics(batch, out))
+        nxt = d.start_ahead(done) if d.overlaps(done) else None  # beside the update, on the current weights
     with timer("broadcast"):
         batch = w.broadcast(batch)
     with timer("update_policy"):
@@ -282,8 +282,11 @@ def train_step(step: int, w: Worker, d: Driver | None) -> None:
     weights, adapters = w.gather()  # a collective under FSDP
     if d is not None:
         m.update(stats)
+        if cfg.pipeline.overlap:
+            with timer("wait_rollouts"):
+                d.wait_ahead(nxt)
         with timer("sync_weights"):
-            d.sync(weights)
+            d.sync(weights, done)
         if d.eval_due(done):
             with timer("eval"):
                 m.update(d.evaluate(done))
@@ -291,6 +294,7 @@ def train_step(step: int, w: Worker, d: Driver | None) -> None:
     report(w, d, done, m, weights, adapters)
     if d is not None:
         d.faults.trainer(step)
+    return nxt
 
 
 def report(

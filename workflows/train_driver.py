@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import replace
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +16,30 @@ from tracerl import metrics as M
 from tracerl.actors.faults import Faults
 from tracerl.config import BudgetConfig, TrainConfig
 from tracerl.config_loader import to_yaml
+from tracerl.engine.step import BareRollouts, PlannedStep, StepOutcome
 from tracerl.engine.timer import PhaseTimer
 from workflows.checkpoint_state import CheckpointState
 from workflows.runs import phase_marker
 from workflows.tracking import resolve_uri
 from workflows.train_setup import ADAPTERS, say
+
+
+@dataclass
+class Ahead:
+    """A step started early (``pipeline.overlap``): its Stage 1 ran before the previous update and its bare
+    rollouts run beside it, on the weights of ``version``."""
+
+    step: int
+    budget: BudgetConfig
+    planned: PlannedStep
+    bare: Future[BareRollouts]
+    version: int
+    waited: float = 0.0
+    """Seconds the previous step waited for the bare rollouts after its update (``time/wait_rollouts_s``)."""
+
+    @property
+    def timer(self) -> PhaseTimer:
+        return self.planned.timer
 
 
 class Driver:
@@ -78,6 +99,12 @@ class Driver:
         self.rng = np.random.default_rng(cfg.seed)
         # Token mode: generated tokens and leaves so far, for the mean cost of a leaf.
         self.spent = [0.0, 0.0]
+        self.version = step
+        """The policy version (updates applied) the samplers hold."""
+        self.ledgers: dict[int, Any] = {}
+        """Each step's budget ledger (an overlapped step's starts before the previous step has logged)."""
+        self.overlapped = 0.0
+        self._ahead = ThreadPoolExecutor(1, "ahead") if cfg.pipeline.overlap else None
 
     def restore(self, ckpt_dir: str, state: CheckpointState, weights: dict[str, Any]) -> None:
         """Continue from a checkpoint: candidate-pool RNG, tokens spent, predictor and allocator state, and the
@@ -89,7 +116,73 @@ class Driver:
         self.predictor.load_state_dict(torch.load(Path(ckpt_dir) / "predictor.pt", weights_only=False))
         if (Path(ckpt_dir) / "allocator.pt").exists():  # trace_plus: its length predictor
             self.allocator.load_state_dict(torch.load(Path(ckpt_dir) / "allocator.pt", weights_only=False))
-        self.sync(weights)
+        self.sync(weights, state.step)
+
+    def select(self, step: int, timer: PhaseTimer) -> tuple[BudgetConfig, list[Any]]:
+        """Step ``step``'s budget and candidate pool; the samplers' ledger starts counting for the step."""
+        from workflows.rollout import sample_pool
+
+        with timer("select"):
+            budget = self.budget(step)
+            pool = sample_pool(self.prompts, budget.num_candidates, self.rng)
+            self.pool.begin_step(step)
+            self.ledgers[step] = self.pool.ledger
+        return budget, pool
+
+    def roll_out(self, step: int, timer: PhaseTimer) -> tuple[StepOutcome, BudgetConfig]:
+        """Select, score, allocate roots, roll out, expand prefixes (tracerl/engine/step.py) on the samplers'
+        current weights."""
+        from tracerl.engine.step import run_step
+
+        budget, pool = self.select(step, timer)
+        out = run_step(
+            pool, self.allocator, self.predictor, self.pool, budget, self.rng, timer, self.cfg.pipeline.mode
+        )
+        for t in out.sampled_trees:
+            t.stamp_version(self.version)
+        self.overlapped = 0.0
+        return out, budget
+
+    def overlaps(self, done: int) -> bool:
+        """Whether the next step starts beside this one's update: with ``pipeline.overlap``, unless this step is
+        the last or ends in a checkpoint (a checkpoint then holds no step half done)."""
+        c = self.cfg
+        return c.pipeline.overlap and done < c.steps and done % c.checkpoint_every != 0
+
+    def start_ahead(self, step: int) -> Ahead:
+        """Step ``step``'s candidate pool and Stage 1 now, on this thread (the predictor may read the policy,
+        which the update is about to change), and its bare rollouts on a background thread."""
+        from tracerl.engine.step import plan_roots, roll_out_bare
+
+        assert self._ahead is not None
+        timer = PhaseTimer()
+        self.mark("rollout", step + 1)
+        budget, pool = self.select(step, timer)
+        planned = plan_roots(pool, self.allocator, self.predictor, budget, self.rng, timer)
+        return Ahead(
+            step, budget, planned, self._ahead.submit(roll_out_bare, planned, self.pool), self.version
+        )
+
+    def wait_ahead(self, ahead: Ahead | None) -> None:
+        """Wait for ``ahead``'s bare rollouts (before the weights they were sampled with are replaced)."""
+        if ahead is not None:
+            t0 = time.perf_counter()
+            ahead.bare.result()
+            ahead.waited = time.perf_counter() - t0
+
+    def finish_ahead(self, ahead: Ahead) -> tuple[StepOutcome, BudgetConfig]:
+        """Stage 2 of a step started early, on the new weights: its bare turns keep the version they were
+        sampled with, its continuations get the current one."""
+        from tracerl.engine.step import complete
+
+        bare = ahead.bare.result()
+        self.overlapped = max(0.0, ahead.timer.seconds.get("rollout", 0.0) - ahead.waited)
+        sizes = [len(t.nodes) for t in bare.out.sampled_trees]
+        out = complete(ahead.planned, bare, self.allocator, self.predictor, self.pool)
+        for t, n in zip(out.sampled_trees, sizes):
+            t.stamp_version(ahead.version, 1, n)
+            t.stamp_version(self.version, n)
+        return out, ahead.budget
 
     def budget(self, step: int) -> BudgetConfig:
         """Step ``step``'s budget (0-based). Token mode: L re-set from the tokens this step may spend and the mean
@@ -127,29 +220,40 @@ class Driver:
         m[M.GENERATED_TOKENS_PER_S] = out.ledger.generated_tokens / gen_s if gen_s else 0.0
         return m
 
-    @staticmethod
-    def batch_metrics(batch: Any, out: Any) -> dict[str, float]:
-        """Reward, accuracy and response length of the collated batch (one sequence per leaf)."""
+    def batch_metrics(self, batch: Any, out: Any) -> dict[str, float]:
+        """Reward, accuracy and response length of the collated batch (one sequence per leaf); with overlap, how
+        stale the weights that sampled it are (at most one update)."""
+        from tracerl.engine.step_stats import weight_staleness
+
         rewards = batch.rewards
-        return {
+        m = {
             M.REWARD_MEAN: sum(rewards) / len(rewards) if rewards else 0.0,
             M.TRAIN_ACCURACY: sum(r > 0.5 for r in rewards) / len(rewards) if rewards else 0.0,
             M.RESPONSE_TOKENS: out.ledger.generated_tokens / max(out.ledger.leaves, 1),
             M.SEQUENCES: float(len(batch)),
         }
+        if self.cfg.pipeline.overlap:
+            mean, worst = weight_staleness(out.trees, self.version)
+            if worst > 1:
+                raise RuntimeError(f"tokens sampled {worst} updates ago: overlap bounds the staleness at 1")
+            m.update(
+                {M.STALENESS_MEAN: mean, M.STALENESS_MAX: float(worst), M.TIME_OVERLAPPED: self.overlapped}
+            )
+        return m
 
     def fit(self, out: Any) -> dict[str, float]:
         """Fit the predictor (and trace_plus's length predictor) on every tree rolled out this step."""
         fit = {**self.predictor.fit(out.sampled_trees), **self.allocator.observe(out.sampled_trees)}
         return {M.predictor_fit(k): v for k, v in fit.items()}
 
-    def sync(self, weights: dict[str, Any]) -> None:
-        """Push the policy's full HF-named weights (``Worker.gather``) to every sampler."""
+    def sync(self, weights: dict[str, Any], version: int) -> None:
+        """Push the policy's full HF-named weights (``Worker.gather``), ``version`` updates in, to every sampler."""
         import torch
 
         self.mark("sync_weights")
         dtype = getattr(torch, self.cfg.model.dtype)  # the samplers' (master weights may be more precise)
         self.pool.load_weights({k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()})
+        self.version = version
 
     def eval_due(self, done: int) -> bool:
         return bool(self.cfg.eval_every and done % self.cfg.eval_every == 0) or done == self.cfg.steps
@@ -184,7 +288,9 @@ class Driver:
 
         self.mark("log")
         with timer("log"):
-            m[M.RETRIED] = float(self.pool.ledger.retried)  # with retries of the weight sync and eval
+            # With retries of the weight sync and eval (with overlap, those of the weight sync and eval that ran
+            # after the next step had started count in the next step's ledger).
+            m[M.RETRIED] = float(self.ledgers.pop(done - 1, self.pool.ledger).retried)
             m[M.ATTEMPT] = float(self.metrics.attempt)
             m.update(timer.metrics())
             rollout_s = m.get(M.TIME_ROLLOUT, 0.0)
@@ -241,6 +347,8 @@ class Driver:
         (path / "config.yaml").write_text(to_yaml(self.cfg))
 
     def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.shutdown()
         self.mark("done")
         self.metrics.flush()
         self.pool.shutdown()

@@ -99,8 +99,9 @@ def setup_worker(cfg: TrainConfig, storage: Path) -> Worker:
     compute = getattr(torch, cfg.model.dtype)
     # FSDP2 casts the gathered parameters itself (its MixedPrecisionPolicy); a replica computes under autocast.
     autocast = compute if compute != getattr(torch, cfg.trainer.master_dtype) and not is_fsdp(model) else None
+    # auto: on where sampler and trainer log-probs differ (vLLM's kernels; overlap's one-update-old weights).
     use_is = cfg.loss.importance_sampling == "on" or (
-        cfg.loss.importance_sampling == "auto" and cfg.sampler.backend == "vllm"
+        cfg.loss.importance_sampling == "auto" and (cfg.sampler.backend == "vllm" or cfg.pipeline.overlap)
     )
     learner = PolicyLearner(
         model,

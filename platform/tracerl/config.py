@@ -203,6 +203,12 @@ class PipelineConfig:
     """Streaming on sampler actors: a continuation goes to the actor holding its prefix's KV cache unless that
     actor has more than this many paths running or queued; then the least-loaded actor re-encodes the prefix.
     -1: always the owner."""
+    overlap: bool = False
+    """``tracerl train``: step t+1's candidate pool, Stage 1 and bare rollouts run on the pre-update weights while
+    step t's update runs; the weights are pushed once those rollouts end, and its Stage 2 and continuations run on
+    the new ones. Every turn records the weight version that sampled it; the truncated importance weight (on
+    whenever this is) corrects the one-update gap (staleness at most 1). Steps that end in a checkpoint do not
+    overlap the next, so a resumed run repeats the uninterrupted one."""
 
     def __post_init__(self) -> None:
         check_choices(self, "pipeline")
@@ -268,6 +274,11 @@ class TrainConfig:
         check(
             not self.chaos.enabled or self.max_failures >= self.chaos.trainer_kills,
             f"chaos.trainer_kills={self.chaos.trainer_kills} needs max_failures >= it (got {self.max_failures})",
+        )
+        check(
+            not (self.pipeline.overlap and self.loss.importance_sampling == "off"),
+            "pipeline.overlap=true samples a step's bare rollouts on the weights before the previous update, so the "
+            "loss needs the truncated importance weight: set loss.importance_sampling to auto or on",
         )
         check(
             self.allocator.name != "dapo" or self.budget.num_leaves is not None,

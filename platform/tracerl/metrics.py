@@ -65,6 +65,7 @@ TRAIN_PHASES = (
     "collate",
     "broadcast",
     "update_policy",
+    "wait_rollouts",
     "sync_weights",
     "eval",
     "log",
@@ -84,6 +85,7 @@ TIME_STEP = phase_time("step")
 TIME_ROLLOUT = phase_time("rollout")
 TIME_LOG = phase_time("log")
 ALLOC_PREDICTOR_FRACTION = "time/alloc_predictor_fraction"
+TIME_OVERLAPPED = "time/overlapped_rollout_s"
 
 # -- train/, throughput/, system/ (per step of tracerl train) ----------------------------------------------------
 LOSS = "train/loss"
@@ -97,6 +99,8 @@ LOSS_TOKENS = "train/loss_tokens"
 SEQUENCES = "train/sequences"
 SIGNAL_TOKENS = "train/signal_tokens"
 UPDATE_SKIPPED = "train/update_skipped"
+STALENESS_MEAN = "train/staleness_mean"
+STALENESS_MAX = "train/staleness_max"
 REWARD_MEAN = "train/reward_mean"
 TRAIN_ACCURACY = "train/accuracy"
 RESPONSE_TOKENS = "train/response_tokens"

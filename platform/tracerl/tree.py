@@ -105,6 +105,12 @@ class RolloutTree:
         self._leaf_ids, self.fork_state = grown._leaf_ids, grown.fork_state
         self.prompt_token_ids = grown.prompt_token_ids
 
+    def stamp_version(self, version: int, start: int = 1, stop: int | None = None) -> None:
+        """Record ``version`` as the weight version of the turns ``nodes[start:stop]`` (ids are in creation order:
+        a step's bare rollouts come before its continuations)."""
+        for n in self.nodes[max(start, 1) : stop]:
+            n.weight_version = version
+
     def sequence(self, leaf_id: int) -> tuple[list[int], list[bool], list[int]]:
         """The token sequence of the rollout ending at ``leaf_id``: prompt then every turn's tokens.
 

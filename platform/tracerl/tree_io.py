@@ -32,6 +32,8 @@ def tree_to_record(
             "leaves": int(counts[n.node_id]),
             "target": None if targets[n.node_id] != targets[n.node_id] else float(targets[n.node_id]),
         }
+        if n.weight_version is not None:
+            rec["weight_version"] = n.weight_version
         if prefix_scores and n.node_id in prefix_scores:
             rec["predicted"] = prefix_scores[n.node_id]
         if continuations and continuations.get(n.node_id):

@@ -69,6 +69,9 @@ class Node:
     """Context tokens the sampler encoded to generate this turn (the rest came from a KV cache)."""
     scores: dict[str, float] = field(default_factory=dict)
     """Answer scores on answered leaves from the environment's optional ``scores`` hook (search: em, f1)."""
+    weight_version: int | None = None
+    """The policy version (updates applied) whose weights sampled this turn (``tracerl train``); ``None`` where
+    not recorded."""
 
     @property
     def is_leaf(self) -> bool:

@@ -75,6 +75,29 @@ class StepOutcome:
     """The seed of the step's Stage 2: tree k breaks its ties with ``tree_rng(stage2_seed, k)``."""
 
 
+@dataclass
+class PlannedStep:
+    """A step after Stage 1 (``plan_roots``): what its rollouts and its Stage 2 need."""
+
+    pool: list[Prompt]
+    scores: np.ndarray
+    """Predicted v per candidate."""
+    plan: StepPlan
+    seed: int | None
+    """The Stage 2 seed (None when the plan has no continuations)."""
+    ledger: BudgetLedger
+    timer: PhaseTimer
+
+
+@dataclass
+class BareRollouts:
+    """A planned step's bare rollouts (``roll_out_bare``), before Stage 2."""
+
+    out: StepOutcome
+    kept: list[int]
+    """Candidate index of each kept tree."""
+
+
 def run_step(
     pool: Sequence[Prompt],
     allocator: Allocator,
@@ -90,7 +113,26 @@ def run_step(
     Phases are timed by ``timer`` (score, allocate_roots, rollout, expand_prefixes); without one, into the
     outcome's ``ledger.phase_s``. ``mode`` is ``pipeline.mode``: 'streaming' expands each tree as soon as its own
     bare rollouts end (``streams``: plans with one generation batch and a Stage 2, on a backend that streams);
-    the step then takes the same decisions as in 'barrier' mode (``_TreeStage2``)."""
+    the step then takes the same decisions as in 'barrier' mode (``_TreeStage2``). The three parts
+    (``plan_roots``, ``roll_out_bare``, ``complete``) are also called apart: an overlapped step
+    (``pipeline.overlap``) rolls out its bare rollouts beside the previous update and completes after the weight
+    push."""
+    p = plan_roots(pool, allocator, predictor, budget, rng, timer)
+    if mode == "streaming" and streams(p.plan, backend) and p.seed is not None:
+        out = _stream(p.pool, p.plan, allocator, predictor, backend, p.scores, p.ledger, p.seed, p.timer)
+        return _account(out)
+    return complete(p, roll_out_bare(p, backend), allocator, predictor, backend)
+
+
+def plan_roots(
+    pool: Sequence[Prompt],
+    allocator: Allocator,
+    predictor: Scorer,
+    budget: BudgetConfig,
+    rng: np.random.Generator,
+    timer: PhaseTimer | None = None,
+) -> PlannedStep:
+    """Stage 1: score the candidates and let the allocator plan the step (root counts, batches, N)."""
     ledger = BudgetLedger()
     timer = timer or PhaseTimer(ledger.phase_s)
     pool = list(pool)
@@ -102,14 +144,28 @@ def run_step(
     # One draw, before any rollout, in both modes: each tree's Stage 2 then has its own generator, so its
     # decision does not depend on when or in which order the trees finish (streaming solves each on arrival).
     seed = int(rng.integers(2**63)) if plan.continuations > 0 else None
-    if mode == "streaming" and streams(plan, backend):
-        assert seed is not None
-        out = _stream(pool, plan, allocator, predictor, backend, scores, ledger, seed, timer)
-    else:
-        with timer("rollout"):
-            out, kept = _roll_out(pool, plan, backend, scores, ledger)
-        if seed is not None:
-            _expand(out, plan, kept, allocator, predictor, backend, seed, timer)
+    return PlannedStep(pool, scores, plan, seed, ledger, timer)
+
+
+def roll_out_bare(planned: PlannedStep, backend: TreeBackend) -> BareRollouts:
+    """The plan's bare rollouts (every generation batch), without Stage 2."""
+    with planned.timer("rollout"):
+        out, kept = _roll_out(planned.pool, planned.plan, backend, planned.scores, planned.ledger)
+    return BareRollouts(out, kept)
+
+
+def complete(
+    planned: PlannedStep, bare: BareRollouts, allocator: Allocator, predictor: Scorer, backend: TreeBackend
+) -> StepOutcome:
+    """Stage 2 on the bare rollouts (when the plan has continuations) and the step's counts."""
+    out = bare.out
+    if planned.seed is not None:
+        _expand(out, planned.plan, bare.kept, allocator, predictor, backend, planned.seed, planned.timer)
+    return _account(out)
+
+
+def _account(out: StepOutcome) -> StepOutcome:
+    ledger = out.ledger
     account(ledger, out.sampled_trees)
     ledger.leaves = sum(t.num_leaves for t in out.trees)
     ledger.sampled_leaves = sum(t.num_leaves for t in out.sampled_trees)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tracerl.engine.step import StepOutcome
 from tracerl.metrics import (
     ACTIVE_PROMPTS,
@@ -18,6 +20,7 @@ from tracerl.metrics import (
     prefix_group_depth,
 )
 from tracerl.tree import (
+    RolloutTree,
     effective_ratio,
     leaf_effective_ratio,
     prefix_group_effective_ratio,
@@ -50,3 +53,21 @@ def step_metrics(out: StepOutcome) -> dict[str, float]:
     m.update({prefix_group_depth(d): v for d, v in by_depth.items()})
     m.update(out.ledger.as_metrics())
     return m
+
+
+def weight_staleness(trees: Sequence[RolloutTree], version: int) -> tuple[float, int]:
+    """Mean and max, over the loss tokens of ``trees`` (every leaf's path, as collate builds its sequences), of how
+    many updates the weights that sampled a token lag ``version`` (the weights being updated)."""
+    tokens = lag = worst = 0
+    for tree in trees:
+        for leaf in tree.leaves():
+            for nid in tree.path(leaf.node_id)[1:]:
+                node = tree.nodes[nid]
+                if node.weight_version is None:
+                    raise ValueError(
+                        f"prompt {tree.prompt.prompt_id!r}, node {nid}: no weight version recorded for this turn"
+                    )
+                k, d = sum(node.model_mask), version - node.weight_version
+                tokens, lag = tokens + k, lag + k * d
+                worst = max(worst, d) if k else worst
+    return (lag / tokens if tokens else 0.0), worst

@@ -31,6 +31,11 @@ class PhaseTimer:
         finally:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
 
+    def restart(self) -> None:
+        """Start the step's wall and CPU clocks now, keeping the phases timed so far (a step that began beside the
+        previous one, ``pipeline.overlap``)."""
+        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
+
     def elapsed(self) -> float:
         """Wall seconds since the timer started."""
         return time.perf_counter() - self.wall0

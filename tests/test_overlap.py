@@ -1,0 +1,182 @@
+"""Overlap of the next step's rollouts with the update (``pipeline.overlap``): weight versions, the behaviour
+log-probs the loss reads, and a training run that overlaps, loses a sampler mid-overlap and its trainer, and
+repeats the uninterrupted run after the restart.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, TOOL_TIMEOUT_S
+from tracerl import metrics as M
+from workflows.cli import main
+
+HABIT = ROOT / "models" / "tiny-math-habit"
+SIGNAL_SEED = 1  # as in tests/test_train.py: smoke steps with mixed groups on HABIT
+
+
+def _logprobs(model: Any, ids: list[int]) -> np.ndarray:
+    """log pi(token t | tokens < t) for every token after the first, at temperature 1 (the sampler's)."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float()
+    lp = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    return np.concatenate([[0.0], lp.numpy()])
+
+
+def test_each_token_keeps_the_log_prob_of_the_weights_that_sampled_it() -> None:
+    """Bare rollouts on weights A, the weights replaced by B (as the push after an update does), continuations on
+    B: every loss token of the collated batch carries A's log-prob if a bare turn sampled it and B's if a
+    continuation did, i.e. the importance weight exp(log pi_old - log mu) divides by the version that sampled it."""
+    import torch
+
+    from envs.math.env import MathEnv
+    from envs.sandbox import SandboxConfig
+    from tracerl.actors.pools import strip_caches
+    from tracerl.algos.allocators import Expansion
+    from tracerl.algos.batch import collate
+    from tracerl.config import ModelConfig, SamplerConfig, env_config
+    from tracerl.engine.react import TEMPLATES
+    from tracerl.engine.rollout import TreeRolloutEngine
+    from tracerl.engine.step_stats import weight_staleness
+    from tracerl.models.hf import load_policy
+    from tracerl.samplers.hf import HFSampler
+    from workflows.lm_stack import task_prompts
+
+    cfg = ModelConfig(path=str(HABIT))
+    tok, model = load_policy(cfg)
+    env = MathEnv(SandboxConfig(timeout_s=TOOL_TIMEOUT_S))
+    limits = SamplerConfig(max_turns=3, max_turn_tokens=32)
+    engine = TreeRolloutEngine(
+        HFSampler(model, tok), env, TEMPLATES.get(cfg.template)(tok), tok, limits, seed=3
+    )
+    engine.step = 0
+    prompts = task_prompts(env_config("math"))[:4]
+    trees = engine.rollout(prompts, [2] * len(prompts))
+    for t in trees:
+        t.stamp_version(0)
+    bare_sizes = [len(t.nodes) for t in trees]
+    weights_a = copy.deepcopy(model)
+    with torch.no_grad():  # the update: a visibly different policy
+        model.get_output_embeddings().weight.mul_(0.5)
+    trees = [strip_caches(t) for t in trees]  # the samplers drop the old weights' KV caches on a push
+    expansions = []
+    for t in trees:
+        inner = [n.node_id for n in t.nodes[1:] if not n.is_leaf]
+        ids, counts = (
+            (np.array(inner[:1]), np.array([2])) if inner else (np.array([], int), np.array([], int))
+        )
+        expansions.append(Expansion(ids, counts, 0 if inner else 2))
+    engine.expand(trees, expansions)
+    for t, n in zip(trees, bare_sizes):
+        t.stamp_version(0, 1, n)
+        t.stamp_version(1, n)
+    assert sum(len(t.nodes) for t in trees) > sum(bare_sizes)
+
+    batch = collate(trees)
+    versions: list[list[int | None]] = []
+    for t in trees:
+        for leaf in t.leaves():
+            v: list[int | None] = [None] * len(t.prompt_token_ids)
+            for nid in t.path(leaf.node_id)[1:]:
+                v += [t.nodes[nid].weight_version] * len(t.nodes[nid].token_ids)
+            versions.append(v)
+    checked = {0: 0, 1: 0}
+    distinct = 0  # tokens where A and B disagree: the check can tell the versions apart
+    padded = batch.pad(tok.pad_token_id)  # what the learner reads as mu
+    for row, (ids, mask, ver) in enumerate(zip(batch.input_ids, batch.loss_mask, versions)):
+        under = {0: _logprobs(weights_a, ids), 1: _logprobs(model, ids)}
+        mu = padded.sampler_logprobs[row, : len(ids)].numpy()
+        for i in np.flatnonzero(mask):
+            own, other = under[ver[i]][i], under[1 - ver[i]][i]  # type: ignore[index]
+            assert abs(mu[i] - own) < 2e-3, (row, i, ver[i], mu[i], own)
+            assert abs(mu[i] - own) < abs(mu[i] - other) or abs(own - other) < 2e-3
+            checked[ver[i]] += 1  # type: ignore[index]
+            distinct += abs(own - other) > 0.01
+    assert checked[0] > 0 and checked[1] > 0, checked
+    assert distinct > (checked[0] + checked[1]) // 2
+    mean, worst = weight_staleness(trees, 1)
+    assert worst == 1 and mean == pytest.approx(checked[0] / (checked[0] + checked[1]))
+
+
+def test_overlap_without_the_importance_weight_is_refused() -> None:
+    from tracerl.config import TrainConfig
+    from tracerl.config_loader import ConfigError, compose, conf_dir
+
+    with pytest.raises(ConfigError, match=re.escape("set loss.importance_sampling to auto or on")):
+        compose(
+            TrainConfig,
+            conf_dir() / "train/smoke.yaml",
+            ["pipeline.overlap=true", "loss.importance_sampling=off"],
+        )
+
+
+def _series(client: Any, run_id: str, key: str) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {}
+    for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp):
+        out.setdefault(m.step, []).append(m.value)
+    return out
+
+
+def test_an_overlapped_run_survives_faults_and_repeats_itself_after_a_restart(tmp_path: Path) -> None:
+    """4 steps, a checkpoint every 2: steps 2 and 4 start beside the update of 1 and 3 (their bare turns one
+    update old), steps 1 and 3 do not (the first, and the one after a checkpoint). A sampler dies during step 2's
+    overlapped rollouts; the trainer dies after step 3 and the run restarts from step 2's checkpoint: step 3 is
+    logged twice (both attempts) with the same values, as the trees depend on the seed and the weights alone."""
+    import mlflow
+
+    args = [
+        "train",
+        "--config",
+        str(ROOT / "conf" / "train" / "smoke.yaml"),
+        f"model.path={HABIT}",
+        f"seed={SIGNAL_SEED}",
+        f"tracking.uri=sqlite:///{tmp_path}/mlruns.db",
+        f"tracking.artifact_location={tmp_path}/art",
+        "steps=4",
+        "pipeline.overlap=true",
+        "faults.kill_rollout_worker_at_step=1",
+        "faults.kill_trainer_at_step=2",
+        "max_failures=2",
+        "--out",
+        str(tmp_path / "runs"),
+    ]
+    assert main(args) == 0
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlruns.db")
+    client = mlflow.MlflowClient()
+    (run,) = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])
+    rid = run.info.run_id
+    assert run.info.status == "FINISHED"
+    last = {
+        k: {s: v[-1] for s, v in _series(client, rid, k).items()}
+        for k in (M.STALENESS_MAX, M.TIME_OVERLAPPED)
+    }
+    assert last[M.STALENESS_MAX] == {1: 0.0, 2: 1.0, 3: 0.0, 4: 1.0}
+    assert last[M.TIME_OVERLAPPED][1] == last[M.TIME_OVERLAPPED][3] == 0.0
+    assert last[M.TIME_OVERLAPPED][2] > 0 and last[M.TIME_OVERLAPPED][4] > 0
+    stale = {s: v[-1] for s, v in _series(client, rid, M.STALENESS_MEAN).items()}
+    assert 0 < stale[2] < 1 and 0 < stale[4] < 1  # bare turns one update old, continuations current
+    assert sorted(_series(client, rid, M.phase_time("wait_rollouts"))) == [1, 2, 3, 4]
+    assert {s: v[-1] for s, v in _series(client, rid, M.RETRIED).items()}[
+        2
+    ] >= 1  # the sampler lost mid-overlap
+    assert _series(client, rid, M.ATTEMPT)[3] == [1.0, 2.0]  # step 3 ran in both attempts
+    for key in (M.GENERATED_TOKENS, M.EFFECTIVE_RATIO, M.REWARD_MEAN, M.LOSS, M.STALENESS_MEAN):
+        again = _series(client, rid, key)[3]
+        assert len(again) == 2 and again[0] == again[1], (key, again)
+    # The last step's trees record the weights that sampled each turn: version 2 (bare, beside update 3), 3.
+    local = client.download_artifacts(rid, "trees/step_00004/trees.jsonl", str(tmp_path))
+    versions = {
+        n["weight_version"]
+        for line in Path(local).read_text().splitlines()
+        for n in json.loads(line)["nodes"][1:]
+    }
+    assert versions == {2, 3}
