@@ -6,6 +6,7 @@ repeats the uninterrupted run after the restart.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -126,33 +127,42 @@ def _series(client: Any, run_id: str, key: str) -> dict[int, list[float]]:
     return out
 
 
-def test_an_overlapped_run_survives_faults_and_repeats_itself_after_a_restart(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def overlap_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """4 steps, a checkpoint every 2: steps 2 and 4 start beside the update of 1 and 3 (their bare turns one
     update old), steps 1 and 3 do not (the first, and the one after a checkpoint). A sampler dies during step 2's
-    overlapped rollouts; the trainer dies after step 3 and the run restarts from step 2's checkpoint: step 3 is
-    logged twice (both attempts) with the same values, as the trees depend on the seed and the weights alone."""
-    import mlflow
-
+    overlapped rollouts; the trainer dies after step 3 and the run restarts from step 2's checkpoint."""
+    tmp = tmp_path_factory.mktemp("overlap")
     args = [
         "train",
         "--config",
         str(ROOT / "conf" / "train" / "smoke.yaml"),
         f"model.path={HABIT}",
         f"seed={SIGNAL_SEED}",
-        f"tracking.uri=sqlite:///{tmp_path}/mlruns.db",
-        f"tracking.artifact_location={tmp_path}/art",
+        f"tracking.uri=sqlite:///{tmp}/mlruns.db",
+        f"tracking.artifact_location={tmp}/art",
         "steps=4",
         "pipeline.overlap=true",
         "faults.kill_rollout_worker_at_step=1",
         "faults.kill_trainer_at_step=2",
         "max_failures=2",
         "--out",
-        str(tmp_path / "runs"),
+        str(tmp / "runs"),
     ]
     assert main(args) == 0
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlruns.db")
-    client = mlflow.MlflowClient()
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp}/mlruns.db")
     (run,) = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])
+    return {"tmp": tmp, "client": client, "run": run}
+
+
+def test_an_overlapped_run_survives_faults_and_repeats_itself_after_a_restart(
+    overlap_run: dict[str, Any],
+) -> None:
+    """Step 3 is logged twice (both attempts) with the same values: the trees depend on the seed and the weights
+    alone, and the checkpoint held no half-done step."""
+    client, run, tmp = overlap_run["client"], overlap_run["run"], overlap_run["tmp"]
     rid = run.info.run_id
     assert run.info.status == "FINISHED"
     last = {
@@ -173,10 +183,44 @@ def test_an_overlapped_run_survives_faults_and_repeats_itself_after_a_restart(tm
         again = _series(client, rid, key)[3]
         assert len(again) == 2 and again[0] == again[1], (key, again)
     # The last step's trees record the weights that sampled each turn: version 2 (bare, beside update 3), 3.
-    local = client.download_artifacts(rid, "trees/step_00004/trees.jsonl", str(tmp_path))
+    local = client.download_artifacts(rid, "trees/step_00004/trees.jsonl", str(tmp))
     versions = {
         n["weight_version"]
         for line in Path(local).read_text().splitlines()
         for n in json.loads(line)["nodes"][1:]
     }
     assert versions == {2, 3}
+
+
+def test_the_pipeline_bench_reads_a_train_runs_steps(overlap_run: dict[str, Any]) -> None:
+    """``bench pipeline --train-steps``: each mode's run config, and the measured steps read back from a run."""
+    from tracerl.config_loader import compose, conf_dir
+    from tracerl.experiment_config import BenchPipelineConfig
+    from workflows.bench_pipeline_train import format_train, step_measurements, summarize_train, train_config
+
+    cfg = compose(
+        BenchPipelineConfig, conf_dir() / "bench/pipeline.yaml", ["train_steps=4", "modes=[]", "seeds=1"]
+    )
+    over, bar = train_config(cfg, "overlap", 7, "x"), train_config(cfg, "barrier", 7, "x")
+    assert (over.pipeline.overlap, over.pipeline.mode, bar.pipeline.overlap, bar.pipeline.mode) == (
+        True,
+        "streaming",
+        False,
+        "barrier",
+    )
+    assert over.steps == over.checkpoint_every == 4 and over.seed == 7 and not over.eval_at_start
+    assert over.tracking.uri.endswith("/bench_out/pipeline/mlruns.db") and over.tracking.enabled
+    run = overlap_run["run"]
+    tc = dataclasses.replace(
+        over, tracking=dataclasses.replace(over.tracking, uri=f"sqlite:///{overlap_run['tmp']}/mlruns.db")
+    )
+    steps = step_measurements(run.info.run_id, tc)
+    assert [s["step"] for s in steps] == [2.0, 3.0]
+    assert steps[0]["staleness_mean"] > 0 and steps[1]["staleness_mean"] == 0.0
+    assert steps[0]["overlapped_s"] > 0 and steps[1]["overlapped_s"] == 0.0
+    assert all(0 < s["busy"] <= 1 and s["occupancy"] >= 1 and s["generated_tokens"] > 0 for s in steps)
+    train = summarize_train(
+        dataclasses.replace(cfg, train_modes=["overlap"]), [{"mode": "overlap", "seed": 7, "steps": steps}]
+    )
+    assert train["overlap"]["step_s"] == pytest.approx((steps[0]["step_s"] + steps[1]["step_s"]) / 2)
+    assert "overlap" in "\n".join(format_train(train, 4))

@@ -7,8 +7,8 @@ seeds interleaved (seed s in every mode, then seed s + 1; the modes' order alter
 Per step: the step's wall time, its rollout phase, the samplers' busy fraction (seconds they spent generating, as
 measured by each sampler actor, over actors x step wall), their mean batch occupancy (rows that produced a token
 per decode forward, measured by the samplers), generated tokens, and ``same_allocation`` (the barrier's Stage 2
-re-run on the step's own bare trees and scores places the same continuations). The update-overlap mode (issue 16
-item 4) is not built: its entry says so.
+re-run on the step's own bare trees and scores places the same continuations). Modes that need the update
+(overlap) are compared in ``tracerl train`` runs (``train_steps``, ``train_modes``; workflows/bench_pipeline_train.py).
 """
 
 from __future__ import annotations
@@ -25,23 +25,45 @@ import numpy as np
 
 from tracerl.config import PipelineMode
 from tracerl.experiment_config import BenchPipelineConfig
+from workflows.bench_pipeline_train import format_train, run_train_modes, summarize_train
 
 KEYS = ("step_s", "rollout_s", "busy", "occupancy", "generated_tokens")
-NOT_BUILT = {
-    "status": "not built",
-    "why": "update overlap (pipeline.overlap, issue 16 item 4) is not implemented",
+IN_TRAIN = {
+    "status": "measured with the update",
+    "see": "train (tracerl train runs: overlap against barrier there)",
 }
 
 
 def run_bench(cfg: BenchPipelineConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     from envs.registry import check_data
-    from tracerl.actors.pools import RolloutPool
-    from tracerl.actors.spec import WorkerSpec
-    from tracerl.models.hf import load_policy
     from workflows.ray_utils import init_ray
 
     check_data(cfg.env)
     init_ray(cfg.cluster)
+    runs = run_frozen_modes(cfg, progress) if cfg.modes else []
+    train_runs = run_train_modes(cfg, progress) if cfg.train_steps else []  # the pool's CPUs are free again
+    summary = summarize(cfg, runs)
+    if train_runs:
+        summary["train"] = summarize_train(cfg, train_runs)
+        summary["train_runs"] = train_runs
+        summary["config"]["train_steps"] = cfg.train_steps
+    out = Path(cfg.bench_out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(summary, indent=2))
+    if cfg.json_path:
+        path = Path(cfg.json_path)
+        kept = json.loads(path.read_text()) if path.is_file() else {}  # the scale model's "sim" part stays
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**kept, **summary}, indent=2))
+    return summary
+
+
+def run_frozen_modes(cfg: BenchPipelineConfig, progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Every (seed, mode) of ``modes`` on one sampler pool, the policy frozen."""
+    from tracerl.actors.pools import RolloutPool
+    from tracerl.actors.spec import WorkerSpec
+    from tracerl.models.hf import load_policy
+
     p = cfg.pools
     spec = WorkerSpec(cfg.model, cfg.sampler, cfg.env, p)
     pool = RolloutPool(
@@ -66,16 +88,7 @@ def run_bench(cfg: BenchPipelineConfig, progress: Callable[[str], None] = lambda
                 runs.append({"mode": mode, "seed": seed, "steps": steps})
     finally:
         pool.shutdown()
-    summary = summarize(cfg, runs)
-    out = Path(cfg.bench_out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(summary, indent=2))
-    if cfg.json_path:
-        path = Path(cfg.json_path)
-        kept = json.loads(path.read_text()) if path.is_file() else {}  # the scale model's "sim" part stays
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({**kept, **summary}, indent=2))
-    return summary
+    return runs
 
 
 def run_one(
@@ -162,8 +175,8 @@ def summarize(cfg: BenchPipelineConfig, runs: list[dict[str, Any]]) -> dict[str,
         }
         means["generated_tokens"] = int(round(means["generated_tokens"]))
         cpu[mode] = means
-    cpu.setdefault("overlap", NOT_BUILT)
-    cpu["same_allocation"] = all(s["same_allocation"] for r in runs for s in r["steps"])
+    cpu.setdefault("overlap", IN_TRAIN)
+    cpu["same_allocation"] = all(s["same_allocation"] for r in runs for s in r["steps"]) if runs else None
     return {
         "cpu": cpu,
         "runs": runs,
@@ -192,9 +205,11 @@ def format_table(summary: dict[str, Any]) -> str:
             )
         elif isinstance(m, dict):
             lines.append(f"{mode:<10} {m['status']}")
-    if "barrier" in cpu and "streaming" in cpu:
+    if "step_s" in cpu.get("barrier", {}) and "step_s" in cpu.get("streaming", {}):
         lines.append(
             f"streaming / barrier step time: {cpu['streaming']['step_s'] / cpu['barrier']['step_s']:.3f}"
         )
     lines.append(f"same_allocation: {cpu['same_allocation']}")
+    if "train" in summary:
+        lines += format_train(summary["train"], c["train_steps"])
     return "\n".join(lines)

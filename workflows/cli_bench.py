@@ -62,6 +62,7 @@ BENCH_PIPELINE_FLAGS = (
     Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
     Shorthand("--steps", ("steps",), "steps per seed and mode"),
     Shorthand("--seeds", ("seeds",), "seeds (interleaved: every mode per seed)"),
+    Shorthand("--train-steps", ("train_steps",), "steps of each train run comparing train_modes (0: none)"),
     Shorthand("--out", ("bench_out",), "output directory", str),
 )
 BENCH_TESTBEDS_FLAGS = (
@@ -221,7 +222,7 @@ BENCH_HELP = {
     "targets": "bias of the predictor's fit targets vs the true V (simulator)",
     "rollout": "allocators at equal leaves with the frozen tiny policy",
     "train": "training runs of TRACE and GRPO at equal leaves, several seeds",
-    "pipeline": "barrier vs streaming steps on the training setup (frozen policy): step time, busy, occupancy",
+    "pipeline": "barrier vs streaming steps (frozen policy) and, with --train-steps, barrier vs overlap in train runs",
     "testbeds": "acceptance of the study's testbeds: accuracy, depth profile, habit choices",
     "env": "an environment's gold replay (--gold) or tiny policy pass@1: "
     "bench env [math|search|bfcl] [--gold] [--json PATH]",

@@ -45,6 +45,7 @@ __all__ = [
     "OptimConfig",
     "PipelineConfig",
     "PipelineMode",
+    "TrainPipelineMode",
     "PoolConfig",
     "PredictorConfig",
     "RolloutConfig",
@@ -189,6 +190,8 @@ class SamplerConfig:
 
 
 PipelineMode = Literal["barrier", "streaming"]
+TrainPipelineMode = Literal["barrier", "streaming", "overlap"]
+"""A ``bench pipeline`` train mode: ``pipeline.mode``, or streaming with ``pipeline.overlap``."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from tracerl.config import (
     PipelineMode,
     SamplerConfig,
     TrainConfig,
+    TrainPipelineMode,
     lm_budget,
     lm_env,
 )
@@ -176,7 +177,11 @@ class BenchPipelineConfig(TrainConfig):
     policy, seeds interleaved (seed s: every mode, then seed s + 1)."""
 
     modes: list[PipelineMode] = field(default_factory=lambda: ["barrier", "streaming"])
-    """Pipeline modes to compare ('overlap', issue 16 item 4, is not built)."""
+    """Pipeline modes to compare in allocation-and-rollout steps with the policy frozen ([]: none)."""
+    train_modes: list[TrainPipelineMode] = field(default_factory=lambda: ["barrier", "overlap"])
+    """Modes to compare in ``tracerl train`` runs, with the update (overlap needs one; workflows/bench_pipeline_train.py)."""
+    train_steps: int = 0
+    """Steps of each train run (steps 2 .. train_steps - 1 are measured); 0: no train runs."""
     seeds: int = 3
     """Seeds (seed, seed + 1, ...); each runs ``steps`` steps per mode, the modes' order alternating by seed."""
     warmup_steps: int = 1
@@ -190,7 +195,11 @@ class BenchPipelineConfig(TrainConfig):
         super().__post_init__()
         check(self.seeds >= 1, f"seeds must be >= 1 (got {self.seeds})")
         check(self.warmup_steps >= 0, f"warmup_steps must be >= 0 (got {self.warmup_steps})")
-        check(len(self.modes) >= 1, "modes must name at least one pipeline mode")
+        check(len(self.modes) + self.train_steps > 0, "modes must name a pipeline mode, or set train_steps")
+        check(
+            self.train_steps == 0 or (self.train_steps >= 3 and len(self.train_modes) > 0),
+            f"train_steps must be 0 or >= 3 with train_modes set (got {self.train_steps}, {self.train_modes})",
+        )
         check_choices(self, "")
 
 
