@@ -1,6 +1,7 @@
 """The chaos drill and its exactly-once metrics: the spool and the readers on a real SQLite MLflow store, then a
-smoke-sized drill (`tracerl train --config conf/train/chaos.yaml`, fewer steps and kills) with real SIGKILLs of
-sampler, environment and Ray Train worker processes and a real `mlflow server` killed and started again."""
+smoke-sized drill (`tracerl train --config conf/train/chaos.yaml`, fewer steps and kills, streaming steps) with
+real SIGKILLs of sampler, environment and Ray Train worker processes and a real `mlflow server` killed and started
+again."""
 
 from __future__ import annotations
 
@@ -118,7 +119,9 @@ def test_a_reader_that_took_an_older_attempt_is_caught(store: tuple[Any, str]) -
 @pytest.fixture(scope="module")
 def drill(tiny_policy: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("chaos")
-    # 3 steps with evaluation and a checkpoint at every step, so each kill's target phase comes round soon
+    # 3 steps with evaluation and a checkpoint at every step, so each kill's target phase comes round soon. In
+    # streaming mode: a sampler killed mid-stream is replaced inside the step (actors/stream_pool.py); the barrier
+    # step's recovery from killed samplers, environments and trainer is tests/test_train.py's run.
     rc = main(
         [
             "train",
@@ -137,6 +140,7 @@ def drill(tiny_policy: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
             "chaos.min_gap_s=0.2",
             "chaos.max_gap_s=1.5",
             "chaos.server_down_s=1",
+            "pipeline.mode=streaming",
         ]
     )
     (report,) = [json.loads(p.read_text()) for p in (tmp / "runs").glob("*/chaos.json")]
