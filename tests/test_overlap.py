@@ -218,7 +218,7 @@ def test_the_pipeline_bench_reads_a_train_runs_steps(overlap_run: dict[str, Any]
     assert [s["step"] for s in steps] == [2.0, 3.0]
     assert steps[0]["staleness_mean"] > 0 and steps[1]["staleness_mean"] == 0.0
     assert steps[0]["overlapped_s"] > 0 and steps[1]["overlapped_s"] == 0.0
-    assert all(0 < s["busy"] <= 1 and s["occupancy"] >= 1 and s["generated_tokens"] > 0 for s in steps)
+    assert all(s["busy"] > 0 and s["occupancy"] >= 1 and s["generated_tokens"] > 0 for s in steps)
     train = summarize_train(
         dataclasses.replace(cfg, train_modes=["overlap"]), [{"mode": "overlap", "seed": 7, "steps": steps}]
     )
