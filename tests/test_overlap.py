@@ -129,9 +129,9 @@ def _series(client: Any, run_id: str, key: str) -> dict[int, list[float]]:
 
 @pytest.fixture(scope="module")
 def overlap_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """4 steps, a checkpoint every 2: steps 2 and 4 start beside the update of 1 and 3 (their bare turns one
-    update old), steps 1 and 3 do not (the first, and the one after a checkpoint). A sampler dies during step 2's
-    overlapped rollouts; the trainer dies after step 3 and the run restarts from step 2's checkpoint."""
+    """3 steps, one checkpoint at the end: steps 2 and 3 start beside the update of 1 and 2 (their bare turns one
+    update old). A sampler dies during step 2's overlapped rollouts; the trainer dies after step 2, before any
+    checkpoint, and the run starts again: steps 1 and 2 run in both attempts."""
     tmp = tmp_path_factory.mktemp("overlap")
     args = [
         "train",
@@ -141,10 +141,11 @@ def overlap_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         f"seed={SIGNAL_SEED}",
         f"tracking.uri=sqlite:///{tmp}/mlruns.db",
         f"tracking.artifact_location={tmp}/art",
-        "steps=4",
+        "steps=3",
+        "checkpoint_every=3",
         "pipeline.overlap=true",
         "faults.kill_rollout_worker_at_step=1",
-        "faults.kill_trainer_at_step=2",
+        "faults.kill_trainer_at_step=1",
         "max_failures=2",
         "--out",
         str(tmp / "runs"),
@@ -160,36 +161,50 @@ def overlap_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_an_overlapped_run_survives_faults_and_repeats_itself_after_a_restart(
     overlap_run: dict[str, Any],
 ) -> None:
-    """Step 3 is logged twice (both attempts) with the same values: the trees depend on the seed and the weights
-    alone, and the checkpoint held no half-done step."""
+    """Steps 1 (not overlapped) and 2 (overlapped, a sampler killed meanwhile in the first attempt) are logged by
+    both attempts with the same values: the trees depend on the seed and the weights alone."""
     client, run, tmp = overlap_run["client"], overlap_run["run"], overlap_run["tmp"]
     rid = run.info.run_id
     assert run.info.status == "FINISHED"
     last = {
         k: {s: v[-1] for s, v in _series(client, rid, k).items()}
-        for k in (M.STALENESS_MAX, M.TIME_OVERLAPPED)
+        for k in (M.STALENESS_MAX, M.STALENESS_MEAN, M.TIME_OVERLAPPED)
     }
-    assert last[M.STALENESS_MAX] == {1: 0.0, 2: 1.0, 3: 0.0, 4: 1.0}
-    assert last[M.TIME_OVERLAPPED][1] == last[M.TIME_OVERLAPPED][3] == 0.0
-    assert last[M.TIME_OVERLAPPED][2] > 0 and last[M.TIME_OVERLAPPED][4] > 0
-    stale = {s: v[-1] for s, v in _series(client, rid, M.STALENESS_MEAN).items()}
-    assert 0 < stale[2] < 1 and 0 < stale[4] < 1  # bare turns one update old, continuations current
-    assert sorted(_series(client, rid, M.phase_time("wait_rollouts"))) == [1, 2, 3, 4]
-    assert {s: v[-1] for s, v in _series(client, rid, M.RETRIED).items()}[
-        2
-    ] >= 1  # the sampler lost mid-overlap
-    assert _series(client, rid, M.ATTEMPT)[3] == [1.0, 2.0]  # step 3 ran in both attempts
+    assert last[M.STALENESS_MAX] == {1: 0.0, 2: 1.0, 3: 1.0}
+    assert (
+        last[M.TIME_OVERLAPPED][1] == 0.0
+        and last[M.TIME_OVERLAPPED][2] > 0
+        and last[M.TIME_OVERLAPPED][3] > 0
+    )
+    stale = last[M.STALENESS_MEAN]
+    assert (
+        stale[1] == 0.0 and 0 < stale[2] < 1 and 0 < stale[3] < 1
+    )  # bare turns one update old, the rest current
+    assert sorted(_series(client, rid, M.phase_time("wait_rollouts"))) == [1, 2, 3]
+    assert _series(client, rid, M.RETRIED)[2][0] >= 1  # the sampler lost mid-overlap, in the first attempt
+    attempts = _series(client, rid, M.ATTEMPT)
+    assert attempts == {1: [1.0, 2.0], 2: [1.0, 2.0], 3: [2.0]}
     for key in (M.GENERATED_TOKENS, M.EFFECTIVE_RATIO, M.REWARD_MEAN, M.LOSS, M.STALENESS_MEAN):
-        again = _series(client, rid, key)[3]
-        assert len(again) == 2 and again[0] == again[1], (key, again)
-    # The last step's trees record the weights that sampled each turn: version 2 (bare, beside update 3), 3.
-    local = client.download_artifacts(rid, "trees/step_00004/trees.jsonl", str(tmp))
+        for step in (1, 2):
+            again = _series(client, rid, key)[step]
+            assert len(again) == 2 and again[0] == again[1], (key, step, again)
+    # The last step's trees record the weights that sampled each turn: version 1 (bare, beside update 2), then 2.
+    local = client.download_artifacts(rid, "trees/step_00003/trees.jsonl", str(tmp))
     versions = {
         n["weight_version"]
         for line in Path(local).read_text().splitlines()
         for n in json.loads(line)["nodes"][1:]
     }
-    assert versions == {2, 3}
+    assert versions == {1, 2}
+
+
+def test_a_step_ending_in_a_checkpoint_does_not_overlap_the_next() -> None:
+    from tracerl.config import PipelineConfig, TrainConfig
+    from workflows.train_driver import overlaps_next
+
+    cfg = TrainConfig(steps=6, checkpoint_every=3, pipeline=PipelineConfig(overlap=True))
+    assert [overlaps_next(cfg, d) for d in range(1, 7)] == [True, True, False, True, True, False]
+    assert not any(overlaps_next(TrainConfig(steps=6, checkpoint_every=3), d) for d in range(1, 7))
 
 
 def test_the_pipeline_bench_reads_a_train_runs_steps(overlap_run: dict[str, Any]) -> None:
@@ -199,7 +214,7 @@ def test_the_pipeline_bench_reads_a_train_runs_steps(overlap_run: dict[str, Any]
     from workflows.bench_pipeline_train import format_train, step_measurements, summarize_train, train_config
 
     cfg = compose(
-        BenchPipelineConfig, conf_dir() / "bench/pipeline.yaml", ["train_steps=4", "modes=[]", "seeds=1"]
+        BenchPipelineConfig, conf_dir() / "bench/pipeline.yaml", ["train_steps=3", "modes=[]", "seeds=1"]
     )
     over, bar = train_config(cfg, "overlap", 7, "x"), train_config(cfg, "barrier", 7, "x")
     assert (over.pipeline.overlap, over.pipeline.mode, bar.pipeline.overlap, bar.pipeline.mode) == (
@@ -208,19 +223,18 @@ def test_the_pipeline_bench_reads_a_train_runs_steps(overlap_run: dict[str, Any]
         False,
         "barrier",
     )
-    assert over.steps == over.checkpoint_every == 4 and over.seed == 7 and not over.eval_at_start
+    assert over.steps == over.checkpoint_every == 3 and over.seed == 7 and not over.eval_at_start
     assert over.tracking.uri.endswith("/bench_out/pipeline/mlruns.db") and over.tracking.enabled
     run = overlap_run["run"]
     tc = dataclasses.replace(
         over, tracking=dataclasses.replace(over.tracking, uri=f"sqlite:///{overlap_run['tmp']}/mlruns.db")
     )
     steps = step_measurements(run.info.run_id, tc)
-    assert [s["step"] for s in steps] == [2.0, 3.0]
-    assert steps[0]["staleness_mean"] > 0 and steps[1]["staleness_mean"] == 0.0
-    assert steps[0]["overlapped_s"] > 0 and steps[1]["overlapped_s"] == 0.0
+    assert [s["step"] for s in steps] == [2.0]
+    assert steps[0]["staleness_mean"] > 0 and steps[0]["overlapped_s"] > 0
     assert all(s["busy"] > 0 and s["occupancy"] >= 1 and s["generated_tokens"] > 0 for s in steps)
     train = summarize_train(
         dataclasses.replace(cfg, train_modes=["overlap"]), [{"mode": "overlap", "seed": 7, "steps": steps}]
     )
-    assert train["overlap"]["step_s"] == pytest.approx((steps[0]["step_s"] + steps[1]["step_s"]) / 2)
-    assert "overlap" in "\n".join(format_train(train, 4))
+    assert train["overlap"]["step_s"] == pytest.approx(steps[0]["step_s"])
+    assert "overlap" in "\n".join(format_train(train, 3))

@@ -24,6 +24,13 @@ from workflows.tracking import resolve_uri
 from workflows.train_setup import ADAPTERS, say
 
 
+def overlaps_next(cfg: TrainConfig, done: int) -> bool:
+    """Whether the step after step ``done`` (1-based) starts beside this one's update: with ``pipeline.overlap``,
+    unless this step is the last or ends in a checkpoint (a checkpoint then holds no step half done, so a run
+    resumed from it repeats the uninterrupted one)."""
+    return cfg.pipeline.overlap and done < cfg.steps and done % cfg.checkpoint_every != 0
+
+
 @dataclass
 class Ahead:
     """A step started early (``pipeline.overlap``): its Stage 1 ran before the previous update and its bare
@@ -144,10 +151,7 @@ class Driver:
         return out, budget
 
     def overlaps(self, done: int) -> bool:
-        """Whether the next step starts beside this one's update: with ``pipeline.overlap``, unless this step is
-        the last or ends in a checkpoint (a checkpoint then holds no step half done)."""
-        c = self.cfg
-        return c.pipeline.overlap and done < c.steps and done % c.checkpoint_every != 0
+        return overlaps_next(self.cfg, done)
 
     def start_ahead(self, step: int) -> Ahead:
         """Step ``step``'s candidate pool and Stage 1 now, on this thread (the predictor may read the policy,
