@@ -1,7 +1,9 @@
 """Config checks that need the registered components: the ``env`` schema of the chosen environment, and whether
 the chosen components can run together. The config loader calls them; they read properties the components
 declare (``Env.config``, ``Env.tool_env``, ``Env.true_values``, ``Allocator.predictor``,
-``Predictor.needs_true_values``, a command config's ``tool_env_only``) instead of naming components.
+``Predictor.needs_true_values``, a command config's ``tool_env_only``) instead of naming components. A command
+config that holds another in a flattened field (a sweep's ``train``) is checked as the one flat config users write:
+the declarations of every part count, and the command's ``allocators`` meet the train config's ``env``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 from envs.registry import TOOL_ENVS, env_class, known_envs, section_schema
 from tracerl.config import EnvConfig, env_config_class, section_key
 from tracerl.registry import RegistryError
+from tracerl.schema import flat_parts, flat_values
 
 
 def env_schema_for(name: str, keys: Iterable[str]) -> type[EnvConfig]:
@@ -48,25 +51,25 @@ def check_components(cfg: Any) -> None:
     Raises:
         ValueError: naming the keys to change.
     """
-    env = getattr(cfg, "env", None)
+    values = flat_values(cfg)
+    env = values.get("env")
     if not isinstance(env, EnvConfig):
         return
     cls = env_class(env.name)
-    if getattr(type(cfg), "tool_env_only", False) and not cls.tool_env:
+    if any(getattr(type(part), "tool_env_only", False) for part in flat_parts(cfg)) and not cls.tool_env:
         raise ValueError(
             f"this command runs a language model and needs a ReAct tool environment; env.name={env.name!r} "
             f"({cls.__name__}) is not one (Env.tool_env is False): set env.name to {', '.join(TOOL_ENVS)} or a "
             "ToolEnv plug-in (the simulator serves bench allocation)"
         )
-    allocator = getattr(cfg, "allocator", None)
-    predictor = getattr(cfg, "predictor", None)
+    allocator, predictor = values.get("allocator"), values.get("predictor")
     if allocator is None or predictor is None:
         return
     from predictors import PREDICTORS
     from tracerl.algos.allocators import ALLOCATORS
 
     wanted = {predictor.name: f"predictor={predictor.name}"}
-    for name in [allocator.name, *getattr(cfg, "allocators", [])]:
+    for name in [allocator.name, *values.get("allocators", [])]:
         forced = ALLOCATORS.get(name).predictor
         if forced is not None:
             wanted.setdefault(forced, f"allocator={name}")

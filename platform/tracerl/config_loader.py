@@ -10,6 +10,11 @@ merged on top, then the overrides: ``allocator=grpo`` swaps a group file, ``budg
 sets a field (values are parsed as YAML). The result is merged into the structured schema (unknown
 keys and wrong types fail there) and turned into the frozen dataclass (range checks run in
 ``__post_init__``). Every failure raises :class:`ConfigError` naming the key and what is allowed.
+
+A command that composes another config in a flattened field (``tracerl.schema.flattened``: the sweep's
+``train: TrainConfig``) is written flat: each top-level key, group and override goes to the field that holds it
+(``budget.num_leaves`` -> ``train.budget.num_leaves``), messages name keys as users write them, and ``to_yaml``
+writes the flat form back, so a saved config reloads.
 """
 
 from __future__ import annotations
@@ -20,14 +25,14 @@ import re
 import typing
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from tracerl.config_checks import check_components, env_schema_for
-from tracerl.schema import choice_message, literal_choices
+from tracerl.schema import choice_message, flat_routes, flat_values, literal_choices
 
 T = TypeVar("T")
 
@@ -101,14 +106,22 @@ def _load_group(group: str, name: str, root: Path) -> dict[str, Any]:
 
 
 def _field_type(schema: type, dotted: str, env_cls: type | None = None) -> Any:
-    """The type at ``dotted`` (a dotted path into the schema; ``env`` is ``env_cls`` where given), or None."""
-    cls: Any = schema
-    for i, part in enumerate(p for p in dotted.split(".") if p):
+    """The type at ``dotted`` (a key as users write it, flattened fields not named; ``env`` is ``env_cls`` where
+    given), or None."""
+    parts = [p for p in dotted.split(".") if p]
+    if not parts:
+        return schema
+    if parts[0] == "env" and env_cls is not None and "env" in flat_routes(schema):
+        cls: Any = env_cls
+    elif parts[0] in flat_routes(schema):
+        cls = schema
+        for part in flat_routes(schema)[parts[0]]:
+            cls = typing.get_type_hints(cls)[part]
+    else:
+        return None
+    for part in parts[1:]:
         if not dataclasses.is_dataclass(cls):
             return None
-        if i == 0 and part == "env" and env_cls is not None:
-            cls = env_cls
-            continue
         hints = typing.get_type_hints(cls)
         if part not in hints or part not in {f.name for f in dataclasses.fields(cls)}:
             return None
@@ -117,9 +130,44 @@ def _field_type(schema: type, dotted: str, env_cls: type | None = None) -> Any:
 
 
 def _field_names(schema: type, dotted: str, env_cls: type | None = None) -> list[str] | None:
-    """Allowed keys at ``dotted`` (a dotted path into the schema), or None if not a dataclass there."""
+    """Allowed keys at ``dotted`` (a key as users write it), or None if not a dataclass there."""
+    if not dotted:
+        return list(flat_routes(schema))
     cls = _field_type(schema, dotted, env_cls)
     return [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else None
+
+
+def _routed(schema: type, key: str) -> list[str]:
+    """A key as users write it (``budget.num_leaves``) as its path in the schema (``train``, ``budget``,
+    ``num_leaves``); a key the schema does not hold stays as written (the merge rejects it)."""
+    head, _, rest = key.partition(".")
+    return [*flat_routes(schema).get(head, (head,))[:-1], *key.split(".")]
+
+
+def _route(schema: type, layer: dict[str, Any]) -> dict[str, Any]:
+    """A layer of top-level keys (a YAML file, the group files) with each key moved into its flattened field.
+
+    Raises:
+        ConfigError: a key the schema does not hold at the top level (a flattened field's own name included).
+    """
+    out: dict[str, Any] = {}
+    for key, value in layer.items():
+        if str(key) not in flat_routes(schema):
+            raise ConfigError(_unknown_key_message(schema, str(key)))
+        node = out
+        for part in _routed(schema, str(key))[:-1]:
+            node = node.setdefault(part, {})
+        node[key] = value
+    return out
+
+
+def _user_key(schema: type, full_key: str) -> str:
+    """A path in the schema (``train.budget.num_leaves``, ``modes[1]``) as users write it (``budget.num_leaves``)."""
+    for key, path in flat_routes(schema).items():
+        inner = ".".join(path)
+        if full_key == inner or full_key.startswith((inner + ".", inner + "[")):
+            return key + full_key[len(inner) :]
+    return full_key
 
 
 def _parse_override(item: str) -> tuple[str, Any]:
@@ -170,34 +218,36 @@ def compose(
             sets.append((key, value))
     group_layer = {g: _load_group(g, n, root) for g, n in groups.items()}
     env_cls = _env_schema(schema, [group_layer, top], sets)
-    layers = [OmegaConf.create(group_layer), OmegaConf.create(top)]
+    layers = [OmegaConf.create(_route(schema, group_layer)), OmegaConf.create(_route(schema, top))]
     try:
         for key, value in sets:
             layers.append(OmegaConf.create(_nested(schema, key, value, env_cls)))
         base = OmegaConf.structured(schema)
         if env_cls is not None:
-            OmegaConf.set_readonly(base, False)
-            base.env = OmegaConf.structured(env_cls(name=_default_env(schema).name))
-        for f in dataclasses.fields(
-            cast(Any, schema)
+            _set(base, _routed(schema, "env"), OmegaConf.structured(env_cls(name=_default_env(schema).name)))
+        for key in flat_routes(
+            schema
         ):  # a mapping field (a sweep's space) given by a file replaces the default
-            if str(f.type).startswith("dict[") and any(f.name in layer for layer in layers):
-                OmegaConf.set_readonly(base, False)
-                base[f.name] = {}
+            given = key in group_layer or key in top or any(k.partition(".")[0] == key for k, _ in sets)
+            if given and str(_field(schema, key).type).startswith("dict["):
+                _set(base, _routed(schema, key), {})
         cfg = OmegaConf.merge(base, *layers)
         obj = OmegaConf.to_object(cfg)
     except ConfigError:
         raise
     except ConfigKeyError as exc:
-        raise ConfigError(_unknown_key_message(schema, str(exc.full_key or exc.key or ""), env_cls)) from exc
+        key = _user_key(schema, str(exc.full_key or exc.key or ""))
+        raise ConfigError(_unknown_key_message(schema, key, env_cls)) from exc
     except ValidationError as exc:
-        choices = literal_choices(_field_type(schema, str(exc.full_key), env_cls))
+        key = _user_key(schema, str(exc.full_key))
+        choices = literal_choices(_field_type(schema, key, env_cls))
         if choices is not None:
-            raise ConfigError(choice_message(str(exc.full_key), exc.value, choices)) from exc
+            raise ConfigError(choice_message(key, exc.value, choices)) from exc
         msg = str(exc).split("\n")[0]
-        raise ConfigError(f"bad value for '{exc.full_key}': {msg}") from exc
+        raise ConfigError(f"bad value for '{key}': {msg}") from exc
     except OmegaConfBaseException as exc:
-        raise ConfigError(f"invalid config: {str(exc).splitlines()[0]} (key '{exc.full_key}')") from exc
+        key = _user_key(schema, str(exc.full_key))
+        raise ConfigError(f"invalid config: {str(exc).splitlines()[0]} (key '{key}')") from exc
     except ValueError as exc:  # __post_init__ range checks
         raise ConfigError(str(exc)) from exc
     if not isinstance(obj, schema):  # a structured config always converts back to its dataclass
@@ -209,12 +259,31 @@ def compose(
     return obj
 
 
+def _field(schema: type, key: str) -> dataclasses.Field[Any]:
+    """The dataclass field that holds the top-level ``key`` (through flattened fields)."""
+    *outer, name = flat_routes(schema)[key]
+    cls: Any = schema
+    for part in outer:
+        cls = typing.get_type_hints(cls)[part]
+    return next(f for f in dataclasses.fields(cls) if f.name == name)
+
+
+def _set(base: Any, path: Sequence[str], value: Any) -> None:
+    """Replace the node at ``path`` of the structured config ``base`` (a frozen dataclass's: read-only)."""
+    node = base
+    for part in path[:-1]:
+        OmegaConf.set_readonly(node, False)
+        node = node[part]
+    OmegaConf.set_readonly(node, False)
+    node[path[-1]] = value
+
+
 def _default_env(schema: type) -> Any:
     """The schema's default ``env`` (None: the command has no environment)."""
-    for f in dataclasses.fields(cast(Any, schema)):
-        if f.name == "env":
-            return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    return None
+    if "env" not in flat_routes(schema):
+        return None
+    f = _field(schema, "env")
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def _env_schema(schema: type, raws: Sequence[dict[str, Any]], sets: Sequence[tuple[str, Any]]) -> Any:
@@ -241,13 +310,14 @@ def _env_schema(schema: type, raws: Sequence[dict[str, Any]], sets: Sequence[tup
 
 
 def _nested(schema: type, key: str, value: Any, env_cls: type | None = None) -> dict[str, Any]:
-    """``a.b.c=v`` as ``{"a": {"b": {"c": v}}}``, after checking the key exists in the schema."""
+    """``a.b.c=v`` as ``{"a": {"b": {"c": v}}}`` (under its flattened field, where one holds ``a``), after checking
+    the key exists in the schema."""
     parent, _, leaf = key.rpartition(".")
     allowed = _field_names(schema, parent, env_cls)
     if allowed is None or leaf not in allowed:
         raise ConfigError(_unknown_key_message(schema, key, env_cls))
     out: dict[str, Any] = {leaf: value}
-    for part in reversed([p for p in parent.split(".") if p]):
+    for part in reversed(_routed(schema, key)[:-1]):
         out = {part: out}
     return out
 
@@ -265,8 +335,8 @@ def _unknown_key_message(schema: type, key: str, env_cls: type | None = None) ->
 
 
 def to_yaml(cfg: Any) -> str:
-    """The resolved config as YAML (written next to every run's results)."""
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """The resolved config as YAML (written next to every run's results), flattened fields written flat."""
+    return OmegaConf.to_yaml(OmegaConf.create(flat_values(cfg)))
 
 
 def to_flat_dict(cfg: Any) -> dict[str, Any]:
@@ -280,5 +350,5 @@ def to_flat_dict(cfg: Any) -> dict[str, Any]:
         else:
             out[prefix] = node
 
-    walk("", OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
+    walk("", OmegaConf.to_container(OmegaConf.create(flat_values(cfg)), resolve=True))
     return out
