@@ -257,8 +257,8 @@ def test_the_pipeline_bench_summary_has_the_issues_cpu_schema() -> None:
     from workflows.bench_pipeline import format_table, summarize
 
     cfg = compose(BenchPipelineConfig, conf_dir() / "bench/pipeline.yaml", ["seeds=2", "steps=2"])
-    assert cfg.pipeline.mode == "barrier" and cfg.modes == ["barrier", "streaming"]
-    assert cfg.pools.rollout_workers == 2 and cfg.sampler.backend == "hf"
+    assert cfg.train.pipeline.mode == "barrier" and cfg.modes == ["barrier", "streaming"]
+    assert cfg.train.pools.rollout_workers == 2 and cfg.train.sampler.backend == "hf"
 
     def step(s: float, same: bool = True) -> dict[str, Any]:
         return {

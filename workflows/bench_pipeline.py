@@ -38,8 +38,8 @@ def run_bench(cfg: BenchPipelineConfig, progress: Callable[[str], None] = lambda
     from envs.registry import check_data
     from workflows.ray_utils import init_ray
 
-    check_data(cfg.env)
-    init_ray(cfg.cluster)
+    check_data(cfg.train.env)
+    init_ray(cfg.train.cluster)
     runs = run_frozen_modes(cfg, progress) if cfg.modes else []
     train_runs = run_train_modes(cfg, progress) if cfg.train_steps else []  # the pool's CPUs are free again
     summary = summarize(cfg, runs)
@@ -68,27 +68,27 @@ def run_frozen_modes(cfg: BenchPipelineConfig, progress: Callable[[str], None]) 
     from tracerl.actors.spec import WorkerSpec
     from tracerl.models.hf import load_policy
 
-    p = cfg.pools
-    spec = WorkerSpec(cfg.model, cfg.sampler, cfg.env, p)
+    p = cfg.train.pools
+    spec = WorkerSpec(cfg.train.model, cfg.train.sampler, cfg.train.env, p)
     pool = RolloutPool(
         spec,
         p.rollout_workers,
         p.rollout_cpus,
         p.rollout_gpus,
         p.max_retries,
-        cfg.seed,
-        cfg.pipeline.reencode_queue,
+        cfg.train.seed,
+        cfg.train.pipeline.reencode_queue,
     )
-    policy = load_policy(cfg.model)  # the predictor's features (the samplers load their own copy)
+    policy = load_policy(cfg.train.model)  # the predictor's features (the samplers load their own copy)
     runs: list[dict[str, Any]] = []
     try:
         if cfg.warmup_steps:
             progress(f"warm-up: {cfg.warmup_steps} unmeasured steps")
-            run_one(cfg, pool, policy, cfg.modes[0], cfg.seed + cfg.seeds, progress, cfg.warmup_steps)
+            run_one(cfg, pool, policy, cfg.modes[0], cfg.train.seed + cfg.seeds, progress, cfg.warmup_steps)
         for k in range(cfg.seeds):
-            seed = cfg.seed + k
+            seed = cfg.train.seed + k
             for mode in cfg.modes[:: 1 if k % 2 == 0 else -1]:  # alternate which mode runs first
-                steps = run_one(cfg, pool, policy, mode, seed, progress, cfg.steps)
+                steps = run_one(cfg, pool, policy, mode, seed, progress, cfg.train.steps)
                 runs.append({"mode": mode, "seed": seed, "steps": steps})
     finally:
         pool.shutdown()
@@ -115,12 +115,12 @@ def run_one(
     from workflows.rollout import sample_pool
 
     tok, model = policy
-    template = TEMPLATES.get(cfg.model.template)(tok)
-    tools = list(tool_env_class(cfg.env.name).tools)
-    allocator = build_allocator(cfg.allocator)
+    template = TEMPLATES.get(cfg.train.model.template)(tok)
+    tools = list(tool_env_class(cfg.train.env.name).tools)
+    allocator = build_allocator(cfg.train.allocator)
     attach_lengths(allocator)
     predictor = make_text_predictor(
-        cfg.predictor,
+        cfg.train.predictor,
         seed,
         model,
         tok,
@@ -128,7 +128,7 @@ def run_one(
         name=allocator.predictor,
         targets=allocator.targets,
     )
-    prompts = task_prompts(cfg.env)
+    prompts = task_prompts(cfg.train.env)
     rng = np.random.default_rng(seed)
     pool.seed = seed
     steps = []
@@ -137,11 +137,11 @@ def run_one(
         timer = PhaseTimer()
         t0 = time.perf_counter()
         out = run_step(
-            sample_pool(prompts, cfg.budget.num_candidates, rng),
+            sample_pool(prompts, cfg.train.budget.num_candidates, rng),
             allocator,
             predictor,
             pool,
-            cfg.budget,
+            cfg.train.budget,
             rng,
             timer,
             mode,
@@ -186,10 +186,10 @@ def summarize(cfg: BenchPipelineConfig, runs: list[dict[str, Any]]) -> dict[str,
         "runs": runs,
         "config": {
             "seeds": cfg.seeds,
-            "steps": cfg.steps,
-            "rollout_workers": cfg.pools.rollout_workers,
-            "budget": dataclasses.asdict(cfg.budget),
-            "reencode_queue": cfg.pipeline.reencode_queue,
+            "steps": cfg.train.steps,
+            "rollout_workers": cfg.train.pools.rollout_workers,
+            "budget": dataclasses.asdict(cfg.train.budget),
+            "reencode_queue": cfg.train.pipeline.reencode_queue,
         },
     }
 

@@ -35,29 +35,24 @@ KEYS = ("step_s", "rollout_s", "update_s", "busy", "occupancy", "generated_token
 
 def train_config(cfg: BenchPipelineConfig, mode: str, seed: int, stamp: str) -> TrainConfig:
     """The bench's training setup for one (mode, seed) run."""
-    base = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainConfig)}
     out = Path(cfg.bench_out).resolve()
     pipeline = dataclasses.replace(
-        cfg.pipeline, mode="barrier" if mode == "barrier" else "streaming", overlap=mode == "overlap"
+        cfg.train.pipeline, mode="barrier" if mode == "barrier" else "streaming", overlap=mode == "overlap"
     )
-    return TrainConfig(
-        **{
-            **base,
-            "pipeline": pipeline,
-            "steps": cfg.train_steps,
-            "seed": seed,
-            "eval_every": 0,
-            "eval_at_start": False,
-            "checkpoint_every": cfg.train_steps,
-            "log_trees_every": 0,
-            "tracking": TrackingConfig(
-                uri=f"sqlite:///{out}/mlruns.db",
-                artifact_location=str(out / "mlartifacts"),
-                experiment="bench",
-            ),
-            "out_dir": str(out / "runs"),
-            "run_name": f"pipeline-{mode}-s{seed}-{stamp}",
-        }
+    return dataclasses.replace(
+        cfg.train,
+        pipeline=pipeline,
+        steps=cfg.train_steps,
+        seed=seed,
+        eval_every=0,
+        eval_at_start=False,
+        checkpoint_every=cfg.train_steps,
+        log_trees_every=0,
+        tracking=TrackingConfig(
+            uri=f"sqlite:///{out}/mlruns.db", artifact_location=str(out / "mlartifacts"), experiment="bench"
+        ),
+        out_dir=str(out / "runs"),
+        run_name=f"pipeline-{mode}-s{seed}-{stamp}",
     )
 
 
@@ -68,7 +63,7 @@ def run_train_modes(cfg: BenchPipelineConfig, progress: Callable[[str], None]) -
     stamp = time.strftime("%Y%m%d-%H%M%S")
     runs = []
     for k in range(cfg.seeds):
-        seed = cfg.seed + k
+        seed = cfg.train.seed + k
         for mode in cfg.train_modes[:: 1 if k % 2 == 0 else -1]:
             tc = train_config(cfg, mode, seed, stamp)
             progress(f"== train {mode}, seed {seed}: {tc.steps} steps")

@@ -22,19 +22,18 @@ from workflows.tracking import resolve_uri
 
 
 def run_configs(cfg: BenchTrainConfig) -> list[tuple[str, int, TrainConfig]]:
-    base = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainConfig)}
+    """Every (allocator, seed) run: the bench's training setup with that allocator, seed and a run name."""
+    base = cfg.train
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = []
     for name in cfg.allocators:
         for k in range(cfg.seeds):
-            seed = cfg.seed + k
-            tc = TrainConfig(
-                **{
-                    **base,
-                    "allocator": dataclasses.replace(cfg.allocator, name=name),
-                    "seed": seed,
-                    "run_name": f"bench-{name}-s{seed}-{stamp}",
-                }
+            seed = base.seed + k
+            tc = dataclasses.replace(
+                base,
+                allocator=dataclasses.replace(base.allocator, name=name),
+                seed=seed,
+                run_name=f"bench-{name}-s{seed}-{stamp}",
             )
             out.append((name, seed, tc))
     return out
@@ -76,9 +75,9 @@ def run_bench(cfg: BenchTrainConfig, progress: Callable[[str], None] = lambda s:
         }
     summary = {
         "runs": runs,
-        "tracking_uri": resolve_uri(cfg.tracking.uri),
-        "steps": cfg.steps,
-        "budget": dataclasses.asdict(cfg.budget),
+        "tracking_uri": resolve_uri(cfg.train.tracking.uri),
+        "steps": cfg.train.steps,
+        "budget": dataclasses.asdict(cfg.train.budget),
     }
     out = Path(cfg.bench_out)
     out.mkdir(parents=True, exist_ok=True)

@@ -55,18 +55,19 @@ def train_tags(cfg: Any) -> dict[str, str]:
 
 
 def sweep_tags(cfg: Any, name: str) -> dict[str, str]:
-    """Tags and description of a sweep's parent run."""
+    """Tags and description of a sweep's parent run (``cfg``: a ``SweepConfig``)."""
     space = ", ".join(f"{k} in {v}" for k, v in cfg.space.items()) or "no space"
+    t = cfg.train
     note = (
-        f"Sweep {name}: {cfg.num_samples} trials of {cfg.allocator.name} on {cfg.env.name} ({cfg.steps} steps "
-        f"each, seed {cfg.seed}) over {space}; {cfg.mode} {cfg.metric} ({cfg.scheduler}). Each trial is a child "
+        f"Sweep {name}: {cfg.num_samples} trials of {t.allocator.name} on {t.env.name} ({t.steps} steps "
+        f"each, seed {t.seed}) over {space}; {cfg.mode} {cfg.metric} ({cfg.scheduler}). Each trial is a child "
         "run (expand this row in the runs table); this run's key/ metrics are the best trial's."
     )
     return {
-        "tracerl.env": cfg.env.name,
-        "tracerl.allocator": cfg.allocator.name,
-        "tracerl.budget": budget_shape(cfg.budget, cfg.allocator, cfg.space),
-        "tracerl.seed": str(cfg.seed),
+        "tracerl.env": t.env.name,
+        "tracerl.allocator": t.allocator.name,
+        "tracerl.budget": budget_shape(t.budget, t.allocator, cfg.space),
+        "tracerl.seed": str(t.seed),
         NOTE: note,
     }
 

@@ -106,25 +106,26 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     from workflows.run_info import sweep_tags
     from workflows.train import RESOURCE_KNOBS, resolve_paths, resource_demand
 
-    if not cfg.tracking.enabled:
+    if not cfg.train.tracking.enabled:
         raise ValueError("tracerl sweep needs MLflow tracking (tracking.enabled=true)")
-    check_data(cfg.env)  # before Ray starts or the parent run exists
-    progress(trk.where(cfg.tracking))
+    check_data(cfg.train.env)  # before Ray starts or the parent run exists
+    progress(trk.where(cfg.train.tracking))
     name = cfg.sweep_name or f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
-    base = TrainConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainConfig)})
-    base = resolve_paths(base)
+    base = resolve_paths(cfg.train)
     root = Path(base.out_dir) / "sweeps"
     root.mkdir(parents=True, exist_ok=True)
     sweep_dir = root / name
     meta_path = root / f"{name}.json"
-    init_ray(cfg.cluster)  # before the parent run exists: a sweep that cannot fit leaves no run behind
+    init_ray(cfg.train.cluster)  # before the parent run exists: a sweep that cannot fit leaves no run behind
     # Concurrent trials each hold a Tune slot plus a whole training run's actors (space values that change the
     # pools are not counted: the base config's shares are).
     n = cfg.max_concurrent_trials
     demand = [
         (what, n * k, c, g) for what, k, c, g in [("trials", 1, cfg.trial_cpus, 0.0), *resource_demand(base)]
     ]
-    check_resources(demand, cfg.cluster, "max_concurrent_trials, trial_cpus, " + RESOURCE_KNOBS, progress)
+    check_resources(
+        demand, cfg.train.cluster, "max_concurrent_trials, trial_cpus, " + RESOURCE_KNOBS, progress
+    )
     exp_id = trk.setup(base.tracking)
     client = mlflow.MlflowClient()
     if meta_path.is_file():
@@ -157,7 +158,7 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
         # run short before it closes its MLflow run.
         scheduler = (
             tune.schedulers.ASHAScheduler(
-                time_attr="step", grace_period=cfg.grace_period, max_t=cfg.steps + 1
+                time_attr="step", grace_period=cfg.grace_period, max_t=cfg.train.steps + 1
             )
             if cfg.scheduler == "asha"
             else tune.schedulers.FIFOScheduler()
@@ -172,7 +173,7 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
                 max_concurrent_trials=cfg.max_concurrent_trials,
                 scheduler=scheduler,
                 search_alg=OptunaSearch(
-                    seed=cfg.seed, points_to_evaluate=[dict(p) for p in cfg.first_trials] or None
+                    seed=cfg.train.seed, points_to_evaluate=[dict(p) for p in cfg.first_trials] or None
                 ),
             ),
             run_config=tune.RunConfig(
@@ -227,7 +228,7 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     trials = []
     for r in results:
         steps = int((r.metrics or {}).get("step", 0))
-        stopped = r.error is None and steps < cfg.steps
+        stopped = r.error is None and steps < cfg.train.steps
         trials.append(
             {
                 "trial": Path(r.path).name if r.path else "?",
@@ -253,7 +254,7 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
             if run.status in ("RUNNING", "FAILED"):  # stopped from outside mid-step: not a failure of its own
                 client.set_terminated(run.run_id, status="KILLED")
             progress(
-                f"trial {trials[-1]['trial']} stopped early by {cfg.scheduler} after {steps} of {cfg.steps} steps"
+                f"trial {trials[-1]['trial']} stopped early by {cfg.scheduler} after {steps} of {cfg.train.steps} steps"
             )
     summary: dict[str, Any] = {
         "sweep": name,

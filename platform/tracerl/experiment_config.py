@@ -1,5 +1,10 @@
 """Config schemas of the experiment commands: ``bench allocation|rollout|env|train``, ``sweep``, ``study`` and
-``bootstrap``. They compose the component configs the way ``tracerl.config``'s commands do."""
+``bootstrap``. They compose the component configs the way ``tracerl.config``'s commands do.
+
+``bench train``, ``bench pipeline`` and ``sweep`` run the training setup: each holds a ``TrainConfig`` as its
+flattened field ``train`` (``tracerl.schema.flattened``), whose keys their YAML and overrides write at the top
+level, beside the command's own keys. Holding it rather than subclassing it keeps a sweep from passing for a train
+config: the code hands ``cfg.train`` (or a ``dataclasses.replace`` of it) to ``workflows.train.train``."""
 
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from tracerl.config import (
     lm_budget,
     lm_env,
 )
-from tracerl.schema import check, check_choices
+from tracerl.schema import check, check_choices, check_flat_keys, flattened
 
 
 @dataclass(frozen=True)
@@ -151,10 +156,13 @@ class BenchAllocationConfig:
         )
 
 
+@check_flat_keys
 @dataclass(frozen=True)
-class BenchTrainConfig(TrainConfig):
+class BenchTrainConfig:
     """``tracerl bench train``: full training runs of several allocators at equal leaf budget, several seeds."""
 
+    train: TrainConfig = flattened(TrainConfig)
+    """The training setup every run shares (its keys at the top level); each run sets its allocator and seed."""
     allocators: list[str] = field(default_factory=lambda: ["trace", "grpo"])
     """Allocators to train with (each with the same budget, steps and optimiser)."""
     seeds: int = 3
@@ -165,17 +173,19 @@ class BenchTrainConfig(TrainConfig):
     """Where results.json goes."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         check(self.seeds >= 1, f"seeds must be >= 1 (got {self.seeds})")
         check(len(self.allocators) >= 1, "allocators must name at least one allocator")
-        check(self.resume is None, "bench train starts fresh runs; resume is not allowed")
+        check(self.train.resume is None, "bench train starts fresh runs; resume is not allowed")
 
 
+@check_flat_keys
 @dataclass(frozen=True)
-class BenchPipelineConfig(TrainConfig):
+class BenchPipelineConfig:
     """``tracerl bench pipeline``: barrier vs streaming steps (``pipeline.mode``) on the training setup, frozen
     policy, seeds interleaved (seed s: every mode, then seed s + 1)."""
 
+    train: TrainConfig = flattened(TrainConfig)
+    """The training setup (its keys at the top level): ``steps`` steps per (seed, mode), seeds from ``seed``."""
     modes: list[PipelineMode] = field(default_factory=lambda: ["barrier", "streaming"])
     """Pipeline modes to compare in allocation-and-rollout steps with the policy frozen ([]: none)."""
     train_modes: list[TrainPipelineMode] = field(default_factory=lambda: ["barrier", "overlap"])
@@ -192,7 +202,6 @@ class BenchPipelineConfig(TrainConfig):
     """Where results.json goes."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         check(self.seeds >= 1, f"seeds must be >= 1 (got {self.seeds})")
         check(self.warmup_steps >= 0, f"warmup_steps must be >= 0 (got {self.warmup_steps})")
         check(len(self.modes) + self.train_steps > 0, "modes must name a pipeline mode, or set train_steps")
@@ -203,8 +212,9 @@ class BenchPipelineConfig(TrainConfig):
         check_choices(self, "")
 
 
+@check_flat_keys
 @dataclass(frozen=True)
-class SweepConfig(TrainConfig):
+class SweepConfig:
     """``tracerl sweep``: Ray Tune + Optuna over the budget shape; every trial a full ``train`` run.
 
     Leaf mode (default): the total leaf budget ``budget.num_leaves`` = L stays fixed, a trial's continuation
@@ -214,6 +224,8 @@ class SweepConfig(TrainConfig):
     are cheaper (continuations re-use prefixes) gets more of them; L = num_leaves on the first step.
     """
 
+    train: TrainConfig = flattened(TrainConfig)
+    """Every trial's training setup (its keys at the top level), the trial's sampled values set on top."""
     space: dict[str, Any] = field(
         default_factory=lambda: {"budget.continuations": [1, 2, 3], "allocator.m_max": [4, 8, 16]}
     )
@@ -241,7 +253,6 @@ class SweepConfig(TrainConfig):
 
     def __post_init__(self) -> None:
         check_choices(self, "")
-        super().__post_init__()
         check(
             self.num_samples >= 1 and self.max_concurrent_trials >= 1,
             "num_samples and max_concurrent_trials must be >= 1",
@@ -264,7 +275,7 @@ class SweepConfig(TrainConfig):
             len(self.first_trials) <= self.num_samples,
             "first_trials must not hold more entries than num_samples",
         )
-        leaves = self.budget.num_leaves
+        leaves = self.train.budget.num_leaves
         for n in (
             self.space.get("budget.continuations", [])
             if isinstance(self.space.get("budget.continuations"), list)
