@@ -108,16 +108,19 @@ def test_each_token_keeps_the_log_prob_of_the_weights_that_sampled_it() -> None:
     assert worst == 1 and mean == pytest.approx(checked[0] / (checked[0] + checked[1]))
 
 
-def test_overlap_without_the_importance_weight_is_refused() -> None:
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["loss.importance_sampling=off"], "set loss.importance_sampling to auto or on"),
+        (["checkpoint_every=1"], "never overlaps with checkpoint_every=1"),
+    ],
+)
+def test_overlap_settings_that_cannot_work_are_refused(overrides: list[str], message: str) -> None:
     from tracerl.config import TrainConfig
     from tracerl.config_loader import ConfigError, compose, conf_dir
 
-    with pytest.raises(ConfigError, match=re.escape("set loss.importance_sampling to auto or on")):
-        compose(
-            TrainConfig,
-            conf_dir() / "train/smoke.yaml",
-            ["pipeline.overlap=true", "loss.importance_sampling=off"],
-        )
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        compose(TrainConfig, conf_dir() / "train/smoke.yaml", ["pipeline.overlap=true", *overrides])
 
 
 def _series(client: Any, run_id: str, key: str) -> dict[int, list[float]]:

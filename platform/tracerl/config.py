@@ -279,6 +279,11 @@ class TrainConfig:
             f"chaos.trainer_kills={self.chaos.trainer_kills} needs max_failures >= it (got {self.max_failures})",
         )
         check(
+            not (self.pipeline.overlap and self.checkpoint_every == 1 and self.steps > 1),
+            "pipeline.overlap=true never overlaps with checkpoint_every=1 (a step that ends in a checkpoint does not "
+            "start the next one early): set checkpoint_every >= 2",
+        )
+        check(
             not (self.pipeline.overlap and self.loss.importance_sampling == "off"),
             "pipeline.overlap=true samples a step's bare rollouts on the weights before the previous update, so the "
             "loss needs the truncated importance weight: set loss.importance_sampling to auto or on",
