@@ -214,6 +214,6 @@ def test_a_pathological_bfcl_tool_call_is_stopped_and_not_recorded() -> None:
     huge = Action(ActionKind.TOOL, "", tool="power", arguments={"base": 9, "exponent": 387420489})
     out, took = _timed(env.execute, prompt, state, huge)  # unbounded: minutes in BFCL's MathAPI
     assert "ran past 2 s and were stopped; nothing was recorded" in out.observation and took < ENDS_WITHIN
-    assert out.state == state
+    assert out.state == state and out.timed_out  # counted in the ledger (budget/tool_timeouts)
     fine = env.execute(prompt, state, Action(ActionKind.TOOL, "", tool="add", arguments={"a": 1, "b": 2}))
     assert "3" in fine.observation and fine.state.num_calls == 1

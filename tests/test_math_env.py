@@ -74,8 +74,10 @@ def test_a_bad_cell_is_dropped_and_the_next_good_cell_works(
     bad = env.execute(PROMPT, BEFORE, call("x = -1\n" + code))
     assert expected in bad.observation and bad.observation.endswith("\n" + DISCARDED), bad.observation
     assert bad.state == BEFORE and bad.replayed == 1
+    if name == "timeout":  # counted in the ledger (budget/tool_timeouts)
+        assert bad.timed_out
     good = env.execute(PROMPT, bad.state, call("x += 2\nprint(x)"))
-    assert good.observation == "42" and good.state == (*BEFORE, "x += 2\nprint(x)")
+    assert good.observation == "42" and good.state == (*BEFORE, "x += 2\nprint(x)") and not good.timed_out
 
 
 def test_forks_after_a_bad_cell_start_from_the_state_before_it(env: MathEnv) -> None:

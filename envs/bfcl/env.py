@@ -193,6 +193,7 @@ class BfclEnv(ToolEnv):
                 state,
                 calls=len(new),
                 replayed=len(history),
+                timed_out=True,
             )
         except GradeError as exc:
             return ToolResult(

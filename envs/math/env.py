@@ -117,9 +117,15 @@ class MathEnv(ToolEnv):
         cells = (*state, code) if self.stateful else (code,)
         result = self.sandbox.run_cells(cells)
         if not self.stateful:
-            return ToolResult(result.observation(), ())
+            return ToolResult(result.observation(), (), timed_out=result.timed_out)
         if not result.completed:
-            return ToolResult(f"{result.observation()}\n{DISCARDED}", state, calls=1, replayed=len(cells) - 1)
+            return ToolResult(
+                f"{result.observation()}\n{DISCARDED}",
+                state,
+                calls=1,
+                replayed=len(cells) - 1,
+                timed_out=result.timed_out,
+            )
         return ToolResult(result.observation(), cells, calls=1, replayed=len(cells) - 1)
 
     def reward(self, prompt: Prompt, answer: str | None) -> float:

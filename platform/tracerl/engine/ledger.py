@@ -13,6 +13,7 @@ ENGINE_COUNTS = (
     "llm_calls",
     "tool_calls",
     "tool_calls_replayed",
+    "tool_timeouts",
     "invalid_actions",
     "grade_timeouts",
     "retried",
@@ -53,6 +54,9 @@ class BudgetLedger:
     """Tool executions."""
     tool_calls_replayed: int = 0
     """Tool executions re-run to fork an environment at a prefix."""
+    tool_timeouts: int = 0
+    """Tool calls stopped at the environment's time limit (an error observation; math: the sandbox's
+    ``timeout_s``, bfcl: ``call_timeout_s``)."""
     invalid_actions: int = 0
     """Turns whose action was malformed (answered with an error observation)."""
     grade_timeouts: int = 0

@@ -55,6 +55,8 @@ class ToolResult:
     """Earlier tool calls re-executed to rebuild state (deterministic replay)."""
     retried: int = 0
     """Times the call was re-submitted because the worker running it died."""
+    timed_out: bool = False
+    """The call ran past the environment's time limit and was stopped (its observation says so)."""
 
 
 @dataclass(frozen=True)

@@ -256,6 +256,7 @@ class TreeRolloutEngine:
             obs_text, p.state = self.template.observation(res.observation), res.state
             led.tool_calls += res.calls
             led.tool_calls_replayed += res.replayed
+            led.tool_timeouts += int(res.timed_out)
             led.retried += res.retried
         else:
             obs_text = self.template.observation(action.error or "Error: invalid action.")
