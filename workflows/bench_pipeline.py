@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +24,7 @@ import numpy as np
 
 from tracerl.config import PipelineMode
 from tracerl.experiment_config import BenchPipelineConfig
-from workflows.bench_pipeline_train import format_train, run_train_modes, summarize_train
+from workflows.bench_pipeline_train import format_train, mode_means, run_train_modes, summarize_train
 
 KEYS = ("step_s", "rollout_s", "busy", "occupancy", "generated_tokens")
 IN_TRAIN = {
@@ -171,14 +170,7 @@ def run_one(
 def summarize(cfg: BenchPipelineConfig, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The issue's "cpu" part: per mode the mean over seeds of each run's mean step; ``same_allocation`` over every
     streaming step."""
-    cpu: dict[str, Any] = {}
-    for mode in cfg.modes:
-        per_seed = [r["steps"] for r in runs if r["mode"] == mode]
-        means = {
-            k: statistics.fmean(statistics.fmean(s[k] for s in steps) for steps in per_seed) for k in KEYS
-        }
-        means["generated_tokens"] = int(round(means["generated_tokens"]))
-        cpu[mode] = means
+    cpu: dict[str, Any] = mode_means(runs, list(cfg.modes), KEYS)
     cpu.setdefault("overlap", IN_TRAIN)
     cpu["same_allocation"] = all(s["same_allocation"] for r in runs for s in r["steps"]) if runs else None
     return {

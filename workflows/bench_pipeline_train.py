@@ -94,21 +94,24 @@ def step_measurements(run_id: str, tc: TrainConfig) -> list[dict[str, float]]:
         m["occupancy"] = rows.get(s, 0.0) / iters[s] if iters.get(s) else 0.0
         m["step"] = float(s)
         out.append(m)
-    if not out:
-        raise ValueError(f"train_steps={tc.steps} leaves no measured step: use train_steps >= 3")
+    return out
+
+
+def mode_means(runs: list[dict[str, Any]], modes: list[Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """Per mode the mean over seeds of each run's mean step, for ``keys`` (generated tokens rounded)."""
+    out: dict[str, Any] = {}
+    for mode in modes:
+        per_seed = [r["steps"] for r in runs if r["mode"] == mode]
+        out[mode] = {
+            k: statistics.fmean(statistics.fmean(s[k] for s in steps) for steps in per_seed) for k in keys
+        }
+        out[mode]["generated_tokens"] = int(round(out[mode]["generated_tokens"]))
     return out
 
 
 def summarize_train(cfg: BenchPipelineConfig, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per train mode the mean over seeds of each run's mean measured step."""
-    out: dict[str, Any] = {}
-    for mode in cfg.train_modes:
-        per_seed = [r["steps"] for r in runs if r["mode"] == mode]
-        out[mode] = {
-            k: statistics.fmean(statistics.fmean(s[k] for s in steps) for steps in per_seed) for k in KEYS
-        }
-        out[mode]["generated_tokens"] = int(round(out[mode]["generated_tokens"]))
-    return out
+    return mode_means(runs, list(cfg.train_modes), KEYS)
 
 
 def format_train(train: dict[str, Any], steps: int) -> list[str]:

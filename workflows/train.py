@@ -40,7 +40,7 @@ from tracerl.engine.timer import PhaseTimer
 from workflows.checkpoint_state import CheckpointState
 from workflows.runs import create_run, resumed_config, run_summary
 from workflows.tracking import resolve_uri, where
-from workflows.train_driver import Ahead, Driver
+from workflows.train_driver import Ahead, Driver, overlaps_next
 from workflows.train_setup import Worker, quiet_train_reports, setup_worker
 
 # -- driver side ------------------------------------------------------------------------------------
@@ -274,7 +274,9 @@ def train_step(step: int, w: Worker, d: Driver | None, ahead: Ahead | None = Non
         with timer("collate"):
             batch = collate(out.trees, cfg.loss.advantage, cfg.loss.normalize_std, cfg.loss.debiased_values)
         m.update(d.batch_metrics(batch, out))
-        nxt = d.start_ahead(done) if d.overlaps(done) else None  # beside the update, on the current weights
+        nxt = (
+            d.start_ahead(done) if overlaps_next(cfg, done) else None
+        )  # beside the update, on the current weights
     with timer("broadcast"):
         batch = w.broadcast(batch)
     with timer("update_policy"):

@@ -16,7 +16,15 @@ from tracerl import metrics as M
 from tracerl.actors.faults import Faults
 from tracerl.config import BudgetConfig, TrainConfig
 from tracerl.config_loader import to_yaml
-from tracerl.engine.step import BareRollouts, PlannedStep, StepOutcome
+from tracerl.engine.step import (
+    BareRollouts,
+    PlannedStep,
+    StepOutcome,
+    complete,
+    plan_roots,
+    roll_out_bare,
+    run_step,
+)
 from tracerl.engine.timer import PhaseTimer
 from workflows.checkpoint_state import CheckpointState
 from workflows.runs import phase_marker
@@ -36,7 +44,6 @@ class Ahead:
     """A step started early (``pipeline.overlap``): its Stage 1 ran before the previous update and its bare
     rollouts run beside it, on the weights of ``version``."""
 
-    step: int
     budget: BudgetConfig
     planned: PlannedStep
     bare: Future[BareRollouts]
@@ -139,8 +146,6 @@ class Driver:
     def roll_out(self, step: int, timer: PhaseTimer) -> tuple[StepOutcome, BudgetConfig]:
         """Select, score, allocate roots, roll out, expand prefixes (tracerl/engine/step.py) on the samplers'
         current weights."""
-        from tracerl.engine.step import run_step
-
         budget, pool = self.select(step, timer)
         out = run_step(
             pool, self.allocator, self.predictor, self.pool, budget, self.rng, timer, self.cfg.pipeline.mode
@@ -150,22 +155,15 @@ class Driver:
         self.overlapped = 0.0
         return out, budget
 
-    def overlaps(self, done: int) -> bool:
-        return overlaps_next(self.cfg, done)
-
     def start_ahead(self, step: int) -> Ahead:
         """Step ``step``'s candidate pool and Stage 1 now, on this thread (the predictor may read the policy,
         which the update is about to change), and its bare rollouts on a background thread."""
-        from tracerl.engine.step import plan_roots, roll_out_bare
-
         assert self._ahead is not None
         timer = PhaseTimer()
         self.mark("rollout", step + 1)
         budget, pool = self.select(step, timer)
         planned = plan_roots(pool, self.allocator, self.predictor, budget, self.rng, timer)
-        return Ahead(
-            step, budget, planned, self._ahead.submit(roll_out_bare, planned, self.pool), self.version
-        )
+        return Ahead(budget, planned, self._ahead.submit(roll_out_bare, planned, self.pool), self.version)
 
     def wait_ahead(self, ahead: Ahead | None) -> None:
         """Wait for ``ahead``'s bare rollouts (before the weights they were sampled with are replaced)."""
@@ -177,8 +175,6 @@ class Driver:
     def finish_ahead(self, ahead: Ahead) -> tuple[StepOutcome, BudgetConfig]:
         """Stage 2 of a step started early, on the new weights: its bare turns keep the version they were
         sampled with, its continuations get the current one."""
-        from tracerl.engine.step import complete
-
         bare = ahead.bare.result()
         self.overlapped = max(0.0, ahead.timer.seconds.get("rollout", 0.0) - ahead.waited)
         sizes = [len(t.nodes) for t in bare.out.sampled_trees]
