@@ -97,6 +97,34 @@ def test_spooled_metrics_arrive_once_and_the_last_attempt_wins(
     assert check_steps(client, run_id, 3) == []
 
 
+def test_a_restarted_attempt_outranks_the_last_one_on_a_stopped_or_slow_clock(
+    store: tuple[Any, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both attempts log step 2 within one millisecond (a fast restart), then the third on a clock an hour behind:
+    the last attempt's value is still the one read."""
+    from workflows.chaos import check_steps
+    from workflows.runs import metric_series
+    from workflows.spool import MetricLog, next_attempt
+
+    client, run_id = store
+    storage = tmp_path / "run"
+    storage.mkdir()
+    monkeypatch.setattr("workflows.spool.time.time", lambda: 1_700_000_000.0)
+    first = MetricLog(client, run_id, storage, next_attempt(storage), fail_fast=False)
+    assert first.log({"train/loss": 1.0, "system/attempt": 1}, 1)
+    assert first.log({"train/loss": 2.0, "system/attempt": 1}, 2)
+    second = MetricLog(client, run_id, storage, next_attempt(storage), fail_fast=False)
+    assert second.log({"train/loss": 3.0, "system/attempt": 2}, 2)
+    monkeypatch.setattr("workflows.spool.time.time", lambda: 1_700_000_000.0 - 3600)
+    third = MetricLog(client, run_id, storage, next_attempt(storage), fail_fast=False)
+    assert third.log({"train/loss": 5.0, "system/attempt": 3}, 2)
+    assert third.log({"train/loss": 6.0, "system/attempt": 3}, 3)
+    assert metric_series(client, run_id, "train/loss") == {1: 1.0, 2: 5.0, 3: 6.0}
+    stamps = [m.timestamp for m in client.get_metric_history(run_id, "train/loss")]
+    assert len(set(stamps)) == 5 and max(stamps) == 1_700_000_000_000 + 4
+    assert check_steps(client, run_id, 3) == []
+
+
 def test_a_reader_that_took_an_older_attempt_is_caught(store: tuple[Any, str]) -> None:
     from mlflow.entities import Metric
 

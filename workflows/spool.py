@@ -10,7 +10,8 @@ one row per (key, step, timestamp, value), and a spooled record keeps the timest
 Which value a report reads: the last one logged for the step by timestamp (``workflows.runs.metric_series``).
 A step re-run after a trainer restart is logged again, later, by the new attempt, so the attempt that completed
 the step wins; ``system/attempt`` (the number of that attempt, counted in ``<storage>/.attempts``) is logged with
-every step's metrics to show which one it was.
+every step's metrics to show which one it was. Timestamps increase strictly across attempts
+(``<storage>/metrics_clock`` holds the last one used), so the order holds on a fast restart or a slow clock.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ SPOOL = "metrics_spool.jsonl"
 SENT = "metrics_spool.sent"
 ARTIFACTS = "artifact_spool"  # artifact directories that could not be uploaded, by artifact path
 ATTEMPTS = ".attempts"
+CLOCK = "metrics_clock"  # the last timestamp (ms) any attempt of the run logged with
 
 
 def next_attempt(storage: Path) -> int:
@@ -69,12 +71,19 @@ class MetricLog:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
         self.client, self.run_id, self.storage, self.attempt, self.say = client, run_id, storage, attempt, say
-        self.spool, self.sent = storage / SPOOL, storage / SENT
-        self.last_ts = 0
+        self.spool, self.sent, self.clock = storage / SPOOL, storage / SENT, storage / CLOCK
+        try:
+            self.last_ts = int(self.clock.read_text() or 0)
+        except (FileNotFoundError, ValueError):
+            self.last_ts = 0
 
     def _now(self) -> int:
-        # Strictly increasing within an attempt: two steps logged in the same millisecond still order.
+        # Strictly increasing across the run's attempts, not only within one: a restarted attempt re-logging a step
+        # in the same millisecond as the one before it, or on a node whose clock is behind, must still win.
         self.last_ts = max(int(time.time() * 1000), self.last_ts + 1)
+        tmp = self.clock.with_suffix(".tmp")
+        tmp.write_text(str(self.last_ts))
+        os.replace(tmp, self.clock)
         return self.last_ts
 
     def log(self, metrics: Mapping[str, float], step: int) -> bool:
