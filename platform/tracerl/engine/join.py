@@ -2,15 +2,17 @@
 
 In rounds (the default, ``TreeRolloutEngine._round``) every running path generates one turn per round: the round
 waits for its longest turn, then for all its tool calls. With ``sampler.join`` the sampler keeps one decode batch
-running (``Sampler.join_batch``; the hf backend's is samplers/hf_join.py): a turn that ends leaves the batch at
+running (the sampler's ``join_batch``; the hf backend's is samplers/hf_join.py): a turn that ends leaves the batch at
 once, its tool call runs on a background thread while the other rows decode, and the path's next turn joins the
 batch at the next forward; new paths (a tree's expansion, added between ``advance`` calls) join the same way.
+Tool calls run as they come, over as many threads as the environment has actors (``EnvPool``), else one.
 Turns are applied to the tree by the engine's own ``_turn``, with the same seed keys, limits and ledger counts.
 
 What changes against rounds: a path's tokens are the same (its seed key decides them; batch-mates move its logits by
 float rounding only), but nodes are numbered in the order turns end, which depends on tool latency, so two runs
 may number a tree's nodes differently. ``budget/decode_steps`` counts forwards (each also prefills the turns that
-join there) and ``decode_rows`` the tokens they sampled; ``time/tools`` sums the background batches' seconds.
+join there) and ``decode_rows`` the tokens they sampled; the ``tools`` phase sums the calls' seconds (they overlap
+each other and the decoding).
 """
 
 from __future__ import annotations
@@ -26,47 +28,41 @@ from tracerl.types import Status
 
 
 class _Tools:
-    """Tool calls on one background thread: each batch is every call queued since the last one started,
-    through ``env.execute_batch`` (a pooled environment runs it in parallel), while the decode loop goes on."""
+    """Tool calls on background threads while the decode loop goes on, each call as it comes: one thread per
+    environment actor of a pooled environment (``EnvPool.actors``: a round's calls run over them in parallel too),
+    one for an in-process environment (a round runs its calls one by one there)."""
 
     def __init__(self, env: Any) -> None:
         self.env = env
+        self.width = max(1, len(getattr(env, "actors", ())))
         self.todo: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.done: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.pending = 0
-        self.thread: threading.Thread | None = None
+        self.threads: list[threading.Thread] = []
 
     def submit(self, item: Any, call: tuple[Any, Any, Any]) -> None:
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._work, name="tracerl-join-tools", daemon=True)
-            self.thread.start()
+        if not self.threads:
+            self.threads = [
+                threading.Thread(target=self._work, name=f"tracerl-join-tools-{k}", daemon=True)
+                for k in range(self.width)
+            ]
+            for t in self.threads:
+                t.start()
         self.pending += 1
         self.todo.put((item, call))
 
     def _work(self) -> None:
-        while True:
-            first = self.todo.get()
-            if first is None:
-                return
-            batch = [first]
-            while True:
-                try:
-                    nxt = self.todo.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self.todo.put(None)
-                    break
-                batch.append(nxt)
+        while (job := self.todo.get()) is not None:
+            item, call = job
             t0 = time.perf_counter()
             try:
-                results: Any = self.env.execute_batch([c for _, c in batch])
+                results: Any = self.env.execute_batch([call])
             except Exception as exc:  # raised again on the decode thread
                 results = exc
-            self.done.put(([i for i, _ in batch], results, time.perf_counter() - t0))
+            self.done.put(([item], results, time.perf_counter() - t0))
 
     def ready(self, block: bool) -> tuple[list[tuple[Any, Any]], float]:
-        """Finished calls ``(item, result)`` and the seconds their batches took; waits for one batch if ``block``."""
+        """Finished calls ``(item, result)`` and the seconds they took (summed); waits for one if ``block``."""
         out: list[tuple[Any, Any]] = []
         seconds = 0.0
         while self.pending:
@@ -82,7 +78,7 @@ class _Tools:
         return out, seconds
 
     def close(self) -> None:
-        if self.thread is not None:
+        for _ in self.threads:
             self.todo.put(None)
 
 
