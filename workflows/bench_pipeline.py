@@ -7,7 +7,9 @@ seeds interleaved (seed s in every mode, then seed s + 1; the modes' order alter
 Per step: the step's wall time, its rollout phase, the samplers' busy fraction (seconds they spent generating, as
 measured by each sampler actor, over actors x step wall), their mean batch occupancy (rows that produced a token
 per decode forward, measured by the samplers), generated tokens, and ``same_allocation`` (the barrier's Stage 2
-re-run on the step's own bare trees and scores places the same continuations). Modes that need the update
+re-run on the step's own bare trees and scores places the same continuations). ``batchings`` (``--batching
+rounds,join``) runs every mode also with the samplers' per-token join (``sampler.join``, switched on the same
+actors) and pairs the two by seed (``join_vs_rounds``). Modes that need the update
 (overlap) are compared in ``tracerl train`` runs (``train_steps``, ``train_modes``; workflows/bench_pipeline_train.py).
 """
 
