@@ -7,7 +7,9 @@ seeds interleaved (seed s in every mode, then seed s + 1; the modes' order alter
 Per step: the step's wall time, its rollout phase, the samplers' busy fraction (seconds they spent generating, as
 measured by each sampler actor, over actors x step wall), their mean batch occupancy (rows that produced a token
 per decode forward, measured by the samplers), generated tokens, and ``same_allocation`` (the barrier's Stage 2
-re-run on the step's own bare trees and scores places the same continuations). Modes that need the update
+re-run on the step's own bare trees and scores places the same continuations). ``batchings`` (``--batching
+rounds,join``) runs every mode also with the samplers' per-token join (``sampler.join``, switched on the same
+actors) and pairs the two by seed (``join_vs_rounds``). Modes that need the update
 (overlap) are compared in ``tracerl train`` runs (``train_steps``, ``train_modes``; workflows/bench_pipeline_train.py).
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -80,18 +83,36 @@ def run_frozen_modes(cfg: BenchPipelineConfig, progress: Callable[[str], None]) 
     )
     policy = load_policy(cfg.train.model)  # the predictor's features (the samplers load their own copy)
     runs: list[dict[str, Any]] = []
+    combos = [(mode, b) for mode in cfg.modes for b in cfg.batchings]
     try:
         if cfg.warmup_steps:
-            progress(f"warm-up: {cfg.warmup_steps} unmeasured steps")
-            run_one(cfg, pool, policy, cfg.modes[0], cfg.train.seed + cfg.seeds, progress, cfg.warmup_steps)
+            for b in cfg.batchings:
+                progress(f"warm-up ({b}): {cfg.warmup_steps} unmeasured steps")
+                set_batching(pool, b)
+                run_one(
+                    cfg, pool, policy, cfg.modes[0], cfg.train.seed + cfg.seeds, progress, cfg.warmup_steps
+                )
         for k in range(cfg.seeds):
             seed = cfg.train.seed + k
-            for mode in cfg.modes[:: 1 if k % 2 == 0 else -1]:  # alternate which mode runs first
-                steps = run_one(cfg, pool, policy, mode, seed, progress, cfg.train.steps)
-                runs.append({"mode": mode, "seed": seed, "steps": steps})
+            for mode, b in combos[:: 1 if k % 2 == 0 else -1]:  # alternate which mode runs first
+                set_batching(pool, b)
+                steps = run_one(cfg, pool, policy, mode, seed, progress, cfg.train.steps, label(mode, b))
+                runs.append({"mode": label(mode, b), "seed": seed, "steps": steps})
     finally:
         pool.shutdown()
     return runs
+
+
+def label(mode: str, batching: str) -> str:
+    """A run's name in the summary: the pipeline mode, with ``+join`` when the samplers join per token."""
+    return mode if batching == "rounds" else f"{mode}+{batching}"
+
+
+def set_batching(pool: Any, batching: str) -> None:
+    """Every sampler actor of ``pool`` batches by ``batching`` from its next call (``sampler.join``)."""
+    import ray
+
+    ray.get([w.set_join.remote(batching == "join") for w in pool.workers])
 
 
 def run_one(
@@ -102,6 +123,7 @@ def run_one(
     seed: int,
     progress: Callable[[str], None],
     num_steps: int,
+    name: str = "",
 ) -> list[dict[str, Any]]:
     """``num_steps`` steps of one (mode, seed) on ``pool``: per step its measurements."""
     from envs.registry import tool_env_class
@@ -161,7 +183,7 @@ def run_one(
         predictor.fit(out.sampled_trees)
         allocator.observe(out.sampled_trees)
         progress(
-            f"  {mode} seed {seed} step {s}: {wall:.1f} s (rollout {m['rollout_s']:.1f} s), busy {m['busy']:.2f}, "
+            f"  {name or mode} seed {seed} step {s}: {wall:.1f} s (rollout {m['rollout_s']:.1f} s), busy {m['busy']:.2f}, "
             f"occupancy {m['occupancy']:.1f}, {m['generated_tokens']} tokens, same allocation {m['same_allocation']}"
         )
     return steps
@@ -170,9 +192,12 @@ def run_one(
 def summarize(cfg: BenchPipelineConfig, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The issue's "cpu" part: per mode the mean over seeds of each run's mean step; ``same_allocation`` over every
     streaming step."""
-    cpu: dict[str, Any] = mode_means(runs, list(cfg.modes), KEYS)
+    labels = [label(m, b) for m in cfg.modes for b in cfg.batchings]
+    cpu: dict[str, Any] = mode_means(runs, labels, KEYS)
     cpu.setdefault("overlap", IN_TRAIN)
     cpu["same_allocation"] = all(s["same_allocation"] for r in runs for s in r["steps"]) if runs else None
+    if len(cfg.batchings) > 1:
+        cpu["join"] = {m: join_vs_rounds(runs, m) for m in cfg.modes}
     return {
         "cpu": cpu,
         "runs": runs,
@@ -182,7 +207,32 @@ def summarize(cfg: BenchPipelineConfig, runs: list[dict[str, Any]]) -> dict[str,
             "rollout_workers": cfg.train.pools.rollout_workers,
             "budget": dataclasses.asdict(cfg.train.budget),
             "reencode_queue": cfg.train.pipeline.reencode_queue,
+            "batchings": list(cfg.batchings),
         },
+    }
+
+
+def join_vs_rounds(runs: list[dict[str, Any]], mode: str) -> dict[str, Any]:
+    """Per-token join against rounds in ``mode``, paired by seed (both ran the same prompts, one after the other):
+    each seed's mean step time in both, its gain (rounds minus join), the mean gain and the spread of the gains over
+    seeds (max minus min); ``faster``: the mean gain exceeds that spread."""
+
+    def per_seed(name: str, key: str) -> list[float]:
+        return [statistics.fmean(s[key] for s in r["steps"]) for r in runs if r["mode"] == name]
+
+    rounds, join = per_seed(mode, "step_s"), per_seed(label(mode, "join"), "step_s")
+    gains = [r - j for r, j in zip(rounds, join)]
+    gain, spread = statistics.fmean(gains), max(gains) - min(gains)
+    return {
+        "rounds_step_s": rounds,
+        "join_step_s": join,
+        "gain_s_by_seed": gains,
+        "rounds_tokens": per_seed(mode, "generated_tokens"),
+        "join_tokens": per_seed(label(mode, "join"), "generated_tokens"),
+        "ratio": statistics.fmean(join) / statistics.fmean(rounds),
+        "gain_s": gain,
+        "spread_s": spread,
+        "faster": gain > spread,
     }
 
 
@@ -191,19 +241,26 @@ def format_table(summary: dict[str, Any]) -> str:
     lines = [
         f"seeds={c['seeds']}, steps={c['steps']}, sampler actors={c['rollout_workers']}, "
         f"leaves/step={c['budget']['num_leaves']}",
-        f"{'mode':<10} {'step s':>7} {'rollout s':>9} {'busy':>5} {'occupancy':>9} {'gen tokens':>10}",
+        f"{'mode':<15} {'step s':>7} {'rollout s':>9} {'busy':>5} {'occupancy':>9} {'gen tokens':>10}",
     ]
     for mode, m in cpu.items():
+        if mode == "join":
+            continue
         if isinstance(m, dict) and "step_s" in m:
             lines.append(
-                f"{mode:<10} {m['step_s']:>7.2f} {m['rollout_s']:>9.2f} {m['busy']:>5.2f} {m['occupancy']:>9.2f} "
+                f"{mode:<15} {m['step_s']:>7.2f} {m['rollout_s']:>9.2f} {m['busy']:>5.2f} {m['occupancy']:>9.2f} "
                 f"{m['generated_tokens']:>10d}"
             )
         elif isinstance(m, dict):
-            lines.append(f"{mode:<10} {m['status']}")
+            lines.append(f"{mode:<15} {m['status']}")
     if "step_s" in cpu.get("barrier", {}) and "step_s" in cpu.get("streaming", {}):
         lines.append(
             f"streaming / barrier step time: {cpu['streaming']['step_s'] / cpu['barrier']['step_s']:.3f}"
+        )
+    for mode, j in cpu.get("join", {}).items():
+        lines.append(
+            f"{mode}: join / rounds step time {j['ratio']:.3f} (gain {j['gain_s']:.2f} s a step, its spread over "
+            f"seeds {j['spread_s']:.2f} s: {'faster' if j['faster'] else 'not faster'})"
         )
     lines.append(f"same_allocation: {cpu['same_allocation']}")
     if "train" in summary:

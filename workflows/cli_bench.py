@@ -63,6 +63,12 @@ BENCH_PIPELINE_FLAGS = (
     Shorthand("--steps", ("steps",), "steps per seed and mode"),
     Shorthand("--seeds", ("seeds",), "seeds (interleaved: every mode per seed)"),
     Shorthand("--train-steps", ("train_steps",), "steps of each train run comparing train_modes (0: none)"),
+    Shorthand(
+        "--batching",
+        ("batchings",),
+        "sampler batching of the frozen steps, comma-separated: rounds, join (per-token join) or both",
+        lambda s: f"[{s}]",
+    ),
     Shorthand("--out", ("bench_out",), "output directory", str),
 )
 BENCH_TESTBEDS_FLAGS = (

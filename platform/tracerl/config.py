@@ -175,6 +175,10 @@ class SamplerConfig:
     """Re-use KV caches of prefixes (next turns and continuations) instead of re-encoding them."""
     batch_size: int = 64
     """Most paths generated in one batch."""
+    join: bool = False
+    """Per-token join (engine/join.py; the hf backend only): a path whose turn ended starts its next turn inside
+    the running decode batch instead of waiting for the round's longest turn. Off by default: rounds were as fast
+    or faster on the embedded default (docs/results/backends.md)."""
 
     def __post_init__(self) -> None:
         check(self.temperature >= 0, f"sampler.temperature must be >= 0 (got {self.temperature})")

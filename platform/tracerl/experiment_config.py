@@ -188,6 +188,9 @@ class BenchPipelineConfig:
     """The training setup (its keys at the top level): ``steps`` steps per (seed, mode), seeds from ``seed``."""
     modes: list[PipelineMode] = field(default_factory=lambda: ["barrier", "streaming"])
     """Pipeline modes to compare in allocation-and-rollout steps with the policy frozen ([]: none)."""
+    batchings: list[Literal["rounds", "join"]] = field(default_factory=lambda: ["rounds"])
+    """How the samplers batch turns in the frozen steps: 'rounds' (one turn of every path per round), 'join'
+    (``sampler.join``: per-token join); each mode runs with each (``--batching rounds,join``), seeds interleaved."""
     train_modes: list[TrainPipelineMode] = field(default_factory=lambda: ["barrier", "overlap"])
     """Modes to compare in ``tracerl train`` runs, with the update (overlap needs one; workflows/bench_pipeline_train.py)."""
     train_steps: int = 0
@@ -205,6 +208,7 @@ class BenchPipelineConfig:
         check(self.seeds >= 1, f"seeds must be >= 1 (got {self.seeds})")
         check(self.warmup_steps >= 0, f"warmup_steps must be >= 0 (got {self.warmup_steps})")
         check(len(self.modes) + self.train_steps > 0, "modes must name a pipeline mode, or set train_steps")
+        check(len(self.batchings) > 0, "batchings must name 'rounds', 'join' or both")
         check(
             self.train_steps == 0 or (self.train_steps >= 3 and len(self.train_modes) > 0),
             f"train_steps must be 0 or >= 3 with train_modes set (got {self.train_steps}, {self.train_modes})",

@@ -99,6 +99,14 @@ class RolloutWorker:
         self.trees.clear()  # caches of trees from the old weights must not be re-used
         self.stream_run = None
 
+    def set_join(self, join: bool) -> None:
+        """Batch turns by per-token join or in rounds from the next call (``sampler.join``; ``tracerl bench
+        pipeline --batching rounds,join`` compares both on one pool)."""
+        from dataclasses import replace
+
+        self.sampler_cfg = replace(self.sampler_cfg, join=join)
+        self.engine.limits = self.sampler_cfg
+
     def _begin(self, step: int, seed: int, fault: bool = True) -> None:
         self.engine.seed, self.engine.step, self.engine.ledger = seed, step, BudgetLedger()
         if isinstance(self.env, EnvPool):

@@ -28,6 +28,7 @@ from typing import Any
 
 from tracerl.algos.allocators import Expansion
 from tracerl.config import SamplerConfig
+from tracerl.engine.join import JoinRun
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult
 from tracerl.engine.react import Action, ActionKind, TurnTemplate
@@ -88,6 +89,12 @@ class TreeRolloutEngine:
         self.step = step
         """The RL step the next rollouts belong to (part of every turn's seed); None for evaluation."""
         self.ledger = BudgetLedger()
+        if limits.join and not hasattr(sampler, "join_batch"):
+            raise ValueError(
+                f"sampler.join=true needs a backend with a per-token join (hf); {limits.backend} has none: "
+                "set sampler.join=false"
+            )
+        self._join: JoinRun | None = None
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tok(encodable(text), add_special_tokens=False)["input_ids"])
@@ -144,16 +151,27 @@ class TreeRolloutEngine:
         return paths
 
     def _run(self, paths: list[_Path]) -> None:
-        """Advance every path one turn per round until all have ended.
+        """Advance every path until all have ended: one turn per round, or with ``sampler.join`` each path's turns
+        back to back in one running batch (engine/join.py).
 
         A round generates a turn for all running paths (``_generate``), so each tree's nodes are created in the
         same order however many paths run at once or how they are sharded over workers."""
         while paths:
-            paths = self._round(paths)
+            paths = self.advance(paths)
 
     def advance(self, paths: list[_Path]) -> list[_Path]:
-        """One round of ``paths`` (streaming: the caller adds new paths between rounds); those that go on."""
-        return self._round(paths)
+        """One round of ``paths`` (streaming: the caller adds new paths between rounds); those that go on. With
+        ``sampler.join``, until one of their trees has no path left running (engine/join.py)."""
+        if not self.limits.join:
+            return self._round(paths)
+        if self._join is None:
+            self._join = JoinRun(self)
+        try:
+            return self._join.advance(paths)
+        except BaseException:  # a failed step leaves nothing half-run for the next one
+            self._join.close()
+            self._join = None
+            raise
 
     def _round(self, paths: list[_Path]) -> list[_Path]:
         """One turn of every path in ``paths``; returns those that go on."""

@@ -31,6 +31,7 @@ import torch
 
 from tracerl.config import ModelConfig, SamplerConfig
 from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop
+from tracerl.samplers.hf_join import JoinBatch
 
 
 class _RowGumbel:
@@ -194,8 +195,15 @@ class HFSampler:
         pos = torch.cat([real, torch.arange(start, start + n_gen)])
         length = past.layers[0].keys.shape[2]
         pos = pos[pos < length]  # the last sampled token was never fed back: its keys do not exist
-        layers = tuple(
-            (layer.keys[r, :, pos, :].clone().cpu(), layer.values[r, :, pos, :].clone().cpu())
-            for layer in past.layers
+        return self.handle(
+            tokens[: len(pos)],
+            [(layer.keys[r, :, pos, :], layer.values[r, :, pos, :]) for layer in past.layers],
         )
-        return _KV(tuple(tokens[: len(pos)]), layers)
+
+    def handle(self, tokens: Sequence[int], layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> _KV:
+        """A KV handle for ``tokens`` from one row's per-layer (keys, values), each (heads, len(tokens), head_dim)."""
+        return _KV(tuple(tokens), tuple((k.clone().cpu(), v.clone().cpu()) for k, v in layers))
+
+    def join_batch(self, stop: Sequence[str], temperature: float) -> JoinBatch:
+        """A running decode batch that turns join and leave between forwards (``sampler.join``, hf_join.py)."""
+        return JoinBatch(self, stop, temperature)
