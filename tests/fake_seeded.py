@@ -51,3 +51,23 @@ class FakeSeededSampler:
             lps = (-rng.random(len(ids))).tolist()
             out.append(Generation(ids, lps, self.tok.decode(ids), "stop", prefill_tokens=len(ctx)))
         return out
+
+
+class FakeAsyncSeededSampler(FakeSeededSampler):
+    """Fake async sampler (``agenerate``: the per-path driver of engine/paths.py): the same seed-only turns, each
+    finishing after a delay drawn from its seed, so paths finish their turns out of the order they started them."""
+
+    async def agenerate(
+        self,
+        context: list[int],
+        max_new_tokens: int,
+        stop: Sequence[str],
+        temperature: float,
+        seed: int,
+        cache: object | None = None,
+    ) -> Generation:
+        import asyncio
+
+        await asyncio.sleep(0.002 * (seed % 7))
+        (g,) = self.generate([context], max_new_tokens, stop, temperature, [seed])
+        return g

@@ -112,11 +112,30 @@ def test_the_tower_times_out_off_the_main_thread(math_env: MathEnv) -> None:
     assert isinstance(out, GradeTimeout) and took < ENDS_WITHIN
 
 
-def test_a_timed_out_grade_is_reward_0_flagged_and_counted_by_the_engine() -> None:
+class FakeAsyncScriptedSampler(ScriptedSampler):
+    """Fake async sampler (the unit under test is grading in the per-path driver): the scripted turns, awaited."""
+
+    async def agenerate(
+        self,
+        context: list[int],
+        max_new_tokens: int,
+        stop: Any,
+        temperature: float,
+        seed: int,
+        cache: Any = None,
+    ) -> Any:
+        return self.generate([context], max_new_tokens, stop, temperature, [seed])[0]
+
+
+@pytest.mark.parametrize("driver", ["rounds", "per_path"])
+def test_a_timed_out_grade_is_reward_0_flagged_and_counted_by_the_engine(driver: str) -> None:
+    """In rounds, and per path (engine/paths.py: grading on a worker thread, counted on the loop)."""
+    from tracerl.engine.paths import AsyncStreamRun
+
     env = MathEnv(reward_timeout_s=LIMIT)
     prompts = [Prompt("tower", "What is 3?", "3"), Prompt("fine", "What is 4?", "4")]
     tok, template = ByteTokenizer(), PlainTemplate()
-    sampler = ScriptedSampler(tok)
+    sampler = ScriptedSampler(tok) if driver == "rounds" else FakeAsyncScriptedSampler(tok)
     for p, answer in zip(prompts, (TOWER, "4")):
         sampler.add_script(template.prompt(p.text, env.tools), [template.answer_turn("so", answer)])
     engine = TreeRolloutEngine(
@@ -127,7 +146,15 @@ def test_a_timed_out_grade_is_reward_0_flagged_and_counted_by_the_engine() -> No
         SamplerConfig(max_turn_tokens=10**6, max_episode_tokens=10**6, max_context_tokens=10**6),
     )
     t0 = time.monotonic()
-    tower, fine = engine.rollout(prompts, [1, 1])
+    if driver == "rounds":
+        tower, fine = engine.rollout(prompts, [1, 1])
+    else:
+        run = AsyncStreamRun(engine, [0, 1], prompts, [1, 1])
+        reported: list[int] = []
+        while len(reported) < 2:
+            reported += run.serve([]).bare
+        run.close()
+        tower, fine = run.trees[0], run.trees[1]
     assert time.monotonic() - t0 < ENDS_WITHIN
     leaf = tower.leaves()[0]
     assert leaf.status is Status.GRADE_TIMEOUT and leaf.reward == 0.0

@@ -3,7 +3,9 @@
 The unit under test is the step's scheduling, so turns come from ``FakeSeededSampler`` (each turn a function of its
 (seed, step, prompt, path, turn) seed alone): streaming must give the barrier's trees node for node, the same
 Stage 2 decisions and leave the step's generator where the barrier leaves it; in process, on one sampler actor, on
-two with every expansion re-encoded elsewhere, and on two when one actor dies mid-stream.
+two with every expansion re-encoded elsewhere, and on two when one actor dies mid-stream. The same with
+``FakeAsyncSeededSampler`` (``agenerate``: the per-path driver, engine/paths.py), whose turns finish after delays
+drawn from their seeds, so paths finish turns out of the round driver's order.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ ENV = env_config(
     math=MathEnvConfig(sandbox=SandboxConfig(timeout_s=TOOL_TIMEOUT_S)),
 )
 SAMPLER = SamplerConfig(backend="tests.fake_seeded:FakeSeededSampler", max_turns=3, batch_size=4)
+ASYNC_SAMPLER = SamplerConfig(backend="tests.fake_seeded:FakeAsyncSeededSampler", max_turns=3, batch_size=4)
 BUDGET = BudgetConfig(num_leaves=None, num_roots=8, continuations=2, group_size=4, pool_factor=1)
 SEED, STEP = 11, 4
 
@@ -97,22 +100,32 @@ def _step(backend: Any, mode: PipelineMode, ready: bool) -> tuple[StepOutcome, t
     return out, decisions(out, rng)
 
 
-@pytest.fixture(scope="module")
-def engine() -> Any:
-    """The in-process engine with the fake sampler and the policy's tokenizer (what the sampler actors build)."""
+def _engine(sampler_cls: Any) -> Any:
+    """The in-process engine with a fake sampler and the policy's tokenizer (what the sampler actors build)."""
     from envs.registry import env_class
-    from tests.fake_seeded import FakeSeededSampler
     from tracerl.engine.react import TEMPLATES
     from tracerl.engine.rollout import TreeRolloutEngine
     from tracerl.models.hf import load_policy
 
     tok, _ = load_policy(ModelConfig())
     env = env_class(ENV.name).from_config(ENV)
-    eng = TreeRolloutEngine(
-        FakeSeededSampler(tok), env, TEMPLATES.get(ModelConfig().template)(tok), tok, SAMPLER
-    )
+    eng = TreeRolloutEngine(sampler_cls(tok), env, TEMPLATES.get(ModelConfig().template)(tok), tok, SAMPLER)
     eng.seed, eng.step = SEED, STEP
     return eng
+
+
+@pytest.fixture(scope="module")
+def engine() -> Any:
+    from tests.fake_seeded import FakeSeededSampler
+
+    return _engine(FakeSeededSampler)
+
+
+@pytest.fixture(scope="module")
+def async_engine() -> Any:
+    from tests.fake_seeded import FakeAsyncSeededSampler
+
+    return _engine(FakeAsyncSeededSampler)
 
 
 def _in_process(engine: Any, mode: PipelineMode, ready: bool) -> tuple[StepOutcome, tuple[object, ...]]:
@@ -134,6 +147,62 @@ def test_in_process_streaming_gives_the_barrier_trees_and_decisions(engine: Any,
     assert engine.ledger.kv_reencoded_continuations == 0
 
 
+@pytest.mark.parametrize("ready", [False, True])
+def test_the_per_path_driver_gives_the_round_drivers_trees_and_decisions(
+    engine: Any, async_engine: Any, ready: bool
+) -> None:
+    """An async sampler in a streaming step: one task per path, turns finishing out of order; the trees (node ids
+    included), Stage 2 decisions and counts are those of the round driver and of barrier mode."""
+    from tracerl.engine.paths import drives_per_path
+
+    assert drives_per_path(async_engine) and not drives_per_path(engine)
+    barrier, want = _in_process(engine, "barrier", ready)
+    rounds, got_rounds = _in_process(engine, "streaming", ready)
+    per_path, got = _in_process(async_engine, "streaming", ready)
+    assert got == got_rounds == want
+    led, ref = async_engine.ledger, engine.ledger
+    assert per_path.ledger.continuations == barrier.ledger.continuations > 0
+    assert led.kv_local_continuations == per_path.ledger.continuations and led.kv_reencoded_continuations == 0
+    assert (led.llm_calls, led.tool_calls, led.prefill_tokens_computed) == (
+        ref.llm_calls,
+        ref.tool_calls,
+        ref.prefill_tokens_computed,
+    )
+    # no engine iteration counts from the fake: every request decodes alone (occupancy 1)
+    assert led.decode_rows == led.decode_steps == led.generated_tokens > 0
+    assert 0 < led.sampler_busy_s == led.phase_s["generate"] and led.phase_s["tools"] > 0
+
+
+def test_reorder_renumbers_a_phase_in_creation_order() -> None:
+    """``RolloutTree.reorder``: nodes added in another order than the round driver's come out with its ids,
+    parents, children, leaves and fork states."""
+    from tracerl.types import Status
+
+    def build(order: list[tuple[str, str | None, int]]) -> RolloutTree:
+        """Nodes (name, parent's name or None for the root, path id); a name ending in '!' is a leaf."""
+        t = RolloutTree(Prompt("q"))
+        t.new_path(True), t.new_path(True)
+        ids = {None: 0}
+        for name, parent, pid in order:
+            leaf = name.endswith("!")
+            status, reward = (Status.ANSWERED, 1.0) if leaf else (Status.TURN, None)
+            node = t.add_node(ids[parent], pid, content=name, status=status, reward=reward)
+            ids[name] = node.node_id
+            t.fork_state[node.node_id] = name
+        return t
+
+    # the round driver's order: a1 (path 0), b1 (path 1), then a2! (path 0's leaf), b2! (path 1's leaf)
+    want = build([("a1", None, 0), ("b1", None, 1), ("a2!", "a1", 0), ("b2!", "b1", 1)])
+    got = build([("b1", None, 1), ("b2!", "b1", 1), ("a1", None, 0), ("a2!", "a1", 0)])
+    got.reorder(1, [3, 1, 4, 2])
+    assert [(n.node_id, n.parent, n.children, n.content) for n in got.nodes] == [
+        (n.node_id, n.parent, n.children, n.content) for n in want.nodes
+    ]
+    assert [n.node_id for n in got.leaves()] == [3, 4] and got.fork_state == want.fork_state
+    with pytest.raises(ValueError, match="order must hold each node id from 1 to 4 once"):
+        got.reorder(1, [1, 2, 3])
+
+
 @pytest.fixture(scope="module")
 def ray_local() -> Any:
     import ray
@@ -146,7 +215,11 @@ def ray_local() -> Any:
 
 
 def _pool_run(
-    workers: int, mode: PipelineMode, tmp: Path | None = None, reencode: int = 128
+    workers: int,
+    mode: PipelineMode,
+    tmp: Path | None = None,
+    reencode: int = 128,
+    sampler: SamplerConfig = SAMPLER,
 ) -> tuple[Any, tuple[object, ...]]:
     from tracerl.actors.faults import Faults
     from tracerl.actors.pools import RolloutPool
@@ -155,7 +228,7 @@ def _pool_run(
 
     pools = PoolConfig(rollout_workers=workers, rollout_cpus=0.05, env_workers=0)
     faults = Faults(str(tmp), sampler_step=STEP) if tmp is not None else Faults()
-    spec = WorkerSpec(model=ModelConfig(), sampler=SAMPLER, env=ENV, pools=pools, faults=faults)
+    spec = WorkerSpec(model=ModelConfig(), sampler=sampler, env=ENV, pools=pools, faults=faults)
     pool = RolloutPool(spec, workers, 0.05, 0.0, max_retries=2, seed=SEED, reencode_queue=reencode)
     try:
         pool.begin_step(STEP)
@@ -219,12 +292,25 @@ def test_a_busy_owner_hands_the_expansion_to_the_least_loaded_actor() -> None:
     assert place(-1, [100, 0, 0]) == (0, [104, 0, 0])  # -1: never moved
 
 
+def test_per_path_streaming_on_two_sampler_actors_gives_the_barrier_trees(
+    ray_local: Any, barrier: tuple[object, ...]
+) -> None:
+    """The async fake sampler on two actors (reencode_queue=0): each actor runs its paths as tasks between the
+    driver's calls and reports trees as they end; the barrier's trees, decisions and counts."""
+    led, got = _pool_run(2, "streaming", reencode=0, sampler=ASYNC_SAMPLER)
+    assert got == barrier
+    assert led.kv_local_continuations + led.kv_reencoded_continuations > 0
+    assert led.decode_rows == led.decode_steps == led.generated_tokens and led.sampler_busy_s > 0
+
+
+@pytest.mark.parametrize("sampler", [SAMPLER, ASYNC_SAMPLER], ids=["rounds", "per_path"])
 def test_a_sampler_actor_dying_mid_stream_is_replaced_and_the_step_completes(
-    ray_local: Any, barrier: tuple[object, ...], tmp_path: Path
+    ray_local: Any, barrier: tuple[object, ...], tmp_path: Path, sampler: SamplerConfig
 ) -> None:
     """faults.kill_rollout_worker_at_step in streaming mode: an actor exits for real on its second call of the
-    step (it has rolled out one round); a fresh actor redoes its share, the trees are unchanged, the retry counted."""
-    ledger, got = _pool_run(2, "streaming", tmp=tmp_path)
+    step (it has rolled out one round, or per path: reported a tree); a fresh actor redoes its share, the trees are
+    unchanged, the retry counted."""
+    ledger, got = _pool_run(2, "streaming", tmp=tmp_path, sampler=sampler)
     assert (tmp_path / f"sampler-step{STEP}").exists()
     assert ledger.retried >= 1
     assert got[:4] == barrier[:4] and got[5] == barrier[5]

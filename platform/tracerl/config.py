@@ -179,6 +179,10 @@ class SamplerConfig:
     """Per-token join (engine/join.py; the hf backend only): a path whose turn ended starts its next turn inside
     the running decode batch instead of waiting for the round's longest turn. Off by default: rounds were as fast
     or faster on the embedded default (docs/results/backends.md)."""
+    per_path: bool = True
+    """Streaming steps on a sampler with an async engine (vllm): every path is its own task, its next turn and a
+    tree's continuations join the running batch per token (engine/paths.py). False: rounds, one batched call for
+    every running path per round (the hf sampler has no async engine: rounds, or ``join``)."""
 
     def __post_init__(self) -> None:
         check(self.temperature >= 0, f"sampler.temperature must be >= 0 (got {self.temperature})")

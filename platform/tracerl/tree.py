@@ -105,6 +105,26 @@ class RolloutTree:
         self._leaf_ids, self.fork_state = grown._leaf_ids, grown.fork_state
         self.prompt_token_ids = grown.prompt_token_ids
 
+    def reorder(self, start: int, order: Sequence[int]) -> None:
+        """Renumber the nodes from ``start`` on as if they had been created in ``order`` (their current ids, a
+        permutation of ``start .. len(nodes) - 1``): ids, parents, children, leaves and fork states follow. A driver
+        that adds a phase's nodes as its paths finish turns (engine/paths.py) restores the creation order of the
+        round driver, so the trees do not depend on which path's turn ended first."""
+        if sorted(order) != list(range(start, len(self.nodes))):
+            raise ValueError(f"order must hold each node id from {start} to {len(self.nodes) - 1} once")
+        new = {old: start + k for k, old in enumerate(order)}
+
+        def nid(old: int) -> int:
+            return new.get(old, old)
+
+        self.nodes = self.nodes[:start] + [self.nodes[old] for old in order]
+        for node in self.nodes:
+            node.node_id = nid(node.node_id)
+            node.parent = None if node.parent is None else nid(node.parent)
+            node.children = sorted(nid(c) for c in node.children)  # creation order is id order
+        self._leaf_ids = sorted(nid(i) for i in self._leaf_ids)
+        self.fork_state = {nid(k): v for k, v in self.fork_state.items()}
+
     def stamp_version(self, version: int, start: int = 1, stop: int | None = None) -> None:
         """Record ``version`` as the weight version of the turns ``nodes[start:stop]`` (ids are in creation order:
         a step's bare rollouts come before its continuations)."""

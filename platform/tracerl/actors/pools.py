@@ -97,7 +97,7 @@ class RolloutWorker:
             with torch.no_grad():
                 self.model.load_state_dict(state)
         self.trees.clear()  # caches of trees from the old weights must not be re-used
-        self.stream_run = None
+        self._drop_stream()
 
     def set_join(self, join: bool) -> None:
         """Batch turns by per-token join or in rounds from the next call (``sampler.join``; ``tracerl bench
@@ -145,28 +145,35 @@ class RolloutWorker:
         begin: tuple[list[int], list[Prompt], list[int]] | None,
         adds: list[tuple[int, RolloutTree, Expansion]],
     ) -> tuple[list[tuple[int, RolloutTree]], list[tuple[int, RolloutTree]], int, bool, BudgetLedger]:
-        """One round of this actor's share of a streaming step (actors/stream_pool.py): ``begin`` (tree ids,
-        prompts, counts) starts the share, ``adds`` are expansions to start; returns the trees whose bare rollouts
+        """One round of this actor's share of a streaming step (actors/stream_pool.py; with an async sampler, until
+        a tree is reported: engine/paths.py): ``begin`` (tree ids, prompts, counts) starts the share, ``adds`` are
+        expansions to start; returns the trees whose bare rollouts
         ended and those that finished (without caches), the paths still running, whether work is left, and the
         step's counts so far. A fault drill fires on the first call after the one that began (mid-stream)."""
-        from tracerl.engine.stream import StreamRun
+        from tracerl.engine.paths import stream_run
 
         if begin is not None:
+            self._drop_stream()
             self._begin(step, seed, fault=False)
-            self.stream_run = StreamRun(self.engine, *begin)
+            self.stream_run = stream_run(self.engine, *begin)
         else:
             self.faults.sampler(step)
         run = self.stream_run
-        for i, tree, ex in adds:
-            run.add_expansion(i, tree, ex)
-        bare, done = run.advance()
+        bare, done, running, active, ledger = run.serve(adds)
         return (
             [(i, strip_caches(run.trees[i])) for i in bare],
             [(i, strip_caches(run.trees[i])) for i in done],
-            len(run.paths),
-            run.active,
-            self.engine.ledger,
+            running,
+            active,
+            ledger,
         )
+
+    def _drop_stream(self) -> None:
+        """Forget the last streaming step's share (a per-path run's tasks and threads stop)."""
+        close = getattr(self.stream_run, "close", None)
+        if close is not None:
+            close()
+        self.stream_run = None
 
     def evaluate(
         self, prompts: list[Prompt], samples: int, temperature: float, seed: int

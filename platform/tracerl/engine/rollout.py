@@ -30,6 +30,7 @@ from tracerl.algos.allocators import Expansion
 from tracerl.config import SamplerConfig
 from tracerl.engine.join import JoinRun
 from tracerl.engine.ledger import BudgetLedger
+from tracerl.engine.paths import drives_per_path, stream_in_process_async
 from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult
 from tracerl.engine.react import Action, ActionKind, TurnTemplate
 from tracerl.engine.seeds import SeedKey, continuations_at, path_identity
@@ -133,7 +134,9 @@ class TreeRolloutEngine:
 
     def stream(self, prompts: Sequence[Prompt], counts: Sequence[int], on_bare: OnBare) -> list[RolloutTree]:
         """Streaming step (``pipeline.mode=streaming``, engine/stream.py): each tree's expansion joins the
-        running rounds as soon as ``on_bare`` decides it."""
+        running rounds (per path with an async sampler: engine/paths.py) as soon as ``on_bare`` decides it."""
+        if drives_per_path(self):
+            return stream_in_process_async(self, prompts, counts, on_bare)
         return stream_in_process(self, prompts, counts, on_bare)
 
     def expansion_paths(self, trees: Sequence[RolloutTree], expansions: Sequence[Expansion]) -> list[_Path]:
@@ -175,33 +178,16 @@ class TreeRolloutEngine:
 
     def _round(self, paths: list[_Path]) -> list[_Path]:
         """One turn of every path in ``paths``; returns those that go on."""
-        lim, led = self.limits, self.ledger
-        budget = [
-            min(
-                lim.max_turn_tokens,
-                lim.max_episode_tokens - p.generated,
-                lim.max_context_tokens - len(p.context),
-            )
-            for p in paths
-        ]
+        led = self.ledger
+        budget = [self.turn_budget(p) for p in paths]
         live = [p for p, b in zip(paths, budget) if b > 0]
         for p, b in zip(paths, budget):
-            if b <= 0:  # no room left for a turn: close the path without generating
-                status = (
-                    Status.CONTEXT_OVERFLOW
-                    if lim.max_context_tokens - len(p.context) <= 0
-                    else Status.MAX_TOKENS
-                )
-                self._leaf(p, [], [], "", status, 0.0)
+            if b <= 0:
+                self.close(p)
         if not live:
             return []
         gens = self._generate(live, [b for b in budget if b > 0])
-        actions = [
-            self.template.parse(
-                g.text, self.env.tools_for(p.tree.prompt, p.state), truncated=g.finish == "length"
-            )
-            for p, g in zip(live, gens)
-        ]
+        actions = [self.parse(p, g) for p, g in zip(live, gens)]
         # Every tool call of the round in one batch (a pooled environment runs them in parallel).
         t0 = time.perf_counter()
         calls = [i for i, a in enumerate(actions) if a.kind is ActionKind.TOOL]
@@ -215,6 +201,24 @@ class TreeRolloutEngine:
         )
         led.phase_s["tools"] = led.phase_s.get("tools", 0.0) + time.perf_counter() - t0
         return [p for i, (p, g) in enumerate(zip(live, gens)) if self._turn(p, g, actions[i], results.get(i))]
+
+    def turn_budget(self, p: _Path) -> int:
+        """How many tokens path ``p``'s next turn may generate (<= 0: no room left for a turn)."""
+        lim = self.limits
+        return min(
+            lim.max_turn_tokens, lim.max_episode_tokens - p.generated, lim.max_context_tokens - len(p.context)
+        )
+
+    def close(self, p: _Path) -> None:
+        """End path ``p`` without generating: no room left for a turn (``turn_budget`` <= 0)."""
+        lim = self.limits
+        full = lim.max_context_tokens - len(p.context) <= 0
+        self._leaf(p, [], [], "", Status.CONTEXT_OVERFLOW if full else Status.MAX_TOKENS, 0.0)
+
+    def parse(self, p: _Path, g: Generation) -> Action:
+        """Path ``p``'s generated turn as an action (the tools of its task and state)."""
+        tools = self.env.tools_for(p.tree.prompt, p.state)
+        return self.template.parse(g.text, tools, truncated=g.finish == "length")
 
     def seed_key(self, p: _Path) -> SeedKey:
         """The key of path ``p``'s next turn (``tracerl.engine.seeds``)."""
@@ -253,13 +257,23 @@ class TreeRolloutEngine:
         led.phase_s["generate"] = led.phase_s.get("generate", 0.0) + time.perf_counter() - t0
         return gens
 
-    def _turn(self, p: _Path, g: Generation, action: Action, res: ToolResult | None) -> bool:
-        """Apply one generated turn (its parsed action, the tool's result) to path ``p``; True if it goes on."""
+    def _turn(
+        self,
+        p: _Path,
+        g: Generation,
+        action: Action,
+        res: ToolResult | None,
+        answered: Answered | None = None,
+    ) -> bool:
+        """Apply one generated turn (its parsed action, the tool's result and, for an answer, ``answered``: what
+        ``grade`` said, else graded here) to path ``p``; True if it goes on."""
         lim, led = self.limits, self.ledger
         led.generated_tokens += len(g.token_ids)
         p.generated += len(g.token_ids)
         p.cache = g.cache
-        follow, reward = self._answer(p, action) if action.kind is ActionKind.ANSWER else (None, None)
+        follow, reward = None, None
+        if action.kind is ActionKind.ANSWER:
+            follow, reward = answered if answered is not None else self._answer(p, action)
         if reward is not None:
             timed_out = reward.timed_out
             status = Status.GRADE_TIMEOUT if timed_out else Status.ANSWERED
@@ -309,12 +323,19 @@ class TreeRolloutEngine:
         p.tree.fork_state[node.node_id] = ForkState(p.context, p.state, p.generated, p.cache)
         return True
 
-    def _answer(self, p: _Path, action: Action) -> tuple[AnswerResult | None, _Reward | None]:
-        """An ANSWER turn's follow-up (a multi-turn task's next user message) or the episode's reward.
-
-        Grading runs under ``env.reward_timeout_s`` in the environment; a grade past it is reward 0, flagged and
-        counted (``budget/grade_timeouts``)."""
+    def _answer(self, p: _Path, action: Action) -> Answered:
+        """``grade`` counted in the ledger (a timed-out grade in ``budget/grade_timeouts``, the time as ``grade``)."""
         t0 = time.perf_counter()
+        answered = self.grade(p, action)
+        self.ledger.grade_timeouts += int(answered[1] is not None and answered[1].timed_out)
+        self.ledger.phase_s["grade"] = self.ledger.phase_s.get("grade", 0.0) + time.perf_counter() - t0
+        return answered
+
+    def grade(self, p: _Path, action: Action) -> Answered:
+        """An ANSWER turn's follow-up (a multi-turn task's next user message) or the episode's reward. Counts
+        nothing: the per-path driver (engine/paths.py) runs it on a worker thread.
+
+        Grading runs under ``env.reward_timeout_s`` in the environment; a grade past it is reward 0, flagged."""
         try:
             follow = self.env.on_answer(p.tree.prompt, p.state, action)
             if follow is not None and follow.observation is not None:
@@ -326,10 +347,7 @@ class TreeRolloutEngine:
             )
             return follow, _Reward(float(value))
         except GradeTimeout:
-            self.ledger.grade_timeouts += 1
             return None, _Reward(0.0, timed_out=True)
-        finally:
-            self.ledger.phase_s["grade"] = self.ledger.phase_s.get("grade", 0.0) + time.perf_counter() - t0
 
     def _add(
         self,
@@ -374,6 +392,10 @@ class TreeRolloutEngine:
 class _Reward:
     value: float
     timed_out: bool = False
+
+
+Answered = tuple[AnswerResult | None, _Reward | None]
+"""What an answer turn led to: the environment's follow-up, and the episode's reward if it ended."""
 
 
 def _user_message(template: TurnTemplate, text: str) -> str:

@@ -5,18 +5,20 @@ prompts' paths round by round (one turn per running path, ``TreeRolloutEngine``'
 whose bare rollouts have all ended; the step driver scores that tree's prefixes, solves its expansion and hands
 it back, and the continuations join the next round while other prompts still roll out.
 
-A tree's paths start together and advance one turn per round in both modes, and every turn's seed is keyed by
+A tree's paths start together and advance one turn per round in both modes (the per-path async driver,
+engine/paths.py, restores that creation order of a tree's nodes), and every turn's seed is keyed by
 (seed, step, prompt, path, turn), so with a sampler whose output depends on the seed alone the trees are those of
 barrier mode (tests/test_stream.py). ``StreamRun`` is one engine's share (a sampler actor's, or the whole step's
-in process); ``stream_in_process`` drives one run in this process; ``tracerl.actors.stream_pool`` drives one run per
-sampler actor.
+in process), driven in rounds; ``stream_in_process`` drives one run in this process; ``tracerl.actors.stream_pool``
+drives one run per sampler actor. A sampler with ``agenerate`` (vLLM) is driven per path instead (engine/paths.py:
+``AsyncStreamRun``, the same interface).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from tracerl.algos.allocators import Expansion
 from tracerl.tree import RolloutTree
@@ -25,6 +27,17 @@ from tracerl.types import Prompt
 OnBare = Callable[[list[int], list[RolloutTree]], list[tuple[int, Expansion]]]
 """The step driver's Stage 2: called with the trees (by index in the step) whose bare rollouts just ended; returns
 the expansions to launch now, ``(index, expansion)``, for these trees or for trees reported earlier."""
+
+
+class Served(NamedTuple):
+    """What a run's ``serve`` call returns: the trees whose bare rollouts ended and those that finished (by index
+    in the step), the paths still running, whether work is left, and the engine's counts so far."""
+
+    bare: list[int]
+    done: list[int]
+    running: int
+    active: bool
+    ledger: Any
 
 
 class StreamRun:
@@ -68,6 +81,13 @@ class StreamRun:
     def active(self) -> bool:
         """Paths still run, or a tree waits to be reported."""
         return bool(self.paths) or any(s in ("bare", "expand") for s in self.stage.values())
+
+    def serve(self, adds: Sequence[tuple[int, RolloutTree, Expansion]]) -> Served:
+        """Start the expansions ``adds`` (tree index, tree, expansion), then run one round."""
+        for i, tree, ex in adds:
+            self.add_expansion(i, tree, ex)
+        bare, done = self.advance()
+        return Served(bare, done, len(self.paths), self.active, self.engine.ledger)
 
     def advance(self) -> tuple[list[int], list[int]]:
         """One round of every running path; returns the trees whose bare rollouts ended and those that finished."""

