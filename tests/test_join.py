@@ -126,18 +126,28 @@ def test_a_joined_next_turn_reuses_its_prefix_and_its_logprobs_are_a_forward_pas
     assert [second[k].token_ids for k in range(2)] == [g.token_ids for g in plain]
 
 
-def per_path(tree: RolloutTree) -> dict[int, list[tuple[object, ...]]]:
-    """Each path's nodes in order (tokens, log-probs, status, reward, text): the tree without its node numbering."""
-    out: dict[int, list[tuple[object, ...]]] = {}
-    for n in tree.nodes[1:]:
-        lps = [round(x, 3) for x in n.logprobs]
-        out.setdefault(n.path_id, []).append((n.token_ids, lps, n.status, n.reward, n.content))
-    return out
+def nodes(tree: RolloutTree) -> list[tuple[object, ...]]:
+    """The whole tree, node by node: ids, parents, children, path, tokens, log-probs (to 1e-3), status, reward, text."""
+    return [
+        (
+            n.node_id,
+            n.parent,
+            n.children,
+            n.path_id,
+            n.token_ids,
+            [round(x, 3) for x in n.logprobs],
+            n.status,
+            n.reward,
+            n.content,
+        )
+        for n in tree.nodes
+    ]
 
 
 def test_the_engine_joined_rolls_out_the_rounds_trees(policy: tuple[Any, Any]) -> None:
-    """Bare rollouts with tool calls, then continuations from their prefixes: with ``sampler.join`` every path
-    has the turns it has in rounds (in process, the real sandbox), and the ledger counts the same work."""
+    """Bare rollouts with tool calls, then continuations from their prefixes: with ``sampler.join`` the trees are
+    the rounds' trees node for node, numbering included, although turns end in another order (in process, the real
+    sandbox), and the ledger counts the same work."""
     tok, model = policy
     prompts = [task_prompt(t) for t in gen_tasks(12, seed=5)[:4]]
 
@@ -153,13 +163,13 @@ def test_the_engine_joined_rolls_out_the_rounds_trees(policy: tuple[Any, Any]) -
 
     rounds, led_r, _ = step(False)
     joined, led_j, eng = step(True)
-    assert [per_path(t) for t in joined] == [per_path(t) for t in rounds]
+    assert [nodes(t) for t in joined] == [nodes(t) for t in rounds]
     assert led_j.tool_calls == led_r.tool_calls > 0 and led_j.generated_tokens == led_r.generated_tokens
     assert led_j.llm_calls == led_r.llm_calls and sum(t.num_leaves for t in joined) == 4 * 2 + 2 * 4
     assert led_j.prefill_tokens_reused > 0
     # Evaluation changes the temperature between calls: the join follows it (greedy: the seed changes nothing).
     eng.limits = replace(eng.limits, temperature=0.0, max_turns=1)
-    greedy = [per_path(eng.rollout(prompts[:1], [1])[0]) for eng.seed in (1, 2)]
+    greedy = [nodes(eng.rollout(prompts[:1], [1])[0]) for eng.seed in (1, 2)]
     assert greedy[0] == greedy[1]
 
 

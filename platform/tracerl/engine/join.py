@@ -8,11 +8,13 @@ batch at the next forward; new paths (a tree's expansion, added between ``advanc
 Tool calls run as they come, over as many threads as the environment has actors (``EnvPool``), else one.
 Turns are applied to the tree by the engine's own ``_turn``, with the same seed keys, limits and ledger counts.
 
-What changes against rounds: a path's tokens are the same (its seed key decides them; batch-mates move its logits by
-float rounding only), but nodes are numbered in the order turns end, which depends on tool latency, so two runs
-may number a tree's nodes differently. ``budget/decode_steps`` counts forwards (each also prefills the turns that
-join there) and ``decode_rows`` the tokens they sampled; the ``tools`` phase sums the calls' seconds (they overlap
-each other and the decoding).
+What changes against rounds: nothing in the trees. A path's tokens are the same (its seed key decides them;
+batch-mates move its logits by float rounding only); turns end in an order that depends on tool latency, so when a
+tree's phase ends (its bare rollouts, or one expansion: no path of it left running) the nodes the phase added are
+renumbered in the round driver's creation order (``RolloutTree.reorder``: the path's turn within the phase, then a
+path closed for lack of room before one that generated, then path id), as engine/paths.py does.
+``budget/decode_steps`` counts forwards (each also prefills the turns that join there) and ``decode_rows`` the
+tokens they sampled; the ``tools`` phase sums the calls' seconds (they overlap each other and the decoding).
 """
 
 from __future__ import annotations
@@ -96,6 +98,11 @@ class JoinRun:
         """Paths waiting for room in the batch (``sampler.batch_size``), with their turn's token cap."""
         self.known: set[int] = set()
         """Ids of the paths this run holds (in the batch, queued or at a tool)."""
+        self.phases: dict[int, tuple[int, dict[int, tuple[int, int, int]], list[int]]] = {}
+        """By tree id, its running phase: the first node id it added, node id -> creation key in rounds, and the
+        number of its paths still running (a one-element list)."""
+        self.turns: dict[int, int] = {}
+        """By path id, the turns it has taken in its phase (its round in the round driver)."""
 
     def close(self) -> None:
         self.tools.close()
@@ -111,6 +118,9 @@ class JoinRun:
         for p in paths:
             if id(p) not in self.known:
                 self.known.add(id(p))
+                phase = self.phases.setdefault(id(p.tree), (len(p.tree.nodes), {}, [0]))
+                phase[2][0] += 1
+                self.turns[id(p)] = 0
                 self._next_turn(p, ended)
         while self.batch or self.queue or self.tools.pending:
             per_tree = Counter(id(p.tree) for p in ended)
@@ -131,7 +141,8 @@ class JoinRun:
         if room <= 0:
             full = lim.max_context_tokens - len(p.context) <= 0
             e._leaf(p, [], [], "", Status.CONTEXT_OVERFLOW if full else Status.MAX_TOKENS, 0.0)
-            ended.append(p)
+            self._created(p, 0)
+            self._end(p, ended)
             return
         self.queue.append((p, room))
 
@@ -174,7 +185,24 @@ class JoinRun:
             self._apply(p, g, action, res, ended)
 
     def _apply(self, p: Any, g: Any, action: Any, res: Any, ended: list[Any]) -> None:
-        if self.engine._turn(p, g, action, res):
+        goes = self.engine._turn(p, g, action, res)
+        self._created(p, 1)
+        self.turns[id(p)] += 1
+        if goes:
             self._next_turn(p, ended)
         else:
-            ended.append(p)
+            self._end(p, ended)
+
+    def _created(self, p: Any, generated: int) -> None:
+        """Path ``p`` just added its node ``p.parent``: record where rounds would have created it."""
+        self.phases[id(p.tree)][1][p.parent] = (self.turns[id(p)], generated, p.path_id)
+
+    def _end(self, p: Any, ended: list[Any]) -> None:
+        """Path ``p`` ended; the last of its tree's phase renumbers the phase's nodes into rounds' order."""
+        ended.append(p)
+        del self.turns[id(p)]
+        start, order, running = self.phases[id(p.tree)]
+        running[0] -= 1
+        if running[0] == 0:
+            del self.phases[id(p.tree)]
+            p.tree.reorder(start, sorted(order, key=order.__getitem__))
