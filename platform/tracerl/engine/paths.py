@@ -30,7 +30,7 @@ from typing import Any
 from tracerl.algos.allocators import Expansion
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.react import ActionKind
-from tracerl.engine.stream import OnBare, Served, StreamRun
+from tracerl.engine.stream import OnBare, Served, StreamRun, expansion_tree
 from tracerl.samplers import aio
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt
@@ -128,15 +128,7 @@ class AsyncStreamRun:
 
     def add_expansion(self, i: int, tree: RolloutTree, expansion: Expansion) -> None:
         """Start tree ``i``'s expansion from our copy (its KV caches) or the sent ``tree`` (``StreamRun``'s rule)."""
-        own = self.trees.get(i)
-        local = own is not None and len(own.nodes) == len(tree.nodes)
-        if not local:
-            own = self.trees[i] = tree
-        assert own is not None
-        depths = [
-            own.nodes[int(n)].depth for n, k in zip(expansion.node_ids, expansion.counts) for _ in range(k)
-        ]
-        self.engine.ledger.count_continuations(depths, local)
+        own = expansion_tree(self.engine, self.trees, i, tree, expansion)
         self.stage[i] = "expand"
         self._launch(i, self.engine.expansion_paths([own], [expansion]))
 

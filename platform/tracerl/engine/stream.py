@@ -40,6 +40,20 @@ class Served(NamedTuple):
     ledger: Any
 
 
+def expansion_tree(
+    engine: Any, trees: dict[int, RolloutTree], i: int, tree: RolloutTree, expansion: Expansion
+) -> RolloutTree:
+    """The tree to expand as tree ``i``: our copy in ``trees`` when it is the sent ``tree`` (it holds the KV caches),
+    else the sent one, kept in ``trees`` (its prefixes are re-encoded); the continuations are counted either way."""
+    own = trees.get(i)
+    local = own is not None and len(own.nodes) == len(tree.nodes)
+    if own is None or not local:
+        own = trees[i] = tree
+    depths = [own.nodes[int(n)].depth for n, k in zip(expansion.node_ids, expansion.counts) for _ in range(k)]
+    engine.ledger.count_continuations(depths, local)
+    return own
+
+
 class StreamRun:
     """One engine's share of a streaming step: its trees (with their KV caches), their running paths, and where
     each tree stands: 'bare' (bare rollouts running), 'wait' (reported, expansion not decided yet), 'expand'
@@ -65,15 +79,7 @@ class StreamRun:
     def add_expansion(self, i: int, tree: RolloutTree, expansion: Expansion) -> None:
         """Start tree ``i``'s expansion from our own copy (it holds the KV caches) or, without one (the owner was
         busy or died), from the sent ``tree``, whose prefixes the sampler re-encodes. Both are counted."""
-        own = self.trees.get(i)
-        local = own is not None and len(own.nodes) == len(tree.nodes)
-        if not local:
-            own = self.trees[i] = tree
-        assert own is not None
-        depths = [
-            own.nodes[int(n)].depth for n, k in zip(expansion.node_ids, expansion.counts) for _ in range(k)
-        ]
-        self.engine.ledger.count_continuations(depths, local)
+        own = expansion_tree(self.engine, self.trees, i, tree, expansion)
         self.stage[i] = "expand"
         self.paths += self.engine.expansion_paths([own], [expansion])
 
