@@ -112,6 +112,20 @@ def test_verdict_applies_the_decision_rule() -> None:
     assert verdict({**c, "diff": -0.05, "ci95": [-0.09, -0.01]}).startswith("grpo beats trace")
 
 
+def test_the_report_header_names_every_commit_its_cells_ran_at() -> None:
+    from workflows.study_report import markdown
+
+    head = markdown("bbb", [], [], [], cell_shas={"aaa": 20, "bbb": 68}).splitlines()[2]
+    assert head.startswith(
+        "Commit `bbb` (the parent run's); the cells ran at `bbb` (68 cells), `aaa` (20 cells);"
+    )
+    assert (
+        markdown("bbb", [], [], [], cell_shas={"bbb": 88})
+        .splitlines()[2]
+        .startswith("Commit `bbb`; 0 cells.")
+    )
+
+
 def test_answer_checks_the_hypothesis_case_by_case() -> None:
     from workflows.study_report import answer
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -293,11 +294,17 @@ def markdown(
     plots: Sequence[str],
     vs_trace: Sequence[dict[str, Any]] = (),
     notes: str | None = None,
+    cell_shas: dict[str, int] | None = None,
 ) -> str:
+    ran = ""
+    if cell_shas and set(cell_shas) != {sha}:
+        ran = " (the parent run's); the cells ran at " + ", ".join(
+            f"`{s}` ({n} cells)" for s, n in sorted(cell_shas.items(), key=lambda kv: -kv[1])
+        )
     lines = [
         "# The TRACE study",
         "",
-        f"Commit `{sha}`; {len(cells)} cells. Held-out greedy accuracy of the testbed's starting checkpoint "
+        f"Commit `{sha}`{ran}; {len(cells)} cells. Held-out greedy accuracy of the testbed's starting checkpoint "
         "(evaluated once per testbed) and after the last step; after is the mean +- std over seeds. Decision rule, stated in advance: an "
         "allocator beats grpo on a testbed and budget when the 95 % interval of the paired difference "
         "(hierarchical bootstrap over seeds, then held-out tasks) excludes 0.",
@@ -380,9 +387,9 @@ def write_report(
     comps = comparisons(cells, cfg.bootstrap_samples)
     vs_trace = comparisons(cells, cfg.bootstrap_samples, vs="trace", only=("trace_debiased", "trace_plus"))
     sha = client.get_run(parent).data.tags.get("tracerl.git_sha", "unknown")
-    shas = {client.get_run(c["run_id"]).data.tags.get("tracerl.git_sha") for c in cells}
-    if len(shas) > 1:
-        progress(f"cells ran at {len(shas)} commits ({', '.join(sorted(str(s) for s in shas))})")
+    cell_shas = Counter(str(client.get_run(c["run_id"]).data.tags.get("tracerl.git_sha")) for c in cells)
+    if len(cell_shas) > 1:
+        progress(f"cells ran at {len(cell_shas)} commits ({', '.join(sorted(cell_shas))})")
     doc = {"sha": sha, "cells": [{k: c[k] for k in FIELDS} for c in cells], "comparisons": comps}
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -390,7 +397,7 @@ def write_report(
     (out / "study.json").write_text(json.dumps(doc, indent=2))
     notes = out / NOTES
     text = notes.read_text() if notes.is_file() else None
-    (out / "study.md").write_text(markdown(sha, cells, comps, pngs, vs_trace, text))
+    (out / "study.md").write_text(markdown(sha, cells, comps, pngs, vs_trace, text, dict(cell_shas)))
     if cfg.json_path:
         Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.json_path).write_text(json.dumps(doc, indent=2))
