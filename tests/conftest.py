@@ -30,6 +30,10 @@ settings.load_profile("tracerl")
 # 60 s) can take longer, and Train then fails or retries the start.
 os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "600")
 os.environ.setdefault("RAY_worker_register_timeout_seconds", "600")
+# Ray starts its worker processes at nice 15 (its `worker_niceness`), below the pytest process that waits for them: on
+# a machine with other CPU-bound work at nice 0 the workers got a few per cent of a core and a suite that takes
+# ~20 min idle took hours. The suite's workers run at the priority of the suite (what Ray Jobs does for a job).
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 WAIT_LIMIT_S = 300.0
 """How long a test waits for a condition (a server up, a process gone) before it fails: generous, since a loaded
