@@ -354,21 +354,34 @@ def plots(cells: Sequence[dict[str, Any]], out: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     groups = sorted({(c["testbed"], c["budget"]) for c in cells})
+    colors = {
+        a: f"C{i % 10}" for i, a in enumerate(sorted({c["allocator"] for c in cells}))
+    }  # same in every panel
     paths = []
     for x, label in (("generated_tokens", "generated tokens"), ("leaves", "leaves")):
-        fig, axes = plt.subplots(
-            1, max(len(groups), 1), figsize=(4.5 * max(len(groups), 1), 3.6), squeeze=False
-        )
-        for ax, (tb, budget) in zip(axes[0], groups):
+        ncols = min(max(len(groups), 1), 4)
+        nrows = -(-max(len(groups), 1) // ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(4.5 * ncols, 3.8 * nrows), squeeze=False)
+        for ax in axes.flat[len(groups) :]:
+            ax.set_visible(False)
+        for ax, (tb, budget) in zip(axes.flat, groups):
             here = [c for c in cells if c["testbed"] == tb and c["budget"] == budget]
             for alloc in sorted({c["allocator"] for c in here}):
                 cs = [c for c in here if c["allocator"] == alloc]
                 xs, ys = np.array([c[x] for c in cs], float), np.array([c["acc_after"] for c in cs], float)
                 ax.errorbar(
-                    xs.mean(), ys.mean(), xerr=xs.std(), yerr=ys.std(), fmt="o", capsize=3, label=alloc
+                    xs.mean(),
+                    ys.mean(),
+                    xerr=xs.std(),
+                    yerr=ys.std(),
+                    fmt="o",
+                    capsize=3,
+                    label=alloc,
+                    color=colors[alloc],
                 )
             ax.set_title(f"{tb}, equal {budget}")
             ax.set_xlabel(label)
+            ax.tick_params(axis="x", labelrotation=30)
             ax.set_ylabel("held-out accuracy after")
             ax.legend(fontsize=7)
         fig.tight_layout()
