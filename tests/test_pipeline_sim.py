@@ -196,6 +196,14 @@ def test_cli_writes_the_sim_part_and_validates(tmp_path: Path) -> None:
     assert set(detail) == {"barrier", "streaming"}  # the JSON has no overlap entry
     assert detail["barrier"]["measured_step_s"] == 4.0 and detail["barrier"]["measured_rollout_s"] is None
     assert detail["streaming"]["predicted_step_s"] == first["streaming_step_s"][0]
+    assert first["validated_on"] == "frozen"  # no train runs in this JSON
+    # with the bench's train runs (--train-steps) the model is validated on them: a profile models a training step
+    train = {"barrier": {"step_s": 5.0}, "streaming": {"step_s": 4.5}, "overlap": {"step_s": 4.0}}
+    out.write_text(json.dumps({"cpu": cpu, "train": train}))
+    assert main([*argv, "--samplers", "2,4", "--json", str(out), "--validate", str(out)]) == 0
+    first = json.loads(out.read_text())["sim"][0]
+    assert first["validated_on"] == "train" and first["validation"]["overlap"]["measured_step_s"] == 4.0
+    assert first["validation_error"] == pytest.approx(validation_error(pred, (2, 4), train))
     assert main([*argv, "--samplers", "0"]) == 2
     assert main([*argv, "--validate", str(tmp_path / "missing.json")]) == 2
     assert main(["bench", "pipeline", "--sim", "--profile", str(tmp_path / "nope.yaml")]) == 2

@@ -66,6 +66,7 @@ def sim_entry(
     entry["validation_error"] = None if cpu is None else validation_error(res, samplers, cpu)
     if cpu is not None:
         entry["validation"] = validation_detail(res, samplers, cpu)
+        entry["validated_on"] = cpu.get("measured_in", "frozen")
     return entry
 
 
@@ -91,9 +92,15 @@ def format_table(entries: list[dict[str, Any]]) -> str:
 
 
 def read_cpu(path: Path) -> dict[str, Any]:
-    """The "cpu" part of a ``tracerl bench pipeline --json`` file."""
+    """What a ``tracerl bench pipeline --json`` file measured per mode, to validate the model against: its train
+    runs (``train.<mode>``, from ``--train-steps``) when it has them, since a profile models a training step (the
+    update, the weight push and the driver's work between steps); else its frozen steps (``cpu.<mode>``), which
+    hold no update."""
     data = json.loads(Path(path).read_text())
     cpu = data.get("cpu") if isinstance(data, dict) else None
     if not isinstance(cpu, dict):
         raise ValueError(f'{path}: no "cpu" object (write it with tracerl bench pipeline --json PATH)')
-    return cpu
+    train = data.get("train")
+    if isinstance(train, dict) and all(isinstance(train.get(m), dict) for m in ("barrier", "streaming")):
+        return {**{m: v for m, v in train.items() if isinstance(v, dict)}, "measured_in": "train"}
+    return {**cpu, "measured_in": "frozen"}
