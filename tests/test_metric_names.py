@@ -78,6 +78,17 @@ def test_the_ledger_makes_exactly_the_budget_constants() -> None:
     assert M.phase_time("generate") in ledger.as_metrics()
 
 
+def test_every_engine_phase_is_logged_every_step_even_when_nothing_ran_in_it() -> None:
+    # a streaming chaos drill (seed 1) had a step whose paths graded nothing: time/grade_s was missing at that step,
+    # and the drill's exactly-once check (every per-step metric at steps 1..S) failed
+    got = BudgetLedger(phase_s={"generate": 1.5}).as_metrics()
+    assert {k: got[M.phase_time(k)] for k in ("generate", "tools", "grade")} == {
+        "generate": 1.5,
+        "tools": 0.0,
+        "grade": 0.0,
+    }
+
+
 def test_no_module_spells_a_metric_name() -> None:
     # A quoted string that starts with a namespace and a name character; conf/ paths such as "eval/math.yaml" and
     # "train/default.yaml" name command configs, not metrics.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from tracerl.metrics import BUDGET, kv_hit_rate_depth, phase_time
+from tracerl.metrics import BUDGET, ENGINE_PHASES, kv_hit_rate_depth, phase_time
 
 ENGINE_COUNTS = (
     "generated_tokens",
@@ -104,6 +104,9 @@ class BudgetLedger:
         """``budget/<field>`` for every count, ``time/<phase>_s`` for every phase, the KV hit rate per prefix depth
         (docs/metrics.md)."""
         out = {f"{BUDGET}{k}": float(v) for k, v in asdict(self).items() if k not in ("phase_s", "kv_depth")}
+        # every engine phase every step, 0 when nothing ran in it (a step whose paths all hit max_turns grades
+        # nothing): a per-step metric is logged at every step (the exactly-once checks expect 1..S)
+        out.update({phase_time(k): self.phase_s.get(k, 0.0) for k in ENGINE_PHASES})
         out.update({phase_time(k): v for k, v in self.phase_s.items()})
         out.update({kv_hit_rate_depth(d): hit / total for d, (hit, total) in self.kv_depth.items() if total})
         return out
