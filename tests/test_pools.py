@@ -10,7 +10,8 @@ import pytest
 
 from tracerl.actors.envpool import EnvPool
 from tracerl.actors.faults import Faults
-from tracerl.actors.pools import balanced_shards
+from tracerl.actors.pools import RolloutPool, balanced_shards
+from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.react import Action, ActionKind
 from tracerl.types import Prompt
 
@@ -41,6 +42,23 @@ def test_balanced_shards_are_deterministic_and_even() -> None:
     loads = [sum([4, 2, 2, 8, 1, 1][i] for i in s) for s in shards]
     assert abs(loads[0] - loads[1]) <= 2 and sorted(i for s in shards for i in s) == list(range(6))
     assert balanced_shards([4, 2, 2, 8, 1, 1], 2) == shards
+
+
+def test_a_pools_phase_times_add_the_slowest_worker_of_each_phase() -> None:
+    """Workers of one phase run in parallel (the slowest one's time), phases one after the other (their sum): a
+    barrier step's generate time is its bare phase's plus its expansion's, not the larger of the two."""
+    pool = RolloutPool.__new__(RolloutPool)  # only the ledger: no actors
+    pool.ledger = BudgetLedger()
+
+    def led(generate: float, tools: float) -> BudgetLedger:
+        out = BudgetLedger(generated_tokens=10)
+        out.phase_s.update(generate=generate, tools=tools)
+        return out
+
+    pool._merge([led(1.0, 0.2), led(2.0, 0.1)])  # the bare rollouts on two workers
+    pool._merge([led(0.5, 0.4), led(0.3, 0.0)])  # the expansion
+    assert pool.ledger.phase_s == pytest.approx({"generate": 2.5, "tools": 0.6})
+    assert pool.ledger.generated_tokens == 40
 
 
 def test_env_pool_retries_a_call_whose_actor_died(ray_local: Any, tmp_path: Path) -> None:

@@ -281,10 +281,15 @@ class RolloutPool:
         return out
 
     def _merge(self, ledgers: Sequence[BudgetLedger]) -> None:
+        """One phase's ledgers (a rollout or an expand call on each worker): counts add up; a phase time adds the
+        slowest worker's time in this phase (workers run in parallel, phases one after the other)."""
+        slowest: dict[str, float] = {}
         for led in ledgers:
             self.ledger.add_engine(led)
-            for k, v in led.phase_s.items():  # workers run in parallel: the slowest one's time
-                self.ledger.phase_s[k] = max(self.ledger.phase_s.get(k, 0.0), v)
+            for k, v in led.phase_s.items():
+                slowest[k] = max(slowest.get(k, 0.0), v)
+        for k, v in slowest.items():
+            self.ledger.phase_s[k] = self.ledger.phase_s.get(k, 0.0) + v
 
     def rollout(self, prompts: Sequence[Prompt], counts: Sequence[int]) -> list[RolloutTree]:
         phase = self._phase
