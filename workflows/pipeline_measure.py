@@ -216,7 +216,8 @@ class TimedWorker(RolloutWorker):
             self.records["tools"].append([len(calls), time.perf_counter() - t0])
             return res
 
-        self.model.generate, self.env.execute_batch = timed_generate, timed_batch
+        setattr(self.model, "generate", timed_generate)  # noqa: B010 (mypy: no assigning to a method)
+        setattr(self.env, "execute_batch", timed_batch)  # noqa: B010
 
     def _timed(self, what: str, run: Any) -> Any:
         t0 = time.perf_counter()
