@@ -238,4 +238,59 @@ def test_tree_shapes_for_the_profile(tmp_path: Path) -> None:
     out = summarize_trees(tmp_path)
     assert out["bare_turns"] == {1: 1, 2: 1}
     assert out["turn_tokens_mean"] == pytest.approx((20 + 18 + 22 + 16) / 4)
-    assert out["obs_tokens_mean"] == 10 and out["bare_per_prompt"] == [2]
+    assert out["obs_tokens_mean"] == 10 and out["bare_per_prompt"] == {2: 1}
+    # a turn that ends in a tool call (node 1) against each path's last turn (the answers): a round lasts as long as
+    # its longest row, so the profile keeps the two apart (final_turn_tokens)
+    final = out["final_turn_tokens"]  # percentiles of 18, 22, 16
+    assert set(out["tool_turn_tokens"]) == {20} and len(final) == 20 and (min(final), max(final)) == (16, 22)
+
+    # the same step recorded for the profile's recorded_steps: both trees on one sampler, or one each on two
+    from workflows.pipeline_measure import record_steps
+
+    one = record_steps(tmp_path, 1)
+    assert one["samplers"] == 1 and len(one["steps"]) == 1
+    assert one["steps"][0][0] == {"bare": [[0, 0, [20, 18]], [0, 0, [22]]], "cont": [[0, 30, [16]]]}
+    tree2 = {**tree, "bare_rollouts": 1, "nodes": tree["nodes"][:3]}  # one bare rollout: the smaller shard
+    (tmp_path / "step_1" / "trees.jsonl").write_text(json.dumps(tree) + "\n" + json.dumps(tree2) + "\n")
+    two = record_steps(tmp_path, 2)
+    assert [len(share["bare"]) for share in two["steps"][0]] == [2, 1]
+
+
+def test_recorded_steps_are_the_work_the_samplers_run(tmp_path: Path) -> None:
+    """With ``recorded_steps`` each simulated sampler runs one recorded share's episodes (tokens as recorded, a
+    tool call after every turn but the last), the samplers of one recorded step together; without the file the
+    profile says so when it loads."""
+    from workflows.pipeline_sim import workload
+
+    rec = {
+        "samplers": 2,
+        "steps": [
+            [{"bare": [[0, 0, [10, 4]]], "cont": [[0, 14, [3]]]}, {"bare": [[0, 0, [7]]], "cont": []}],
+        ],
+    }
+    path = tmp_path / "steps.json"
+    path.write_text(json.dumps(rec))
+    p = profile(recorded_steps=str(path), continuations_per_bare=2)
+    bare, cont = workload(p, np.random.default_rng(0), first_prompt=5, share=(0, 0))
+    assert [(x.prompt, x.bare, x.tokens, x.tools, x.prefill, x.ctx) for x in bare] == [
+        (5, True, [10, 4], [1.0], 100, [0, 15])  # ctx: 10 tokens + 5 observation tokens
+    ]
+    assert [(x.bare, x.tokens, x.tools, x.prefill, x.ctx) for x in cont] == [(False, [3], [], 5, [14])]
+    # one sampler: share 0 only; its rounds by hand: 0.1 s prefill + 1 s, tool 1 s, 0.005 + 0.4 s; then 0.005 + 0.3
+    res = simulate(p, (1, 2))
+    assert res["barrier"]["rollout_s"][0] == pytest.approx(0.1 + 1.0 + 1.0 + 0.005 + 0.4 + 0.005 + 0.3)
+    assert res["barrier"]["rollout_s"][1] == res["barrier"]["rollout_s"][0]  # share 1 is shorter (0.8 s)
+    with pytest.raises(ValueError, match="recorded_steps .*missing.json"):
+        profile(recorded_steps=str(tmp_path / "missing.json"))
+    path.write_text(json.dumps({**rec, "samplers": 3}))
+    with pytest.raises(ValueError, match="one share per sampler"):
+        profile(recorded_steps=str(path))
+
+
+def test_final_turn_tokens_are_drawn_for_the_last_turn_only() -> None:
+    from workflows.pipeline_sim import workload
+
+    p = profile(turns={"const": 3}, turn_tokens={"const": 30}, final_turn_tokens={"const": 5})
+    bare, _ = workload(p, np.random.default_rng(0))
+    assert bare[0].tokens == [30, 30, 5]
+    assert workload(profile(turns={"const": 2}), np.random.default_rng(0))[0][0].tokens == [10, 10]

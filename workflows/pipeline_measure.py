@@ -26,12 +26,15 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from tracerl.actors.pools import RolloutPool, RolloutWorker
+import numpy as np
+
+from tracerl.actors.pools import RolloutPool, RolloutWorker, balanced_shards
 
 MODEL = "models/tiny-math-habit"
 
@@ -163,9 +166,11 @@ def measure_engine(prompts: list[int], per_prompt: int, seed: int = 0) -> dict[s
 
 
 def summarize_trees(root: Path) -> dict[str, Any]:
-    """Turns of each bare rollout, model tokens of each turn, observation tokens, bare rollouts per prompt."""
+    """Turns of each bare rollout, model tokens of each turn (all, those that end in a tool call or another
+    observation, and each path's last), observation tokens and bare rollouts per prompt from the ``trees.jsonl``
+    files under ``root``; token distributions as their 2.5th, 7.5th, ..., 97.5th percentiles."""
     turns: collections.Counter[int] = collections.Counter()
-    tokens, obs, bare = [], [], []
+    tokens, tool_turns, final_turns, obs, bare = [], [], [], [], []
     for f in sorted(root.rglob("trees.jsonl")):
         for line in f.read_text().splitlines():
             r = json.loads(line)
@@ -177,15 +182,22 @@ def summarize_trees(root: Path) -> dict[str, Any]:
                 if n["tokens"] > n["model_tokens"]:
                     obs.append(n["tokens"] - n["model_tokens"])
             for pid, nodes in per_path.items():
+                tool_turns += [n["model_tokens"] for n in nodes[:-1]]
+                final_turns.append(nodes[-1]["model_tokens"])
                 if pid < r["bare_rollouts"] and nodes[0]["depth"] == 1:
                     turns[len(nodes)] += 1
-    deciles = statistics.quantiles(tokens, n=10) if len(tokens) > 1 else tokens
+
+    def twentieths(xs: list[int]) -> list[int]:
+        return [int(round(q)) for q in np.percentile(xs, np.arange(2.5, 100, 5))] if xs else []
+
     return {
         "bare_turns": dict(sorted(turns.items())),
-        "turn_tokens_deciles": [round(x, 1) for x in deciles],
+        "turn_tokens": twentieths(tokens),
+        "tool_turn_tokens": twentieths(tool_turns),
+        "final_turn_tokens": twentieths(final_turns),
         "turn_tokens_mean": statistics.mean(tokens) if tokens else None,
         "obs_tokens_mean": statistics.mean(obs) if obs else None,
-        "bare_per_prompt": bare,
+        "bare_per_prompt": dict(sorted(collections.Counter(bare).items())),
     }
 
 
@@ -335,10 +347,22 @@ def measure_pool(steps: int, seed: int, warmup: int = 1) -> dict[str, Any]:
         measured = run_one(cfg, pool, policy, "barrier", seed, print, steps)
     finally:
         pool.shutdown()
-    phases = pool.phases
+    return {"seed": seed, "env_workers": p.env_workers, "steps": measured, "phases": pool.phases}
+
+
+def summarize_pool(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The profile's inputs from one or more ``measure_pool`` runs (their records pooled)."""
+    phases = [ph for r in runs for ph in r["phases"]]
     gens = [g for ph in phases for w in ph["workers"] for g in w["generate"]]
-    tools = [t for ph in phases for w in ph["workers"] for t in w["tools"]]
-    single = [t[1] for t in tools if t[0] == 1]
+    # A round's tool calls run over the actor's env_workers environment actors: a batch of n calls takes about
+    # ceil(n / env_workers) calls' time.
+    per_call = [
+        s / math.ceil(n / r["env_workers"])
+        for r in runs
+        for ph in r["phases"]
+        for w in ph["workers"]
+        for n, s in w["tools"]
+    ]
     residual_turn, turns, residual_phase = 0.0, 0, []
     for ph in phases:
         calls = [c for w in ph["workers"] for c in w["calls"]]
@@ -346,18 +370,16 @@ def measure_pool(steps: int, seed: int, warmup: int = 1) -> dict[str, Any]:
             residual_turn += c["seconds"] - c["generate_s"] - c["tools_s"]
             turns += c["path_turns"]
         residual_phase.append(ph["wall_s"] - max((c["seconds"] for c in calls), default=0.0))
-    q = statistics.quantiles(single, n=4) if len(single) > 1 else single * 3
+    q = statistics.quantiles(per_call, n=4) if len(per_call) > 1 else per_call * 3
     return {
-        "seed": seed,
-        "steps": measured,
+        "seeds": [r["seed"] for r in runs],
         "generate_fit": fit_generate(gens),
-        "tool_batch_single": {
-            "median_s": statistics.median(single),
-            "q1_s": q[0],
-            "q3_s": q[2],
-            "calls": len(single),
+        "tool_call_s": {
+            "median": statistics.median(per_call),
+            "q1": q[0],
+            "q3": q[2],
+            "batches": len(per_call),
         },
-        "tool_batches": len(tools),
         "turn_overhead_s": residual_turn / max(turns, 1),
         "path_turns": turns,
         "grade_s_per_phase": statistics.fmean(
@@ -368,9 +390,38 @@ def measure_pool(steps: int, seed: int, warmup: int = 1) -> dict[str, Any]:
             "mean": statistics.fmean(residual_phase),
             "phases": len(residual_phase),
         },
-        "rollout_s_mean": statistics.fmean(s["rollout_s"] for s in measured),
-        "phases": phases,
+        "rollout_s_mean": statistics.fmean(s["rollout_s"] for r in runs for s in r["steps"]),
     }
+
+
+def record_steps(root: Path, samplers: int) -> dict[str, Any]:
+    """The work each sampler actor did in each step whose ``trees.jsonl`` is under ``root`` (one file a step), for
+    a profile's ``recorded_steps``: the step's trees split over ``samplers`` actors as the pool splits them
+    (``balanced_shards`` of their bare rollouts), and per share its bare-like episodes (from the root: the bare
+    rollouts and the expansion's extra ones; the extra ones run with the continuations) and continuations, each
+    as [tree index in the share, context tokens before its first turn less the prompt, model tokens per turn]."""
+    steps = []
+    for f in sorted(root.rglob("trees.jsonl")):
+        trees = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        shares = []
+        for shard in balanced_shards([t["bare_rollouts"] for t in trees], samplers):
+            share: dict[str, list[Any]] = {"bare": [], "cont": []}
+            for k, i in enumerate(shard):
+                t = trees[i]
+                nodes = {n["id"]: n for n in t["nodes"]}
+                per_path: dict[int, list[dict[str, Any]]] = collections.defaultdict(list)
+                for n in t["nodes"][1:]:
+                    per_path[n["path"]].append(n)
+                for pid, path in sorted(per_path.items()):
+                    start, up = 0, nodes[path[0]["parent"]]
+                    while up["depth"] > 0:  # the prefix this path continues
+                        start += up["tokens"]
+                        up = nodes[up["parent"]]
+                    bare = pid < t["bare_rollouts"] and path[0]["depth"] == 1
+                    share["bare" if bare else "cont"].append([k, start, [n["model_tokens"] for n in path]])
+            shares.append(share)
+        steps.append(shares)
+    return {"source": str(root), "samplers": samplers, "steps": steps}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -380,23 +431,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,2,4,8,16,32", help="batch sizes, comma-separated")
     ap.add_argument("--reps", type=int, default=3, help="timed calls per point (the fastest is kept)")
     ap.add_argument("--tool-calls", type=int, default=10)
-    ap.add_argument("--trees", help="a directory holding trees.jsonl files to summarize")
+    ap.add_argument("--trees", help="a directory holding trees.jsonl files to summarize (alone: only that)")
     ap.add_argument("--engine", default="", help="tasks per engine rollout, comma-separated (e.g. 1,2,4,8)")
     ap.add_argument(
         "--pool", type=int, default=0, help="measured barrier steps of the bench's sampler actors"
     )
     ap.add_argument("--seed", type=int, default=10, help="--pool: the steps' seed (not the bench's 0, 1, 2)")
-    ap.add_argument("--out", help="--pool: write the JSON here too (with every phase's records)")
+    ap.add_argument("--out", help="--pool: write the run's records here (JSON), for --summarize")
+    ap.add_argument("--summarize", nargs="*", default=[], help="--out files of earlier --pool runs to pool")
+    ap.add_argument(
+        "--record-steps", help="a directory of trees.jsonl files (one a step): write --out for a profile"
+    )
+    ap.add_argument("--samplers", type=int, default=2, help="--record-steps: sampler actors of those steps")
     args = ap.parse_args(argv)
     out: dict[str, Any] = {}
-    if args.pool:
-        out["pool"] = measure_pool(args.pool, args.seed)
-        if args.out:
-            Path(args.out).write_text(json.dumps(out, indent=2))
-        out["pool"].pop("phases")
+    if args.record_steps:
+        if not args.out:
+            ap.error("--record-steps needs --out PATH")
+        rec = record_steps(Path(args.record_steps), args.samplers)
+        Path(args.out).write_text(json.dumps(rec, separators=(",", ":")) + "\n")
+        print(f"{len(rec['steps'])} steps of {args.samplers} samplers -> {args.out}")
+        return 0
+    if args.pool or args.summarize:
+        runs = [json.loads(Path(f).read_text()) for f in args.summarize]
+        if args.pool:
+            runs.append(measure_pool(args.pool, args.seed))
+            if args.out:  # every record, before anything is summarized
+                Path(args.out).write_text(json.dumps(runs[-1], indent=2))
+        out["pool"] = summarize_pool(runs)
     elif args.engine:
         out["engine"] = measure_engine([int(n) for n in args.engine.split(",")], per_prompt=3)
-    else:
+    elif not args.trees:
         out.update(measure_speeds([int(b) for b in args.batches.split(",")], 8, 40, args.reps))
         out["tool"] = measure_tool(args.tool_calls)
     if args.trees:

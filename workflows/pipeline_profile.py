@@ -9,6 +9,7 @@ the rollouts (allocation between the phases, driver work between steps, the poli
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, fields
 from functools import cached_property
@@ -112,7 +113,7 @@ class Profile:
     turns: Dist
     """Turns of an episode (model turns; all but the last end in a tool call)."""
     turn_tokens: Dist
-    """Tokens the model generates in one turn."""
+    """Tokens the model generates in one turn (with ``final_turn_tokens``: in a turn that ends in a tool call)."""
     prompt_tokens: int
     """Tokens encoded before a bare rollout's first turn."""
     obs_tokens: int
@@ -129,6 +130,9 @@ class Profile:
     """Tool calls of a round running at once per sampler (rounds; 0: no limit). Continuous: all at once."""
     update_s: float
     """Fixed seconds of the policy update (learner), which overlap mode runs beside the next step's rollouts."""
+    final_turn_tokens: Dist | None = None
+    """Tokens of an episode's last turn (the answer), if they differ from a tool-calling turn's; None:
+    ``turn_tokens``."""
     update_tokens_per_s: float = 0.0
     """Learner tokens per second per sampler's share of trainer GPUs; > 0 adds (tokens trained per sampler) /
     this to ``update_s`` (every path's whole sequence, a continuation's prefix included)."""
@@ -147,6 +151,12 @@ class Profile:
     """Driver work every mode waits for between steps (select, fit the predictor, score and allocate roots)."""
     weight_sync_s: float = 0.0
     """Pushing the new weights to the samplers (they pause)."""
+    recorded_steps: str | None = None
+    """A JSON file of recorded steps (``python -m workflows.pipeline_measure --record-steps``; relative paths are
+    in conf/bench/pipeline_profiles/): each simulated sampler then does the work one sampler actor did in a
+    recorded step (its episodes' turns and tokens), the samplers of one recorded step drawn together, instead of
+    episodes drawn turn by turn from ``turns`` and ``turn_tokens``. Tool latencies are still drawn from
+    ``tool_s``."""
     cpu_bench: bool = False
     """This profile describes what ``tracerl bench pipeline`` measures (the embedded default): ``--validate``
     compares its S = 2 prediction with that JSON."""
@@ -187,6 +197,28 @@ class Profile:
             raise ValueError(
                 f"profile {self.name}: decode_step_s needs distinct batches >= 1 with seconds > 0"
             )
+        _ = self.recorded  # a missing or malformed recorded_steps file is an error at load time
+
+    @cached_property
+    def recorded(self) -> dict[str, Any] | None:
+        """The ``recorded_steps`` file: ``samplers`` (actors per recorded step) and ``steps``, each a list of
+        per-sampler shares ``{"bare": [[prompt, context tokens, [tokens per turn]], ...], "cont": [...]}``."""
+        if self.recorded_steps is None:
+            return None
+        path = Path(self.recorded_steps)
+        path = path if path.is_absolute() else PROFILE_DIR / path
+        try:
+            data = json.loads(path.read_text())
+            ok = int(data["samplers"]) >= 1 and len(data["steps"]) > 0
+            ok = ok and all(len(step) == data["samplers"] for step in data["steps"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"profile {self.name}: recorded_steps {path}: {e}") from None
+        if not ok:
+            raise ValueError(
+                f"profile {self.name}: recorded_steps {path} needs 'samplers' >= 1 and 'steps', each with one "
+                "share per sampler (write it with python -m workflows.pipeline_measure --record-steps DIR --out PATH)"
+            )
+        return dict(data)
 
     @cached_property
     def _steps(self) -> list[float]:
@@ -216,7 +248,7 @@ def profile_from_dict(raw: dict[str, Any], origin: str = "profile") -> Profile:
     if unknown:
         raise ValueError(f"{origin}: unknown key(s) {unknown}; known: {sorted(known)}")
     d = dict(raw)
-    for key in ("bare_per_prompt", "turns", "turn_tokens", "tool_s"):
+    for key in ("bare_per_prompt", "turns", "turn_tokens", "final_turn_tokens", "tool_s"):
         if key in d:
             d[key] = parse_dist(f"{origin}: {key}", d[key])
     if "decode_step_s" in d:

@@ -86,15 +86,24 @@ class _Draws:
         return out
 
 
-def workload(p: Profile, rng: np.random.Generator, first_prompt: int = 0) -> tuple[list[Path_], list[Path_]]:
-    """One sampler's bare rollouts and continuations. A continuation forks a random bare rollout of its prompt
-    that has a prefix (>= 2 turns) after a uniform turn d, and runs turns d+1..T' of a fresh episode length
-    T' > d; a prompt with no such rollout gets a fresh bare rollout instead (the engine's extra bare rollouts)."""
+def workload(
+    p: Profile, rng: np.random.Generator, first_prompt: int = 0, share: tuple[int, int] | None = None
+) -> tuple[list[Path_], list[Path_]]:
+    """One sampler's bare rollouts and continuations. With ``share`` = (recorded step, sampler), the episodes
+    that sampler actor ran in that step (``Profile.recorded_steps``). Else drawn: a continuation forks a random
+    bare rollout of its prompt that has a prefix (>= 2 turns) after a uniform turn d, and runs turns d+1..T' of a
+    fresh episode length T' > d; a prompt with no such rollout gets a fresh bare rollout instead (the engine's
+    extra bare rollouts)."""
+    if share is not None:
+        return _recorded(p, rng, first_prompt, share)
     turns, toks, tools = _Draws(p.turns, rng), _Draws(p.turn_tokens, rng), _Draws(p.tool_s, rng)
+    final = toks if p.final_turn_tokens is None else _Draws(p.final_turn_tokens, rng)
 
     def episode(n: int, prompt: int, is_bare: bool, prefill: int, start: int) -> Path_:
-        """``n`` turns from a context of ``start`` tokens (the prompt, or a prefix's context)."""
-        tk = [max(1, int(round(x))) for x in toks.take(n)]
+        """``n`` turns from a context of ``start`` tokens (the prompt, or a prefix's context): ``n - 1`` that
+        end in a tool call, then the last."""
+        drawn = toks.take(n) if final is toks else toks.take(n - 1) + final.take()
+        tk = [max(1, int(round(x))) for x in drawn]
         ctx = [start]
         for t in tk[:-1]:
             ctx.append(ctx[-1] + t + p.obs_tokens)
@@ -122,6 +131,27 @@ def workload(p: Profile, rng: np.random.Generator, first_prompt: int = 0) -> tup
                     break
             cont.append(episode(total - d, q, False, p.obs_tokens, parent.ctx[d]))
     return bare, cont
+
+
+def _recorded(
+    p: Profile, rng: np.random.Generator, first_prompt: int, share: tuple[int, int]
+) -> tuple[list[Path_], list[Path_]]:
+    """The episodes of one recorded sampler share: every turn but the last ends in a tool call of a latency drawn
+    from ``tool_s`` followed by ``obs_tokens``; a bare rollout starts from ``prompt_tokens`` of prefill, a
+    continuation from its prefix's recorded context (``obs_tokens`` of prefill, the rest cached)."""
+    assert p.recorded is not None
+    rec = p.recorded["steps"][share[0]][share[1]]
+    tools = _Draws(p.tool_s, rng)
+    out: tuple[list[Path_], list[Path_]] = ([], [])
+    for kind, paths in ((True, out[0]), (False, out[1])):
+        for prompt, start, tokens in rec["bare" if kind else "cont"]:
+            ctx = [int(start)]
+            for t in tokens[:-1]:
+                ctx.append(ctx[-1] + int(t) + p.obs_tokens)
+            prefill = p.prompt_tokens if kind else p.obs_tokens
+            tk = [max(1, int(t)) for t in tokens]
+            paths.append(Path_(first_prompt + int(prompt), kind, tk, tools.take(len(tk) - 1), prefill, ctx))
+    return out
 
 
 def _makespan(latencies: list[float], workers: int) -> float:
@@ -297,11 +327,14 @@ class SamplerDraw:
     trained_tokens: int
 
 
-def simulate_sampler(p: Profile, rng: np.random.Generator, first_prompt: int = 0) -> SamplerDraw:
+def simulate_sampler(
+    p: Profile, rng: np.random.Generator, first_prompt: int = 0, share: tuple[int, int] | None = None
+) -> SamplerDraw:
     """Overlap starts the step's bare rollouts while the previous update runs (time 0 = both start) and releases
-    continuations once the new weights are in (the update timed with this sampler's own share of tokens)."""
+    continuations once the new weights are in (the update timed with this sampler's own share of tokens).
+    ``share``: a recorded step's sampler share to run (``workload``)."""
     engine = run_rounds if p.batching == "rounds" else run_continuous
-    bare, cont = workload(p, rng, first_prompt)
+    bare, cont = workload(p, rng, first_prompt, share)
     per_prompt = p.alloc_s / p.prompts_per_sampler  # streaming scores and allocates one prompt at a time
     tokens = sum(x.trained_tokens for x in bare + cont)
     weights_in = _update(p, tokens) + p.weight_sync_s
@@ -358,6 +391,17 @@ def step_metrics(p: Profile, draws: list[SamplerDraw]) -> dict[str, dict[str, fl
     return out
 
 
+def _shares(p: Profile, rng: np.random.Generator, n: int) -> list[tuple[int, int] | None]:
+    """Per simulated sampler, the recorded (step, sampler) share it runs: each group of as many samplers as a
+    recorded step had runs the shares of one recorded step drawn at random (their work is alike: the same
+    policy, the same prompts' difficulty). None for every sampler without ``recorded_steps``."""
+    if p.recorded is None:
+        return [None] * n
+    k, steps = int(p.recorded["samplers"]), len(p.recorded["steps"])
+    picks = rng.integers(steps, size=-(-n // k))
+    return [(int(picks[i // k]), i % k) for i in range(n)]
+
+
 METRICS = ("step_s", "rollout_s", "update_s", "util", "rollout_util", "bubble", "occupancy")
 
 
@@ -368,7 +412,8 @@ def simulate(p: Profile, samplers: tuple[int, ...] = SAMPLERS) -> dict[str, dict
     }
     for rep in range(p.replications):
         rng = np.random.default_rng([p.seed, rep])
-        draws = [simulate_sampler(p, rng, i * p.prompts_per_sampler) for i in range(max(samplers))]
+        shares = _shares(p, rng, max(samplers))
+        draws = [simulate_sampler(p, rng, i * p.prompts_per_sampler, shares[i]) for i in range(max(samplers))]
         for i, n in enumerate(samplers):
             for mode, vals in step_metrics(p, draws[:n]).items():
                 for k, v in vals.items():
