@@ -294,3 +294,34 @@ def test_final_turn_tokens_are_drawn_for_the_last_turn_only() -> None:
     bare, _ = workload(p, np.random.default_rng(0))
     assert bare[0].tokens == [30, 30, 5]
     assert workload(profile(turns={"const": 2}), np.random.default_rng(0))[0][0].tokens == [10, 10]
+
+
+def test_pool_records_give_the_profile_s_overheads() -> None:
+    """``summarize_pool``: an actor's time in a call outside generate and tool calls, per path-turn; a phase's
+    driver time outside its slowest actor's call; a tool batch of n calls over 2 environment actors as
+    ceil(n / 2) calls."""
+    from workflows.pipeline_pool import summarize_pool
+
+    def call(seconds: float, gen: float, tools: float, turns: int) -> dict[str, object]:
+        return {"what": "rollout", "seconds": seconds, "generate_s": gen, "tools_s": tools, "grade_s": 0.01,
+                "path_turns": turns}  # fmt: skip
+
+    # seconds = prefill tokens / 1000 + iterations x (0.01 + 0.001 rows)
+    gens = [[1, 10, 100, 0.1 + 10 * 0.011], [4, 20, 400, 0.4 + 20 * 0.014], [2, 30, 100, 0.1 + 30 * 0.012]]
+    workers = [
+        {"generate": gens, "tools": [[3, 0.4]], "calls": [call(1.0, 0.6, 0.3, 10)]},
+        {"generate": gens, "tools": [[1, 0.3]], "calls": [call(0.5, 0.3, 0.1, 5)]},
+    ]
+    run = {
+        "seed": 1,
+        "env_workers": 2,
+        "steps": [{"rollout_s": 1.2}],
+        "phases": [{"wall_s": 1.05, "workers": workers}],
+    }
+    out = summarize_pool([run])
+    assert out["turn_overhead_s"] == pytest.approx((0.1 + 0.1) / 15)
+    assert out["phase_overhead_s"]["mean"] == pytest.approx(0.05)
+    assert out["tool_call_s"]["median"] == pytest.approx(0.25)  # 0.4 / 2 and 0.3 / 1
+    fit = out["generate_fit"]
+    assert fit["decode_s_fixed"] == pytest.approx(0.01) and fit["decode_s_per_row"] == pytest.approx(0.001)
+    assert fit["prefill_tokens_per_s"] == pytest.approx(1000.0)
