@@ -15,6 +15,7 @@ otherwise, so tests and library callers pass any callable (or none).
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import threading
 import time
@@ -34,7 +35,7 @@ class Bar:
         self, total: int, desc: str, unit: str, out: IO[str], tty: bool, interval: float, initial: int = 0
     ) -> None:
         self.total, self.desc, self.unit, self.out, self.interval = total, desc, unit, out, interval
-        self.done, self.t0, self.last_line = initial, time.monotonic(), -1.0
+        self.done, self.t0, self.last_line = initial, time.monotonic(), -math.inf
         self.initial = initial
         self._tqdm: Any = None
         self._lock = threading.Lock()
