@@ -14,11 +14,21 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import pytest
-from hypothesis import HealthCheck, settings
+# One OpenMP / BLAS thread (set before numpy and torch load, so the Ray workers and subprocesses the tests start
+# inherit it): the tests' tensors are tiny, and on 2 cores shared with other work torch's intra-op threads spin
+# against each other and against that work (test_learned_trace_beats_grpo_and_treepo_at_equal_budget: 302 s with
+# 2 threads on 2 busy cores, 12 s with 1; 19.9 s -> 16.7 s on a near-idle machine).
+# Sampler actors still set their own `torch.set_num_threads` from their spec, as in a real run; an OMP_NUM_THREADS
+# set by the caller (`make test-vllm`, `make test-bfcl-slow`) is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from tracerl.tree import RolloutTree
-from tracerl.types import Prompt, Status
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+from tracerl.tree import RolloutTree  # noqa: E402
+from tracerl.types import Prompt, Status  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,6 +81,13 @@ def stop_process(proc: subprocess.Popen[bytes], group: bool = False, limit_s: fl
         time.sleep(0.5)
     send(signal.SIGKILL)  # the process if it is still up, and with ``group`` any child it left behind
     proc.wait()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """torch in the pytest process on the same threads, even where a plugin imported it before this file."""
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -149,6 +149,38 @@ def test_a_followed_bar_reads_the_last_count_when_it_closes() -> None:
     assert out.getvalue().splitlines() == ["sweep s: 3/3 trials, 0:00 elapsed"]
 
 
+def test_a_followed_bar_closed_while_its_poller_reads_ends_the_poller_cleanly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``close`` between two of the poller's waits (while it is in ``read``, e.g. a slow MLflow query): the poller
+    ends at its next wait, without an exception (it used to raise AttributeError on the dropped stop event), and
+    draws nothing after the bar's final line."""
+    import threading
+
+    errors: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    out = io.StringIO()
+    b = Progress(out=out, tty=False, interval=0.0).open_bar(5, "train", "step")
+    in_read, release, calls = threading.Event(), threading.Event(), [0]
+
+    def read() -> int:
+        calls[0] += 1
+        if calls[0] == 1:  # the poller's first read: held until the bar is closed
+            in_read.set()
+            assert release.wait(60)
+            return 4
+        return 2  # close's own read of the last count
+
+    b.follow(read, every=0.01)
+    (poller,) = [t for t in threading.enumerate() if t.name == "progress-train"]
+    assert in_read.wait(60)
+    b.close()
+    release.set()
+    poller.join(60)
+    assert not poller.is_alive() and errors == []
+    assert out.getvalue().splitlines() == ["train: 2/5 steps, 0:00 elapsed, ~0:00 left"]
+
+
 def test_terminating_tracerl_ui_ends_the_mlflow_server(tmp_path: Path) -> None:
     """`mlflow ui` outlives a TERM of its server; `tracerl ui` runs it in its own process group and ends it all."""
     import os

@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import ROOT, stop_process, wait_for
 from workflows.cli import main
+from workflows.mlflow_ui import server_env
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -58,6 +59,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=server_env(),  # without MLflow's job runner, which no command uses
     )
     url = f"http://127.0.0.1:{port}"
 

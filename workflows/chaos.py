@@ -61,6 +61,8 @@ class MlflowServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        from workflows.mlflow_ui import server_env
+
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / "server.log", "ab") as log:
             self.proc = subprocess.Popen(
@@ -83,6 +85,7 @@ class MlflowServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=server_env(),
             )
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:

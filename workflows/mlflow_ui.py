@@ -10,6 +10,17 @@ import sys
 from typing import Any
 
 
+def server_env() -> dict[str, str]:
+    """The environment for an ``mlflow server`` / ``mlflow ui`` this project starts: MLflow 3's server also spawns
+    a huey job runner and its consumer processes (GenAI jobs: judges, prompt optimisation) that no tracerl command
+    uses; off unless ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION`` is set, which saves their CPU and start-up time."""
+    import os
+
+    env = dict(os.environ)
+    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+    return env
+
+
 def experiment_url(uri: str, experiment: str, base: str) -> str:
     """The runs page of ``experiment`` (marked as model training so the UI opens on its runs), or the UI's
     home page where the store has no such experiment."""
@@ -59,7 +70,7 @@ def serve(uri: str, host: str, port: int, experiment: str, check: bool = False) 
 
     url = f"http://{host}:{port}"
     # Its own process group, ended as a whole below: a TERM of `tracerl ui` (a test, a job runner) leaves no server.
-    proc = subprocess.Popen(ui_command(uri, host, port), start_new_session=True)
+    proc = subprocess.Popen(ui_command(uri, host, port), start_new_session=True, env=server_env())
     main_thread = threading.current_thread() is threading.main_thread()
     old_term = signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)) if main_thread else None
     try:

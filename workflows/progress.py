@@ -15,6 +15,7 @@ otherwise, so tests and library callers pass any callable (or none).
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import threading
 import time
@@ -34,12 +35,13 @@ class Bar:
         self, total: int, desc: str, unit: str, out: IO[str], tty: bool, interval: float, initial: int = 0
     ) -> None:
         self.total, self.desc, self.unit, self.out, self.interval = total, desc, unit, out, interval
-        self.done, self.t0, self.last_line = initial, time.monotonic(), -1.0
+        self.done, self.t0, self.last_line = initial, time.monotonic(), -math.inf
         self.initial = initial
         self._tqdm: Any = None
         self._lock = threading.Lock()
         self._stop: threading.Event | None = None
         self._read: Callable[[], int] | None = None
+        self._closed = False
         if tty:
             from tqdm import tqdm
 
@@ -61,6 +63,8 @@ class Bar:
     def set(self, done: int) -> None:
         """Move to ``done`` (never backwards)."""
         with self._lock:
+            if self._closed:  # a poller's read that finished after close: the bar is final
+                return
             done = min(max(done, self.done), self.total)
             if done == self.done:
                 return
@@ -78,11 +82,13 @@ class Bar:
 
     def follow(self, read: Callable[[], int], every: float = 2.0) -> None:
         """Poll ``read()`` (the count done so far, e.g. steps logged to MLflow) in a thread until ``close``."""
-        self._stop, self._read = threading.Event(), read
+        # The thread keeps its own event: ``close`` drops ``self._stop``, possibly while the thread is between two
+        # waits (in ``read``), and the next wait must still see the stop.
+        stop = threading.Event()
+        self._stop, self._read = stop, read
 
         def loop() -> None:
-            assert self._stop is not None
-            while not self._stop.wait(every):
+            while not stop.wait(every):
                 try:
                     self.set(read())
                 except Exception:  # noqa: BLE001 - a busy store: the next poll reads it
@@ -104,9 +110,11 @@ class Bar:
             with contextlib.suppress(Exception):
                 if self._read is not None:
                     self.set(self._read())
-        if self._tqdm is not None:
-            self._tqdm.close()
-            self._tqdm = None
+        with self._lock:  # not while a poller's ``set`` is drawing on it
+            self._closed = True
+            if self._tqdm is not None:
+                self._tqdm.close()
+                self._tqdm = None
 
     def __enter__(self) -> Bar:
         return self
