@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, TOOL_TIMEOUT_S
+from tests.conftest import ROOT, TOOL_TIMEOUT_S, UNHURRIED
 from tracerl import metrics as M
 from workflows.cli import main
 
@@ -144,6 +144,7 @@ def overlap_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         f"seed={SIGNAL_SEED}",
         f"tracking.uri=sqlite:///{tmp}/mlruns.db",
         f"tracking.artifact_location={tmp}/art",
+        *UNHURRIED,
         "steps=3",
         "checkpoint_every=3",
         "pipeline.overlap=true",

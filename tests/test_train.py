@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, UNHURRIED
 from tracerl import metrics as M
 from workflows.cli import main
 
@@ -26,6 +26,7 @@ def _common(tiny: Path, tmp: Path) -> list[str]:
         f"seed={SIGNAL_SEED}",
         f"tracking.uri=sqlite:///{tmp}/mlruns.db",
         f"tracking.artifact_location={tmp}/art",
+        *UNHURRIED,
         "--out",
         str(tmp / "runs"),
     ]
