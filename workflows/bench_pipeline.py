@@ -66,21 +66,9 @@ def run_bench(cfg: BenchPipelineConfig, progress: Callable[[str], None] = lambda
 
 def run_frozen_modes(cfg: BenchPipelineConfig, progress: Callable[[str], None]) -> list[dict[str, Any]]:
     """Every (seed, mode) of ``modes`` on one sampler pool, the policy frozen."""
-    from tracerl.actors.pools import RolloutPool
-    from tracerl.actors.spec import WorkerSpec
     from tracerl.models.hf import load_policy
 
-    p = cfg.train.pools
-    spec = WorkerSpec(cfg.train.model, cfg.train.sampler, cfg.train.env, p)
-    pool = RolloutPool(
-        spec,
-        p.rollout_workers,
-        p.rollout_cpus,
-        p.rollout_gpus,
-        p.max_retries,
-        cfg.train.seed,
-        cfg.train.pipeline.reencode_queue,
-    )
+    pool = bench_pool(cfg)
     policy = load_policy(cfg.train.model)  # the predictor's features (the samplers load their own copy)
     runs: list[dict[str, Any]] = []
     combos = [(mode, b) for mode in cfg.modes for b in cfg.batchings]
@@ -101,6 +89,25 @@ def run_frozen_modes(cfg: BenchPipelineConfig, progress: Callable[[str], None]) 
     finally:
         pool.shutdown()
     return runs
+
+
+def bench_pool(cfg: BenchPipelineConfig, pool_class: Any = None) -> Any:
+    """The bench's sampler pool (``cfg.train.pools``: its actors, their environment actors), seeded with
+    ``cfg.train.seed``; ``pool_class``: a ``RolloutPool`` subclass (workflows/pipeline_pool.py times its actors)."""
+    from tracerl.actors.pools import RolloutPool
+    from tracerl.actors.spec import WorkerSpec
+
+    p = cfg.train.pools
+    spec = WorkerSpec(cfg.train.model, cfg.train.sampler, cfg.train.env, p)
+    return (pool_class or RolloutPool)(
+        spec,
+        p.rollout_workers,
+        p.rollout_cpus,
+        p.rollout_gpus,
+        p.max_retries,
+        cfg.train.seed,
+        cfg.train.pipeline.reencode_queue,
+    )
 
 
 def label(mode: str, batching: str) -> str:

@@ -75,17 +75,7 @@ class TimedPool(RolloutPool):
     actors' records of that phase."""
 
     phases: list[dict[str, Any]]
-
-    def _new(self) -> Any:
-        import ray
-
-        from tracerl.actors.retry import OWN
-
-        return (
-            ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0)(TimedWorker)
-            .options(scheduling_strategy=OWN)
-            .remote(self.spec)
-        )
+    worker_class = TimedWorker
 
     def _phase_timed(self, what: str, run: Any) -> Any:
         import ray
@@ -132,26 +122,15 @@ def measure_pool(steps: int, seed: int, warmup: int = 1) -> dict[str, Any]:
     that is neither generating nor waiting for tools (parse, encode, grade, tree building: ``turn_overhead_s``),
     and the per-phase time at the driver that no actor spends inside its call (Ray calls, shipping the trees:
     ``phase_overhead_s``)."""
-    from tracerl.actors.spec import WorkerSpec
     from tracerl.config_loader import compose, conf_dir
     from tracerl.experiment_config import BenchPipelineConfig
     from tracerl.models.hf import load_policy
-    from workflows.bench_pipeline import run_one
+    from workflows.bench_pipeline import bench_pool, run_one
     from workflows.ray_utils import init_ray
 
     cfg = compose(BenchPipelineConfig, conf_dir() / "bench" / "pipeline.yaml", [f"seed={seed}"])
     init_ray(cfg.train.cluster)
-    p = cfg.train.pools
-    spec = WorkerSpec(cfg.train.model, cfg.train.sampler, cfg.train.env, p)
-    pool = TimedPool(
-        spec,
-        p.rollout_workers,
-        p.rollout_cpus,
-        p.rollout_gpus,
-        p.max_retries,
-        seed,
-        cfg.train.pipeline.reencode_queue,
-    )
+    pool = bench_pool(cfg, TimedPool)
     pool.phases = []
     policy = load_policy(cfg.train.model)
     try:
@@ -160,7 +139,12 @@ def measure_pool(steps: int, seed: int, warmup: int = 1) -> dict[str, Any]:
         measured = run_one(cfg, pool, policy, "barrier", seed, lambda s: print(s, file=sys.stderr), steps)
     finally:
         pool.shutdown()
-    return {"seed": seed, "env_workers": p.env_workers, "steps": measured, "phases": pool.phases}
+    return {
+        "seed": seed,
+        "env_workers": cfg.train.pools.env_workers,
+        "steps": measured,
+        "phases": pool.phases,
+    }
 
 
 def summarize_pool(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -202,6 +202,9 @@ def balanced_shards(counts: Sequence[int], n: int) -> list[list[int]]:
 class RolloutPool:
     """The step driver's ``TreeBackend`` over a pool of ``RolloutWorker`` actors."""
 
+    worker_class: type[RolloutWorker] = RolloutWorker
+    """The actors' class (workflows/pipeline_pool.py times a subclass's calls)."""
+
     def __init__(
         self,
         spec: WorkerSpec,
@@ -234,7 +237,7 @@ class RolloutPool:
 
     def _new(self) -> Any:
         return (
-            ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0)(RolloutWorker)
+            ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0)(self.worker_class)
             .options(scheduling_strategy=OWN)
             .remote(self.spec)
         )
