@@ -156,6 +156,37 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
         compose(BenchAllocationConfig, bad)
 
 
+def _at_stack_depth(frames: int, fn: Any) -> Any:
+    return fn() if frames == 0 else _at_stack_depth(frames - 1, fn)
+
+
+@pytest.mark.parametrize("frames", [0, 600])
+def test_too_deep_values_fail_the_same_way_at_any_stack_depth(tmp_path: Path, frames: int) -> None:
+    """A list nested 150 deep parsed as YAML but exhausted Python's stack in OmegaConf.create, only sometimes
+    (found by test_fuzz: hypothesis saw it fail, then pass when replayed from a shallower stack). The limit is
+    fixed, so where the caller stands on the stack does not matter."""
+    from tracerl.config import TrainConfig
+    from tracerl.config_loader import MAX_DEPTH
+
+    smoke = conf_dir() / "train/smoke.yaml"
+    for depth in (MAX_DEPTH + 1, 150, 5000):
+        value = "[" * depth + "]" * depth
+        with pytest.raises(
+            ConfigError, match=f"the value nests lists or mappings more than {MAX_DEPTH} deep"
+        ):
+            _at_stack_depth(frames, lambda v=value: compose(TrainConfig, smoke, [f"budget.num_roots={v}"]))
+    with pytest.raises(ConfigError, match="bad value for 'budget.num_roots'"):  # at the limit: the type check
+        _at_stack_depth(
+            frames, lambda: compose(TrainConfig, smoke, ["budget.num_roots=" + "[" * 32 + "]" * 32])
+        )
+    with pytest.raises(ConfigError, match=f"a key has at most {MAX_DEPTH} dotted parts"):
+        compose(TrainConfig, smoke, [".".join(["budget"] * 400) + "=1"])
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("steps: " + "{a: " * 150 + "1" + "}" * 150 + "\n")
+    with pytest.raises(ConfigError, match=f"{deep} nests lists or mappings more than {MAX_DEPTH} deep"):
+        _at_stack_depth(frames, lambda: compose(TrainConfig, deep))
+
+
 def test_cli_shorthands_set_config_keys() -> None:
     args = build_parser().parse_args(
         [

@@ -268,6 +268,7 @@ _VALUES = st.one_of(
 
 @settings(deadline=None, max_examples=int(60 * SCALE))
 @example(items=["budget.num_roots=" + "[" * 5000])  # found by this test: RecursionError from PyYAML
+@example(items=["budget.num_roots=" + "[" * 150 + "]" * 150])  # found by it: RecursionError in OmegaConf
 @example(items=["allocator=" + "[" * 251])  # found by this test: OSError, file name too long
 @example(items=["k" * 300 + "=1", "allocator=a/b", "allocator=\x00"])
 @given(items=st.lists(st.tuples(_KEYS, st.sampled_from(["=", "", "=="]), _VALUES).map("".join), max_size=3))

@@ -64,8 +64,45 @@ _Loader.add_implicit_resolver(
 )
 
 
+MAX_DEPTH = 32
+"""The deepest nesting a config value may have (lists and mappings). A fixed limit, so a too deep value is refused
+the same way whatever the call stack: OmegaConf builds nodes recursively (~150 levels exhausted Python's stack in
+``OmegaConf.create``), and whether a value near that depth failed depended on how deep the caller already was."""
+
+
+class _TooDeep(Exception):
+    """A parsed YAML value nested deeper than :data:`MAX_DEPTH`."""
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and mappings nest in ``value`` (a scalar: 0), without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        node, level = todo.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if deepest > MAX_DEPTH:
+            break
+        todo.extend((child, level + 1) for child in children)
+    return deepest
+
+
 def _load(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    """Parse YAML text.
+
+    Raises:
+        yaml.YAMLError: not YAML.
+        _TooDeep: nested deeper than MAX_DEPTH (PyYAML's own recursion limit included).
+    """
+    try:
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except RecursionError:  # PyYAML composes nesting recursively
+        raise _TooDeep from None
+    if _depth(data) > MAX_DEPTH:
+        raise _TooDeep
+    return data
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -75,8 +112,10 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         data = _load(path.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
-    except RecursionError:  # PyYAML parses nesting recursively
-        raise ConfigError(f"{path} is nested too deeply to read") from None
+    except _TooDeep:
+        raise ConfigError(
+            f"{path} nests lists or mappings more than {MAX_DEPTH} deep; write a flatter value"
+        ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -181,10 +220,12 @@ def _parse_override(item: str) -> tuple[str, Any]:
         value = _load(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
-    except RecursionError:  # PyYAML parses nesting recursively
+    except _TooDeep:
         raise ConfigError(
-            f"override '{key}': the value is nested too deeply to read; write a flatter value"
+            f"override '{key}': the value nests lists or mappings more than {MAX_DEPTH} deep; write a flatter value"
         ) from None
+    if key.count(".") >= MAX_DEPTH:
+        raise ConfigError(f"override '{key[:80]}...': a key has at most {MAX_DEPTH} dotted parts")
     return key, value
 
 
@@ -250,6 +291,8 @@ def compose(
         raise ConfigError(f"invalid config: {str(exc).splitlines()[0]} (key '{key}')") from exc
     except ValueError as exc:  # __post_init__ range checks
         raise ConfigError(str(exc)) from exc
+    except RecursionError:  # a backstop: MAX_DEPTH keeps every value shallower than OmegaConf's limit
+        raise ConfigError(f"{path}: the config nests too deeply to merge; write flatter values") from None
     if not isinstance(obj, schema):  # a structured config always converts back to its dataclass
         raise ConfigError(f"config did not resolve to a {schema.__name__} (got {type(obj).__name__})")
     try:
