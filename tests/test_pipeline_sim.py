@@ -209,6 +209,20 @@ def test_cli_writes_the_sim_part_and_validates(tmp_path: Path) -> None:
     assert main(["bench", "pipeline", "--sim", "--profile", str(tmp_path / "nope.yaml")]) == 2
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(b"a: [1,\n", "is not valid YAML"), (b"\xff\xfe", "is not UTF-8 text"), (b"- 1\n", "is a YAML mapping")],
+)
+def test_a_bad_profile_file_is_one_line_naming_it_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, message: str
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(content)
+    assert main(["bench", "pipeline", "--sim", "--profile", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"tracerl: {bad}") and message in err and "\n" not in err
+
+
 def test_tree_shapes_for_the_profile(tmp_path: Path) -> None:
     """pipeline_measure reads turns of bare rollouts, tokens per turn and observation tokens from trees.jsonl."""
     from workflows.pipeline_measure import summarize_trees

@@ -264,7 +264,18 @@ def profile_from_dict(raw: dict[str, Any], origin: str = "profile") -> Profile:
 
 
 def load_profile(path: Path) -> Profile:
-    raw = yaml.safe_load(Path(path).read_text())
+    """Read a pipeline profile.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: not UTF-8, not YAML, or not a profile; the message names the file.
+    """
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a pipeline profile is a YAML mapping")
     return profile_from_dict(raw, str(path))
