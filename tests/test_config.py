@@ -154,6 +154,9 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
     bad.write_text("- a list\n")
     with pytest.raises(ConfigError, match="must hold a mapping"):
         compose(BenchAllocationConfig, bad)
+    bad.write_bytes(b"\xff\xfe")
+    with pytest.raises(ConfigError, match=f"{bad} is not UTF-8 text"):
+        compose(BenchAllocationConfig, bad)
 
 
 def _at_stack_depth(frames: int, fn: Any) -> Any:

@@ -110,6 +110,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}")
     try:
         data = _load(path.read_text())
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
     except _TooDeep:
@@ -225,7 +227,8 @@ def _parse_override(item: str) -> tuple[str, Any]:
             f"override '{key}': the value nests lists or mappings more than {MAX_DEPTH} deep; write a flatter value"
         ) from None
     if key.count(".") >= MAX_DEPTH:
-        raise ConfigError(f"override '{key[:80]}...': a key has at most {MAX_DEPTH} dotted parts")
+        shown = key if len(key) <= 80 else key[:80] + "..."
+        raise ConfigError(f"override '{shown}': a key has at most {MAX_DEPTH} dotted parts")
     return key, value
 
 
