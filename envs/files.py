@@ -46,21 +46,39 @@ def describe_fields(row: Mapping[str, Any]) -> str:
 
 
 def _text(path: Path) -> str:
+    data = path.read_bytes()
     try:
-        return path.read_text(encoding="utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DataFileError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataFileError(f"{path} line {line}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def _lines(path: Path) -> Iterator[str]:
-    """The file's lines, streamed (a corpus may not fit in memory twice)."""
-    with path.open(encoding="utf-8") as f:
+    """The file's lines, streamed (a corpus may not fit in memory twice), decoded one at a time.
+
+    Each line is decoded on its own, so a decoding error names the line it is on (a text-mode reader decodes
+    ahead of the line it yields). Line ends are read as Python's universal newlines: ``\\n``, ``\\r\\n`` and a
+    lone ``\\r`` each end a line.
+    """
+    with path.open("rb") as f:
         n = 0
-        try:
-            for n, line in enumerate(f, start=1):  # noqa: B007 - n names the line a decoding error is on
-                yield line
-        except UnicodeDecodeError as e:
-            raise DataFileError(f"{path} line {n + 1}: not UTF-8 text ({e.reason})") from None
+        for raw in f:
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataFileError(f"{path} line {n + 1}: not UTF-8 text ({e.reason})") from None
+            if "\r" in text:
+                text = text.replace("\r\n", "\n")
+                parts = text.split("\r")
+                for part in parts[:-1]:
+                    n += 1
+                    yield part + "\n"
+                text = parts[-1]
+                if not text:
+                    continue
+            n += 1
+            yield text
 
 
 def _jsonl(path: Path, lines: Iterable[str]) -> Iterator[Record]:

@@ -247,6 +247,30 @@ def test_good_files_still_load_with_the_same_ids(tmp_path: Path) -> None:
     assert [(x.text, x.answer) for x in load_math_file(p["t.parquet"])] == [("3*3?", "9")]
 
 
+@pytest.mark.parametrize("name", ["tasks.jsonl", "tasks.json", "corpus.jsonl"])
+@pytest.mark.parametrize("bad_line", [2, 5001])
+def test_a_line_that_is_not_utf8_is_named_by_its_own_number(tmp_path: Path, name: str, bad_line: int) -> None:
+    # The streamed reader decoded ahead of its line counter: line 2 was reported as line 1, 5001 as 4841.
+    path = tmp_path / name
+    good = json.dumps({"question": "q", "answer": "1", "contents": "c"}).encode() + b"\r\n"
+    path.write_bytes(good * (bad_line - 1) + b'{"question": "\xff", "answer": "1"}\n' + good * 3)
+    with pytest.raises(DataFileError, match=rf"{name} line {bad_line}: not UTF-8 text"):
+        read_corpus(path) if name.startswith("corpus") else load_math_file(path)
+
+
+def test_line_ends_of_every_kind_give_the_same_records(tmp_path: Path) -> None:
+    rows = _jsonl(GOOD)
+    for end in ("\r\n", "\r"):
+        path = tmp_path / f"t{len(end)}.jsonl"
+        path.write_bytes(rows.replace("\n", end).encode())
+        got = load_math_file(path)
+        assert [(x.text, x.answer) for x in got] == [("1+1?", "2"), ("2+2?", "4"), ("3+3?", "6")]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes((_jsonl(GOOD[:2]) + '{"question": "x", \n').replace("\n", "\r").encode())
+    with pytest.raises(DataFileError, match=r"bad\.jsonl line 3: not valid JSON"):
+        load_math_file(bad)
+
+
 @pytest.fixture
 def nothing_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """Run in an empty directory where starting Ray fails the test; returns the MLflow store's path (must stay
