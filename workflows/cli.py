@@ -262,6 +262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"tracerl: config error: {exc}", file=sys.stderr)
         return 2
+    except ConnectionError as exc:  # a server the command was pointed at (tracking, Ray head) does not answer
+        print(f"tracerl: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

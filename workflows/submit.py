@@ -56,11 +56,47 @@ EXCLUDES = [
 PROJECT_MARKERS = ("platform/tracerl", "workflows", "conf")
 
 
+CONNECT_TIMEOUT_S = 10.0
+"""How long a call to the job API waits for its connection."""
+ANSWER_TIMEOUT_S = {"/api/version": 15.0}
+"""How long a call waits for the head's answer, by endpoint; others wait ``DEFAULT_ANSWER_S`` (an upload of the
+working directory is answered once the head has stored it)."""
+DEFAULT_ANSWER_S = 120.0
+
+
 def _client(address: str) -> Any:
+    """A Ray job client whose every HTTP call has a time limit (Ray's own has none: a listening socket that never
+    answers held ``tracerl submit`` forever); a call past it is a ``ConnectionError`` naming the address."""
     os.environ.setdefault("RAY_AUTH_MODE", "token")
+    import requests
     from ray.job_submission import JobSubmissionClient
 
-    return JobSubmissionClient(address)
+    class TimedClient(JobSubmissionClient):
+        def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> Any:
+            answer_s = ANSWER_TIMEOUT_S.get(endpoint, DEFAULT_ANSWER_S)
+            kwargs.setdefault("timeout", (CONNECT_TIMEOUT_S, answer_s))
+            try:
+                return super()._do_request(method, endpoint, **kwargs)
+            except requests.exceptions.ConnectTimeout:
+                raise ConnectionError(
+                    f"the Ray job API at {address} did not take a connection within {CONNECT_TIMEOUT_S:.0f} s: "
+                    "check --address (the head's dashboard, e.g. http://HEAD:8265) and that the head is up"
+                ) from None
+            except requests.exceptions.Timeout:
+                raise ConnectionError(
+                    f"the Ray job API at {address} accepted a connection but did not answer {method} {endpoint} "
+                    f"within {answer_s:.0f} s: check that --address is a Ray head's dashboard (e.g. "
+                    "http://HEAD:8265), not another service, and that the head is not overloaded"
+                ) from None
+
+    from ray.exceptions import AuthenticationError
+
+    try:
+        return TimedClient(address)
+    except (
+        AuthenticationError
+    ) as exc:  # no token here, or the head refused it: Ray's text says where to put one
+        raise ConnectionError(f"the Ray job API at {address} needs an authentication token: {exc}") from None
 
 
 def entrypoint(command: str, args: Sequence[str], python: str | None = None) -> str:

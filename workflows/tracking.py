@@ -57,12 +57,59 @@ def where(cfg: TrackingConfig) -> str:
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
 
+PROBE_CONNECT_S = 5.0
+PROBE_ANSWER_S = 15.0
+
+
+class TrackingUnreachable(ConnectionError):
+    """No tracking server answers at the configured address; the message names it and says what to do."""
+
+
+def check_reachable(uri: str) -> None:
+    """Fail fast, in one line, when nothing answers at an ``http(s)`` tracking URI (any HTTP answer will do).
+
+    MLflow's own client retries an unreachable server for minutes (7 retries with back-off, 120 s each) and then
+    raises a long traceback; this probe answers in at most ``PROBE_CONNECT_S + PROBE_ANSWER_S`` seconds. Other
+    schemes (a SQLite or file store) are left to MLflow.
+
+    Raises:
+        TrackingUnreachable: the connection was refused, timed out, or the server accepted it and did not answer.
+    """
+    if not uri.startswith(("http://", "https://")):
+        return
+    import requests
+
+    fix = (
+        "start the server (`mlflow server --host 127.0.0.1 --port PORT`, or `tracerl ui` for a local store) or "
+        f"point tracking.uri (or ${ENV_VAR}) at one that runs, e.g. tracking.uri={DEFAULT_URI}"
+    )
+    try:
+        requests.get(uri.rstrip("/") + "/health", timeout=(PROBE_CONNECT_S, PROBE_ANSWER_S))
+    except requests.exceptions.ConnectTimeout:
+        raise TrackingUnreachable(
+            f"tracking server {uri}: no answer to a connection within {PROBE_CONNECT_S:.0f} s; {fix}"
+        ) from None
+    except requests.exceptions.ReadTimeout:
+        raise TrackingUnreachable(
+            f"tracking server {uri}: it accepted a connection but did not answer within {PROBE_ANSWER_S:.0f} s "
+            f"(is it an MLflow server?); {fix}"
+        ) from None
+    except requests.exceptions.RequestException as exc:
+        reason = "connection refused" if "refused" in str(exc).lower() else type(exc).__name__
+        raise TrackingUnreachable(f"tracking server {uri}: cannot connect ({reason}); {fix}") from None
+
+
 def setup(cfg: TrackingConfig, experiment: str | None = None) -> str:
     """Point MLflow at ``cfg.uri`` (resolved) and make sure the experiment exists, marked as a model-training
-    experiment (an existing one that has no kind gets it); returns its id."""
+    experiment (an existing one that has no kind gets it); returns its id.
+
+    Raises:
+        TrackingUnreachable: ``cfg.uri`` is an HTTP address where no server answers (``check_reachable``).
+    """
     import mlflow
 
     uri = resolve_uri(cfg.uri)
+    check_reachable(uri)
     mlflow.set_tracking_uri(uri)
     name = experiment or cfg.experiment
     client = mlflow.MlflowClient()

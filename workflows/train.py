@@ -110,6 +110,7 @@ def train(
     # Quiet workers: no per-load progress bars (the workers inherit these when this process starts Ray).
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    trk.check_reachable(resolve_uri(cfg.tracking.uri))  # before Ray starts: a dead server is one line, at once
     init_ray(cfg.cluster)  # before the run exists: a job that cannot fit leaves no empty run behind
     check_resources(resource_demand(cfg), cfg.cluster, RESOURCE_KNOBS, progress)
     exp_id = trk.setup(cfg.tracking)

@@ -1,0 +1,134 @@
+"""A server the CLI is pointed at that refuses, or accepts and never answers, is one line and exit 2 within a
+bounded time: the MLflow tracking server (``workflows.tracking.check_reachable``) and the Ray job API
+(``tracerl submit``). Limits are shortened here; the waits they bound are the defaults' (15 s, 120 s)."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from workflows import submit, tracking
+from workflows.cli import main
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port whose socket listens (connections are accepted by the kernel) and never answers."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(16)
+    try:
+        yield s.getsockname()[1]
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port: int = s.getsockname()[1]
+    s.close()  # nothing listens there now: connections are refused
+    return port
+
+
+@pytest.fixture
+def short_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tracking, "PROBE_ANSWER_S", 0.5)
+    monkeypatch.setattr(submit, "ANSWER_TIMEOUT_S", {})
+    monkeypatch.setattr(submit, "DEFAULT_ANSWER_S", 0.5)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "x" * 32)
+
+
+def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    """The one error line (progress lines such as 'MLflow tracking at ...' may come before it)."""
+    out = capsys.readouterr()
+    errors = [line for line in out.err.splitlines() if line.startswith("tracerl:")]
+    assert "Traceback" not in out.err + out.out and len(errors) == 1, out.err
+    return errors[0]
+
+
+@pytest.mark.parametrize("command", ["compare", "register"])
+def test_a_tracking_server_that_refuses_is_one_line(
+    command: str, closed_port: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uri = f"http://127.0.0.1:{closed_port}"
+    args = ["--no-log"] if command == "compare" else ["RUN", "--name", "m"]
+    assert main([command, *args, "--tracking-uri", uri]) == 2
+    err = _one_line(capsys)
+    assert f"tracking server {uri}: cannot connect (connection refused)" in err
+    assert "tracking.uri=sqlite:///mlruns.db" in err
+
+
+def test_a_tracking_server_that_never_answers_is_one_line(
+    silent_port: int, short_limits: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uri = f"http://127.0.0.1:{silent_port}"
+    assert main(["compare", "--no-log", "--tracking-uri", uri]) == 2
+    assert "accepted a connection but did not answer within 0 s" in _one_line(capsys)
+
+
+def test_train_refuses_a_dead_tracking_server_before_ray_starts(
+    closed_port: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import workflows.ray_utils
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise AssertionError("Ray was started before the tracking server was checked")
+
+    monkeypatch.setattr(workflows.ray_utils, "init_ray", boom)
+    uri = f"http://127.0.0.1:{closed_port}"
+    assert main(["train", "--config", "conf/train/smoke.yaml", f"tracking.uri={uri}"]) == 2
+    assert f"tracking server {uri}: cannot connect" in _one_line(capsys)
+
+
+def test_any_http_answer_counts_as_a_server() -> None:
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_error(404)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        tracking.check_reachable(f"http://127.0.0.1:{server.server_port}/prefix")  # a 404 is an answer
+        tracking.check_reachable("sqlite:///nowhere/mlruns.db")  # not HTTP: left to MLflow
+    finally:
+        server.shutdown()
+
+
+def test_submit_to_a_job_api_that_never_answers_is_one_line(
+    silent_port: int, short_limits: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    address = f"http://127.0.0.1:{silent_port}"
+    assert main(["submit", "--address", address, "--no-follow", "train"]) == 2
+    err = _one_line(capsys)
+    assert f"the Ray job API at {address} accepted a connection but did not answer GET /api/version" in err
+    assert main(["submit", "--address", address, "--status", "raysubmit_1"]) == 2
+    assert "did not answer GET /api/version" in _one_line(capsys)
+
+
+def test_submit_without_a_token_is_one_line(silent_port: int, tmp_path: Path) -> None:
+    # In a child: Ray's token loader keeps the token it first found for the life of the process.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_TOKEN")}
+    env.update(HOME=str(tmp_path), RAY_AUTH_TOKEN_PATH=str(tmp_path / "absent"))
+    address = f"http://127.0.0.1:{silent_port}"
+    res = subprocess.run(
+        [sys.executable, "-m", "workflows.cli", "submit", "--address", address, "--no-follow", "train"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert f"tracerl: the Ray job API at {address} needs an authentication token" in res.stderr
