@@ -28,6 +28,7 @@ from tracerl.experiment_config import (
 from workflows import cli_bench, cli_mlflow
 from workflows.cli_args import Command, Shorthand, add_job_args
 from workflows.cli_args import progress as _progress
+from workflows.ray_utils import exit_code
 from workflows.tracking import resolve_uri
 
 
@@ -262,6 +263,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"tracerl: config error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM or SIGHUP: every finally has run; no traceback
+        print(
+            f"tracerl: {str(exc) or 'interrupted'}; what ran is kept (a run is marked KILLED)",
+            file=sys.stderr,
+        )
+        return exit_code(exc)
     except ConnectionError as exc:  # a server the command was pointed at (tracking, Ray head) does not answer
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2

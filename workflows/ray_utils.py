@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Callable
 
 from tracerl.config import ClusterConfig
@@ -25,6 +27,42 @@ def init_ray(cfg: ClusterConfig) -> None:
         )
     else:
         ray.init(address=cfg.address)
+    end_on_signals()
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP reached the driver: it unwinds like Ctrl-C (every ``finally`` runs, a run is marked
+    KILLED) and the command exits ``128 + signum`` (143 for SIGTERM)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def end_on_signals() -> None:
+    """SIGTERM and SIGHUP raise ``Terminated`` in the main thread, once (later ones are ignored while it unwinds).
+
+    Called after ``ray.init``, which leaves the C++ failure-signal handler on SIGTERM: it printed a stack dump, and
+    the driver then died of SIGABRT (exit 134) instead of unwinding. Python's own handler replaces it for these two
+    signals only (a crash still gets Ray's dump). No-op outside the main thread (signals cannot be set there).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    fired: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        if fired:
+            return
+        fired.append(signum)
+        raise Terminated(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
+def exit_code(exc: KeyboardInterrupt) -> int:
+    """What a shell reports for the signal: 128 + signum (130 for Ctrl-C)."""
+    return 128 + (exc.signum if isinstance(exc, Terminated) else signal.SIGINT)
 
 
 def check_resources(

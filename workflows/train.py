@@ -110,7 +110,9 @@ def train(
     # Quiet workers: no per-load progress bars (the workers inherit these when this process starts Ray).
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    trk.check_reachable(resolve_uri(cfg.tracking.uri))  # before Ray starts: a dead server is one line, at once
+    trk.check_reachable(
+        resolve_uri(cfg.tracking.uri)
+    )  # before Ray starts: a dead server is one line, at once
     init_ray(cfg.cluster)  # before the run exists: a job that cannot fit leaves no empty run behind
     check_resources(resource_demand(cfg), cfg.cluster, RESOURCE_KNOBS, progress)
     exp_id = trk.setup(cfg.tracking)
@@ -147,6 +149,9 @@ def train(
     try:
         trainer.fit()
         status = "FINISHED"
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM / SIGHUP (workflows.ray_utils.Terminated)
+        status = "KILLED"
+        raise
     finally:
         steps_bar.close()
         if status == "FAILED" and "tracerl.stopped_early" in client.get_run(run_id).data.tags:
@@ -160,10 +165,9 @@ def train(
         ).flush():  # what rank 0 spooled and could not send
             progress(f"metrics still spooled in {storage}: the tracking server is unreachable")
         client.set_terminated(run_id, status=status)
-        if status == "FAILED":
-            progress(
-                f"training failed; the run and its checkpoints are kept: `tracerl train resume={run_id}`"
-            )
+        if status in ("FAILED", "KILLED"):
+            what = "training failed" if status == "FAILED" else "training stopped"
+            progress(f"{what}; the run and its checkpoints are kept: `tracerl train resume={run_id}`")
     summary = run_summary(run_id, cfg.tracking)
     summary.update(
         run_id=run_id,

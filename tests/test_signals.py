@@ -1,0 +1,41 @@
+"""SIGTERM and SIGHUP unwind the driver like Ctrl-C (``workflows.ray_utils.end_on_signals``): every ``finally``
+runs once, a second signal does not interrupt the clean-up, and the CLI's exit code is 128 + signum."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+CHILD = """
+import os, signal, sys
+from workflows.ray_utils import Terminated, end_on_signals, exit_code
+end_on_signals()
+cleaned = []
+try:
+    try:
+        os.kill(os.getpid(), signal.{sig})
+        signal.pause()
+    finally:
+        os.kill(os.getpid(), signal.{sig})  # a second one while unwinding is ignored
+        cleaned.append(1)
+except Terminated as exc:
+    print(exc, exc.signum, exit_code(exc), len(cleaned))
+    sys.exit(exit_code(exc))
+"""
+
+
+@pytest.mark.parametrize(("sig", "code"), [("SIGTERM", 143), ("SIGHUP", 129)])
+def test_a_signal_unwinds_once_and_exits_128_plus_signum(sig: str, code: int) -> None:
+    res = subprocess.run(
+        [sys.executable, "-c", CHILD.format(sig=sig)], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == code, res.stderr
+    assert res.stdout.split() == ["stopped", "by", sig, str(code - 128), str(code), "1"]
+
+
+def test_ctrl_c_keeps_130() -> None:
+    from workflows.ray_utils import exit_code
+
+    assert exit_code(KeyboardInterrupt()) == 130
