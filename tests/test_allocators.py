@@ -14,6 +14,7 @@ from tracerl.types import Anchor
 ALL = [
     "grpo",
     "pcl",
+    "knapsack",
     "treepo",
     "trace",
     "trace_debiased",
@@ -85,6 +86,9 @@ def test_equal_leaves_every_step(name: str) -> None:
         assert sum(t.num_leaves for t in out.trees) == 288
         if name in ("grpo", "pcl"):
             assert len(out.trees) == 36 and all(t.num_bare == 8 for t in out.trees)
+        elif name == "knapsack":  # flat, counts 0 or 2..16 per prompt
+            assert out.ledger.bare_rollouts == 288 and out.ledger.continuations == out.ledger.extra_bare == 0
+            assert all(2 <= t.num_bare <= 16 and t.num_leaves == t.num_bare for t in out.trees)
         else:
             assert out.ledger.bare_rollouts - out.ledger.extra_bare == 96
             # each prompt's local budget m N is spent inside its own tree

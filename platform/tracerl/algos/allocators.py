@@ -15,6 +15,7 @@ cases (docs/method.md, "Stage 1", "Stage 2", "Baselines"):
 |--------------------|---------------------------------------|----------------------|
 | grpo               | L/G random prompts x G                | none                 |
 | pcl                | L/G prompts with v closest to 0.5 x G | none                 |
+| knapsack           | L rollouts, Value(v, n) knapsack      | none                 |
 | dapo               | like grpo, re-sampled until L/G mixed | none (dynamic)       |
 | treepo             | M/g random prompts x g                | uniformly random     |
 | trace_root_only    | exact V_root solver                   | uniformly random     |

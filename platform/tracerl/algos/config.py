@@ -17,7 +17,7 @@ class AllocatorConfig:
     """How the rollout budget is placed on prompts and prefixes (docs/method.md, "Stage 1", "Stage 2", "Baselines")."""
 
     name: str = "trace"
-    """Registered allocator (grpo, pcl, treepo, trace, trace_debiased, trace_plus, trace_root_only, trace_prefix_only, oracle_trace, dapo) or 'module:attr'."""
+    """Registered allocator (grpo, pcl, knapsack, treepo, trace, trace_debiased, trace_plus, trace_root_only, trace_prefix_only, oracle_trace, dapo) or 'module:attr'."""
     m_min: int = 2
     """Smallest non-zero number of bare rollouts per selected prompt (a single rollout has no contrast)."""
     m_max: int = 16
@@ -28,8 +28,12 @@ class AllocatorConfig:
     """Bare rollouts per prompt for uniform-root tree allocators (treepo, trace_prefix_only) and cold start."""
     max_gen_batches: int = 4
     """dapo: most generation batches (of budget.num_groups prompts) drawn to fill the kept groups."""
+    knapsack_info: Literal["paper", "variance"] = "paper"
+    """knapsack: the information term I(p) of a prompt's value: 'paper', Knapsack RL's InfoGain p (1 - p)^2, or
+    'variance', the reward variance p (1 - p) (algos/knapsack.py)."""
 
     def __post_init__(self) -> None:
+        check_choices(self, "allocator")
         check(self.m_min >= 1, f"allocator.m_min must be >= 1 (got {self.m_min})")
         check(
             self.m_max >= self.m_min,

@@ -36,6 +36,17 @@ def allowed_counts(m_min: int, m_max: int) -> np.ndarray:
     return np.concatenate([[0], np.arange(m_min, m_max + 1)])
 
 
+def check_placeable(num: int, budget: int, m_min: int, m_max: int) -> None:
+    """Raise ValueError unless ``budget`` rollouts can be spread over ``num`` candidates, each 0 or m_min..m_max."""
+    if not 1 <= m_min <= m_max:
+        raise ValueError(f"need 1 <= m_min <= m_max, got m_min={m_min}, m_max={m_max}")
+    if budget < 0 or budget > num * m_max or 0 < budget < m_min:
+        raise ValueError(
+            f"cannot place {budget} rollouts on {num} candidates with counts in {{0}} U [{m_min}, {m_max}]: "
+            f"raise the candidate pool or m_max, or change the budget"
+        )
+
+
 def solve_roots(v: np.ndarray, budget: int, m_min: int, m_max: int, rng: np.random.Generator) -> np.ndarray:
     """Exactly optimal rollout counts for the candidates.
 
@@ -53,15 +64,32 @@ def solve_roots(v: np.ndarray, budget: int, m_min: int, m_max: int, rng: np.rand
         ValueError: the budget cannot be spent exactly under the bounds.
     """
     v = np.clip(np.asarray(v, dtype=float), 0.0, 1.0)
-    num = v.shape[0]
-    if not 1 <= m_min <= m_max:
-        raise ValueError(f"need 1 <= m_min <= m_max, got m_min={m_min}, m_max={m_max}")
-    if budget < 0 or budget > num * m_max or 0 < budget < m_min:
-        raise ValueError(
-            f"cannot place {budget} rollouts on {num} candidates with counts in {{0}} U [{m_min}, {m_max}]: "
-            f"raise the candidate pool or m_max, or change the budget"
-        )
+    check_placeable(v.shape[0], budget, m_min, m_max)
     choices = allowed_counts(m_min, m_max)
+    return solve_gain_table(v_root(v[:, None], choices[None, :]), choices, budget, rng)
+
+
+def solve_gain_table(
+    gains: np.ndarray, choices: np.ndarray, budget: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Exact separable allocation: one count per candidate from ``choices``, maximising the summed gains.
+
+    The DP behind ``solve_roots``, over any gain table (``algos/knapsack.py`` weights V_root per prompt), so the
+    solvers share one tie rule.
+
+    Args:
+        gains: value of giving candidate i ``choices[c]`` rollouts, shape (B, C); choice 0 is 0 rollouts.
+        choices: the allowed counts, shape (C,), increasing, starting at 0.
+        budget: rollouts to place; spent exactly.
+        rng: breaks ties between equally good allocations (module docstring).
+
+    Returns:
+        counts, shape (B,), int64, summing to ``budget``.
+
+    Raises:
+        ValueError: the budget is not reachable with these choices.
+    """
+    num = gains.shape[0]
     order = rng.permutation(num)
     neg = np.iinfo(np.int64).min // 4
     best = np.full(budget + 1, neg, dtype=np.int64)  # best[b]: max objective spending exactly b
@@ -71,14 +99,14 @@ def solve_roots(v: np.ndarray, budget: int, m_min: int, m_max: int, rng: np.rand
     src = cols[None, :] - choices[:, None]  # (C, M+1): budget before buying `choices[c]` rollouts
     valid = src >= 0
     src = np.maximum(src, 0)
-    gains_all = np.round(v_root(v[:, None], choices[None, :]) * _SCALE).astype(np.int64)  # (B, C)
+    gains_all = np.round(np.asarray(gains, dtype=float) * _SCALE).astype(np.int64)  # (B, C)
     for row, i in enumerate(order):
         cand = np.where(valid, best[src] + gains_all[i][:, None], neg)
         # argmax returns the first maximum: the smallest count among equally good choices.
         pick[row] = np.argmax(cand, axis=0)
         best = cand[pick[row], cols]
     if best[budget] <= neg // 2:
-        raise ValueError(f"budget {budget} is not reachable with counts in {{0}} U [{m_min}, {m_max}]")
+        raise ValueError(f"budget {budget} is not reachable with counts in {choices.tolist()}")
     counts = np.zeros(num, dtype=np.int64)
     b = budget
     for row in range(num - 1, -1, -1):

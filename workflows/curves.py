@@ -1,0 +1,471 @@
+"""Compute-matched learning curves (issue 29): time to a target accuracy, normalised area, a hierarchical bootstrap
+over seeds and held-out tasks, and ScaleRL's saturating fit. Pure numpy/scipy (no MLflow, no Ray): the study's
+report hands it arrays.
+
+A curve is held-out accuracy y at evaluation points x (generated tokens, or any compute measure), x strictly
+increasing. [choice] Between points the curve is linear; before its first point it is held at its first value and
+after its last point at its last value (a run is taken to stay where it was last measured), both for the area and
+for putting seeds with different evaluation points on one grid.
+
+Statistics of a set of runs (``EvalCurves``: per seed its points x and per task 0/1 correctness at each point) are
+read off its mean curve: the seeds' curves put on a common grid (the union of their points) and averaged.
+[choice] Tokens to target is that of the mean curve, not the mean of per-seed times (a seed that never reaches the
+target would make the latter infinite).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import OptimizeWarning, curve_fit
+
+# -- one curve -----------------------------------------------------------------------------------------------
+
+
+def _check_points(x: np.ndarray, y: np.ndarray) -> None:
+    """Raise ValueError unless x is a non-empty, strictly increasing vector and y's last axis matches it."""
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError(f"evaluation points must be a non-empty vector (got shape {x.shape})")
+    if y.shape[-1] != x.size:
+        raise ValueError(f"{x.size} evaluation points but {y.shape[-1]} values per curve")
+    if not np.all(np.diff(x) > 0):
+        raise ValueError("evaluation points must be strictly increasing")
+
+
+def first_crossing(x: np.ndarray, y: np.ndarray, target: float | np.ndarray) -> np.ndarray:
+    """Vectorised ``tokens_to_target``: curves y, shape (N, P), on shared points x, shape (P,); target scalar or (N,).
+
+    Returns:
+        shape (N,): the first x at which each curve reaches its target (``inf`` where it never does).
+    """
+    x = np.asarray(x, dtype=float)
+    y = np.atleast_2d(np.asarray(y, dtype=float))
+    _check_points(x, y)
+    tgt = np.broadcast_to(np.asarray(target, dtype=float), y.shape[:1])
+    reached = y >= tgt[:, None]
+    k = np.argmax(reached, axis=1)  # first point at or above the target
+    rows = np.arange(y.shape[0])
+    lo = np.maximum(k - 1, 0)
+    y0, y1 = y[rows, lo], y[rows, k]
+    # k > 0: y0 < target <= y1, so y1 > y0 and the interpolation is well defined.
+    frac = np.where(k > 0, (tgt - y0) / np.where(k > 0, y1 - y0, 1.0), 0.0)
+    at = x[lo] + frac * (x[k] - x[lo])
+    return np.where(reached.any(axis=1), at, np.inf)
+
+
+def tokens_to_target(x: np.ndarray, y: np.ndarray, target: float) -> float:
+    """The first x at which the piecewise-linear curve y(x) reaches ``target``; ``math.inf`` if it never does.
+
+    A curve that starts at or above the target reaches it at its first point.
+    """
+    return float(first_crossing(np.asarray(x, float), np.asarray(y, float)[None, :], target)[0])
+
+
+def interp_matrix(at: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The linear map from a curve's values at points x, shape (P,), to its values at ``at``, shape (Q,): (Q, P).
+
+    Linear between points, held at the end values outside them (as ``np.interp``); curves are rows, so
+    ``values_at = values @ interp_matrix(at, x).T``.
+    """
+    x = np.asarray(x, dtype=float)
+    at = np.asarray(at, dtype=float)
+    out = np.zeros((at.size, x.size))
+    if x.size == 1:
+        out[:, 0] = 1.0
+        return out
+    left = np.clip(np.searchsorted(x, at, side="right") - 1, 0, x.size - 2)
+    w = np.clip((at - x[left]) / (x[left + 1] - x[left]), 0.0, 1.0)
+    rows = np.arange(at.size)
+    out[rows, left] = 1.0 - w
+    out[rows, left + 1] += w
+    return out
+
+
+def auc_batch(x: np.ndarray, y: np.ndarray, budget: float) -> np.ndarray:
+    """Vectorised ``normalised_auc``: curves y, shape (N, P), on shared points x, shape (P,). Returns (N,)."""
+    x = np.asarray(x, dtype=float)
+    y = np.atleast_2d(np.asarray(y, dtype=float))
+    _check_points(x, y)
+    if not budget > 0:
+        raise ValueError(f"the compute budget must be > 0 (got {budget})")
+    knots = np.unique(np.concatenate([[0.0, budget], x[(x > 0) & (x < budget)]]))
+    values = y @ interp_matrix(knots, x).T  # exact: the curve is linear between consecutive knots
+    widths = np.diff(knots)
+    return ((values[:, 1:] + values[:, :-1]) / 2 * widths).sum(axis=1) / budget
+
+
+def normalised_auc(x: np.ndarray, y: np.ndarray, budget: float) -> float:
+    """Trapezoid area under y over [0, budget], divided by budget: the curve's mean accuracy over that compute.
+
+    The curve is held at its first value from 0 to its first point and at its last value from its last point up to
+    the budget (module docstring); a budget inside the points cuts the curve there. A constant c gives c.
+    """
+    return float(auc_batch(np.asarray(x, float), np.asarray(y, float)[None, :], budget)[0])
+
+
+def target_accuracy(start: float, baseline_final: float, frac: float = 0.9) -> float:
+    """The accuracy a run must reach: ``frac`` of the way from ``start`` to the baseline's final accuracy."""
+    return start + frac * (baseline_final - start)
+
+
+# -- runs: seeds x evaluation points x tasks -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvalCurves:
+    """One allocator's runs: per seed its evaluation points and per held-out task its 0/1 correctness at each."""
+
+    x: np.ndarray
+    """Evaluation points per seed, shape (S, P), each row strictly increasing (e.g. generated tokens so far)."""
+    correct: np.ndarray
+    """Correctness, shape (S, P, T): seed, evaluation point, task; values in {0, 1} (or a score in [0, 1])."""
+
+    def __post_init__(self) -> None:
+        x, c = np.asarray(self.x, dtype=float), np.asarray(self.correct, dtype=float)
+        if x.ndim != 2 or c.ndim != 3 or c.shape[:2] != x.shape or 0 in c.shape:
+            raise ValueError(
+                f"need x of shape (seeds, points) and correct of shape (seeds, points, tasks), non-empty "
+                f"(got {x.shape} and {c.shape})"
+            )
+        for row in x:
+            _check_points(row, row)
+        if np.isnan(c).any() or (c < 0).any() or (c > 1).any():
+            raise ValueError("correctness must lie in [0, 1]")
+        object.__setattr__(self, "x", x)
+        object.__setattr__(self, "correct", c)
+
+    @property
+    def seeds(self) -> int:
+        return int(self.x.shape[0])
+
+    @property
+    def tasks(self) -> int:
+        return int(self.correct.shape[2])
+
+    def grid(self) -> np.ndarray:
+        """The union of the seeds' evaluation points: the mean curve's points."""
+        return np.unique(self.x)
+
+    def task_curves(self, grid: np.ndarray) -> np.ndarray:
+        """Each seed's per-task curves on ``grid``, shape (S, T, G): what a draw of tasks averages."""
+        return np.stack([self.correct[s].T @ interp_matrix(grid, self.x[s]).T for s in range(self.seeds)])
+
+    def mean_curve(self, grid: np.ndarray | None = None) -> np.ndarray:
+        """The mean over seeds of the seeds' accuracy curves on ``grid`` (default ``self.grid()``), shape (G,)."""
+        g = self.grid() if grid is None else np.asarray(grid, float)
+        return self.task_curves(g).mean(axis=(0, 1))
+
+
+@dataclass(frozen=True)
+class Draws:
+    """One hierarchical bootstrap's resampling: which seeds each replicate draws, and how often each task."""
+
+    seeds: np.ndarray
+    """Seed drawn in each slot, shape (B, S)."""
+    task_counts: np.ndarray
+    """Times each task is drawn for each slot's seed, shape (B, S, T); each row sums to T."""
+
+
+def draw(seeds: int, tasks: int, samples: int, rng: np.random.Generator) -> Draws:
+    """Resample ``seeds`` seeds with replacement, then ``tasks`` tasks with replacement within each drawn seed."""
+    picks = rng.integers(0, seeds, size=(samples, seeds))
+    counts = rng.multinomial(tasks, np.full(tasks, 1.0 / tasks), size=(samples, seeds))
+    return Draws(picks, counts)
+
+
+def replicate_means(curves: EvalCurves, grid: np.ndarray, draws: Draws) -> np.ndarray:
+    """The mean curve on ``grid`` of each bootstrap replicate, shape (B, G)."""
+    per_task = curves.task_curves(grid)  # (S, T, G)
+    slots = np.empty(draws.seeds.shape + (grid.size,))
+    for s in range(curves.seeds):
+        mine = draws.seeds == s
+        slots[mine] = draws.task_counts[mine] @ per_task[s] / curves.tasks
+    return slots.mean(axis=1)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A statistic's estimate on the data and its bootstrap percentile interval."""
+
+    estimate: float
+    low: float
+    high: float
+
+    def contains(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+
+def _quantiles(values: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
+    """Lower and upper ``level`` percentile bounds along axis 0, ignoring NaN; inverted-CDF, so inf stays inf.
+
+    [choice] The inverted-CDF percentile (an order statistic, no interpolation): a replicate that never reaches the
+    target (inf) cannot turn the bound into NaN.
+    """
+    alpha = (1.0 - level) / 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: NaN bounds
+        low = np.nanquantile(values, alpha, axis=0, method="inverted_cdf")
+        high = np.nanquantile(values, 1.0 - alpha, axis=0, method="inverted_cdf")
+    return np.asarray(low, float), np.asarray(high, float)
+
+
+def _interval(estimate: float, values: np.ndarray, level: float) -> Interval:
+    low, high = _quantiles(values, level)
+    return Interval(float(estimate), float(low), float(high))
+
+
+@dataclass(frozen=True)
+class CurveStats:
+    """One allocator's mean curve with its band, and the derived statistics with intervals."""
+
+    grid: np.ndarray
+    """The mean curve's points, shape (G,)."""
+    mean: np.ndarray
+    """The mean curve on the data, shape (G,)."""
+    low: np.ndarray
+    """Lower band, shape (G,)."""
+    high: np.ndarray
+    """Upper band, shape (G,)."""
+    tokens_to_target: Interval
+    """First x at which the mean curve reaches the target (inf: never)."""
+    auc: Interval
+    """Normalised area of the mean curve over [0, budget]."""
+    reached: float
+    """Fraction of replicates whose mean curve reaches the target."""
+
+
+def _stats(
+    curves: EvalCurves, draws: Draws, target: float, budget: float, level: float
+) -> tuple[CurveStats, np.ndarray, np.ndarray]:
+    """The curve's statistics, plus the replicates' tokens to target and areas, shape (B,) each."""
+    grid = curves.grid()
+    mean = curves.mean_curve(grid)
+    reps = replicate_means(curves, grid, draws)
+    low, high = _quantiles(reps, level)
+    t_reps, a_reps = first_crossing(grid, reps, target), auc_batch(grid, reps, budget)
+    stats = CurveStats(
+        grid=grid,
+        mean=mean,
+        low=low,
+        high=high,
+        tokens_to_target=_interval(tokens_to_target(grid, mean, target), t_reps, level),
+        auc=_interval(normalised_auc(grid, mean, budget), a_reps, level),
+        reached=float(np.isfinite(t_reps).mean()),
+    )
+    return stats, t_reps, a_reps
+
+
+def bootstrap_curve(
+    curves: EvalCurves,
+    target: float,
+    budget: float | None = None,
+    samples: int = 2000,
+    rng: np.random.Generator | None = None,
+    level: float = 0.95,
+) -> CurveStats:
+    """Mean curve, its pointwise ``level`` band and intervals for tokens to ``target`` and the area up to ``budget``
+    (default: the last evaluation point), by a hierarchical bootstrap: seeds, then tasks within each drawn seed."""
+    gen = np.random.default_rng(0) if rng is None else rng
+    draws = draw(curves.seeds, curves.tasks, samples, gen)
+    horizon = float(curves.grid()[-1]) if budget is None else budget
+    return _stats(curves, draws, target, horizon, level)[0]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """An allocator's learning curve against a baseline's, at one target and one compute budget."""
+
+    allocator: CurveStats
+    baseline: CurveStats
+    target: float
+    """The accuracy both must reach (``target_accuracy`` of the baseline unless given)."""
+    budget: float
+    """The compute over which the areas are taken."""
+    ratio: Interval
+    """Tokens to target of the allocator over the baseline's: 0.5 reaches it with half the compute. A replicate
+    where only the allocator reaches it counts 0, where only the baseline does inf, where neither is left out."""
+    auc_difference: Interval
+    """Normalised area of the allocator minus the baseline's."""
+    paired: bool
+    """Whether both were resampled with the same seed and task draws."""
+
+
+def _ratio(t_a: np.ndarray | float, t_b: np.ndarray | float) -> np.ndarray:
+    """t_a / t_b, with x / inf = 0 for finite x, inf / inf = NaN (neither reaches the target)."""
+    a, b = np.asarray(t_a, float), np.asarray(t_b, float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(np.isinf(b), np.where(np.isinf(a), np.nan, 0.0), a / b)
+
+
+def compare_curves(
+    curves: EvalCurves,
+    baseline: EvalCurves,
+    target: float | None = None,
+    budget: float | None = None,
+    frac: float = 0.9,
+    samples: int = 2000,
+    rng: np.random.Generator | None = None,
+    paired: bool = True,
+    level: float = 0.95,
+) -> Comparison:
+    """Compare an allocator's runs with a baseline's: tokens-to-target ratio and area difference, with intervals.
+
+    Args:
+        target: accuracy to reach; [choice] default ``target_accuracy(start, final, frac)`` of the baseline's mean
+            curve (its first and last points: both allocators start from the same policy), fixed across replicates.
+        budget: compute for the areas; default the smaller of the two curves' last points.
+        paired: [choice] by default resample both with the same draws (seed j of one with seed j of the other, task t with task t), as
+            the study pairs seeds; needs equal seed and task counts. False: independent draws.
+        rng: the bootstrap's generator (default seed 0).
+    """
+    gen = np.random.default_rng(0) if rng is None else rng
+    base_mean = baseline.mean_curve()
+    tgt = target_accuracy(float(base_mean[0]), float(base_mean[-1]), frac) if target is None else target
+    horizon = min(float(curves.grid()[-1]), float(baseline.grid()[-1])) if budget is None else budget
+    if paired:
+        if (curves.seeds, curves.tasks) != (baseline.seeds, baseline.tasks):
+            raise ValueError(
+                f"paired comparison needs equal seeds and tasks (got {curves.seeds} x {curves.tasks} and "
+                f"{baseline.seeds} x {baseline.tasks}); pass paired=False"
+            )
+        draws_a = draws_b = draw(curves.seeds, curves.tasks, samples, gen)
+    else:
+        draws_a = draw(curves.seeds, curves.tasks, samples, gen)
+        draws_b = draw(baseline.seeds, baseline.tasks, samples, gen)
+    a, t_a, auc_a = _stats(curves, draws_a, tgt, horizon, level)
+    b, t_b, auc_b = _stats(baseline, draws_b, tgt, horizon, level)
+    ratio = _interval(
+        float(_ratio(a.tokens_to_target.estimate, b.tokens_to_target.estimate)), _ratio(t_a, t_b), level
+    )
+    diff = _interval(a.auc.estimate - b.auc.estimate, auc_a - auc_b, level)
+    return Comparison(a, b, tgt, horizon, ratio, diff, paired)
+
+
+# -- saturating fit ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SigmoidFit:
+    """ScaleRL's saturating curve R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) fitted to (C, R) points.
+
+    A fit that did not converge has ``converged`` False, the reason in ``message`` and NaN parameters.
+    """
+
+    converged: bool
+    message: str
+    start: float
+    """R0, the accuracy at no compute (fixed, not fitted)."""
+    asymptote: float
+    """A, the accuracy the curve saturates at."""
+    midpoint: float
+    """C_mid, the compute at which half of A - R0 is gained."""
+    exponent: float
+    """B, how sharply the curve rises around C_mid."""
+    r2: float
+    """Coefficient of determination on the fitted points (1 - residual / total sum of squares)."""
+    rmse: float
+    """Root mean squared residual on the fitted points."""
+    compute_range: tuple[float, float]
+    """Smallest and largest compute among the fitted points."""
+    at_bound: bool
+    """Some parameter ended on its bound: the data do not pin it down."""
+
+    def predict(self, c: np.ndarray | float) -> np.ndarray:
+        """R(C) at compute ``c`` (> 0)."""
+        return sigmoid(np.asarray(c, float), self.start, self.asymptote, self.midpoint, self.exponent)
+
+    @property
+    def identified(self) -> bool:
+        """Converged, no parameter on its bound, and C_mid inside the data: the asymptote is measured, not
+        extrapolated from a curve that has not yet bent."""
+        lo, hi = self.compute_range
+        return self.converged and not self.at_bound and lo <= self.midpoint <= hi
+
+
+def sigmoid(c: np.ndarray, start: float, asymptote: float, midpoint: float, exponent: float) -> np.ndarray:
+    """R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B), for C > 0."""
+    return start + (asymptote - start) / (1.0 + (midpoint / np.asarray(c, float)) ** exponent)
+
+
+def _failed(message: str, start: float, c: np.ndarray) -> SigmoidFit:
+    lo, hi = (float(c.min()), float(c.max())) if c.size else (math.nan, math.nan)
+    nan = math.nan
+    return SigmoidFit(False, message, start, nan, nan, nan, nan, nan, (lo, hi), False)
+
+
+def fit_sigmoid(
+    c: np.ndarray,
+    r: np.ndarray,
+    start: float | None = None,
+    asymptote_bounds: tuple[float, float] = (0.0, 1.0),
+    exponent_bounds: tuple[float, float] = (0.05, 20.0),
+    midpoint_span: float = 1e3,
+    max_evals: int = 5000,
+) -> SigmoidFit:
+    """Fit ScaleRL's sigmoid (arXiv 2510.13786) to accuracy r at compute c by bounded least squares.
+
+    [choice] R0 is fixed, as in ScaleRL: ``start`` if given, else r at the smallest c; points with c <= 0 (the
+    starting evaluation) only set R0 and are not fitted. A, log C_mid and B are fitted (C_mid on a log scale, within
+    ``midpoint_span`` times beyond the data either side) with A in ``asymptote_bounds`` and B in ``exponent_bounds``.
+
+    Returns:
+        the fit; one that fails (fewer than 3 points with c > 0, a non-finite value, no convergence within
+        ``max_evals`` evaluations) has ``converged`` False and says why.
+    """
+    c = np.asarray(c, dtype=float)
+    r = np.asarray(r, dtype=float)
+    if c.shape != r.shape or c.ndim != 1 or c.size == 0:
+        return _failed(f"need two equal-length non-empty vectors (got {c.shape} and {r.shape})", math.nan, c)
+    if not (np.isfinite(c).all() and np.isfinite(r).all()):
+        return _failed("compute and accuracy must be finite", math.nan, c)
+    r0 = float(r[np.argmin(c)]) if start is None else float(start)
+    keep = c > 0
+    cc, rr = c[keep], r[keep]
+    if cc.size < 3:
+        return _failed(f"{cc.size} points with compute > 0; the fit has 3 parameters", r0, cc)
+    log_lo = math.log(cc.min()) - math.log(midpoint_span)
+    log_hi = math.log(cc.max()) + math.log(midpoint_span)
+
+    def model(x: np.ndarray, a: float, log_mid: float, b: float) -> np.ndarray:
+        return r0 + (a - r0) / (1.0 + np.exp(b * (log_mid - np.log(x))))
+
+    lower = (asymptote_bounds[0], log_lo, exponent_bounds[0])
+    upper = (asymptote_bounds[1], log_hi, exponent_bounds[1])
+    guess = (
+        float(np.clip(rr.max(), *asymptote_bounds)),
+        float(np.log(np.median(cc))),
+        float(np.clip(1.0, *exponent_bounds)),
+    )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter(
+                "ignore", OptimizeWarning
+            )  # covariance not estimable: the parameters still are
+            params, _ = curve_fit(model, cc, rr, p0=guess, bounds=(lower, upper), max_nfev=max_evals)
+    except (RuntimeError, ValueError) as e:
+        return _failed(f"the fit did not converge: {e}", r0, cc)
+    a, log_mid, b = (float(p) for p in params)
+    resid = rr - model(cc, a, log_mid, b)
+    ss_res = float(resid @ resid)
+    ss_tot = float(((rr - rr.mean()) ** 2).sum())
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else -math.inf)
+    tol = 1e-6
+    on_bound = any(
+        abs(p - lo) <= tol * max(1.0, abs(lo)) or abs(p - hi) <= tol * max(1.0, abs(hi))
+        for p, lo, hi in zip(params, lower, upper)
+    )
+    return SigmoidFit(
+        converged=True,
+        message="converged",
+        start=r0,
+        asymptote=a,
+        midpoint=math.exp(log_mid),
+        exponent=b,
+        r2=r2,
+        rmse=math.sqrt(ss_res / cc.size),
+        compute_range=(float(cc.min()), float(cc.max())),
+        at_bound=on_bound,
+    )
