@@ -13,6 +13,7 @@ submit, ui) in workflows/cli_mlflow.py.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,14 +51,9 @@ def _bootstrap(cfg: BootstrapConfig) -> int:
 
 
 def _rollout(cfg: RolloutConfig) -> int:
-    from workflows.lm_stack import SetupError
     from workflows.rollout import run_rollout
 
-    try:
-        result = run_rollout(cfg, progress=_progress)
-    except (SetupError, FileNotFoundError, ValueError) as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
+    result = run_rollout(cfg, progress=_progress)
     print(result.format())
     return 0
 
@@ -66,33 +62,23 @@ _OVERRIDES: list[str] = []  # the positional overrides of this invocation (train
 
 
 def _train(cfg: TrainConfig) -> int:
-    from tracerl.models.hf import SetupError  # not workflows.lm_stack: a bad input fails before torch loads
     from workflows.runs import format_summary
     from workflows.train import train
 
-    try:
-        if cfg.chaos.enabled and not cfg.resume:
-            from workflows.chaos import drill_ok, run_drill
+    if cfg.chaos.enabled and not cfg.resume:
+        from workflows.chaos import drill_ok, run_drill
 
-            summary = run_drill(cfg, _OVERRIDES, progress=_progress)
-        else:
-            summary = train(cfg, _OVERRIDES, progress=_progress)
-    except (SetupError, FileNotFoundError, LookupError, ValueError) as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
+        summary = run_drill(cfg, _OVERRIDES, progress=_progress)
+    else:
+        summary = train(cfg, _OVERRIDES, progress=_progress)
     print(format_summary(summary))
     return 0 if "chaos" not in summary or drill_ok(summary["chaos"]) else 1
 
 
 def _sweep(cfg: SweepConfig) -> int:
-    from workflows.lm_stack import SetupError
     from workflows.sweep import run_sweep
 
-    try:
-        s = run_sweep(cfg, progress=_progress)
-    except (SetupError, FileNotFoundError, ValueError) as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
+    s = run_sweep(cfg, progress=_progress)
     if s.get("interrupted"):
         return 130  # like a shell's Ctrl-C
     for t in s["trials"]:
@@ -114,16 +100,11 @@ _CONFIG_PATH: list[str] = []  # the --config of this invocation (study --fill-to
 
 
 def _study(cfg: StudyConfig) -> int:
-    from workflows.lm_stack import SetupError
     from workflows.study import run_study
 
-    try:
-        s = run_study(
-            cfg, _CONFIG_PATH[0] if _CONFIG_PATH else conf_dir() / "study/main.yaml", progress=_progress
-        )
-    except (SetupError, FileNotFoundError, LookupError, ValueError) as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
+    s = run_study(
+        cfg, _CONFIG_PATH[0] if _CONFIG_PATH else conf_dir() / "study/main.yaml", progress=_progress
+    )
     if "report" in s:
         print(
             f"study {cfg.name}: MLflow parent run {s['parent_run_id']}; ran {len(s['ran'])} cells, skipped "
@@ -135,14 +116,9 @@ def _study(cfg: StudyConfig) -> int:
 
 
 def _eval(cfg: EvalConfig) -> int:
-    from tracerl.models.hf import SetupError  # not workflows.lm_stack: a bad input fails before torch loads
     from workflows.evaluate import run_eval
 
-    try:
-        result = run_eval(cfg, progress=_progress)
-    except (SetupError, FileNotFoundError, LookupError, ValueError) as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
+    result = run_eval(cfg, progress=_progress)
     print(result.format())
     return 0
 
@@ -269,9 +245,37 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return exit_code(exc)
-    except ConnectionError as exc:  # a server the command was pointed at (tracking, Ray head) does not answer
-        print(f"tracerl: {exc}", file=sys.stderr)
+    except user_errors() as exc:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print(f"tracerl: {one_line(exc)}", file=sys.stderr)
         return 2
+
+
+DEBUG_ENV = "TRACERL_DEBUG"
+"""Set (to anything) to see the traceback of a user error instead of its one line."""
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """What a user can cause or meet and fix without reading code, printed by ``main`` as one line, exit 2.
+
+    The one place the CLI turns errors into lines (every command's handler lets them through): a missing or
+    unreadable file, a full disk and any other OSError (its text names the path), an unreachable server
+    (ConnectionError is an OSError), an unknown name (LookupError), a bad value, a set-up the user must fix
+    (SetupError), a job API that refused a job. A bug is none of these and keeps its traceback.
+    """
+    from tracerl.models.hf import SetupError  # light: torch loads inside its functions
+    from workflows.submit import JobAPIError
+
+    return (SetupError, JobAPIError, OSError, LookupError, ValueError)
+
+
+def one_line(exc: BaseException) -> str:
+    """The error's message on one line; an OSError without one (errno only) says its strerror and path."""
+    text = str(exc)
+    if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in text:
+        text = f"{exc.strerror or text}: {exc.filename}"
+    return " ".join(text.split()) or type(exc).__name__
 
 
 if __name__ == "__main__":

@@ -116,13 +116,8 @@ def _bench_env(cfg: BenchEnvConfig) -> int:
     import json
 
     from workflows.bench_env import run_bench_env
-    from workflows.lm_stack import SetupError
 
-    try:
-        result = run_bench_env(cfg, progress=progress)
-    except (SetupError, FileNotFoundError, ValueError) as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
+    result = run_bench_env(cfg, progress=progress)
     print(result.format())
     if cfg.json_path:
         Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
@@ -150,13 +145,8 @@ def bench_env_overrides(args: argparse.Namespace) -> None:
 
 def _bench_rollout(cfg: BenchRolloutConfig) -> int:
     from workflows.bench_rollout import format_table, run_bench
-    from workflows.lm_stack import SetupError
 
-    try:
-        summary = run_bench(cfg, progress=progress)
-    except (SetupError, FileNotFoundError, ValueError) as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
+    summary = run_bench(cfg, progress=progress)
     print(format_table(cfg, summary))
     print(
         f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
@@ -166,13 +156,8 @@ def _bench_rollout(cfg: BenchRolloutConfig) -> int:
 
 def _lm_bench(cfg: BenchTrainConfig | BenchPipelineConfig, run_bench: Any, format_table: Any) -> int:
     """A benchmark of training steps on the LM stack: run, print its table, say where its JSON went."""
-    from workflows.lm_stack import SetupError
 
-    try:
-        summary = run_bench(cfg, progress=progress)
-    except (SetupError, FileNotFoundError, ValueError) as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
+    summary = run_bench(cfg, progress=progress)
     print(format_table(summary))
     print(
         f"wrote {Path(cfg.bench_out) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
@@ -196,11 +181,7 @@ def _bench_testbeds(cfg: BenchTestbedsConfig) -> int:
     from workflows.testbed_probes import run_bench
     from workflows.testbeds import format_table
 
-    try:
-        summary = run_bench(cfg, progress=progress)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
+    summary = run_bench(cfg, progress=progress)
     print(format_table(summary))
     print(f"wrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else ""))
     return 0
@@ -272,16 +253,12 @@ def bench_pipeline_sim(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    try:
-        samplers = tuple(int(x) for x in args.samplers.split(","))
-        if not samplers or min(samplers) < 1:
-            raise ValueError(f"--samplers must be positive integers, got {args.samplers!r}")
-        profiles = [load_profile(Path(x)) for x in (args.profile or shipped_profiles())]
-        cpu = read_cpu(Path(args.validate)) if args.validate else None
-        entries = [sim_entry(p, samplers, cpu if p.cpu_bench else None) for p in profiles]
-    except (OSError, ValueError) as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
+    samplers = tuple(int(x) for x in args.samplers.split(","))
+    if not samplers or min(samplers) < 1:
+        raise ValueError(f"--samplers must be positive integers, got {args.samplers!r}")
+    profiles = [load_profile(Path(x)) for x in (args.profile or shipped_profiles())]
+    cpu = read_cpu(Path(args.validate)) if args.validate else None
+    entries = [sim_entry(p, samplers, cpu if p.cpu_bench else None) for p in profiles]
     print(format_table(entries))
     path = getattr(args, "json", None)
     if path:

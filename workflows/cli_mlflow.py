@@ -16,11 +16,7 @@ URI_HELP = f"MLflow tracking URI (default: ${ENV_VAR} when set, else {DEFAULT_UR
 def _register(args: argparse.Namespace) -> int:
     from workflows.registry import register
 
-    try:
-        v = register(args.run_id, args.name, args.alias, args.tracking_uri, progress=progress)
-    except (LookupError, FileNotFoundError, ValueError) as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
+    v = register(args.run_id, args.name, args.alias, args.tracking_uri, progress=progress)
     alias = f" (alias {args.alias})" if args.alias else ""
     print(f"registered {args.name} version {v['version']}{alias} from run {args.run_id}: {v['source']}")
     print(
@@ -35,11 +31,7 @@ def _compare(args: argparse.Namespace) -> int:
     from workflows.compare import compare
 
     tracking = TrackingConfig(uri=args.tracking_uri, experiment=args.experiment or "tracerl")
-    try:
-        res = compare(tracking, args.experiment, args.run_ids, args.out, log_to_mlflow=not args.no_log)
-    except LookupError as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
+    res = compare(tracking, args.experiment, args.run_ids, args.out, log_to_mlflow=not args.no_log)
     print(res.format(args.tracking_uri))
     return 0
 
@@ -47,28 +39,24 @@ def _compare(args: argparse.Namespace) -> int:
 def _submit(args: argparse.Namespace) -> int:
     from workflows import submit as sub
 
-    try:
-        if args.status:
-            print(sub.status(args.address, args.status))
-            return 0
-        if args.logs:
-            print(sub.logs(args.address, args.logs), end="")
-            return 0
-        if args.stop:
-            print("stopped" if sub.stop(args.address, args.stop) else "not running")
-            return 0
-        if not args.job:
-            print(
-                "tracerl: submit needs COMMAND (train, sweep, eval or study), or --status/--logs/--stop JOB_ID",
-                file=sys.stderr,
-            )
-            return 2
-        job_id, state = sub.submit(
-            args.address, args.job[0], args.job[1:], args.working_dir, args.python, follow=not args.no_follow
+    if args.status:
+        print(sub.status(args.address, args.status))
+        return 0
+    if args.logs:
+        print(sub.logs(args.address, args.logs), end="")
+        return 0
+    if args.stop:
+        print("stopped" if sub.stop(args.address, args.stop) else "not running")
+        return 0
+    if not args.job:
+        print(
+            "tracerl: submit needs COMMAND (train, sweep, eval or study), or --status/--logs/--stop JOB_ID",
+            file=sys.stderr,
         )
-    except (ValueError, ConnectionError, RuntimeError) as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
         return 2
+    job_id, state = sub.submit(
+        args.address, args.job[0], args.job[1:], args.working_dir, args.python, follow=not args.no_follow
+    )
     print(f"job {job_id}: {state}")
     return 0 if state in ("SUCCEEDED", "PENDING") else 1
 

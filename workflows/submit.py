@@ -72,6 +72,11 @@ def _client(address: str) -> Any:
     from ray.job_submission import JobSubmissionClient
 
     class TimedClient(JobSubmissionClient):
+        def _raise_error(self, r: Any) -> None:  # Ray's is a bare RuntimeError; the CLI reports this one
+            raise JobAPIError(
+                f"the Ray job API at {address} answered {r.status_code}: {r.text.strip()[:500]}"
+            )
+
         def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> Any:
             answer_s = ANSWER_TIMEOUT_S.get(endpoint, DEFAULT_ANSWER_S)
             kwargs.setdefault("timeout", (CONNECT_TIMEOUT_S, answer_s))
@@ -97,6 +102,10 @@ def _client(address: str) -> Any:
         AuthenticationError
     ) as exc:  # no token here, or the head refused it: Ray's text says where to put one
         raise ConnectionError(f"the Ray job API at {address} needs an authentication token: {exc}") from None
+
+
+class JobAPIError(RuntimeError):
+    """The Ray job API answered with an error (the text is the head's); the CLI prints it as one line."""
 
 
 def entrypoint(command: str, args: Sequence[str], python: str | None = None) -> str:
