@@ -39,3 +39,21 @@ def test_ctrl_c_keeps_130() -> None:
     from workflows.ray_utils import exit_code
 
     assert exit_code(KeyboardInterrupt()) == 130
+
+
+def test_the_embedded_cluster_trains_without_the_placement_group_cleaner() -> None:
+    # The cleaner's state-API queries found a second Ray instance on the machine: "Found multiple active Ray
+    # instances" and a traceback every few seconds, and it could remove this run's placement group. The embedded
+    # cluster ends with the driver, so it has none; a joined cluster keeps Ray's default.
+    from ray.train import ScalingConfig
+
+    from tracerl.config import ClusterConfig
+    from workflows.ray_utils import torch_trainer
+
+    def names(address: str) -> list[str]:
+        trainer = torch_trainer(ClusterConfig(address=address))(lambda: None, scaling_config=ScalingConfig())
+        return [type(c).__name__ for c in trainer._create_default_callbacks()]
+
+    assert "PlacementGroupCleanerCallback" not in names("local")
+    assert "BackendSetupCallback" in names("local")  # everything else kept
+    assert "PlacementGroupCleanerCallback" in names("auto")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from tracerl.config import ClusterConfig
 
@@ -28,6 +29,33 @@ def init_ray(cfg: ClusterConfig) -> None:
     else:
         ray.init(address=cfg.address)
     end_on_signals()
+
+
+def torch_trainer(cluster: ClusterConfig) -> type:
+    """Ray Train's ``TorchTrainer``; on the embedded cluster, one without the placement-group cleaner.
+
+    The cleaner is a detached actor that removes a run's placement group once the Train controller dies. It asks
+    the state API, which finds its cluster by scanning the machine: with a second Ray instance on the machine it
+    printed "Found multiple active Ray instances" and a traceback every few seconds, and it could ask the other
+    cluster, find no such controller and remove this run's placement group. The embedded cluster ends with the
+    driver, placement groups included, so there it has nothing to do; a cluster joined by address keeps it.
+    """
+    from ray.train.torch import TorchTrainer
+
+    if cluster.address != "local":
+        return TorchTrainer
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    class EmbeddedTorchTrainer(TorchTrainer):
+        def _create_default_callbacks(self) -> list[Any]:  # Ray Train v2's; v1 stubs lack it
+            parent: Any = super()
+            return [
+                c
+                for c in parent._create_default_callbacks()
+                if not isinstance(c, PlacementGroupCleanerCallback)
+            ]
+
+    return EmbeddedTorchTrainer
 
 
 class Terminated(KeyboardInterrupt):

@@ -98,11 +98,10 @@ def train(
     progress(where(cfg.tracking))
     import mlflow
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
 
     from workflows import tracking as trk
     from workflows.progress import bar
-    from workflows.ray_utils import check_resources, init_ray
+    from workflows.ray_utils import check_resources, init_ray, torch_trainer
     from workflows.run_info import train_tags
 
     cfg = resolve_paths(cfg)
@@ -124,7 +123,7 @@ def train(
         (storage / "config.yaml").write_text(to_yaml(dataclasses.replace(cfg, resume=None)))
     progress(f"MLflow run {run_id} ({cfg.tracking.uri}); checkpoints in {storage}")
     t = cfg.trainer
-    trainer = TorchTrainer(
+    trainer = torch_trainer(cfg.cluster)(
         train_loop,
         train_loop_config={"cfg": cfg, "run_id": run_id, "storage": str(storage)},
         scaling_config=ScalingConfig(
