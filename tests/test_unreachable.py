@@ -10,8 +10,9 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -132,3 +133,47 @@ def test_submit_without_a_token_is_one_line(silent_port: int, tmp_path: Path) ->
     )
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert f"tracerl: the Ray job API at {address} needs an authentication token" in res.stderr
+
+
+class _FakeJobClient:
+    """A fake job client whose log stream yields given chunks, then stays open without a word."""
+
+    def __init__(self, chunks: list[str], states: list[str]) -> None:
+        self.chunks, self.states, self.asked = chunks, states, 0
+
+    async def tail_job_logs(self, job_id: str) -> AsyncIterator[str]:
+        import asyncio
+
+        for c in self.chunks:
+            yield c
+        await asyncio.sleep(3600)  # a silent, half-open stream
+
+    def get_job_status(self, job_id: str) -> Any:
+        from ray.job_submission import JobStatus
+
+        self.asked += 1
+        state = self.states[min(self.asked - 1, len(self.states) - 1)]
+        if state == "DEAD":
+            raise ConnectionError("the Ray job API at http://x:8265 did not answer")
+        return JobStatus(state)
+
+
+def test_following_a_silent_log_stream_ends_when_the_job_does() -> None:
+    import asyncio
+
+    from workflows.submit import follow_logs
+
+    client = _FakeJobClient(["a\n", "b\n"], ["RUNNING", "SUCCEEDED"])
+    seen: list[str] = []
+    asyncio.run(follow_logs(client, "job", seen.append, quiet_s=0.05))
+    assert seen == ["a\n", "b\n"] and client.asked == 2
+
+
+def test_following_a_silent_log_stream_of_a_dead_head_is_a_connection_error() -> None:
+    import asyncio
+
+    from workflows.submit import follow_logs
+
+    client = _FakeJobClient(["a\n"], ["DEAD"])
+    with pytest.raises(ConnectionError, match="did not answer"):
+        asyncio.run(follow_logs(client, "job", lambda s: None, quiet_s=0.05))

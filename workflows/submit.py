@@ -62,6 +62,8 @@ ANSWER_TIMEOUT_S = {"/api/version": 15.0}
 """How long a call waits for the head's answer, by endpoint; others wait ``DEFAULT_ANSWER_S`` (an upload of the
 working directory is answered once the head has stored it)."""
 DEFAULT_ANSWER_S = 120.0
+QUIET_S = 30.0
+"""Following a job's log, seconds without a line before its status is asked (the stream has no time limit)."""
 
 
 def _client(address: str) -> Any:
@@ -232,12 +234,39 @@ def submit(
     if not follow:
         return job_id, "PENDING"
 
-    async def tail() -> None:
+    asyncio.run(follow_logs(client, job_id, emit))
+    return job_id, str(client.get_job_status(job_id).value)
+
+
+async def follow_logs(client: Any, job_id: str, emit: Callable[[str], Any], quiet_s: float = QUIET_S) -> None:
+    """Print the job's log as it comes, until the job ends; every ``quiet_s`` without a line, ask its status.
+
+    The log stream is a websocket with no time limit of its own: a head that goes silent (a half-open connection,
+    a stopped machine) held it forever. The status call has the client's time limits: a head that does not answer
+    it is a ConnectionError; a job that ended while its stream stayed open ends the follow.
+    """
+    last = [time.monotonic()]
+
+    async def pump() -> None:
         async for chunk in client.tail_job_logs(job_id):
+            last[0] = time.monotonic()
             emit(chunk)
 
-    asyncio.run(tail())
-    return job_id, str(client.get_job_status(job_id).value)
+    task = asyncio.ensure_future(pump())
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=max(0.0, last[0] + quiet_s - time.monotonic()))
+            if done:
+                task.result()  # the stream's own error, if it had one
+                return
+            if time.monotonic() - last[0] < quiet_s:
+                continue
+            state = await asyncio.to_thread(client.get_job_status, job_id)
+            if state.is_terminal():
+                return
+            last[0] = time.monotonic()
+    finally:
+        task.cancel()
 
 
 def status(address: str, job_id: str) -> str:
