@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from workflows import cli, registry
+from workflows.cli import app as cli
+from workflows.tracking import model_registry as registry
 
 
 def _fails_with(monkeypatch: pytest.MonkeyPatch, exc: BaseException) -> None:
@@ -46,7 +47,7 @@ def test_a_user_error_is_one_line_and_exit_2(
 
 def test_a_job_api_error_and_a_setup_error_are_user_errors() -> None:
     from tracerl.models.hf import SetupError
-    from workflows.submit import JobAPIError
+    from workflows.ops.submit import JobAPIError
 
     assert issubclass(SetupError, cli.user_errors())
     assert issubclass(JobAPIError, cli.user_errors())

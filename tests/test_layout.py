@@ -76,7 +76,7 @@ def test_envs_and_predictors_do_not_import_workflows_or_ray() -> None:
 
 def test_console_script_points_at_workflows() -> None:
     text = (ROOT / "pyproject.toml").read_text()
-    assert 'tracerl = "workflows.cli:main"' in text
+    assert 'tracerl = "workflows.cli.app:main"' in text
 
 
 def test_default_suite_never_imports_vllm() -> None:
@@ -84,7 +84,7 @@ def test_default_suite_never_imports_vllm() -> None:
         [
             sys.executable,
             "-c",
-            "import sys, tracerl.samplers, workflows.lm_stack; print('vllm' in sys.modules)",
+            "import sys, tracerl.samplers, workflows.lm.stack; print('vllm' in sys.modules)",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -92,3 +92,39 @@ def test_default_suite_never_imports_vllm() -> None:
         check=True,
     ).stdout.strip()
     assert out == "False"
+
+
+def _rooms_imported(path: Path) -> set[str]:
+    """The workflows rooms a module imports (every import, function-local ones too)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + (
+                [f"{node.module}.{a.name}" for a in node.names] if node.module == "workflows" else []
+            )
+        for n in names:
+            parts = n.split(".")
+            if parts[0] == "workflows" and len(parts) > 1:
+                out.add(parts[1])
+    return out
+
+
+def test_workflows_rooms_import_one_way() -> None:
+    from workflows import ROOMS
+
+    found = {p.name for p in (ROOT / "workflows").iterdir() if (p / "__init__.py").is_file()}
+    assert found == set(ROOMS), "a room of workflows/ is missing from workflows.ROOMS (or the reverse)"
+    assert sorted(p.name for p in (ROOT / "workflows").glob("*.py")) == ["__init__.py"], (
+        "modules live in rooms"
+    )
+    bad = {}
+    for i, room in enumerate(ROOMS):
+        allowed = set(ROOMS[: i + 1]) | {"ROOMS"}
+        for f in files(f"workflows/{room}"):
+            up = _rooms_imported(f) - allowed
+            if up:
+                bad[str(f.relative_to(ROOT))] = sorted(up)
+    assert bad == {}

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import ROOT, UNHURRIED
 from tracerl import metrics as M
-from workflows.cli import main
+from workflows.cli.app import main
 
 SMOKE = str(ROOT / "conf" / "train" / "smoke.yaml")
 
@@ -72,7 +72,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_run_survives_actor_and_trainer_deaths(run: dict[str, Any]) -> None:
-    from workflows.runs import metric_series
+    from workflows.tracking.runs import metric_series
 
     client = _client(run["tmp"])
     r = client.get_run(run["run_id"])
@@ -130,7 +130,7 @@ def test_checkpoints_hold_a_changed_policy(run: dict[str, Any]) -> None:
     from transformers import AutoModelForCausalLM
 
     from tracerl.config import TrackingConfig
-    from workflows.runs import latest_checkpoint, metric_series, run_storage
+    from workflows.tracking.runs import latest_checkpoint, metric_series, run_storage
 
     storage = run_storage(run["run_id"], TrackingConfig(uri=f"sqlite:///{run['tmp']}/mlruns.db"))
     ckpt = latest_checkpoint(storage)
@@ -160,7 +160,7 @@ def test_checkpoints_hold_a_changed_policy(run: dict[str, Any]) -> None:
 
 
 def test_resume_continues_the_same_run(run: dict[str, Any]) -> None:
-    from workflows.runs import metric_series
+    from workflows.tracking.runs import metric_series
 
     tmp = run["tmp"]
     assert main(["train", *_common(run["tiny"], tmp), f"resume={run['run_id']}", "--steps", "4"]) == 0
@@ -175,7 +175,7 @@ def test_register_and_load_back(run: dict[str, Any]) -> None:
     from transformers import AutoModelForCausalLM
 
     from tracerl.config import TrackingConfig
-    from workflows.registry import register, resolve_model_path
+    from workflows.tracking.model_registry import register, resolve_model_path
 
     uri = f"sqlite:///{run['tmp']}/mlruns.db"
     v = register(run["run_id"], "tiny-math-rl", "champion", uri)
@@ -266,7 +266,7 @@ def test_lora_on_two_fsdp_ranks_trains_adapters_and_resumes(tmp_path: Path) -> N
     from transformers import AutoModelForCausalLM
 
     from tracerl.config import TrackingConfig
-    from workflows.runs import latest_checkpoint, metric_series, run_storage
+    from workflows.tracking.runs import latest_checkpoint, metric_series, run_storage
 
     habit = (
         ROOT / "models" / "tiny-math-habit"

@@ -4,7 +4,7 @@
 ``bench train``, ``bench pipeline`` and ``sweep`` run the training setup: each holds a ``TrainConfig`` as its
 flattened field ``train`` (``tracerl.schema.flattened``), whose keys their YAML and overrides write at the top
 level, beside the command's own keys. Holding it rather than subclassing it keeps a sweep from passing for a train
-config: the code hands ``cfg.train`` (or a ``dataclasses.replace`` of it) to ``workflows.train.train``."""
+config: the code hands ``cfg.train`` (or a ``dataclasses.replace`` of it) to ``workflows.train.run.train``."""
 
 from __future__ import annotations
 
@@ -192,7 +192,7 @@ class BenchPipelineConfig:
     """How the samplers batch turns in the frozen steps: 'rounds' (one turn of every path per round), 'join'
     (``sampler.join``: per-token join); each mode runs with each (``--batching rounds,join``), seeds interleaved."""
     train_modes: list[TrainPipelineMode] = field(default_factory=lambda: ["barrier", "overlap"])
-    """Modes to compare in ``tracerl train`` runs, with the update (overlap needs one; workflows/bench_pipeline_train.py)."""
+    """Modes to compare in ``tracerl train`` runs, with the update (overlap needs one; workflows/pipeline/bench_train.py)."""
     train_steps: int = 0
     """Steps of each train run (steps 2 .. train_steps - 1 are measured); 0: no train runs."""
     seeds: int = 3
@@ -297,7 +297,7 @@ STUDY_BUDGETS = ("leaves", "tokens")
 @dataclass(frozen=True)
 class StudyConfig:
     """``tracerl study``: a grid of ``train`` runs (testbed x budget mode x allocator x seed) under one MLflow parent
-    run, resumable by ``name``; its report compares every allocator with grpo (workflows/study.py)."""
+    run, resumable by ``name``; its report compares every allocator with grpo (workflows/study/grid.py)."""
 
     name: str = "study"
     """The study's MLflow parent run name; running again with the same name resumes it."""
@@ -401,7 +401,7 @@ class BootstrapConfig:
     late_answer_fraction: float = 0.0
     """Share of the habit phase's multi-step traces (math: two or more tool calls; search: three or more hops) that
     answer prematurely after an earlier step (math: the first tool output; search: the entity of the penultimate
-    hop) instead of finishing, chosen by a hash of the question: the -late testbeds (workflows/habit.py)."""
+    hop) instead of finishing, chosen by a hash of the question: the -late testbeds (workflows/bootstrap/habit.py)."""
     init_from: str | None = None
     """A tiny-policy checkpoint directory to start from (its tokenizer and weights) instead of building and
     supervised-training a new one: only the habit phase and the evaluation run (e.g. models/tiny-search, itself

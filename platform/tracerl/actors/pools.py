@@ -203,7 +203,7 @@ class RolloutPool:
     """The step driver's ``TreeBackend`` over a pool of ``RolloutWorker`` actors."""
 
     worker_class: type[RolloutWorker] = RolloutWorker
-    """The actors' class (workflows/pipeline_pool.py times a subclass's calls)."""
+    """The actors' class (workflows/pipeline/pool.py times a subclass's calls)."""
 
     def __init__(
         self,
