@@ -15,10 +15,14 @@ PURE = [
     "platform/tracerl/types.py",
     "platform/tracerl/config.py",
     "platform/tracerl/registry.py",
+    "platform/tracerl/env_registry.py",
+    "platform/tracerl/predictor.py",
 ]
+UPPER_LAYERS = {"envs", "predictors", "workflows"}
 
 
 def imports(path: Path) -> set[str]:
+    """The top-level packages ``path`` imports anywhere (module level, function-local, under TYPE_CHECKING)."""
     tree = ast.parse(path.read_text())
     out = set()
     for node in ast.walk(tree):
@@ -72,6 +76,15 @@ def test_envs_and_predictors_do_not_import_workflows_or_ray() -> None:
             # tracerl.actors are the thin Ray adapters (docs/design.md); nothing in tracerl wires workflows or MLflow
             banned = {"workflows", "mlflow"} if "actors" in f.parts else {"workflows", "ray", "mlflow"}
             assert not imports(f) & banned, f
+
+
+def test_nothing_in_platform_imports_the_layers_above() -> None:
+    """platform/ is the bottom layer: it names the built-in environments and predictors as lazy 'module:attr'
+    registry entries (tracerl.env_registry, tracerl.predictor) and never imports envs, predictors or workflows."""
+    found = files("platform")
+    assert ROOT / "platform/tracerl/config_checks.py" in found and len(found) > 50
+    bad = {str(f.relative_to(ROOT)): sorted(imports(f) & UPPER_LAYERS) for f in found}
+    assert {k: v for k, v in bad.items() if v} == {}
 
 
 def test_console_script_points_at_workflows() -> None:
