@@ -16,13 +16,13 @@ from tracerl.actors.config import ClusterConfig, TrackingConfig
 from tracerl.algos.config import AllocatorConfig, BudgetConfig, PredictorConfig
 from tracerl.config import (
     EnvConfig,
+    LMRolloutFields,
     ModelConfig,
     PipelineConfig,
     PipelineMode,
     SamplerConfig,
     TrainConfig,
     TrainPipelineMode,
-    lm_budget,
     lm_env,
 )
 from tracerl.schema import check, check_choices, check_flat_keys, flattened
@@ -56,18 +56,9 @@ class BenchEnvConfig:
 
 
 @dataclass(frozen=True)
-class BenchRolloutConfig:
+class BenchRolloutConfig(LMRolloutFields):
     """``tracerl bench rollout``: allocators at equal leaves with the frozen tiny policy, predictor learning online."""
 
-    tool_env_only: ClassVar[bool] = True
-    """Runs a language model: ``env`` must be a ReAct tool environment (``Env.tool_env``)."""
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    sampler: SamplerConfig = field(default_factory=SamplerConfig)
-    env: EnvConfig = field(default_factory=lm_env)
-    allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
-    predictor: PredictorConfig = field(default_factory=lambda: PredictorConfig(features="hashed"))
-    budget: BudgetConfig = field(default_factory=lm_budget)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     allocators: list[str] = field(default_factory=lambda: ["grpo", "pcl", "treepo", "trace"])
