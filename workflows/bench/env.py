@@ -170,7 +170,7 @@ class BenchEnvResult:
         )
 
 
-def run_bench_env(cfg: BenchEnvConfig, progress: Callable[[str], None] = lambda s: None) -> BenchEnvResult:
+def run_env_bench(cfg: BenchEnvConfig, progress: Callable[[str], None] = lambda s: None) -> BenchEnvResult:
     """Gold replay or policy pass@1 on the first ``cfg.tasks`` held-out tasks of ``cfg.env``."""
     t0 = time.perf_counter()
     cls = tool_env_class(cfg.env.name)

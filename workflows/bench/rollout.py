@@ -110,7 +110,7 @@ def _continuation_prefill(out: StepOutcome) -> dict[str, float]:
     }
 
 
-def run_bench(cfg: BenchRolloutConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+def run_rollout_bench(cfg: BenchRolloutConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     check_data(cfg.env)  # a bad data file fails before any model loads
     progress(tracking.where(cfg.tracking))
     out = Path(cfg.out_dir)

@@ -84,10 +84,10 @@ BENCH_ENV_FLAGS = (
 
 
 def _bench_allocation(cfg: BenchAllocationConfig) -> int:
-    from workflows.bench.allocation import run_bench
+    from workflows.bench.allocation import run_allocation_bench
 
     progress(where(cfg.tracking))
-    summary = run_bench(cfg, progress=progress)
+    summary = run_allocation_bench(cfg, progress=progress)
     from workflows.bench.allocation import format_table
 
     print(format_table(cfg, summary))
@@ -115,9 +115,9 @@ def _bench_targets(cfg: BenchAllocationConfig) -> int:
 def _bench_env(cfg: BenchEnvConfig) -> int:
     import json
 
-    from workflows.bench.env import run_bench_env
+    from workflows.bench.env import run_env_bench
 
-    result = run_bench_env(cfg, progress=progress)
+    result = run_env_bench(cfg, progress=progress)
     print(result.format())
     if cfg.json_path:
         Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
@@ -144,9 +144,9 @@ def bench_env_overrides(args: argparse.Namespace) -> None:
 
 
 def _bench_rollout(cfg: BenchRolloutConfig) -> int:
-    from workflows.bench.rollout import format_table, run_bench
+    from workflows.bench.rollout import format_table, run_rollout_bench
 
-    summary = run_bench(cfg, progress=progress)
+    summary = run_rollout_bench(cfg, progress=progress)
     print(format_table(cfg, summary))
     print(
         f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
@@ -154,10 +154,10 @@ def _bench_rollout(cfg: BenchRolloutConfig) -> int:
     return 0
 
 
-def _lm_bench(cfg: BenchTrainConfig | BenchPipelineConfig, run_bench: Any, format_table: Any) -> int:
+def _lm_bench(cfg: BenchTrainConfig | BenchPipelineConfig, run: Any, format_table: Any) -> int:
     """A benchmark of training steps on the LM stack: run, print its table, say where its JSON went."""
 
-    summary = run_bench(cfg, progress=progress)
+    summary = run(cfg, progress=progress)
     print(format_table(summary))
     print(
         f"wrote {Path(cfg.bench_out) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
@@ -166,22 +166,22 @@ def _lm_bench(cfg: BenchTrainConfig | BenchPipelineConfig, run_bench: Any, forma
 
 
 def _bench_train(cfg: BenchTrainConfig) -> int:
-    from workflows.bench.train import format_table, run_bench
+    from workflows.bench.train import format_table, run_train_bench
 
-    return _lm_bench(cfg, run_bench, format_table)
+    return _lm_bench(cfg, run_train_bench, format_table)
 
 
 def _bench_pipeline(cfg: BenchPipelineConfig) -> int:
-    from workflows.pipeline.bench import format_table, run_bench
+    from workflows.pipeline.bench import format_table, run_pipeline_bench
 
-    return _lm_bench(cfg, run_bench, format_table)
+    return _lm_bench(cfg, run_pipeline_bench, format_table)
 
 
 def _bench_testbeds(cfg: BenchTestbedsConfig) -> int:
-    from workflows.bench.probes import run_bench
+    from workflows.bench.probes import run_testbeds_bench
     from workflows.bench.testbeds import format_table
 
-    summary = run_bench(cfg, progress=progress)
+    summary = run_testbeds_bench(cfg, progress=progress)
     print(format_table(summary))
     print(f"wrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else ""))
     return 0

@@ -36,7 +36,7 @@ IN_TRAIN = {
 }
 
 
-def run_bench(cfg: BenchPipelineConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+def run_pipeline_bench(cfg: BenchPipelineConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     from envs.registry import check_data
     from workflows.ops.ray_utils import init_ray
 
