@@ -222,7 +222,9 @@ def _tree_throughput(cfg: BenchAllocationConfig, trees: int = 512) -> float:
     return len(pool) / (time.perf_counter() - t0)
 
 
-def run_allocation_bench(cfg: BenchAllocationConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+def run_allocation_bench(
+    cfg: BenchAllocationConfig, progress: Callable[[str], None] = lambda s: None
+) -> dict[str, Any]:
     """Run the benchmark; returns the JSON summary (also written to ``out_dir`` and ``json_path``)."""
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -142,7 +142,9 @@ def measure(family: str, model_path: str, cfg: BenchTestbedsConfig) -> dict[str,
     }
 
 
-def run_testbeds_bench(cfg: BenchTestbedsConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+def run_testbeds_bench(
+    cfg: BenchTestbedsConfig, progress: Callable[[str], None] = lambda s: None
+) -> dict[str, Any]:
     """Measure every selected testbed; writes results.json (and ``json_path``)."""
     results: dict[str, Any] = {}
     for name in cfg.names():

@@ -23,8 +23,8 @@ from tracerl.calibration import CalibrationData, collect_calibration, mean_calib
 from tracerl.config_loader import to_flat_dict, to_yaml
 from tracerl.engine.step import StepOutcome
 from tracerl.engine.step_stats import step_metrics
+from tracerl.engine.stepper import Stepper
 from tracerl.experiment_config import BenchRolloutConfig
-from workflows.lm.rollout import lm_step
 from workflows.lm.stack import build_stack, build_text_predictor, task_prompts
 from workflows.ops.progress import bar
 from workflows.tracking import store as tracking
@@ -66,13 +66,15 @@ def run_one(
         cfg.predictor, stack, seed, name=allocator.predictor, targets=allocator.targets
     )
     prompts = task_prompts(cfg.env)
-    rng = np.random.default_rng([seed, 17])
+    stepper = Stepper(
+        prompts, allocator, predictor, stack.engine, np.random.default_rng([seed, 17]), cfg.pipeline.mode
+    )
     steps = []
     calib: CalibrationData = {}
     warm = int(cfg.steps * cfg.warmup_fraction)
     for s in range(cfg.steps):
         t0 = time.perf_counter()
-        out = lm_step(stack, allocator, predictor, prompts, cfg.budget, rng, s, cfg.pipeline.mode)
+        out = stepper.run(s, cfg.budget)
         if s >= warm:
             collect_calibration(out, calib)
         predictor.fit(out.sampled_trees)
@@ -110,7 +112,9 @@ def _continuation_prefill(out: StepOutcome) -> dict[str, float]:
     }
 
 
-def run_rollout_bench(cfg: BenchRolloutConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+def run_rollout_bench(
+    cfg: BenchRolloutConfig, progress: Callable[[str], None] = lambda s: None
+) -> dict[str, Any]:
     check_data(cfg.env)  # a bad data file fails before any model loads
     progress(tracking.where(cfg.tracking))
     out = Path(cfg.out_dir)

@@ -39,7 +39,9 @@ def run_configs(cfg: BenchTrainConfig) -> list[tuple[str, int, TrainConfig]]:
     return out
 
 
-def run_train_bench(cfg: BenchTrainConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+def run_train_bench(
+    cfg: BenchTrainConfig, progress: Callable[[str], None] = lambda s: None
+) -> dict[str, Any]:
     from workflows.train.run import train
 
     per: dict[str, list[dict[str, Any]]] = {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,14 +16,13 @@ from typing import Any
 import numpy as np
 
 from envs.registry import check_data
-from predictors.base import Predictor
 from predictors.length import attach_lengths
-from tracerl.algos.allocators import Allocator, build_allocator
-from tracerl.config import BudgetConfig, PipelineMode, RolloutConfig
+from tracerl.algos.allocators import build_allocator
+from tracerl.config import RolloutConfig
 from tracerl.config_loader import to_yaml
-from tracerl.engine.ledger import ENGINE_COUNTS, BudgetLedger
-from tracerl.engine.step import StepOutcome, run_step
+from tracerl.engine.step import StepOutcome
 from tracerl.engine.step_stats import step_metrics
+from tracerl.engine.stepper import Stepper
 from tracerl.metrics import (
     EFFECTIVE_RATIO,
     GENERATED_TOKENS,
@@ -34,7 +33,6 @@ from tracerl.metrics import (
     TOOL_CALLS,
 )
 from tracerl.tree_io import tree_to_record
-from tracerl.types import Prompt
 from workflows.lm.stack import LMStack, build_stack, build_text_predictor, task_prompts
 from workflows.lm.viewer import render_html
 
@@ -75,34 +73,6 @@ def outcome_records(out: StepOutcome) -> list[dict[str, Any]]:
     return records
 
 
-def sample_pool(prompts: Sequence[Prompt], size: int, rng: np.random.Generator) -> list[Prompt]:
-    if size > len(prompts):
-        raise ValueError(
-            f"the candidate pool needs {size} prompts but the task set has {len(prompts)}; "
-            "raise env.<name>.num_tasks or lower budget.pool_factor"
-        )
-    return [prompts[i] for i in rng.choice(len(prompts), size=size, replace=False)]
-
-
-def lm_step(
-    stack: LMStack,
-    allocator: Allocator,
-    predictor: Predictor,
-    prompts: Sequence[Prompt],
-    budget: BudgetConfig,
-    rng: np.random.Generator,
-    step: int,
-    mode: PipelineMode = "barrier",
-) -> StepOutcome:
-    """Step ``step`` of allocation and rollout on the LM stack (``step`` keys the sampling seeds; ``mode`` is
-    ``pipeline.mode``); its ledger holds the step's and the engine's counts."""
-    stack.engine.step, stack.engine.ledger = step, BudgetLedger()
-    pool = sample_pool(prompts, budget.num_candidates, rng)
-    out = run_step(pool, allocator, predictor, stack.engine, budget, rng, mode=mode)
-    out.ledger = merge_ledgers(out.ledger, stack.engine.ledger)
-    return out
-
-
 def run_rollout(cfg: RolloutConfig, progress: Callable[[str], None] = lambda s: None) -> RolloutResult:
     check_data(cfg.env)  # a bad data file fails before any model loads
     stack = build_stack(cfg.model, cfg.sampler, cfg.env, cfg.seed)
@@ -126,12 +96,14 @@ def rollout_steps(
         cfg.predictor, stack, cfg.seed, name=allocator.predictor, targets=allocator.targets
     )
     prompts = task_prompts(cfg.env)
-    rng = np.random.default_rng(cfg.seed)
+    stepper = Stepper(
+        prompts, allocator, predictor, stack.engine, np.random.default_rng(cfg.seed), cfg.pipeline.mode
+    )
     metrics: dict[str, float] = {}
     out = None
     for s in range(cfg.steps):
         t0 = time.perf_counter()
-        out = lm_step(stack, allocator, predictor, prompts, cfg.budget, rng, s, cfg.pipeline.mode)
+        out = stepper.run(s, cfg.budget)
         metrics = step_metrics(out)
         predictor.fit(out.sampled_trees)
         allocator.observe(out.sampled_trees)
@@ -150,12 +122,3 @@ def rollout_steps(
     )
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     return RolloutResult(out_dir, metrics)
-
-
-def merge_ledgers(step_ledger: BudgetLedger, engine_ledger: BudgetLedger) -> BudgetLedger:
-    """The step's counts (leaves, rollouts) plus the engine's (tokens, calls, tool work, generation time)."""
-    for f in ENGINE_COUNTS:
-        setattr(step_ledger, f, getattr(engine_ledger, f))
-    step_ledger.kv_depth = {d: list(c) for d, c in engine_ledger.kv_depth.items()}
-    step_ledger.phase_s.update({k: v for k, v in engine_ledger.phase_s.items()})
-    return step_ledger

@@ -36,7 +36,9 @@ IN_TRAIN = {
 }
 
 
-def run_pipeline_bench(cfg: BenchPipelineConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+def run_pipeline_bench(
+    cfg: BenchPipelineConfig, progress: Callable[[str], None] = lambda s: None
+) -> dict[str, Any]:
     from envs.registry import check_data
     from workflows.ops.ray_utils import init_ray
 
@@ -137,9 +139,9 @@ def run_one(
     from predictors.length import attach_lengths
     from tracerl.algos.allocators import build_allocator
     from tracerl.engine.react import TEMPLATES
-    from tracerl.engine.step import run_step, same_allocation
+    from tracerl.engine.step import same_allocation
+    from tracerl.engine.stepper import Stepper
     from tracerl.engine.timer import PhaseTimer
-    from workflows.lm.rollout import sample_pool
     from workflows.lm.stack import make_text_predictor, task_prompts
 
     tok, model = policy
@@ -160,20 +162,11 @@ def run_one(
     rng = np.random.default_rng(seed)
     pool.seed = seed
     steps = []
+    stepper = Stepper(prompts, allocator, predictor, pool, rng, mode)
     for s in range(num_steps):
-        pool.begin_step(s)
         timer = PhaseTimer()
         t0 = time.perf_counter()
-        out = run_step(
-            sample_pool(prompts, cfg.train.budget.num_candidates, rng),
-            allocator,
-            predictor,
-            pool,
-            cfg.train.budget,
-            rng,
-            timer,
-            mode,
-        )
+        out = stepper.run(s, cfg.train.budget, timer)
         wall = time.perf_counter() - t0
         led = pool.ledger
         m = {

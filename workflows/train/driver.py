@@ -134,7 +134,7 @@ class Driver:
 
     def select(self, step: int, timer: PhaseTimer) -> tuple[BudgetConfig, list[Any]]:
         """Step ``step``'s budget and candidate pool; the samplers' ledger starts counting for the step."""
-        from workflows.lm.rollout import sample_pool
+        from tracerl.engine.stepper import sample_pool
 
         with timer("select"):
             budget = self.budget(step)
@@ -203,7 +203,7 @@ class Driver:
         samplers' counts (tokens, tool calls, retries, generation time) join the step's ledger."""
         from tracerl.calibration import collect_calibration, summarize_calibration
         from tracerl.engine.step_stats import step_metrics
-        from workflows.lm.rollout import merge_ledgers
+        from tracerl.engine.stepper import merge_ledgers
         from workflows.train.evaluate import leaf_score_means
 
         out.ledger = merge_ledgers(out.ledger, self.pool.ledger)
