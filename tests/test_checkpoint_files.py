@@ -111,6 +111,22 @@ def test_every_rank_writes_its_manifest(tmp_path: Path) -> None:
     assert problem(ckpt) == "trainer_rank1.pt is 6 bytes, its manifest says 8"
 
 
+def test_a_write_cut_short_is_no_checkpoint(tmp_path: Path) -> None:
+    """What a Ray Train restart after a failed write sees: the older checkpoint, nothing half written."""
+    storage = tmp_path / "run"
+    good = _checkpoint(storage, 2, tmp_path)
+    src = tmp_path / "src4"
+    _files(src, 4)
+    (src / "zz_vanished.pt").symlink_to(tmp_path / "nowhere")  # copied last: the write fails after the others
+    with pytest.raises(FileNotFoundError):
+        publish(src, storage, "checkpoint_000004", 0, 1)
+    assert (
+        not (storage / "checkpoint_000004").exists()
+        and not (storage / STAGING / "checkpoint_000004").exists()
+    )
+    assert newest_good(storage).path == good and newest_good(storage).skipped == ()
+
+
 def test_a_checkpoint_from_before_manifests_is_checked_as_far_as_it_can_be(tmp_path: Path) -> None:
     old, older = tmp_path / "checkpoint_000004", tmp_path / "checkpoint_000002"
     _files(old, 4)
@@ -197,6 +213,28 @@ def test_no_space_is_found_however_it_is_wrapped() -> None:
     assert isinstance(back, DiskFull) and back.path == "/d" and back.errno == errno.ENOSPC == EXIT_CODE
 
 
+def test_a_full_disk_is_not_retried_by_ray_train() -> None:
+    """The controller callback: a polled worker error that is a full disk turns Ray Train's RETRY into an error
+    (which the controller does not retry); other errors, and a RAISE, are left to the failure policy."""
+    from ray.train.v2._internal.execution.failure_handling import FailureDecision
+
+    from workflows.disk_callback import StopOnDiskFull
+
+    class FakePollStatus:  # the one field the callback reads from Ray's WorkerGroupPollStatus
+        def __init__(self, errors: dict[int, BaseException]) -> None:
+            self.errors = errors
+
+    cb = StopOnDiskFull()
+    cb.after_worker_group_poll_status(FakePollStatus({0: ConnectionError("peer gone")}))
+    cb.before_controller_execute_failure_decision(FailureDecision.RETRY)  # a fault a restart can get past
+    cb.after_worker_group_poll_status(
+        FakePollStatus({1: OSError(errno.ENOSPC, "No space left on device", "/d/f")})
+    )
+    cb.before_controller_execute_failure_decision(FailureDecision.RAISE)
+    with pytest.raises(DiskFull, match="no space left on device at /d/f"):
+        cb.before_controller_execute_failure_decision(FailureDecision.RETRY)
+
+
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A 2 MiB tmpfs (needs root: mount)."""
@@ -232,7 +270,9 @@ def test_a_full_disk_under_a_checkpoint_write_leaves_the_last_good_one(
     _files(src, 4, size=1 << 20)  # 4 MiB of weights: more than the disk has
     with pytest.raises(OSError) as caught:
         publish(src, storage, "checkpoint_000004", 0, 1)
-    assert no_space(caught.value) is not None
+    assert str(no_space(caught.value)).startswith(
+        f"{storage / STAGING}/checkpoint_000004/"
+    )  # the file it met
     assert (
         not (storage / "checkpoint_000004").exists()
         and not (storage / STAGING / "checkpoint_000004").exists()

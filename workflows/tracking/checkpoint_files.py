@@ -56,13 +56,18 @@ def _fsync_dir(d: Path) -> None:
 def _copy(src: Path, dst: Path) -> tuple[int, int]:
     """Copy one file, fsynced; returns its (size, CRC-32)."""
     crc, size = 0, 0
-    with open(src, "rb") as fin, open(dst, "wb") as fout:
-        while chunk := fin.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-            size += len(chunk)
-            fout.write(chunk)
-        fout.flush()
-        os.fsync(fout.fileno())
+    try:
+        with open(src, "rb") as fin, open(dst, "wb") as fout:
+            while chunk := fin.read(_CHUNK):
+                crc = zlib.crc32(chunk, crc)
+                size += len(chunk)
+                fout.write(chunk)
+            fout.flush()
+            os.fsync(fout.fileno())
+    except OSError as exc:
+        if exc.filename is None:  # a failed write names no file: say which one (a full disk's one line shows it)
+            raise OSError(exc.errno, exc.strerror, str(dst)) from exc
+        raise
     return size, crc
 
 
