@@ -101,10 +101,12 @@ class MetricLog:
             self._send(recs)
             return True
         except Exception as e:  # noqa: BLE001 - the REST and SQL stores raise their own types for "unreachable"
-            self._append(recs)
+            from workflows.disk import no_space
+
+            self._append(recs)  # a full disk here too ends the run (workflows/disk.py)
+            why = "tracking store full" if no_space(e) is not None else "tracking unreachable"
             self.say(
-                f"tracking unreachable ({e.__class__.__name__}): {len(recs)} metrics of step {step} spooled "
-                f"to {self.spool}"
+                f"{why} ({e.__class__.__name__}): {len(recs)} metrics of step {step} spooled to {self.spool}"
             )
             return False
 
