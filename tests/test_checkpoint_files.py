@@ -218,7 +218,7 @@ def test_a_full_disk_is_not_retried_by_ray_train() -> None:
     (which the controller does not retry); other errors, and a RAISE, are left to the failure policy."""
     from ray.train.v2._internal.execution.failure_handling import FailureDecision
 
-    from workflows.disk_callback import StopOnDiskFull
+    from workflows.ops.disk_callback import StopOnDiskFull
 
     class FakePollStatus:  # the one field the callback reads from Ray's WorkerGroupPollStatus
         def __init__(self, errors: dict[int, BaseException]) -> None:

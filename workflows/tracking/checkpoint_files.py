@@ -65,7 +65,9 @@ def _copy(src: Path, dst: Path) -> tuple[int, int]:
             fout.flush()
             os.fsync(fout.fileno())
     except OSError as exc:
-        if exc.filename is None:  # a failed write names no file: say which one (a full disk's one line shows it)
+        if (
+            exc.filename is None
+        ):  # a failed write names no file: say which one (a full disk's one line shows it)
             raise OSError(exc.errno, exc.strerror, str(dst)) from exc
         raise
     return size, crc

@@ -101,9 +101,9 @@ class MetricLog:
             self._send(recs)
             return True
         except Exception as e:  # noqa: BLE001 - the REST and SQL stores raise their own types for "unreachable"
-            from workflows.disk import no_space
+            from workflows.ops.disk import no_space
 
-            self._append(recs)  # a full disk here too ends the run (workflows/disk.py)
+            self._append(recs)  # a full disk here too ends the run (workflows/ops/disk.py)
             why = "tracking store full" if no_space(e) is not None else "tracking unreachable"
             self.say(
                 f"{why} ({e.__class__.__name__}): {len(recs)} metrics of step {step} spooled to {self.spool}"
