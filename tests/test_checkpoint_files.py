@@ -154,9 +154,11 @@ def test_a_republished_step_replaces_the_old_one(tmp_path: Path) -> None:
     assert not (storage / STAGING / f"{first.name}.replaced").exists()
 
 
-def test_a_damaged_model_path_is_one_line_for_eval(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("command", ["eval", "train"])
+def test_a_damaged_model_path_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
 ) -> None:
+    """Before any model loads (train: before Ray starts or a run exists)."""
     from tests.conftest import ROOT
     from workflows.cli.app import main
 
@@ -167,7 +169,9 @@ def test_a_damaged_model_path_is_one_line_for_eval(
     size = (model / "model.safetensors").stat().st_size
     _truncate(model / "model.safetensors", size // 2)
     args = [f"model.path={model}", f"tracking.uri=sqlite:///{tmp_path}/mlruns.db", "env.math.eval_tasks=2"]
-    rc = main(["eval", *args, "--out", str(tmp_path / "out")])
+    if command == "train":
+        args = ["--config", str(ROOT / "conf" / "train" / "smoke.yaml"), *args]
+    rc = main([command, *args, "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("tracerl:")]
     assert rc == 2 and len(errors) == 1 and "Traceback" not in err, err

@@ -187,9 +187,9 @@ def train(
 
 
 def check_model(cfg: TrainConfig) -> None:
-    """The policy checkpoint exists, its context window fits the sampler's, and LoRA targets name its layers:
-    checked before any run is created (these are the user's to fix)."""
-    from tracerl.models.hf import check_window
+    """The policy checkpoint exists and its weights files are whole, its context window fits the sampler's, and LoRA
+    targets name its layers: checked before any run is created (these are the user's to fix)."""
+    from tracerl.models.hf import check_weights, check_window
     from workflows.lm.stack import SetupError
 
     if not Path(cfg.model.path).is_dir():
@@ -197,6 +197,7 @@ def check_model(cfg: TrainConfig) -> None:
             f"model.path={cfg.model.path!r} is not a checkpoint directory; build the tiny policy with "
             "`tracerl bootstrap` or point model.path at an HF checkpoint"
         )
+    check_weights(cfg.model.path)
     check_window(cfg.model.path, cfg.sampler)
     if cfg.trainer.lora_rank > 0:
         from tracerl.models.wrap import check_lora
