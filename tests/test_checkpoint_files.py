@@ -69,6 +69,30 @@ def test_truncated_newest_falls_back_to_the_older_naming_the_file(tmp_path: Path
     ]
 
 
+def test_a_restart_restores_the_newest_good_checkpoint_saying_so_once(tmp_path: Path) -> None:
+    """Ray's registered checkpoint (after a restart) is the damaged newest: rank 0 restores the one before it."""
+    from workflows.train.setup import restore_dir
+
+    class FakeRayCheckpoint:  # the one field restore_dir reads from ray.train.Checkpoint on local storage
+        def __init__(self, path: Path) -> None:
+            self.path = str(path)
+
+    storage = tmp_path / "run"
+    _checkpoint(storage, 2, tmp_path)
+    newest = _checkpoint(storage, 4, tmp_path)
+    _truncate(newest / WEIGHTS, 30)
+    said: list[str] = []
+    assert restore_dir(FakeRayCheckpoint(newest), storage, said.append) == str(storage / "checkpoint_000002")
+    assert len(said) == 1 and said[0].startswith(
+        f"checkpoint {newest} is damaged, skipped: {WEIGHTS} is 30 bytes"
+    )
+    assert said[0].endswith("; restoring from checkpoint_000002 (step 2)")
+    said.clear()  # the driver already said it (resume): not again
+    assert restore_dir(FakeRayCheckpoint(newest), storage, said.append, ["checkpoint_000004"]) is not None
+    assert said == []
+    assert restore_dir(None, tmp_path / "empty", said.append) is None
+
+
 def test_each_kind_of_damage_is_named(tmp_path: Path) -> None:
     ckpt = _checkpoint(tmp_path / "run", 1, tmp_path)
     data = bytearray((ckpt / "predictor.pt").read_bytes())
