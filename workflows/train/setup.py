@@ -199,25 +199,20 @@ def restore_dir(
 
     A worker that dies right after ``ray.train.report`` may leave a persisted checkpoint the controller never
     registered; its step is in its state.json, so it is found here and nothing done before the death is redone.
-    Either one is checked first (``workflows.tracking.checkpoint_files.problem``; a write cut short never becomes a
-    checkpoint directory at all): a damaged one is passed over, in one line to ``say`` (unless its name is in
-    ``reported``), for the newest one that checks out.
+    The storage's checkpoints are checked newest first (``workflows.tracking.checkpoint_files.newest_good``; a write
+    cut short never becomes a checkpoint directory at all), Ray's too when it lies elsewhere (a download): a damaged
+    one is passed over, in one line to ``say`` (unless its name is in ``reported``), for the newest that checks out.
     """
-    best: tuple[int, str] | None = None
-    bad: dict[str, str] = {}
-    if ckpt is not None:
-        d = ckpt.path if Path(ckpt.path).is_dir() else ckpt.to_directory()  # local storage: read it in place
+    choice = newest_good(storage)  # Ray's checkpoint is one of these on local storage: each is read once
+    best = (choice.step, str(choice.path)) if choice.path is not None else None
+    bad = {str(p): why for p, why in choice.skipped}
+    if ckpt is not None and Path(ckpt.path).parent.resolve() != storage.resolve():
+        d = ckpt.to_directory()
         why = problem(Path(d))
-        if why is None:
+        if why is not None:
+            bad[d] = why
+        elif best is None or CheckpointState.read(d).step > best[0]:
             best = (CheckpointState.read(d).step, d)
-        else:
-            bad[str(d)] = why
-    choice = newest_good(storage)
-    if choice.path is not None and (best is None or choice.step > best[0]):
-        best = (choice.step, str(choice.path))
-    bad.update(
-        {str(p): why for p, why in choice.skipped}
-    )  # Ray's checkpoint is often the storage's newest too
     then = f"restoring from {Path(best[1]).name} (step {best[0]})" if best else "starting from model.path"
     for d, why in bad.items():
         if Path(d).name not in set(reported):
