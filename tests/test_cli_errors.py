@@ -25,10 +25,6 @@ ARGS = ["register", "RUN", "--name", "m", "--tracking-uri", "sqlite:////tmp/neve
 @pytest.mark.parametrize(
     ("exc", "line"),
     [
-        (
-            OSError(errno.ENOSPC, "No space left on device", "/data/mlruns.db"),
-            "tracerl: [Errno 28] No space left on device: '/data/mlruns.db'",
-        ),
         (OSError(errno.EACCES, "Permission denied"), "tracerl: [Errno 13] Permission denied"),
         (FileNotFoundError("no checkpoint in /runs/x"), "tracerl: no checkpoint in /runs/x"),
         (LookupError("run RUN not found in\n  the store"), "tracerl: run RUN not found in the store"),
@@ -43,6 +39,24 @@ def test_a_user_error_is_one_line_and_exit_2(
     assert cli.main(ARGS) == 2
     err = capsys.readouterr().err
     assert err == line + "\n"
+
+
+@pytest.mark.parametrize(
+    ("exc", "path"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device", "/data/mlruns.db"), "/data/mlruns.db"),
+        (RuntimeError("Training failed: OSError: [Errno 122] Disk quota exceeded: '/q/runs/x'"), "/q/runs/x"),
+    ],
+)
+def test_a_full_disk_is_one_line_and_exit_28(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], exc: BaseException, path: str
+) -> None:
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    _fails_with(monkeypatch, exc)
+    assert cli.main(ARGS) == 28
+    assert capsys.readouterr().err == (
+        f"tracerl: no space left on device at {path}: free space or point out_dir/tracking.uri elsewhere\n"
+    )
 
 
 def test_a_job_api_error_and_a_setup_error_are_user_errors() -> None:

@@ -159,11 +159,25 @@ def test_checkpoints_hold_a_changed_policy(run: dict[str, Any]) -> None:
     assert state["optimizer"]["state"]
 
 
-def test_resume_continues_the_same_run(run: dict[str, Any]) -> None:
-    from workflows.tracking.runs import metric_series
+def test_resume_continues_the_same_run(run: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """The newest checkpoint's policy cut short: resume names the file and continues from the one before it."""
+    from tracerl.config import TrackingConfig
+    from workflows.tracking.runs import metric_series, run_storage
 
     tmp = run["tmp"]
+    storage = run_storage(run["run_id"], TrackingConfig(uri=f"sqlite:///{tmp}/mlruns.db"))
+    weights = storage / "checkpoint_000003" / "policy" / "model.safetensors"
+    size = weights.stat().st_size
+    with open(weights, "r+b") as f:
+        f.truncate(size // 2)
+    capsys.readouterr()
     assert main(["train", *_common(run["tiny"], tmp), f"resume={run['run_id']}", "--steps", "4"]) == 0
+    out = capsys.readouterr()
+    said = [line for line in (out.out + out.err).splitlines() if "is damaged, skipped" in line]
+    assert len(said) == 1 and said[0].endswith(
+        f"policy/model.safetensors is {size // 2} bytes, its manifest says {size}; "
+        "falling back to checkpoint_000002 (step 2)"
+    ), said
     client = _client(tmp)
     assert len(client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])) == 1
     assert sorted(metric_series(client, run["run_id"], "rollout/effective_ratio")) == [1, 2, 3, 4]

@@ -246,8 +246,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return exit_code(exc)
-    except user_errors() as exc:
+    except Exception as exc:  # noqa: BLE001 - user errors are one line; anything else keeps its traceback
+        from workflows.ops.disk import EXIT_CODE, DiskFull, no_space
+
         if os.environ.get(DEBUG_ENV):
+            raise
+        full = no_space(
+            exc
+        )  # a full disk or quota, however wrapped (Ray's, MLflow's errors): its own exit code
+        if full is not None:
+            print(f"tracerl: {exc if isinstance(exc, DiskFull) else DiskFull(full)}", file=sys.stderr)
+            return EXIT_CODE
+        if not isinstance(exc, user_errors()):
             raise
         print(f"tracerl: {one_line(exc)}", file=sys.stderr)
         return 2
@@ -261,7 +271,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """What a user can cause or meet and fix without reading code, printed by ``main`` as one line, exit 2.
 
     The one place the CLI turns errors into lines (every command's handler lets them through): a missing or
-    unreadable file, a full disk and any other OSError (its text names the path), an unreachable server
+    unreadable file and any other OSError (its text names the path; a full disk, however wrapped, is
+    ``workflows.ops.disk.DiskFull``'s line and exit 28 instead), an unreachable server
     (ConnectionError is an OSError), an unknown name (LookupError), a bad value, a set-up the user must fix
     (SetupError), a job API that refused a job. A bug is none of these and keeps its traceback.
     """

@@ -51,17 +51,28 @@ class HFPolicyModel(mlflow.pyfunc.PythonModel):  # type: ignore[misc,name-define
         return out
 
 
-def _checkpoint(run_id: str, tracking: Any) -> tuple[Path, CheckpointState]:
-    from workflows.tracking.runs import latest_checkpoint, run_storage
+def _checkpoint(
+    run_id: str, tracking: Any, say: Callable[[str], None] = lambda s: None
+) -> tuple[Path, CheckpointState]:
+    """The run's newest complete checkpoint; ``say`` gets a line for each damaged newer one passed over."""
+    from workflows.tracking.checkpoint_files import newest_good
+    from workflows.tracking.runs import run_storage
 
     storage = run_storage(run_id, tracking)
-    ckpt = latest_checkpoint(storage)
-    if ckpt is None or not (ckpt / "policy").is_dir():
+    choice = newest_good(storage)
+    if choice.path is None:
+        damaged = "; ".join(f"{p.name}: {why}" for p, why in choice.skipped)
         raise FileNotFoundError(
-            f"run {run_id} has no checkpoint under {storage} yet (checkpoints are written every "
-            "checkpoint_every steps and at the end)"
+            f"run {run_id} has no complete checkpoint under {storage} "
+            + (
+                f"(damaged: {damaged}): resume the run to write new ones, or point model.path at another"
+                if damaged
+                else "yet (checkpoints are written every checkpoint_every steps and at the end)"
+            )
         )
-    return ckpt, CheckpointState.read(ckpt)
+    for line in choice.notes():
+        say(line)
+    return choice.path, CheckpointState.read(choice.path)
 
 
 def register(
@@ -79,7 +90,7 @@ def register(
 
     tracking = TrackingConfig(uri=tracking_uri)
     trk.setup(tracking)
-    ckpt, state = _checkpoint(run_id, tracking)
+    ckpt, state = _checkpoint(run_id, tracking, progress)
     client = mlflow.MlflowClient()
     run = client.get_run(run_id)
     progress(f"logging {ckpt} (step {state.step}) as a model of run {run_id}")
@@ -109,11 +120,12 @@ def register(
     return {"version": int(mv.version), "source": info.model_uri, "tags": tags}
 
 
-def resolve_model_path(path: str, tracking: Any) -> str:
-    """A local HF checkpoint directory for ``path``: a directory, ``runs:/RUN_ID`` (the run's last
-    checkpoint) or ``models:/NAME@ALIAS`` / ``models:/NAME/VERSION`` (downloaded from the registry)."""
+def resolve_model_path(path: str, tracking: Any, say: Callable[[str], None] = lambda s: None) -> str:
+    """A local HF checkpoint directory for ``path``: a directory, ``runs:/RUN_ID`` (the run's newest complete
+    checkpoint; ``say`` names the damaged newer ones) or ``models:/NAME@ALIAS`` / ``models:/NAME/VERSION``
+    (downloaded from the registry)."""
     if path.startswith("runs:/"):
-        ckpt, _ = _checkpoint(path[len("runs:/") :].strip("/"), tracking)
+        ckpt, _ = _checkpoint(path[len("runs:/") :].strip("/"), tracking, say)
         return str(ckpt / "policy")
     if path.startswith("models:/"):
         import mlflow

@@ -5,19 +5,20 @@ value logged per step wins, so a step re-run after a restart is read once, from 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
 from tracerl.config_loader import to_flat_dict, to_yaml
-from workflows.tracking.checkpoint_state import STATE, CheckpointState
+from workflows.tracking.spool import PendingStatus
 from workflows.tracking.store import resolve_uri
 
 PHASE = ".phase"
@@ -60,24 +61,16 @@ def dataset_fingerprint(cfg: TrainConfig) -> str:
     return h.hexdigest()[:16]
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint with the highest step under a run's storage directory."""
-    best: tuple[int, Path] | None = None
-    for state in run_dir.glob(f"checkpoint_*/{STATE}"):
-        d = state.parent
-        if not (
-            (d / "policy" / "config.json").is_file()
-            and (d / "predictor.pt").is_file()
-            and (d / "trainer_rank0.pt").is_file()
-        ):
-            continue  # a copy cut short by a crash
-        try:
-            step = CheckpointState.read(d).step
-        except ValueError:
-            continue  # a state file cut short by a crash
-        if best is None or step > best[0]:
-            best = (step, state.parent)
-    return best[1] if best else None
+def latest_checkpoint(run_dir: Path, say: Callable[[str], None] | None = None) -> Path | None:
+    """The newest complete checkpoint under a run's storage directory (``workflows.tracking.checkpoint_files.newest_good``);
+    ``say`` gets one line for each newer one passed over, naming the file that failed its check."""
+    from workflows.tracking.checkpoint_files import newest_good
+
+    choice = newest_good(run_dir)
+    if say is not None:
+        for line in choice.notes():
+            say(line)
+    return choice.path
 
 
 def run_storage(run_id: str, tracking: Any) -> Path:
@@ -125,26 +118,43 @@ def create_run(
     )
     run_id = run.info.run_id
     storage = Path(cfg.out_dir) / f"{name}-{run_id[:8]}"
-    storage.mkdir(parents=True, exist_ok=True)
     cfg = dataclasses.replace(cfg, run_name=name)
-    (storage / "config.yaml").write_text(to_yaml(cfg))
-    client.set_tag(run_id, "tracerl.storage", str(storage))
-    flat = to_flat_dict(cfg)
-    for i in range(0, len(flat), 100):
-        keys = list(flat)[i : i + 100]
-        client.log_batch(
-            run_id,
-            params=[
-                mlflow.entities.Param(k, ("null" if flat[k] is None else str(flat[k]))[:6000]) for k in keys
-            ],
-        )
-    client.log_artifact(run_id, str(storage / "config.yaml"))
+    with failing_run(client, run_id):
+        storage.mkdir(parents=True, exist_ok=True)
+        PendingStatus(storage).reserve()
+        (storage / "config.yaml").write_text(to_yaml(cfg))
+        client.set_tag(run_id, "tracerl.storage", str(storage))
+        flat = to_flat_dict(cfg)
+        for i in range(0, len(flat), 100):
+            keys = list(flat)[i : i + 100]
+            client.log_batch(
+                run_id,
+                params=[
+                    mlflow.entities.Param(k, ("null" if flat[k] is None else str(flat[k]))[:6000])
+                    for k in keys
+                ],
+            )
+        client.log_artifact(run_id, str(storage / "config.yaml"))
     return run_id, storage, cfg
 
 
-def resumed_config(run_id: str, tracking: Any, overrides: list[str]) -> tuple[TrainConfig, Path, Path | None]:
+@contextlib.contextmanager
+def failing_run(client: Any, run_id: str) -> Iterator[None]:
+    """A run whose set-up fails (a full disk at its storage) is marked FAILED, not left RUNNING (best effort: the
+    store may be what is full), and the error goes on."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            client.set_terminated(run_id, status="FAILED")
+        raise
+
+
+def resumed_config(
+    run_id: str, tracking: Any, overrides: list[str], say: Callable[[str], None] = lambda s: None
+) -> tuple[TrainConfig, Path, Path | None]:
     """What ``resume=RUN_ID`` continues with: the run's saved config.yaml with the command's other overrides on top,
-    its storage, and its newest complete checkpoint (None: none yet)."""
+    its storage, and its newest complete checkpoint (None: none yet; ``say`` names each damaged newer one)."""
     from tracerl.config_loader import compose
 
     storage = run_storage(run_id, tracking)
@@ -153,7 +163,46 @@ def resumed_config(run_id: str, tracking: Any, overrides: list[str]) -> tuple[Tr
         raise FileNotFoundError(f"run {run_id} has no saved config at {saved}")
     keep = [o for o in overrides if not o.startswith("resume=")]
     cfg = compose(TrainConfig, saved, keep + [f"resume={run_id}"])
-    return cfg, storage, latest_checkpoint(storage)
+    return cfg, storage, latest_checkpoint(storage, say)
+
+
+def end_run(
+    client: Any,
+    run_id: str,
+    storage: Path,
+    status: str,
+    progress: Callable[[str], None],
+    store: str,
+    failed_note: bool = True,
+) -> str | None:
+    """Close a training run: send what rank 0 spooled, set its final status (KILLED when a sweep's scheduler stopped
+    it), say how to resume one that did not finish. A store too full to take the status keeps it under the storage
+    (``workflows.tracking.spool.PendingStatus``, sent by a later command); returns where the disk was full (``store``, the
+    tracking URI, when the error does not say; None: it was not full).
+    """
+    from workflows.ops.disk import no_space, store_path
+    from workflows.tracking.spool import MetricLog, PendingStatus
+
+    try:
+        if status == "FAILED" and "tracerl.stopped_early" in client.get_run(run_id).data.tags:
+            status = (
+                "KILLED"  # a sweep's scheduler stopped this trial (and said so) before its Train run ended
+            )
+        if not MetricLog(client, run_id, storage, 0, progress, fail_fast=False).flush():
+            progress(f"metrics still spooled in {storage}: the tracking server is unreachable")
+        client.set_terminated(run_id, status=status)
+    except Exception as exc:  # noqa: BLE001 - the stores raise their own types; only a full disk is handled
+        full = no_space(exc)
+        if full is None:
+            raise
+        kept = PendingStatus(storage).record(run_id, status)
+        return (full or store_path(store)) + (
+            "" if kept else f" (and {storage} cannot keep the run's status)"
+        )
+    if status in ("FAILED", "KILLED") and failed_note:
+        what = "training failed" if status == "FAILED" else "training stopped"
+        progress(f"{what}; the run and its checkpoints are kept: `tracerl train resume={run_id}`")
+    return None
 
 
 def metric_series(client: Any, run_id: str, key: str) -> dict[int, float]:

@@ -101,10 +101,12 @@ class MetricLog:
             self._send(recs)
             return True
         except Exception as e:  # noqa: BLE001 - the REST and SQL stores raise their own types for "unreachable"
-            self._append(recs)
+            from workflows.ops.disk import no_space
+
+            self._append(recs)  # a full disk here too ends the run (workflows/ops/disk.py)
+            why = "tracking store full" if no_space(e) is not None else "tracking unreachable"
             self.say(
-                f"tracking unreachable ({e.__class__.__name__}): {len(recs)} metrics of step {step} spooled "
-                f"to {self.spool}"
+                f"{why} ({e.__class__.__name__}): {len(recs)} metrics of step {step} spooled to {self.spool}"
             )
             return False
 
@@ -166,3 +168,67 @@ class MetricLog:
             return True
         except Exception:  # noqa: BLE001 - still unreachable: try again later
             return False
+
+
+STATUS = "status.pending"
+"""A terminal status the tracking store could not take (a full disk): ``<status> <run id>``, or ``none``."""
+_STATUS_BYTES = 64
+
+
+class PendingStatus:
+    """The run's final status, kept under its storage when the tracking store cannot take it, for a later command
+    to send (``replay``). The file is written at the run's start, padded to a fixed size, and overwritten in place
+    at its end: rewriting bytes a file already holds needs no new space on a full disk."""
+
+    def __init__(self, storage: Path) -> None:
+        self.path = storage / STATUS
+
+    def _write(self, text: str) -> None:
+        data = text.encode().ljust(_STATUS_BYTES)[:_STATUS_BYTES]
+        with open(self.path, "r+b" if self.path.is_file() else "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def reserve(self) -> None:
+        """At the start of a run (or resume): the space the status will need."""
+        if not self.path.is_file():
+            self._write("none")
+
+    def record(self, run_id: str, status: str) -> bool:
+        """Keep ``status`` for ``run_id``; False when even that cannot be written."""
+        try:
+            self._write(f"{status} {run_id}")
+            return True
+        except OSError:
+            return False
+
+    def pending(self) -> tuple[str, str] | None:
+        try:
+            parts = self.path.read_text().split()
+        except (OSError, UnicodeDecodeError):
+            return None
+        return (parts[0], parts[1]) if len(parts) == 2 else None
+
+    def replay(self, client: Any) -> str | None:
+        """Send a kept status to the store; returns the run id it was sent for (None: nothing was pending)."""
+        kept = self.pending()
+        if kept is None:
+            return None
+        status, run_id = kept
+        client.set_terminated(run_id, status=status)
+        self._write("none")
+        return run_id
+
+
+def replay_statuses(client: Any, out_dir: Path, say: Callable[[str], None]) -> None:
+    """Send every run status kept under ``out_dir`` (one run storage a directory) that the store can now take."""
+    for path in sorted(out_dir.glob(f"*/{STATUS}")):
+        try:
+            run_id = PendingStatus(path.parent).replay(client)
+        except Exception:  # noqa: BLE001 - the store still cannot take it: a later command tries again
+            continue
+        if run_id:
+            say(
+                f"MLflow run {run_id}: its final status, kept in {path} when the store was full, is now recorded"
+            )

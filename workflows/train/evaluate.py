@@ -169,7 +169,7 @@ def run_eval(cfg: Any, progress: Callable[[str], None] = lambda s: None) -> Eval
     from workflows.tracking.model_registry import resolve_model_path
 
     progress(trk.where(cfg.tracking))  # where runs:/ and models:/ paths are looked up
-    path = resolve_model_path(cfg.model.path, trk.resolved(cfg.tracking))
+    path = resolve_model_path(cfg.model.path, trk.resolved(cfg.tracking), progress)
     model_cfg = replace(cfg.model, path=path)
     prompts = task_prompts(cfg.env, held_out=True)
     task_set = f"{cfg.env.name}:{getattr(env_section(cfg.env), 'tasks', 'tasks')}"

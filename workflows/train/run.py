@@ -92,17 +92,21 @@ def train(
     resume_ckpt: Path | None = None
     run_id = cfg.resume or ""
     if cfg.resume:
-        cfg, storage, resume_ckpt = resumed_config(cfg.resume, cfg.tracking, overrides or [])
+        cfg, storage, resume_ckpt = resumed_config(cfg.resume, cfg.tracking, overrides or [], progress)
         progress(f"resuming MLflow run {run_id} from {resume_ckpt or 'its start (no checkpoint yet)'}")
     check_data(cfg.env)  # a bad data file is the user's to fix: before Ray starts or a run exists
     progress(where(cfg.tracking))
     import mlflow
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
+    from workflows.ops.disk import DiskFull, no_space
+    from workflows.ops.disk_callback import StopOnDiskFull
     from workflows.ops.progress import bar
     from workflows.ops.ray_utils import check_resources, init_ray, torch_trainer
     from workflows.tracking import store as trk
     from workflows.tracking.run_info import train_tags
+    from workflows.tracking.runs import end_run, failing_run
+    from workflows.tracking.spool import PendingStatus, replay_statuses
 
     cfg = resolve_paths(cfg)
     check_model(cfg)
@@ -116,16 +120,23 @@ def train(
     check_resources(resource_demand(cfg), cfg.cluster, RESOURCE_KNOBS, progress)
     exp_id = trk.setup(cfg.tracking)
     client = mlflow.MlflowClient()
+    replay_statuses(client, Path(cfg.out_dir), progress)  # what earlier runs could not tell a full store
     if not cfg.resume:
         run_id, storage, cfg = create_run(client, exp_id, cfg, {**train_tags(cfg), **(tags or {})})
     else:
         client.update_run(run_id, status="RUNNING")
-        (storage / "config.yaml").write_text(to_yaml(dataclasses.replace(cfg, resume=None)))
+        with failing_run(client, run_id):
+            PendingStatus(storage).reserve()
+            (storage / "config.yaml").write_text(to_yaml(dataclasses.replace(cfg, resume=None)))
     progress(f"MLflow run {run_id} ({cfg.tracking.uri}); checkpoints in {storage}")
     t = cfg.trainer
+    reported = [
+        p.name for p in storage.glob("checkpoint_*") if resume_ckpt is None or p.name > resume_ckpt.name
+    ]
+    run_callbacks: list[Any] = [StopOnDiskFull(), *(callbacks or [])]  # a full disk is not retried
     trainer = torch_trainer(cfg.cluster)(
-        train_loop,
-        train_loop_config={"cfg": cfg, "run_id": run_id, "storage": str(storage)},
+        guarded_loop,
+        train_loop_config={"cfg": cfg, "run_id": run_id, "storage": str(storage), "reported": reported},
         scaling_config=ScalingConfig(
             num_workers=t.num_workers,
             use_gpu=t.use_gpu,
@@ -137,7 +148,7 @@ def train(
             failure_config=FailureConfig(max_failures=cfg.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
             logging_config=LoggingConfig(log_level="WARNING"),
-            callbacks=callbacks,
+            callbacks=run_callbacks,
         ),
     )
     t0 = time.perf_counter()
@@ -145,28 +156,24 @@ def train(
     start = CheckpointState.read(resume_ckpt).step if resume_ckpt is not None else 0
     steps_bar = bar(progress, cfg.steps, f"train {cfg.run_name or run_id[:8]}", "step", initial=start)
     steps_bar.follow(lambda: max((m.step for m in client.get_metric_history(run_id, M.LOSS)), default=0))
+    full = stuck = None
     try:
         trainer.fit()
         status = "FINISHED"
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM / SIGHUP (workflows.ops.ray_utils.Terminated)
         status = "KILLED"
         raise
+    except Exception as exc:  # noqa: BLE001 - a full disk, however Ray wrapped it, is one line (workflows/ops/disk.py)
+        full = no_space(exc)
+        if full is None:
+            raise
     finally:
         steps_bar.close()
-        if status == "FAILED" and "tracerl.stopped_early" in client.get_run(run_id).data.tags:
-            status = (
-                "KILLED"  # a sweep's scheduler stopped this trial (and said so) before its Train run ended
-            )
-        from workflows.tracking.spool import MetricLog
-
-        if not MetricLog(
-            client, run_id, storage, 0, progress, fail_fast=False
-        ).flush():  # what rank 0 spooled and could not send
-            progress(f"metrics still spooled in {storage}: the tracking server is unreachable")
-        client.set_terminated(run_id, status=status)
-        if status in ("FAILED", "KILLED"):
-            what = "training failed" if status == "FAILED" else "training stopped"
-            progress(f"{what}; the run and its checkpoints are kept: `tracerl train resume={run_id}`")
+        stuck = end_run(
+            client, run_id, storage, status, progress, resolve_uri(cfg.tracking.uri), failed_note=full is None
+        )
+    if full is not None or stuck is not None:
+        raise DiskFull(full or stuck or str(storage))
     summary = run_summary(run_id, cfg.tracking)
     summary.update(
         run_id=run_id,
@@ -180,9 +187,9 @@ def train(
 
 
 def check_model(cfg: TrainConfig) -> None:
-    """The policy checkpoint exists, its context window fits the sampler's, and LoRA targets name its layers:
-    checked before any run is created (these are the user's to fix)."""
-    from tracerl.models.hf import check_window
+    """The policy checkpoint exists and its weights files are whole, its context window fits the sampler's, and LoRA
+    targets name its layers: checked before any run is created (these are the user's to fix)."""
+    from tracerl.models.hf import check_weights, check_window
     from workflows.lm.stack import SetupError
 
     if not Path(cfg.model.path).is_dir():
@@ -190,6 +197,7 @@ def check_model(cfg: TrainConfig) -> None:
             f"model.path={cfg.model.path!r} is not a checkpoint directory; build the tiny policy with "
             "`tracerl bootstrap` or point model.path at an HF checkpoint"
         )
+    check_weights(cfg.model.path)
     check_window(cfg.model.path, cfg.sampler)
     if cfg.trainer.lora_rank > 0:
         from tracerl.models.wrap import check_lora
@@ -225,12 +233,27 @@ def resource_demand(cfg: TrainConfig) -> list[tuple[str, int, float, float]]:
 # -- worker side: the step ---------------------------------------------------------------------------
 
 
+def guarded_loop(config: dict[str, Any]) -> None:
+    """``train_loop``, a full disk re-raised as ``DiskFull`` (one line, which the controller does not retry and the
+    driver reports; workflows/ops/disk.py)."""
+    from workflows.ops.disk import DiskFull, no_space, quiet_disk_full
+
+    quiet_disk_full("ray.train.v2._internal.util")  # it logs the error's traceback from every rank
+    try:
+        train_loop(config)
+    except Exception as exc:
+        full = no_space(exc)
+        if full is None:
+            raise
+        raise DiskFull(full or config["storage"]) from None
+
+
 def train_loop(config: dict[str, Any]) -> None:
     """The Ray Train worker function (every rank): set up and restore, then ``train_step`` until ``steps``."""
     cfg: TrainConfig = config["cfg"]
     run_id, storage = config["run_id"], Path(config["storage"])
     quiet_train_reports()
-    worker = setup_worker(cfg, storage)
+    worker = setup_worker(cfg, storage, config.get("reported", ()))
     # A restored policy is pushed to the samplers; a fresh run's samplers loaded these very weights from model.path,
     # so nothing is gathered for them (under FSDP a gather is a full-model collective).
     restored = worker.gather()[0] if worker.ckpt_dir is not None else None
@@ -307,9 +330,13 @@ def report(
     w: Worker, d: Driver | None, done: int, metrics: dict[str, float], weights: Any, adapters: Any
 ) -> None:
     """Every step reports its metrics to Ray Train (a sweep's scheduler sees the curve); every
-    ``checkpoint_every`` steps and at the end with a checkpoint (each rank's learner state, rank 0's share)."""
+    ``checkpoint_every`` steps and at the end with a checkpoint (each rank's learner state, rank 0's share),
+    written whole or not at all (``workflows.tracking.checkpoint_files.publish``: staged, manifest last, renamed into place).
+    """
     import ray.train
     import torch
+
+    from workflows.tracking.checkpoint_files import publish
 
     if done % w.cfg.checkpoint_every and done != w.cfg.steps:
         ray.train.report({"step": done, **metrics})
@@ -322,4 +349,7 @@ def report(
             {"step": done, **metrics},
             checkpoint=ray.train.Checkpoint.from_directory(tmp),
             checkpoint_dir_name=f"checkpoint_{done:06d}",
+            checkpoint_upload_fn=lambda ckpt, name: ray.train.Checkpoint.from_directory(
+                publish(Path(ckpt.path), w.storage, name, w.rank, w.world, w.barrier)
+            ),
         )

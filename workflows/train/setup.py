@@ -7,13 +7,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tracerl.config import TrainConfig
+from workflows.tracking.checkpoint_files import damaged, newest_good, problem
 from workflows.tracking.checkpoint_state import CheckpointState
-from workflows.tracking.runs import latest_checkpoint
 
 ADAPTERS = "lora_adapters.pt"  # a LoRA run's checkpoint: its adapters (peft names) beside the merged policy
 
@@ -42,6 +43,8 @@ class Worker:
     """The checkpoint restored from (None: a fresh run)."""
     state: CheckpointState
     """That checkpoint's state (step, candidate-pool RNG, tokens spent); step 0 for a fresh run."""
+    storage: Path
+    """The run's storage directory (checkpoints are written there)."""
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
@@ -52,6 +55,13 @@ class Worker:
         box = [obj]
         torch.distributed.broadcast_object_list(box, src=0)
         return box[0]
+
+    def barrier(self) -> None:
+        """Wait for every rank (a no-op for one worker)."""
+        import torch
+
+        if self.world > 1:
+            torch.distributed.barrier()
 
     def gather(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The policy's HF-named full weights (LoRA adapters merged) and the LoRA adapters alone, on rank 0.
@@ -68,8 +78,9 @@ class Worker:
         return hf_weights(state, self.cfg.trainer), adapter_weights(state)
 
 
-def setup_worker(cfg: TrainConfig, storage: Path) -> Worker:
-    """This rank's policy, reference model and learner, restored from the newest checkpoint if there is one."""
+def setup_worker(cfg: TrainConfig, storage: Path, reported: Iterable[str] = ()) -> Worker:
+    """This rank's policy, reference model and learner, restored from the newest complete checkpoint if there is
+    one (rank 0 chooses, saying which damaged ones it passed over, except those ``reported`` by the driver)."""
     import ray.train
     import torch
 
@@ -79,7 +90,11 @@ def setup_worker(cfg: TrainConfig, storage: Path) -> Worker:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.manual_seed(cfg.seed + rank)
-    ckpt_dir = restore_dir(ray.train.get_checkpoint(), storage)
+    ckpt_dir = restore_dir(ray.train.get_checkpoint(), storage, say, reported) if rank == 0 else None
+    if world > 1:  # every rank restores the checkpoint rank 0 chose
+        box = [ckpt_dir]
+        torch.distributed.broadcast_object_list(box, src=0)
+        ckpt_dir = box[0]
     state = CheckpointState(step=0)
     if ckpt_dir is not None:
         state = CheckpointState.read(ckpt_dir)
@@ -119,7 +134,7 @@ def setup_worker(cfg: TrainConfig, storage: Path) -> Worker:
         learner.load_state_dict(
             torch.load(own if own.exists() else Path(ckpt_dir) / "trainer_rank0.pt", weights_only=False)
         )
-    return Worker(cfg, rank, world, tok, model, learner, ckpt_dir, state)
+    return Worker(cfg, rank, world, tok, model, learner, ckpt_dir, state, storage)
 
 
 def load_model(cfg: TrainConfig, ckpt_dir: str | None) -> tuple[Any, Any]:
@@ -138,6 +153,9 @@ def load_model(cfg: TrainConfig, ckpt_dir: str | None) -> tuple[Any, Any]:
     if ckpt_dir is not None and not lora:  # a LoRA run restores its adapters onto the base policy below
         from transformers import AutoModelForCausalLM
 
+        from tracerl.models.hf import check_weights
+
+        check_weights(Path(ckpt_dir) / "policy")
         model = AutoModelForCausalLM.from_pretrained(
             Path(ckpt_dir) / "policy", dtype=model.dtype, local_files_only=True
         )
@@ -174,21 +192,31 @@ def parallelize(model: Any, cfg: TrainConfig, world: int) -> Any:
     )
 
 
-def restore_dir(ckpt: Any, storage: Path) -> str | None:
-    """The newest checkpoint: Ray's (after a restart or resume_from_checkpoint) or a newer one in storage.
+def restore_dir(
+    ckpt: Any, storage: Path, say: Any = lambda s: None, reported: Iterable[str] = ()
+) -> str | None:
+    """The newest complete checkpoint: Ray's (after a restart or resume_from_checkpoint) or a newer one in storage.
 
     A worker that dies right after ``ray.train.report`` may leave a persisted checkpoint the controller never
     registered; its step is in its state.json, so it is found here and nothing done before the death is redone.
+    The storage's checkpoints are checked newest first (``workflows.tracking.checkpoint_files.newest_good``; a write
+    cut short never becomes a checkpoint directory at all), Ray's too when it lies elsewhere (a download): a damaged
+    one is passed over, in one line to ``say`` (unless its name is in ``reported``), for the newest that checks out.
     """
-    best: tuple[int, str] | None = None
-    if ckpt is not None:
+    choice = newest_good(storage)  # Ray's checkpoint is one of these on local storage: each is read once
+    best = (choice.step, str(choice.path)) if choice.path is not None else None
+    bad = {str(p): why for p, why in choice.skipped}
+    if ckpt is not None and Path(ckpt.path).parent.resolve() != storage.resolve():
         d = ckpt.to_directory()
-        best = (CheckpointState.read(d).step, d)
-    found = latest_checkpoint(storage)
-    if found is not None:
-        step = CheckpointState.read(found).step
-        if best is None or step > best[0]:
-            best = (step, str(found))
+        why = problem(Path(d))
+        if why is not None:
+            bad[d] = why
+        elif best is None or CheckpointState.read(d).step > best[0]:
+            best = (CheckpointState.read(d).step, d)
+    then = f"restoring from {Path(best[1]).name} (step {best[0]})" if best else "starting from model.path"
+    for d, why in bad.items():
+        if Path(d).name not in set(reported):
+            say(damaged(Path(d), why, then))
     return best[1] if best else None
 
 
