@@ -107,7 +107,7 @@ def setup_worker(cfg: TrainConfig, storage: Path) -> Worker:
         model,
         cfg.optim,
         cfg.loss,
-        cfg.steps,
+        cfg.steps or 1,  # null (a compute stop): the schedule is constant (checked), its length unused
         pad_id=tok.pad_token_id,
         temperature=cfg.sampler.temperature,
         importance_sampling=use_is,
