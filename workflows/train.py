@@ -175,9 +175,36 @@ def train(
         wall_s=time.perf_counter() - t0,
         tracking_uri=cfg.tracking.uri,
         experiment=cfg.tracking.experiment,
+        **compute_summary(client, run_id, cfg),
     )
     (storage / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def compute_summary(client: Any, run_id: str, cfg: TrainConfig) -> dict[str, Any]:
+    """The run's compute at its last step (``total/``), what stopped it (``stopped_by``: tokens, cpu_s, steps;
+    null if it ended otherwise) and the overshoot past its compute limits."""
+    from workflows.run_budget import overshoot
+    from workflows.runs import metric_series
+
+    last = {
+        k: metric_series(client, run_id, k) for k in (M.TOTAL_GENERATED_TOKENS, M.TOTAL_LEAVES, M.TOTAL_CPU_S)
+    }
+    tokens = last[M.TOTAL_GENERATED_TOKENS]
+    if not tokens:
+        return {"stopped_by": None}
+    step = max(tokens)
+    totals = Totals(
+        tokens[step],
+        last[M.TOTAL_LEAVES].get(step, 0.0),
+        step,
+        last[M.TOTAL_CPU_S].get(step, 0.0),
+    )
+    return {
+        "stopped_by": stop_reason(cfg.stop, cfg.steps, totals),
+        "total_cpu_s": totals.cpu_s,
+        **{k.split("/")[1]: v for k, v in overshoot(cfg.stop, totals).items()},
+    }
 
 
 def progress_bar(
