@@ -146,3 +146,17 @@ def test_curve_points_log_at_the_token_step_and_read_back_for_the_curve_statisti
     with pytest.raises(ValueError, match="no learning curve at"):
         read_curve(tmp_path / "elsewhere")
     assert np.isfinite(x).all()
+
+
+def test_commands_that_count_steps_need_them() -> None:
+    from tracerl.experiment_config import SweepConfig
+
+    sweep = ROOT / "conf" / "sweep" / "default.yaml"
+    with pytest.raises(
+        ConfigError, match=r"^scheduler=asha stops trials at rungs counted in steps: set steps$"
+    ):
+        compose(SweepConfig, sweep, ["scheduler=asha", "steps=null", "stop.tokens=5000"])
+    fifo = compose(SweepConfig, sweep, ["scheduler=fifo", "steps=null", "stop.tokens=5000"])
+    assert fifo.train.stop.tokens == 5000  # every trial on the same token budget
+    with pytest.raises(ValueError, match="steps is null: this command runs a fixed number of steps"):
+        _ = fifo.train.num_steps
