@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import ROOT, UNHURRIED
 from tracerl import metrics as M
-from workflows.cli import main
+from workflows.cli.app import main
 
 SMOKE = str(ROOT / "conf" / "train" / "smoke.yaml")
 
@@ -66,7 +66,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "faults.kill_env_worker_at_step=1",
         "faults.kill_trainer_at_step=1",
         "max_failures=3",
-        f"eval_every_tokens={EVAL_EVERY_TOKENS}",  # the learning curve's schedule (workflows/run_budget.py)
+        f"eval_every_tokens={EVAL_EVERY_TOKENS}",  # the learning curve's schedule (workflows/train/budget.py)
         "eval_subset=8",
     ]  # one restart is the drill; spare ones absorb a health check lost to a loaded machine
     assert main(args) == 0
@@ -78,7 +78,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_run_survives_actor_and_trainer_deaths(run: dict[str, Any]) -> None:
-    from workflows.runs import metric_series
+    from workflows.tracking.runs import metric_series
 
     client = _client(run["tmp"])
     r = client.get_run(run["run_id"])
@@ -135,8 +135,8 @@ def test_the_learning_curve_is_logged_against_tokens(run: dict[str, Any]) -> Non
     """Every evaluation (the start, the token schedule's on the subset, the last on every task) is a curve point at
     MLflow step = the run's generated tokens, with the totals reached there; the totals survive the restart."""
     from tracerl.config import TrackingConfig
-    from workflows.run_budget import read_curve, token_eval_steps
-    from workflows.runs import metric_series, run_storage
+    from workflows.tracking.runs import metric_series, run_storage
+    from workflows.train.budget import read_curve, token_eval_steps
 
     client, rid = _client(run["tmp"]), run["run_id"]
     per_step = metric_series(client, rid, M.GENERATED_TOKENS)
@@ -172,7 +172,7 @@ def test_checkpoints_hold_a_changed_policy(run: dict[str, Any]) -> None:
     from transformers import AutoModelForCausalLM
 
     from tracerl.config import TrackingConfig
-    from workflows.runs import latest_checkpoint, metric_series, run_storage
+    from workflows.tracking.runs import latest_checkpoint, metric_series, run_storage
 
     storage = run_storage(run["run_id"], TrackingConfig(uri=f"sqlite:///{run['tmp']}/mlruns.db"))
     ckpt = latest_checkpoint(storage)
@@ -205,7 +205,7 @@ def test_resume_continues_the_same_run(run: dict[str, Any]) -> None:
     """Resumed on a token budget one past the tokens of its 3 steps (steps unbounded): the resumed run keeps its
     totals, so its first step crosses the budget and is the last, with its overshoot logged."""
     from tracerl.config import TrackingConfig
-    from workflows.runs import metric_series, run_storage
+    from workflows.tracking.runs import metric_series, run_storage
 
     tmp, rid = run["tmp"], run["run_id"]
     client = _client(tmp)
@@ -230,7 +230,7 @@ def test_register_and_load_back(run: dict[str, Any]) -> None:
     from transformers import AutoModelForCausalLM
 
     from tracerl.config import TrackingConfig
-    from workflows.registry import register, resolve_model_path
+    from workflows.tracking.model_registry import register, resolve_model_path
 
     uri = f"sqlite:///{run['tmp']}/mlruns.db"
     v = register(run["run_id"], "tiny-math-rl", "champion", uri)
@@ -321,7 +321,7 @@ def test_lora_on_two_fsdp_ranks_trains_adapters_and_resumes(tmp_path: Path) -> N
     from transformers import AutoModelForCausalLM
 
     from tracerl.config import TrackingConfig
-    from workflows.runs import latest_checkpoint, metric_series, run_storage
+    from workflows.tracking.runs import latest_checkpoint, metric_series, run_storage
 
     habit = (
         ROOT / "models" / "tiny-math-habit"

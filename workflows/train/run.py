@@ -1,0 +1,415 @@
+"""``tracerl train``: TRACE (or any baseline allocator) end to end on Ray Train, tracked in MLflow.
+
+Topology (docs/design.md): ``TorchTrainer`` workers hold the policy (DDP; gloo on CPU, NCCL on GPU;
+FSDP as an option). The RL loop runs inside the worker function: rank 0 owns the sampler/environment
+actor pools, the predictor and the allocator, drives the step, and broadcasts the collated batch;
+every rank updates on its shard. After each update rank 0 pushes the weights to the samplers.
+
+One step is ``train_step``, top to bottom, each phase timed by one ``PhaseTimer``: select (candidate pool),
+score / allocate_roots / rollout / expand_prefixes (tracerl/engine/step.py, the allocator's plan), fit_predictor,
+collate, broadcast, update_policy, sync_weights, eval, log. Set-up and restore of a worker are in
+workflows/train/setup.py, rank 0's pools, predictor, evaluation and logging in workflows/train/driver.py, fault
+injection in tracerl/actors/faults.py.
+
+The driver opens the MLflow run (params, resolved config) before the workers start and closes it
+after; rank 0 logs into it by run id, so a restart after a failure (Ray's ``FailureConfig``) or a
+``resume=RUN_ID`` continues the same run from the last checkpoint. Checkpoints (``ray.train.report``
+every ``checkpoint_every`` steps, the last ``keep_checkpoints`` kept) hold the policy in HF format,
+optimizer and schedule, predictor, candidate-pool RNG and step. Steps re-run after a restart log again
+at the same MLflow step; every report here reads the last value per step (the attempt that completed it,
+logged as ``system/attempt``). Metrics the tracking server cannot take are spooled under the run's storage and
+sent when it is back (workflows/tracking/spool.py); ``chaos.enabled`` runs the fault drill around all this (workflows/train/chaos.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from envs.registry import check_data, resolve_env_paths
+from tracerl import metrics as M
+from tracerl.config import TrainConfig
+from tracerl.config_loader import to_yaml
+from tracerl.engine.timer import PhaseTimer
+from workflows.tracking.checkpoint_state import CheckpointState
+from workflows.tracking.runs import create_run, resumed_config, run_summary
+from workflows.tracking.store import resolve_uri, where
+from workflows.train.budget import Totals, stop_reason
+from workflows.train.driver import Ahead, Driver, overlaps_next
+from workflows.train.setup import Worker, quiet_train_reports, setup_worker
+
+# -- driver side ------------------------------------------------------------------------------------
+
+
+def _abs_uri(uri: str) -> str:
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
+    return uri
+
+
+def resolve_paths(cfg: TrainConfig) -> TrainConfig:
+    """Absolute paths and URIs, so Ray workers (whatever their cwd) see the same files; the tracking URI resolved
+    (``workflows.tracking.store.resolve_uri``), so the config saved with a run names the store it went to."""
+    model_path = cfg.model.path
+    if not model_path.startswith(("models:/", "runs:/")) and Path(model_path).exists():
+        model_path = str(Path(model_path).resolve())
+    art = cfg.tracking.artifact_location
+    if "://" not in art:
+        art = str(Path(art).resolve())
+    return dataclasses.replace(
+        cfg,
+        model=dataclasses.replace(cfg.model, path=model_path),
+        env=resolve_env_paths(cfg.env),
+        tracking=dataclasses.replace(
+            cfg.tracking, uri=_abs_uri(resolve_uri(cfg.tracking.uri)), artifact_location=art
+        ),
+        out_dir=str(Path(cfg.out_dir).resolve()),
+    )
+
+
+def train(
+    cfg: TrainConfig,
+    overrides: list[str] | None = None,
+    progress: Callable[[str], None] = lambda s: None,
+    tags: dict[str, str] | None = None,
+    callbacks: list[Any] | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) a training job; returns the summary (also written to <storage>/summary.json).
+
+    ``tags`` go on a new MLflow run (a sweep passes its parent run and trial); ``callbacks`` are Ray Train
+    user callbacks (a sweep forwards every report to Tune).
+    """
+    if not cfg.tracking.enabled:
+        raise ValueError(
+            "tracerl train needs MLflow tracking (tracking.enabled=true): runs resume and register "
+            "through it; use tracking.uri=sqlite:///PATH for a local store"
+        )
+    resume_ckpt: Path | None = None
+    run_id = cfg.resume or ""
+    if cfg.resume:
+        cfg, storage, resume_ckpt = resumed_config(cfg.resume, cfg.tracking, overrides or [])
+        progress(f"resuming MLflow run {run_id} from {resume_ckpt or 'its start (no checkpoint yet)'}")
+    check_data(cfg.env)  # a bad data file is the user's to fix: before Ray starts or a run exists
+    progress(where(cfg.tracking))
+    import mlflow
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+
+    from workflows.ops.progress import bar
+    from workflows.ops.ray_utils import check_resources, init_ray, torch_trainer
+    from workflows.tracking import store as trk
+    from workflows.tracking.run_info import train_tags
+
+    cfg = resolve_paths(cfg)
+    check_model(cfg)
+    # Quiet workers: no per-load progress bars (the workers inherit these when this process starts Ray).
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    trk.check_reachable(
+        resolve_uri(cfg.tracking.uri)
+    )  # before Ray starts: a dead server is one line, at once
+    init_ray(cfg.cluster)  # before the run exists: a job that cannot fit leaves no empty run behind
+    check_resources(resource_demand(cfg), cfg.cluster, RESOURCE_KNOBS, progress)
+    exp_id = trk.setup(cfg.tracking)
+    client = mlflow.MlflowClient()
+    if not cfg.resume:
+        run_id, storage, cfg = create_run(client, exp_id, cfg, {**train_tags(cfg), **(tags or {})})
+    else:
+        client.update_run(run_id, status="RUNNING")
+        (storage / "config.yaml").write_text(to_yaml(dataclasses.replace(cfg, resume=None)))
+    progress(f"MLflow run {run_id} ({cfg.tracking.uri}); checkpoints in {storage}")
+    t = cfg.trainer
+    trainer = torch_trainer(cfg.cluster)(
+        train_loop,
+        train_loop_config={"cfg": cfg, "run_id": run_id, "storage": str(storage)},
+        scaling_config=ScalingConfig(
+            num_workers=t.num_workers,
+            use_gpu=t.use_gpu,
+            resources_per_worker={"CPU": t.cpus_per_worker, **({"GPU": 1} if t.use_gpu else {})},
+        ),
+        run_config=RunConfig(
+            name=storage.name,
+            storage_path=str(storage.parent),  # type: ignore[call-arg]
+            failure_config=FailureConfig(max_failures=cfg.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
+            logging_config=LoggingConfig(log_level="WARNING"),
+            callbacks=callbacks,
+        ),
+    )
+    t0 = time.perf_counter()
+    status = "FAILED"
+    state = CheckpointState.read(resume_ckpt) if resume_ckpt is not None else CheckpointState(0)
+    steps_bar = progress_bar(cfg, client, run_id, state, lambda n, s, u, i: bar(progress, n, s, u, i))
+    try:
+        trainer.fit()
+        status = "FINISHED"
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM / SIGHUP (workflows.ops.ray_utils.Terminated)
+        status = "KILLED"
+        raise
+    finally:
+        steps_bar.close()
+        if status == "FAILED" and "tracerl.stopped_early" in client.get_run(run_id).data.tags:
+            status = (
+                "KILLED"  # a sweep's scheduler stopped this trial (and said so) before its Train run ended
+            )
+        from workflows.tracking.spool import MetricLog
+
+        if not MetricLog(
+            client, run_id, storage, 0, progress, fail_fast=False
+        ).flush():  # what rank 0 spooled and could not send
+            progress(f"metrics still spooled in {storage}: the tracking server is unreachable")
+        client.set_terminated(run_id, status=status)
+        if status in ("FAILED", "KILLED"):
+            what = "training failed" if status == "FAILED" else "training stopped"
+            progress(f"{what}; the run and its checkpoints are kept: `tracerl train resume={run_id}`")
+    summary = run_summary(run_id, cfg.tracking)
+    summary.update(
+        run_id=run_id,
+        storage=str(storage),
+        wall_s=time.perf_counter() - t0,
+        tracking_uri=cfg.tracking.uri,
+        experiment=cfg.tracking.experiment,
+        **compute_summary(client, run_id, cfg),
+    )
+    (storage / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def compute_summary(client: Any, run_id: str, cfg: TrainConfig) -> dict[str, Any]:
+    """The run's compute at its last step (``total/``), what stopped it (``stopped_by``: tokens, cpu_s, steps;
+    null if it ended otherwise) and the overshoot past its compute limits."""
+    from workflows.tracking.runs import metric_series
+    from workflows.train.budget import overshoot
+
+    last = {
+        k: metric_series(client, run_id, k) for k in (M.TOTAL_GENERATED_TOKENS, M.TOTAL_LEAVES, M.TOTAL_CPU_S)
+    }
+    tokens = last[M.TOTAL_GENERATED_TOKENS]
+    if not tokens:
+        return {"stopped_by": None}
+    step = max(tokens)
+    totals = Totals(
+        tokens[step],
+        last[M.TOTAL_LEAVES].get(step, 0.0),
+        step,
+        last[M.TOTAL_CPU_S].get(step, 0.0),
+    )
+    return {
+        "stopped_by": stop_reason(cfg.stop, cfg.steps, totals),
+        "total_cpu_s": totals.cpu_s,
+        **{k.split("/")[1]: v for k, v in overshoot(cfg.stop, totals).items()},
+    }
+
+
+def progress_bar(
+    cfg: TrainConfig, client: Any, run_id: str, state: CheckpointState, open_bar: Callable[..., Any]
+) -> Any:
+    """The run's progress bar: steps logged out of ``steps``, or with a compute stop the running total of its first
+    limit (tokens, else CPU seconds) out of that limit."""
+    name = f"train {cfg.run_name or run_id[:8]}"
+    if cfg.stop.enabled:
+        key, limit, unit, start = (
+            (M.TOTAL_GENERATED_TOKENS, cfg.stop.tokens, "token", state.spent[0])
+            if cfg.stop.tokens is not None
+            else (M.TOTAL_CPU_S, cfg.stop.cpu_s, "CPU second", state.cpu_s)
+        )
+        b = open_bar(int(limit or 0), name, unit, int(start))
+
+        def read() -> int:
+            hist = client.get_metric_history(run_id, key)
+            return int(max(hist, key=lambda m: m.step).value) if hist else int(start)
+
+        b.follow(read)
+        return b
+    b = open_bar(cfg.num_steps, name, "step", state.step)
+    b.follow(lambda: max((m.step for m in client.get_metric_history(run_id, M.LOSS)), default=0))
+    return b
+
+
+def check_model(cfg: TrainConfig) -> None:
+    """The policy checkpoint exists, its context window fits the sampler's, and LoRA targets name its layers:
+    checked before any run is created (these are the user's to fix)."""
+    from tracerl.models.hf import check_window
+    from workflows.lm.stack import SetupError
+
+    if not Path(cfg.model.path).is_dir():
+        raise SetupError(
+            f"model.path={cfg.model.path!r} is not a checkpoint directory; build the tiny policy with "
+            "`tracerl bootstrap` or point model.path at an HF checkpoint"
+        )
+    check_window(cfg.model.path, cfg.sampler)
+    if cfg.trainer.lora_rank > 0:
+        from tracerl.models.wrap import check_lora
+
+        check_lora(cfg.model.path, cfg.trainer)
+
+
+RESOURCE_KNOBS = (
+    "trainer.num_workers / trainer.cpus_per_worker, pools.rollout_workers / pools.rollout_cpus / "
+    "pools.rollout_gpus or pools.env_workers / pools.env_cpus"
+)
+
+
+def resource_demand(cfg: TrainConfig) -> list[tuple[str, int, float, float]]:
+    """(what, how many, CPUs each, GPUs each) of every actor a training run holds at once: Train workers,
+    samplers, their environment actors and the run's shared services (e.g. the search retriever)."""
+    from envs.registry import env_class
+    from tracerl.actors.services import service_factories
+
+    t, p = cfg.trainer, cfg.pools
+    rows = [
+        ("trainer", t.num_workers, t.cpus_per_worker, 1.0 if t.use_gpu else 0.0),
+        ("samplers", p.rollout_workers, p.rollout_cpus, p.rollout_gpus),
+    ]
+    if p.env_workers > 0:
+        rows.append(("environments", p.rollout_workers * p.env_workers, p.env_cpus, 0.0))
+        n = len(service_factories(env_class(cfg.env.name), cfg.env))
+        if n:
+            rows.append(("services", n, p.env_cpus, 0.0))
+    return rows
+
+
+# -- worker side: the step ---------------------------------------------------------------------------
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """The Ray Train worker function (every rank): set up and restore, then ``train_step`` until a limit (``steps``,
+    ``stop.tokens``, ``stop.cpu_s``) ends the run."""
+    cfg: TrainConfig = config["cfg"]
+    run_id, storage = config["run_id"], Path(config["storage"])
+    quiet_train_reports()
+    worker = setup_worker(cfg, storage)
+    # A restored policy is pushed to the samplers; a fresh run's samplers loaded these very weights from model.path,
+    # so nothing is gathered for them (under FSDP a gather is a full-model collective).
+    restored = worker.gather()[0] if worker.ckpt_dir is not None else None
+    start = worker.state.step
+    driver = None
+    if worker.rank == 0:
+        from tracerl.models.wrap import unwrap
+
+        driver = Driver(cfg, run_id, storage, worker.tok, unwrap(worker.model), start)
+        if worker.ckpt_dir is not None and restored is not None:
+            driver.restore(worker.ckpt_dir, worker.state, restored)
+        if start == 0 and cfg.eval_at_start:
+            driver.evaluate(0)
+    cpu = ranks_cpu(worker)  # compute is counted from here (set-up and the first evaluation are not)
+    if driver is not None:
+        driver.start_meter(cpu)
+    st = worker.state  # a resumed run that already reached a limit runs no step
+    so_far = Totals(st.spent[0], st.spent[1], st.step, st.cpu_s, st.wall_s)
+    ahead, step, last = None, start, stop_reason(cfg.stop, cfg.steps, so_far) is not None
+    while not last:
+        ahead, last = train_step(step, worker, driver, ahead)
+        step += 1
+    if driver is not None:
+        driver.close()
+
+
+def ranks_cpu(w: Worker) -> float:
+    """On rank 0: the CPU seconds of every trainer rank's process (and its children) so far; a collective."""
+    import torch
+
+    from tracerl.engine.timer import process_tree_cpu_s
+
+    mine = process_tree_cpu_s()
+    if w.world == 1:
+        return mine
+    every: list[Any] = [None] * w.world
+    torch.distributed.all_gather_object(every, mine)
+    return float(sum(every))
+
+
+def train_step(
+    step: int, w: Worker, d: Driver | None, ahead: Ahead | None = None
+) -> tuple[Ahead | None, bool]:
+    """One RL step on every rank; ``d`` (rank 0's driver) is None on the others, which only update on their shard.
+
+    Rank 0 selects the candidate pool, scores it, allocates roots, rolls out, expands prefixes (run_step), fits
+    the predictor and collates; the batch is broadcast and every rank updates; rank 0 pushes the new weights to the
+    samplers, evaluates when due and logs; a checkpoint every ``checkpoint_every`` steps. One timer times each phase.
+    With ``pipeline.overlap`` the next step's Stage 1 and bare rollouts start before the update (``ahead``, which
+    this step returns and the next finishes on the new weights). After the update rank 0 checks the run's limits
+    (``Driver.check_stop``) and every rank learns whether this step is the last (returned with ``ahead``); the last
+    evaluates on every held-out task and checkpoints.
+    """
+    from tracerl.algos.batch import collate
+    from tracerl.learner import denominator
+
+    cfg, done = w.cfg, step + 1
+    timer = ahead.timer if ahead is not None else PhaseTimer()
+    timer.restart()
+    batch = out = nxt = None
+    m: dict[str, float] = {}
+    if d is not None:
+        d.mark("rollout", done)
+        # select, score, allocate_roots, rollout, expand_prefixes (tracerl/engine/step.py)
+        out, budget = d.roll_out(step, timer) if ahead is None else d.finish_ahead(ahead)
+        m = d.rollout_metrics(out, budget)  # calibration of this step's scores, before the fit
+        with timer("fit_predictor"):
+            m.update(d.fit(out))
+        with timer("collate"):
+            batch = collate(out.trees, cfg.loss.advantage, cfg.loss.normalize_std, cfg.loss.debiased_values)
+        m.update(d.batch_metrics(batch, out))
+        nxt = (
+            d.start_ahead(done) if overlaps_next(cfg, done) and not d.reached(done) else None
+        )  # beside the update, on the current weights
+    with timer("broadcast"):
+        batch = w.broadcast(batch)
+    with timer("update_policy"):
+        stats = w.learner.update(batch.shard(w.rank, w.world), denominator(batch, cfg.loss.aggregation))
+    weights, adapters = w.gather()  # a collective under FSDP
+    if d is not None:
+        m.update(stats)
+        if cfg.pipeline.overlap:
+            with timer("wait_rollouts"):
+                d.wait_ahead(nxt)
+    cpu = ranks_cpu(w)  # after the wait: a sampler answers once its rollouts end
+    last = bool(w.broadcast(d.check_stop(done, cpu) if d is not None else None))
+    if d is not None:
+        if last:
+            nxt = None  # a step started early past the run's end: its rollouts are dropped
+        with timer("sync_weights"):
+            d.sync(weights, done)
+        due = d.eval_due(done)
+        if due is not None:
+            with timer("eval"):
+                m.update(d.evaluate(done, full=due == "full"))
+        m = d.close_step(m, done, out, timer)  # the last metrics, then the log
+    report(w, d, done, m, weights, adapters, last)
+    if d is not None:
+        d.faults.trainer(step)
+    return nxt, last
+
+
+def report(
+    w: Worker,
+    d: Driver | None,
+    done: int,
+    metrics: dict[str, float],
+    weights: Any,
+    adapters: Any,
+    last: bool = False,
+) -> None:
+    """Every step reports its metrics to Ray Train (a sweep's scheduler sees the curve); every
+    ``checkpoint_every`` steps and at the end (``last``) with a checkpoint (each rank's learner state, rank 0's
+    share)."""
+    import ray.train
+    import torch
+
+    if done % w.cfg.checkpoint_every and not last:
+        ray.train.report({"step": done, **metrics})
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.save(w.learner.state_dict(), Path(tmp) / f"trainer_rank{w.rank}.pt")
+        if d is not None:
+            d.save(Path(tmp), done, weights, adapters)
+        ray.train.report(
+            {"step": done, **metrics},
+            checkpoint=ray.train.Checkpoint.from_directory(tmp),
+            checkpoint_dir_name=f"checkpoint_{done:06d}",
+        )
