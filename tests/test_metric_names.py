@@ -21,6 +21,9 @@ NAMESPACES = (
     "system",
     "eval",
     "key",
+    "total",
+    "stop",
+    "curve",
 )
 DOC_NAMES = {
     n

@@ -87,6 +87,7 @@ def test_env_pool_without_faults_never_exits(ray_local: Any, tmp_path: Path) -> 
     call = (Prompt("p"), (), Action(ActionKind.TOOL, "", tool="python", arguments={"code": "print(6 * 7)"}))
     assert pool.execute_batch([call])[0].observation.strip() == "42"
     assert not list(tmp_path.iterdir())
+    assert pool.cpu_s() > 0  # the actor's CPU seconds since it started (its tool-call processes' included)
 
 
 def test_a_fault_exits_its_process_once_per_run(tmp_path: Path) -> None:
@@ -128,6 +129,7 @@ def _pool_step(workers: int) -> dict[str, list[tuple[object, ...]]]:
     spec = WorkerSpec(model=ModelConfig(), sampler=sampler, env=env, pools=pools)
     pool = RolloutPool(spec, workers, 0.05, 0.0, max_retries=0, seed=11)
     try:
+        assert pool.cpu_s() == 0.0  # the first read sets where the counts start
         pool.begin_step(4)
         trees = pool.rollout(task_prompts(env)[:5], [2, 1, 3, 2, 1])
         expansions = []
@@ -137,6 +139,7 @@ def _pool_step(workers: int) -> dict[str, list[tuple[object, ...]]]:
                 Expansion(np.array(pre, dtype=np.int64), np.array([2] * len(pre)), extra_bare=1)
             )
         pool.expand(trees, expansions)
+        assert pool.cpu_s() > 0  # the step's CPU seconds on the sampler actors (tools run in their processes)
         return {
             t.prompt.prompt_id: [
                 (n.node_id, n.parent, n.path_id, n.token_ids, n.logprobs, n.status, n.reward) for n in t.nodes

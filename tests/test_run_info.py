@@ -72,6 +72,8 @@ def test_train_tags_describe_the_run() -> None:
         f"trace on math with the {Path(cfg.model.path).name} policy: {cfg.steps} steps, budget {shape}"
     )
     assert "seed 7" in note and "key/accuracy" in note
+    budgeted = compose(TrainConfig, ROOT / "conf" / "train" / "demo.yaml", ["steps=null", "stop.tokens=5000"])
+    assert ": 5000 tokens, budget " in run_info.train_tags(budgeted)["mlflow.note.content"]
 
 
 def test_key_metrics_repeat_the_ones_users_compare() -> None:

@@ -47,6 +47,10 @@ seed decides whether 3 steps see any success (seed 0 saw none: every update skip
 alone (per-turn seeds), so the choice holds across restarts, worker counts and machine load."""
 
 
+EVAL_EVERY_TOKENS = 700
+"""Between one and two steps' tokens of the smoke run: some steps cross a multiple, some do not."""
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("train")
@@ -62,6 +66,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "faults.kill_env_worker_at_step=1",
         "faults.kill_trainer_at_step=1",
         "max_failures=3",
+        f"eval_every_tokens={EVAL_EVERY_TOKENS}",  # the learning curve's schedule (workflows/train/budget.py)
+        "eval_subset=8",
     ]  # one restart is the drill; spare ones absorb a health check lost to a loaded machine
     assert main(args) == 0
     client = _client(tmp)
@@ -125,6 +131,42 @@ def test_run_survives_actor_and_trainer_deaths(run: dict[str, Any]) -> None:
     assert {Path(a.path).name for a in trees} == {"trees.jsonl", "trees.html"}
 
 
+def test_the_learning_curve_is_logged_against_tokens(run: dict[str, Any]) -> None:
+    """Every evaluation (the start, the token schedule's on the subset, the last on every task) is a curve point at
+    MLflow step = the run's generated tokens, with the totals reached there; the totals survive the restart."""
+    from tracerl.config import TrackingConfig
+    from workflows.tracking.runs import metric_series, run_storage
+    from workflows.train.budget import read_curve, token_eval_steps
+
+    client, rid = _client(run["tmp"]), run["run_id"]
+    per_step = metric_series(client, rid, M.GENERATED_TOKENS)
+    total = metric_series(client, rid, M.TOTAL_GENERATED_TOKENS)
+    assert sorted(total) == [1, 2, 3] and total[1] == per_step[1]
+    assert total[3] == sum(per_step.values())  # restored from the step-2 checkpoint after the trainer's death
+    assert metric_series(client, rid, M.TOTAL_LEAVES) == {1: 15.0, 2: 30.0, 3: 45.0}
+    cpu, wall = metric_series(client, rid, M.TOTAL_CPU_S), metric_series(client, rid, M.TOTAL_WALL_S)
+    assert 0 < cpu[1] < cpu[2] < cpu[3] and 0 < wall[1] < wall[2] < wall[3]
+    # the schedule: the steps whose total crossed a multiple, then the last step (every task)
+    scheduled = token_eval_steps([total[s] for s in (1, 2, 3)], EVAL_EVERY_TOKENS)
+    evaluated = sorted({0, *scheduled, 3})
+    updates = metric_series(client, rid, M.CURVE_UPDATES)
+    assert updates == {0 if s == 0 else int(total[s]): float(s) for s in evaluated}
+    assert metric_series(client, rid, M.CURVE_CPU_S) == {int(total[s]): cpu[s] for s in evaluated if s} | {
+        0: 0.0
+    }
+    assert set(metric_series(client, rid, M.CURVE_ACCURACY)) == set(updates)
+    assert metric_series(client, rid, M.CURVE_TASKS) == dict.fromkeys(updates, 8.0)
+    eval_tokens = metric_series(client, rid, M.EVAL_GENERATED_TOKENS)
+    assert sorted(eval_tokens) == evaluated and all(v > 0 for v in eval_tokens.values())
+    # the curve file: the same points, each with its per-task outcomes on the same 8 tasks
+    storage = run_storage(rid, TrackingConfig(uri=f"sqlite:///{run['tmp']}/mlruns.db"))
+    points = read_curve(storage)
+    assert [p["updates"] for p in points] == evaluated
+    assert [p["full"] for p in points] == [s in (0, 3) for s in evaluated]
+    assert all(len(p["tasks"]) == 8 and set(p["tasks"]) <= set(p["outcomes"]) for p in points)
+    assert len(points[-1]["outcomes"]) == 24  # the last evaluation ran every held-out task
+
+
 def test_checkpoints_hold_a_changed_policy(run: dict[str, Any]) -> None:
     import torch
     from transformers import AutoModelForCausalLM
@@ -160,28 +202,40 @@ def test_checkpoints_hold_a_changed_policy(run: dict[str, Any]) -> None:
 
 
 def test_resume_continues_the_same_run(run: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
-    """The newest checkpoint's policy cut short: resume names the file and continues from the one before it."""
+    """The newest checkpoint's policy cut short: resume names the file and continues from the one before it, on a
+    token budget one past the tokens of the run's 3 steps (steps unbounded): the resumed run keeps its totals, so
+    step 4 crosses the budget and is the last, with its overshoot logged."""
     from tracerl.config import TrackingConfig
     from workflows.tracking.runs import metric_series, run_storage
 
-    tmp = run["tmp"]
-    storage = run_storage(run["run_id"], TrackingConfig(uri=f"sqlite:///{tmp}/mlruns.db"))
+    tmp, rid = run["tmp"], run["run_id"]
+    storage = run_storage(rid, TrackingConfig(uri=f"sqlite:///{tmp}/mlruns.db"))
     weights = storage / "checkpoint_000003" / "policy" / "model.safetensors"
     size = weights.stat().st_size
     with open(weights, "r+b") as f:
         f.truncate(size // 2)
     capsys.readouterr()
-    assert main(["train", *_common(run["tiny"], tmp), f"resume={run['run_id']}", "--steps", "4"]) == 0
+    client = _client(tmp)
+    budget = int(metric_series(client, rid, M.TOTAL_GENERATED_TOKENS)[3]) + 1
+    args = ["train", *_common(run["tiny"], tmp), f"resume={rid}", "steps=null", f"stop.tokens={budget}"]
+    assert main(args) == 0
     out = capsys.readouterr()
     said = [line for line in (out.out + out.err).splitlines() if "is damaged, skipped" in line]
     assert len(said) == 1 and said[0].endswith(
         f"policy/model.safetensors is {size // 2} bytes, its manifest says {size}; "
         "falling back to checkpoint_000002 (step 2)"
     ), said
-    client = _client(tmp)
     assert len(client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])) == 1
-    assert sorted(metric_series(client, run["run_id"], "rollout/effective_ratio")) == [1, 2, 3, 4]
-    assert client.get_run(run["run_id"]).info.status == "FINISHED"
+    assert sorted(metric_series(client, rid, "rollout/effective_ratio")) == [1, 2, 3, 4]
+    assert client.get_run(rid).info.status == "FINISHED"
+    total = metric_series(client, rid, M.TOTAL_GENERATED_TOKENS)
+    assert total[4] == total[3] + metric_series(client, rid, M.GENERATED_TOKENS)[4]
+    assert metric_series(client, rid, M.OVERSHOOT_TOKENS) == {4: total[4] - budget}
+    assert metric_series(client, rid, M.TOTAL_CPU_S)[4] > metric_series(client, rid, M.TOTAL_CPU_S)[3]
+    assert metric_series(client, rid, M.CURVE_UPDATES)[int(total[4])] == 4.0  # the last step evaluates
+    storage = run_storage(rid, TrackingConfig(uri=f"sqlite:///{tmp}/mlruns.db"))
+    summary = json.loads((storage / "summary.json").read_text())
+    assert (summary["stopped_by"], summary["overshoot_tokens"]) == ("tokens", total[4] - budget)
 
 
 def test_register_and_load_back(run: dict[str, Any]) -> None:

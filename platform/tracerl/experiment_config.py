@@ -199,6 +199,10 @@ class BenchPipelineConfig:
         check(self.seeds >= 1, f"seeds must be >= 1 (got {self.seeds})")
         check(self.warmup_steps >= 0, f"warmup_steps must be >= 0 (got {self.warmup_steps})")
         check(len(self.modes) + self.train_steps > 0, "modes must name a pipeline mode, or set train_steps")
+        check(
+            not self.modes or self.train.steps is not None,
+            "bench pipeline: set steps (frozen steps per mode)",
+        )
         check(len(self.batchings) > 0, "batchings must name 'rounds', 'join' or both")
         check(
             self.train_steps == 0 or (self.train_steps >= 3 and len(self.train_modes) > 0),
@@ -248,6 +252,10 @@ class SweepConfig:
 
     def __post_init__(self) -> None:
         check_choices(self, "")
+        check(
+            self.scheduler != "asha" or self.train.steps is not None,
+            "scheduler=asha stops trials at rungs counted in steps: set steps",
+        )
         check(
             self.num_samples >= 1 and self.max_concurrent_trials >= 1,
             "num_samples and max_concurrent_trials must be >= 1",

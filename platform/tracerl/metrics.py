@@ -113,6 +113,22 @@ PEAK_MEMORY_MB = "system/peak_memory_mb"
 CPU_S = "system/cpu_s"
 ATTEMPT = "system/attempt"
 
+# -- total/ and stop/ (per step of tracerl train: the run's compute so far, its compute stop) ---------------------
+TOTAL_GENERATED_TOKENS = "total/generated_tokens"
+TOTAL_LEAVES = "total/leaves"
+TOTAL_CPU_S = "total/cpu_s"
+TOTAL_WALL_S = "total/wall_s"
+OVERSHOOT_TOKENS = "stop/overshoot_tokens"
+OVERSHOOT_CPU_S = "stop/overshoot_cpu_s"
+
+# -- curve/ (tracerl train: one point per evaluation, the MLflow step = total/generated_tokens) -------------------
+CURVE_ACCURACY = "curve/accuracy"
+CURVE_TASKS = "curve/tasks"
+CURVE_LEAVES = "curve/leaves"
+CURVE_UPDATES = "curve/updates"
+CURVE_WALL_S = "curve/wall_s"
+CURVE_CPU_S = "curve/cpu_s"
+
 # -- predictor/ --------------------------------------------------------------------------------------------------
 CALIBRATION_STATS = ("mse", "brier", "auc", "ece", "mse_true", "count")
 """What ``tracerl.calibration`` reports per group of anchors."""
@@ -138,6 +154,9 @@ EVAL_ACCURACY = "eval/accuracy"
 EVAL_WELL_FORMED = "eval/well_formed_turns"
 EVAL_EM = "eval/em"
 EVAL_F1 = "eval/f1"
+EVAL_GENERATED_TOKENS = "eval/generated_tokens"
+EVAL_WALL_S = "eval/wall_s"
+EVAL_CPU_S = "eval/cpu_s"
 KEY = "key/"
 """Prefix of the copies that sort together in the MLflow runs table."""
 KEY_ACCURACY = "key/accuracy"

@@ -86,7 +86,7 @@ def run_frozen_modes(cfg: BenchPipelineConfig, progress: Callable[[str], None]) 
             seed = cfg.train.seed + k
             for mode, b in combos[:: 1 if k % 2 == 0 else -1]:  # alternate which mode runs first
                 set_batching(pool, b)
-                steps = run_one(cfg, pool, policy, mode, seed, progress, cfg.train.steps, label(mode, b))
+                steps = run_one(cfg, pool, policy, mode, seed, progress, cfg.train.num_steps, label(mode, b))
                 runs.append({"mode": label(mode, b), "seed": seed, "steps": steps})
     finally:
         pool.shutdown()

@@ -72,7 +72,7 @@ def run_train_modes(cfg: BenchPipelineConfig, progress: Callable[[str], None]) -
             runs.append({"mode": mode, "seed": seed, "run_id": s["run_id"], "steps": steps})
             progress(
                 f"   {mode} seed {seed}: "
-                f"{statistics.fmean(x['step_s'] for x in steps):.2f} s a step (steps 2..{tc.steps - 1})"
+                f"{statistics.fmean(x['step_s'] for x in steps):.2f} s a step (steps 2..{tc.num_steps - 1})"
             )
     return runs
 
@@ -88,7 +88,7 @@ def step_measurements(run_id: str, tc: TrainConfig) -> list[dict[str, float]]:
     busy = metric_series(client, run_id, M.SAMPLER_BUSY_S)
     rows, iters = metric_series(client, run_id, M.DECODE_ROWS), metric_series(client, run_id, M.DECODE_STEPS)
     out = []
-    for s in range(2, tc.steps):
+    for s in range(2, tc.num_steps):
         m = {k: v.get(s, 0.0) for k, v in series.items()}
         m["busy"] = busy.get(s, 0.0) / (tc.pools.rollout_workers * m["step_s"]) if m["step_s"] else 0.0
         m["occupancy"] = rows.get(s, 0.0) / iters[s] if iters.get(s) else 0.0

@@ -158,7 +158,7 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
         # run short before it closes its MLflow run.
         scheduler = (
             tune.schedulers.ASHAScheduler(
-                time_attr="step", grace_period=cfg.grace_period, max_t=cfg.train.steps + 1
+                time_attr="step", grace_period=cfg.grace_period, max_t=cfg.train.num_steps + 1
             )
             if cfg.scheduler == "asha"
             else tune.schedulers.FIFOScheduler()
@@ -228,7 +228,7 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     trials = []
     for r in results:
         steps = int((r.metrics or {}).get("step", 0))
-        stopped = r.error is None and steps < cfg.train.steps
+        stopped = r.error is None and cfg.train.steps is not None and steps < cfg.train.steps
         trials.append(
             {
                 "trial": Path(r.path).name if r.path else "?",

@@ -2,7 +2,7 @@
 
 A typed record rather than a dict, so the writer and every reader (restore, resume, latest-checkpoint search,
 the Model Registry) agree on its fields. Checkpoints written before a field existed still load: a missing
-``spent`` is the fresh run's (0, 0), a missing ``run_id`` is None.
+``spent`` is the fresh run's (0, 0), a missing ``run_id`` is None, missing CPU and wall totals are 0.
 """
 
 from __future__ import annotations
@@ -27,7 +27,12 @@ class CheckpointState:
     rng: Mapping[str, Any] = field(default_factory=dict)
     """The driver's numpy bit generator state (candidate pool, allocation ties); empty before the first save."""
     spent: tuple[float, float] = (0.0, 0.0)
-    """Token mode: generated tokens and leaves so far (the mean cost of a leaf)."""
+    """Generated tokens and leaves of the training rollouts so far (token mode: the mean cost of a leaf; ``stop.tokens``
+    and the curve's x)."""
+    cpu_s: float = 0.0
+    """Trainer ranks' and sampler actors' CPU seconds so far, evaluation not counted (``total/cpu_s``)."""
+    wall_s: float = 0.0
+    """Wall seconds of the steps so far, evaluation not counted (``total/wall_s``)."""
 
     def write(self, ckpt_dir: Path) -> None:
         (ckpt_dir / STATE).write_text(json.dumps({**asdict(self), "spent": list(self.spent)}))
@@ -48,6 +53,8 @@ class CheckpointState:
                 run_id=raw.get("run_id"),
                 rng=dict(raw.get("rng") or {}),
                 spent=(float(spent[0]), float(spent[1])),
+                cpu_s=float(raw.get("cpu_s", 0.0)),
+                wall_s=float(raw.get("wall_s", 0.0)),
             )
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             raise ValueError(f"{path} is not a checkpoint state ({type(exc).__name__}: {exc})") from exc

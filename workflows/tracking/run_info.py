@@ -40,8 +40,16 @@ def train_tags(cfg: Any) -> dict[str, str]:
     """Tags and description of a training run: allocator, budget shape, environment (the testbed), policy, seed."""
     shape = budget_shape(cfg.budget, cfg.allocator)
     model = str(cfg.model.path).rstrip("/").rsplit("/", 1)[-1]
+    limits = []  # what ends the run, whichever comes first
+    if cfg.stop.tokens is not None:
+        limits.append(f"{cfg.stop.tokens} tokens")
+    if cfg.stop.cpu_s is not None:
+        limits.append(f"{cfg.stop.cpu_s:g} CPU s")
+    if cfg.steps is not None:
+        limits.append(f"{cfg.steps} steps")
+    length = " or ".join(limits)
     note = (
-        f"{cfg.allocator.name} on {cfg.env.name} with the {model} policy: {cfg.steps} steps, budget {shape} "
+        f"{cfg.allocator.name} on {cfg.env.name} with the {model} policy: {length}, budget {shape} "
         f"(G={cfg.budget.group_size}), seed {cfg.seed}. Compare runs by key/accuracy (held-out greedy "
         "accuracy), key/effective_ratio and key/generated_tokens (docs/metrics.md)."
     )

@@ -39,8 +39,8 @@ from workflows.tracking.spool import SPOOL
 PHASES = ("rollout", "sync_weights", "eval", "save")  # what a kill can be aimed at
 # Per-step metrics defined only at steps where their condition holds (docs/metrics.md): the prefix-group effective
 # ratio needs expanded prefixes (at that depth), the KV hit rate continuations (at that depth), so such a key may skip
-# steps; where it is logged it is read once.
-CONDITIONAL = (M.PREFIX_GROUP_ER, M.KV_HIT_RATE)
+# steps; where it is logged it is read once. The compute stop's overshoot is logged at the last step only.
+CONDITIONAL = (M.PREFIX_GROUP_ER, M.KV_HIT_RATE, M.OVERSHOOT_TOKENS, M.OVERSHOOT_CPU_S)
 ACTORS = {"sampler": "RolloutWorker", "env": "EnvWorker", "trainer": "RayTrainWorker"}
 
 
@@ -304,7 +304,7 @@ def run_drill(cfg: TrainConfig, overrides: list[str], progress: Callable[[str], 
     progress(f"chaos: MLflow server {server.uri} (store {server.root}); plan over seed {cfg.seed}")
     tracking = dataclasses.replace(cfg.tracking, uri=server.uri)
     cfg = dataclasses.replace(cfg, run_name=name, out_dir=str(out), tracking=tracking)
-    ctl = Controller(cfg.chaos, cfg.seed, out, name, server, progress, cfg.steps)
+    ctl = Controller(cfg.chaos, cfg.seed, out, name, server, progress, cfg.num_steps)
     t0 = time.perf_counter()
     ctl.start()
     try:
@@ -316,7 +316,7 @@ def run_drill(cfg: TrainConfig, overrides: list[str], progress: Callable[[str], 
             server.start()
     try:
         wall = time.perf_counter() - t0
-        run_id, storage, steps = summary["run_id"], Path(summary["storage"]), cfg.steps
+        run_id, storage, steps = summary["run_id"], Path(summary["storage"]), cfg.num_steps
         mlflow.set_tracking_uri(server.uri)
         client = mlflow.MlflowClient()
         MetricLog(

@@ -25,18 +25,29 @@ from tracerl.engine.step import (
     roll_out_bare,
     run_step,
 )
-from tracerl.engine.timer import PhaseTimer
+from tracerl.engine.timer import PhaseTimer, process_tree_cpu_s
 from workflows.tracking.checkpoint_state import CheckpointState
 from workflows.tracking.runs import phase_marker
 from workflows.tracking.store import resolve_uri
+from workflows.train.budget import (
+    Totals,
+    append_point,
+    crosses,
+    curve_point,
+    eval_subset,
+    overshoot,
+    stop_reason,
+)
 from workflows.train.setup import ADAPTERS, say
 
 
 def overlaps_next(cfg: TrainConfig, done: int) -> bool:
     """Whether the step after step ``done`` (1-based) starts beside this one's update: with ``pipeline.overlap``,
-    unless this step is the last or ends in a checkpoint (a checkpoint then holds no step half done, so a run
-    resumed from it repeats the uninterrupted one)."""
-    return cfg.pipeline.overlap and done < cfg.steps and done % cfg.checkpoint_every != 0
+    unless this step is the last of ``steps`` or ends in a checkpoint (a checkpoint then holds no step half done, so
+    a run resumed from it repeats the uninterrupted one)."""
+    return (
+        cfg.pipeline.overlap and (cfg.steps is None or done < cfg.steps) and done % cfg.checkpoint_every != 0
+    )
 
 
 @dataclass
@@ -110,9 +121,23 @@ class Driver:
         )
         self.prompts = task_prompts(cfg.env)
         self.eval_prompts = task_prompts(cfg.env, held_out=True)
+        self.curve_prompts = [
+            self.eval_prompts[i] for i in eval_subset(len(self.eval_prompts), cfg.eval_subset, cfg.seed)
+        ]
+        """The learning curve's held-out tasks: those of the token-schedule evaluations (``eval_subset``)."""
         self.rng = np.random.default_rng(cfg.seed)
         # Token mode: generated tokens and leaves so far, for the mean cost of a leaf.
         self.spent = [0.0, 0.0]
+        self.tokens_before = 0.0
+        """The run's generated tokens before the current step (the token schedule's crossing)."""
+        self.cpu_total = self.wall_total = 0.0
+        """The run's CPU and wall seconds so far, evaluation not counted (``total/``)."""
+        self._ranks_cpu = 0.0  # the trainer ranks' process CPU seconds at the last reading
+        self._eval_cpu = 0.0  # rank 0's CPU seconds spent evaluating since then
+        self._sampler_cpu = 0.0  # the samplers' training CPU seconds read since then (before an evaluation)
+        self._point: tuple[dict[str, float], bool, dict[str, float]] | None = None  # this step's evaluation
+        self.stopped_by: str | None = None
+        """Why the run ends after the current step (``budget.stop_reason``); None: it goes on."""
         self.version = step
         """The policy version (updates applied) the samplers hold."""
         self.ledgers: dict[int, Any] = {}
@@ -127,6 +152,7 @@ class Driver:
 
         self.rng.bit_generator.state = state.rng
         self.spent = list(state.spent)
+        self.cpu_total, self.wall_total = state.cpu_s, state.wall_s
         self.predictor.load_state_dict(torch.load(Path(ckpt_dir) / "predictor.pt", weights_only=False))
         if (Path(ckpt_dir) / "allocator.pt").exists():  # trace_plus: its length predictor
             self.allocator.load_state_dict(torch.load(Path(ckpt_dir) / "allocator.pt", weights_only=False))
@@ -207,6 +233,7 @@ class Driver:
         from workflows.train.evaluate import leaf_score_means
 
         out.ledger = merge_ledgers(out.ledger, self.pool.ledger)
+        self.tokens_before = self.spent[0]
         self.spent = [self.spent[0] + out.ledger.generated_tokens, self.spent[1] + out.ledger.leaves]
         m = step_metrics(out)
         m[M.LEAF_BUDGET] = float(budget.leaves)
@@ -255,31 +282,97 @@ class Driver:
         self.pool.load_weights({k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()})
         self.version = version
 
-    def eval_due(self, done: int) -> bool:
-        return bool(self.cfg.eval_every and done % self.cfg.eval_every == 0) or done == self.cfg.steps
+    def totals(self, updates: int) -> Totals:
+        """The run's compute after ``updates`` steps (the CPU total as of the last ``check_stop``)."""
+        return Totals(self.spent[0], self.spent[1], updates, self.cpu_total, self.wall_total)
 
-    def evaluate(self, step: int) -> dict[str, float]:
-        """Greedy held-out accuracy (per source; search: em, f1); per-task outcomes as an artifact."""
+    def start_meter(self, ranks_cpu: float) -> None:
+        """Start counting CPU seconds here (the steps' loop): ``ranks_cpu`` is the trainer ranks' process CPU now;
+        the samplers' counts start from their current readings."""
+        self.pool.cpu_s()
+        self._ranks_cpu, self._eval_cpu, self._sampler_cpu = ranks_cpu, 0.0, 0.0
+
+    def reached(self, done: int) -> bool:
+        """Whether step ``done`` ends the run on its tokens or ``steps`` alone (known before its update)."""
+        return stop_reason(self.cfg.stop, self.cfg.steps, self.totals(done)) in ("tokens", "steps")
+
+    def check_stop(self, done: int, ranks_cpu: float) -> bool:
+        """After step ``done``'s update: add the CPU seconds used since the last check (trainer ranks' ``ranks_cpu``
+        less rank 0's evaluation, the samplers' less theirs) and whether a limit ends the run here."""
+        ranks = max(0.0, ranks_cpu - self._ranks_cpu - self._eval_cpu)
+        self.cpu_total += ranks + self._sampler_cpu + self.pool.cpu_s()
+        self._ranks_cpu, self._eval_cpu, self._sampler_cpu = ranks_cpu, 0.0, 0.0
+        self.stopped_by = stop_reason(self.cfg.stop, self.cfg.steps, self.totals(done))
+        return self.stopped_by is not None
+
+    def eval_due(self, done: int) -> str | None:
+        """Which evaluation step ``done`` runs: ``"full"`` (every held-out task: every ``eval_every`` steps and the
+        last step), ``"curve"`` (the curve's tasks: its tokens crossed a multiple of ``eval_every_tokens``) or none."""
+        if bool(self.cfg.eval_every and done % self.cfg.eval_every == 0) or self.stopped_by is not None:
+            return "full"
+        if crosses(self.tokens_before, self.spent[0], self.cfg.eval_every_tokens):
+            return "curve"
+        return None
+
+    def evaluate(self, step: int, full: bool = True) -> dict[str, float]:
+        """Greedy held-out accuracy on every held-out task (``full``: per source; search: em, f1; per-task outcomes
+        as an artifact) or on the curve's tasks; the evaluation's own tokens, wall and CPU seconds (not counted in
+        the run's totals). The learning-curve point is logged with the step (``close_step``)."""
         from workflows.tracking.run_info import key_metrics
         from workflows.train.evaluate import evaluate_prompts, task_outcomes
 
         self.mark("eval", step)
-        m, traces = evaluate_prompts(self.pool.evaluate, self.eval_prompts, 0, 0.0, self.cfg.seed + 10_000)
-        with tempfile.TemporaryDirectory() as tmp:  # per-task outcomes: the study's bootstrap resamples tasks
-            (Path(tmp) / f"outcomes_step_{step:05d}.json").write_text(json.dumps(task_outcomes(traces)))
-            self.metrics.log_artifacts(Path(tmp), "eval")
-        out = {M.EVAL_ACCURACY: m["accuracy"], M.EVAL_WELL_FORMED: m["greedy"]["well_formed_turns"]}
-        for src, acc in m["greedy"]["by_source"].items():
-            out[M.eval_source(src)] = acc
-        out.update(
-            {M.answer_score("eval", k): v for k, v in m["greedy"].get("scores", {}).items()}
-        )  # search: em, f1
+        self._sampler_cpu += self.pool.cpu_s()  # the samplers' training CPU up to here
+        t0, c0, tokens = time.perf_counter(), process_tree_cpu_s(), []
+
+        def run(*args: Any) -> Any:
+            trees, led = self.pool.evaluate(*args)
+            tokens.append(led.generated_tokens)
+            return trees, led
+
+        prompts = self.eval_prompts if full else self.curve_prompts
+        m, traces = evaluate_prompts(run, prompts, 0, 0.0, self.cfg.seed + 10_000)
+        outcomes = task_outcomes(traces)
+        rank0 = process_tree_cpu_s() - c0
+        self._eval_cpu += rank0
+        cost = {"generated_tokens": float(sum(tokens)), "wall_s": time.perf_counter() - t0}
+        cost["cpu_s"] = rank0 + self.pool.cpu_s()
+        self._point = (outcomes, full, cost)
+        out = {
+            M.EVAL_GENERATED_TOKENS: cost["generated_tokens"],
+            M.EVAL_WALL_S: cost["wall_s"],
+            M.EVAL_CPU_S: cost["cpu_s"],
+        }
+        if full:
+            with (
+                tempfile.TemporaryDirectory() as tmp
+            ):  # per-task outcomes: the study's bootstrap resamples tasks
+                (Path(tmp) / f"outcomes_step_{step:05d}.json").write_text(json.dumps(outcomes))
+                self.metrics.log_artifacts(Path(tmp), "eval")
+            out.update({M.EVAL_ACCURACY: m["accuracy"], M.EVAL_WELL_FORMED: m["greedy"]["well_formed_turns"]})
+            for src, acc in m["greedy"]["by_source"].items():
+                out[M.eval_source(src)] = acc
+            out.update(
+                {M.answer_score("eval", k): v for k, v in m["greedy"].get("scores", {}).items()}
+            )  # search: em, f1
         if step == 0:  # later evaluations are logged with their step's metrics
             self.metrics.log({**out, **key_metrics(out), M.RETRIED: float(self.pool.ledger.retried)}, step)
-        say(
-            f"held-out greedy accuracy after {step} steps: {m['accuracy']:.3f} ({len(self.eval_prompts)} tasks)"
-        )
+            self._log_point(self.totals(0))
+        what = f"{len(prompts)} tasks" if full else f"{len(prompts)} curve tasks"
+        say(f"held-out greedy accuracy after {step} steps: {m['accuracy']:.3f} ({what})")
         return out
+
+    def _log_point(self, totals: Totals) -> None:
+        """The learning-curve point of the evaluation just run: ``curve/`` metrics at MLflow step = the run's
+        generated tokens, and a line of ``<storage>/curve.jsonl``."""
+        if self._point is None:
+            return
+        outcomes, full, cost = self._point
+        self._point = None
+        tasks = [p.prompt_id for p in self.curve_prompts]
+        point = curve_point(totals, outcomes, tasks, full, cost, self.metrics.attempt)
+        append_point(self.storage, point)
+        self.metrics.log(point.metrics(), int(totals.generated_tokens))
 
     def close_step(self, m: dict[str, float], done: int, out: Any, timer: PhaseTimer) -> dict[str, float]:
         """The step's last metrics (retries, attempt, phase times, memory, CPU) and, when due, a sample of its
@@ -301,14 +394,24 @@ class Driver:
             m[M.ALLOC_PREDICTOR_FRACTION] = overhead / rollout_s if rollout_s else 0.0
             m[M.PEAK_MEMORY_MB] = _peak_memory_mb()
             m[M.CPU_S] = timer.cpu()  # rank 0's process: step driver and learner
-            if (self.cfg.log_trees_every and done % self.cfg.log_trees_every == 0) or done == self.cfg.steps:
+            last = self.stopped_by is not None
+            if (self.cfg.log_trees_every and done % self.cfg.log_trees_every == 0) or last:
                 self._log_trees(out, done)
         m[M.TIME_LOG] = timer.seconds["log"]
         m[M.TIME_STEP] = timer.elapsed()
         m[M.TOKENS_PER_S] = m.get(M.GENERATED_TOKENS, 0.0) / max(m[M.TIME_STEP], 1e-9)
+        self.wall_total += m[M.TIME_STEP] - m.get(M.phase_time("eval"), 0.0)
+        totals = self.totals(done)
+        m.update(totals.metrics())
+        if last:
+            m.update(overshoot(self.cfg.stop, totals))
         self.metrics.log({**m, **key_metrics(m, self.spent[0])}, done)
+        self._log_point(totals)
+        if last and self.cfg.stop.enabled:
+            say(f"stopped after step {done} on {self.stopped_by}: {_totals_line(totals)}")
+        of = f"/{self.cfg.steps}" if self.cfg.steps is not None else ""
         say(
-            f"step {done}/{self.cfg.steps}  ER {m[M.EFFECTIVE_RATIO]:.2f}  reward {m[M.REWARD_MEAN]:.2f}"
+            f"step {done}{of}  ER {m[M.EFFECTIVE_RATIO]:.2f}  reward {m[M.REWARD_MEAN]:.2f}"
             f"  loss {m[M.LOSS]:+.4f}  clip {m[M.CLIP_FRACTION]:.3f}  {m[M.TIME_STEP]:.1f} s"
             + (f"  held-out {m[M.EVAL_ACCURACY]:.3f}" if M.EVAL_ACCURACY in m else "")
         )
@@ -342,7 +445,12 @@ class Driver:
         if self.allocator.state_dict():
             torch.save(self.allocator.state_dict(), path / "allocator.pt")
         CheckpointState(
-            step, self.run_id, self.rng.bit_generator.state, (self.spent[0], self.spent[1])
+            step,
+            self.run_id,
+            self.rng.bit_generator.state,
+            (self.spent[0], self.spent[1]),
+            self.cpu_total,
+            self.wall_total,
         ).write(path)
         (path / "config.yaml").write_text(to_yaml(self.cfg))
 
@@ -352,6 +460,10 @@ class Driver:
         self.mark("done")
         self.metrics.flush()
         self.pool.shutdown()
+
+
+def _totals_line(t: Totals) -> str:
+    return f"{t.generated_tokens:.0f} tokens, {t.leaves:.0f} leaves, {t.cpu_s:.0f} CPU s, {t.wall_s:.0f} s"
 
 
 def _peak_memory_mb() -> float:

@@ -40,6 +40,7 @@ from tracerl.engine.timer import PhaseTimer
 from workflows.tracking.checkpoint_state import CheckpointState
 from workflows.tracking.runs import create_run, resumed_config, run_summary
 from workflows.tracking.store import resolve_uri, where
+from workflows.train.budget import Totals, stop_reason
 from workflows.train.driver import Ahead, Driver, overlaps_next
 from workflows.train.setup import Worker, quiet_train_reports, setup_worker
 
@@ -153,9 +154,8 @@ def train(
     )
     t0 = time.perf_counter()
     status = "FAILED"
-    start = CheckpointState.read(resume_ckpt).step if resume_ckpt is not None else 0
-    steps_bar = bar(progress, cfg.steps, f"train {cfg.run_name or run_id[:8]}", "step", initial=start)
-    steps_bar.follow(lambda: max((m.step for m in client.get_metric_history(run_id, M.LOSS)), default=0))
+    state = CheckpointState.read(resume_ckpt) if resume_ckpt is not None else CheckpointState(0)
+    steps_bar = progress_bar(cfg, client, run_id, state, lambda n, s, u, i: bar(progress, n, s, u, i))
     full = stuck = None
     try:
         trainer.fit()
@@ -181,9 +181,61 @@ def train(
         wall_s=time.perf_counter() - t0,
         tracking_uri=cfg.tracking.uri,
         experiment=cfg.tracking.experiment,
+        **compute_summary(client, run_id, cfg),
     )
     (storage / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def compute_summary(client: Any, run_id: str, cfg: TrainConfig) -> dict[str, Any]:
+    """The run's compute at its last step (``total/``), what stopped it (``stopped_by``: tokens, cpu_s, steps;
+    null if it ended otherwise) and the overshoot past its compute limits."""
+    from workflows.tracking.runs import metric_series
+    from workflows.train.budget import overshoot
+
+    last = {
+        k: metric_series(client, run_id, k) for k in (M.TOTAL_GENERATED_TOKENS, M.TOTAL_LEAVES, M.TOTAL_CPU_S)
+    }
+    tokens = last[M.TOTAL_GENERATED_TOKENS]
+    if not tokens:
+        return {"stopped_by": None}
+    step = max(tokens)
+    totals = Totals(
+        tokens[step],
+        last[M.TOTAL_LEAVES].get(step, 0.0),
+        step,
+        last[M.TOTAL_CPU_S].get(step, 0.0),
+    )
+    return {
+        "stopped_by": stop_reason(cfg.stop, cfg.steps, totals),
+        "total_cpu_s": totals.cpu_s,
+        **{k.split("/")[1]: v for k, v in overshoot(cfg.stop, totals).items()},
+    }
+
+
+def progress_bar(
+    cfg: TrainConfig, client: Any, run_id: str, state: CheckpointState, open_bar: Callable[..., Any]
+) -> Any:
+    """The run's progress bar: steps logged out of ``steps``, or with a compute stop the running total of its first
+    limit (tokens, else CPU seconds) out of that limit."""
+    name = f"train {cfg.run_name or run_id[:8]}"
+    if cfg.stop.enabled:
+        key, limit, unit, start = (
+            (M.TOTAL_GENERATED_TOKENS, cfg.stop.tokens, "token", state.spent[0])
+            if cfg.stop.tokens is not None
+            else (M.TOTAL_CPU_S, cfg.stop.cpu_s, "CPU second", state.cpu_s)
+        )
+        b = open_bar(int(limit or 0), name, unit, int(start))
+
+        def read() -> int:
+            hist = client.get_metric_history(run_id, key)
+            return int(max(hist, key=lambda m: m.step).value) if hist else int(start)
+
+        b.follow(read)
+        return b
+    b = open_bar(cfg.num_steps, name, "step", state.step)
+    b.follow(lambda: max((m.step for m in client.get_metric_history(run_id, M.LOSS)), default=0))
+    return b
 
 
 def check_model(cfg: TrainConfig) -> None:
@@ -249,7 +301,8 @@ def guarded_loop(config: dict[str, Any]) -> None:
 
 
 def train_loop(config: dict[str, Any]) -> None:
-    """The Ray Train worker function (every rank): set up and restore, then ``train_step`` until ``steps``."""
+    """The Ray Train worker function (every rank): set up and restore, then ``train_step`` until a limit (``steps``,
+    ``stop.tokens``, ``stop.cpu_s``) ends the run."""
     cfg: TrainConfig = config["cfg"]
     run_id, storage = config["run_id"], Path(config["storage"])
     quiet_train_reports()
@@ -267,21 +320,45 @@ def train_loop(config: dict[str, Any]) -> None:
             driver.restore(worker.ckpt_dir, worker.state, restored)
         if start == 0 and cfg.eval_at_start:
             driver.evaluate(0)
-    ahead = None
-    for step in range(start, cfg.steps):
-        ahead = train_step(step, worker, driver, ahead)
+    cpu = ranks_cpu(worker)  # compute is counted from here (set-up and the first evaluation are not)
+    if driver is not None:
+        driver.start_meter(cpu)
+    st = worker.state  # a resumed run that already reached a limit runs no step
+    so_far = Totals(st.spent[0], st.spent[1], st.step, st.cpu_s, st.wall_s)
+    ahead, step, last = None, start, stop_reason(cfg.stop, cfg.steps, so_far) is not None
+    while not last:
+        ahead, last = train_step(step, worker, driver, ahead)
+        step += 1
     if driver is not None:
         driver.close()
 
 
-def train_step(step: int, w: Worker, d: Driver | None, ahead: Ahead | None = None) -> Ahead | None:
+def ranks_cpu(w: Worker) -> float:
+    """On rank 0: the CPU seconds of every trainer rank's process (and its children) so far; a collective."""
+    import torch
+
+    from tracerl.engine.timer import process_tree_cpu_s
+
+    mine = process_tree_cpu_s()
+    if w.world == 1:
+        return mine
+    every: list[Any] = [None] * w.world
+    torch.distributed.all_gather_object(every, mine)
+    return float(sum(every))
+
+
+def train_step(
+    step: int, w: Worker, d: Driver | None, ahead: Ahead | None = None
+) -> tuple[Ahead | None, bool]:
     """One RL step on every rank; ``d`` (rank 0's driver) is None on the others, which only update on their shard.
 
     Rank 0 selects the candidate pool, scores it, allocates roots, rolls out, expands prefixes (run_step), fits
     the predictor and collates; the batch is broadcast and every rank updates; rank 0 pushes the new weights to the
     samplers, evaluates when due and logs; a checkpoint every ``checkpoint_every`` steps. One timer times each phase.
     With ``pipeline.overlap`` the next step's Stage 1 and bare rollouts start before the update (``ahead``, which
-    this step returns and the next finishes on the new weights).
+    this step returns and the next finishes on the new weights). After the update rank 0 checks the run's limits
+    (``Driver.check_stop``) and every rank learns whether this step is the last (returned with ``ahead``); the last
+    evaluates on every held-out task and checkpoints.
     """
     from tracerl.algos.batch import collate
     from tracerl.learner import denominator
@@ -302,7 +379,7 @@ def train_step(step: int, w: Worker, d: Driver | None, ahead: Ahead | None = Non
             batch = collate(out.trees, cfg.loss.advantage, cfg.loss.normalize_std, cfg.loss.debiased_values)
         m.update(d.batch_metrics(batch, out))
         nxt = (
-            d.start_ahead(done) if overlaps_next(cfg, done) else None
+            d.start_ahead(done) if overlaps_next(cfg, done) and not d.reached(done) else None
         )  # beside the update, on the current weights
     with timer("broadcast"):
         batch = w.broadcast(batch)
@@ -314,31 +391,44 @@ def train_step(step: int, w: Worker, d: Driver | None, ahead: Ahead | None = Non
         if cfg.pipeline.overlap:
             with timer("wait_rollouts"):
                 d.wait_ahead(nxt)
+    cpu = ranks_cpu(w)  # after the wait: a sampler answers once its rollouts end
+    last = bool(w.broadcast(d.check_stop(done, cpu) if d is not None else None))
+    if d is not None:
+        if last:
+            nxt = None  # a step started early past the run's end: its rollouts are dropped
         with timer("sync_weights"):
             d.sync(weights, done)
-        if d.eval_due(done):
+        due = d.eval_due(done)
+        if due is not None:
             with timer("eval"):
-                m.update(d.evaluate(done))
+                m.update(d.evaluate(done, full=due == "full"))
         m = d.close_step(m, done, out, timer)  # the last metrics, then the log
-    report(w, d, done, m, weights, adapters)
+    report(w, d, done, m, weights, adapters, last)
     if d is not None:
         d.faults.trainer(step)
-    return nxt
+    return nxt, last
 
 
 def report(
-    w: Worker, d: Driver | None, done: int, metrics: dict[str, float], weights: Any, adapters: Any
+    w: Worker,
+    d: Driver | None,
+    done: int,
+    metrics: dict[str, float],
+    weights: Any,
+    adapters: Any,
+    last: bool = False,
 ) -> None:
     """Every step reports its metrics to Ray Train (a sweep's scheduler sees the curve); every
-    ``checkpoint_every`` steps and at the end with a checkpoint (each rank's learner state, rank 0's share),
-    written whole or not at all (``workflows.tracking.checkpoint_files.publish``: staged, manifest last, renamed into place).
+    ``checkpoint_every`` steps and at the end (``last``) with a checkpoint (each rank's learner state, rank 0's
+    share), written whole or not at all (``workflows.tracking.checkpoint_files.publish``: staged, manifest last,
+    renamed into place).
     """
     import ray.train
     import torch
 
     from workflows.tracking.checkpoint_files import publish
 
-    if done % w.cfg.checkpoint_every and done != w.cfg.steps:
+    if done % w.cfg.checkpoint_every and not last:
         ray.train.report({"step": done, **metrics})
         return
     with tempfile.TemporaryDirectory() as tmp:

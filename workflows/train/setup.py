@@ -122,7 +122,7 @@ def setup_worker(cfg: TrainConfig, storage: Path, reported: Iterable[str] = ()) 
         model,
         cfg.optim,
         cfg.loss,
-        cfg.steps,
+        cfg.steps or 1,  # null (a compute stop): the schedule is constant (checked), its length unused
         pad_id=tok.pad_token_id,
         temperature=cfg.sampler.temperature,
         importance_sampling=use_is,

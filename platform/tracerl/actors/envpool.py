@@ -12,7 +12,7 @@ from typing import Any
 import ray
 
 from tracerl.actors.faults import NO_FAULTS, Faults
-from tracerl.actors.retry import OWN, call_with_retries
+from tracerl.actors.retry import DEAD, OWN, call_with_retries
 from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult
 from tracerl.engine.react import Action, ToolSpec
 from tracerl.types import Prompt
@@ -28,6 +28,12 @@ class EnvWorker:
     def execute(self, step: int, prompt: Prompt, state: Any, action: Action) -> ToolResult:
         self.faults.env(step)
         return self.env.execute(prompt, state, action)  # type: ignore[no-any-return]
+
+    def cpu_s(self) -> float:
+        """This actor's CPU seconds since it started, its tool-call processes' included."""
+        from tracerl.engine.timer import process_tree_cpu_s
+
+        return process_tree_cpu_s()
 
 
 class EnvPool(ToolEnv):
@@ -77,6 +83,17 @@ class EnvPool(ToolEnv):
     def warnings(self) -> list[str]:
         """The local environment's warnings (the actors run the same class on the same machine kind)."""
         return self.local.warnings
+
+    def cpu_s(self) -> float:
+        """The env actors' CPU seconds since each started (an actor that cannot answer counts 0)."""
+        total = 0.0
+        for actor in self.actors:
+            try:
+                [used] = ray.get([actor.cpu_s.remote()])  # type: ignore[attr-defined]
+                total += float(used)
+            except DEAD:
+                continue
+        return total
 
     def execute(self, prompt: Prompt, state: Any, action: Action) -> ToolResult:
         return self.execute_batch([(prompt, state, action)])[0]

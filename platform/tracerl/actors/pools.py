@@ -99,6 +99,14 @@ class RolloutWorker:
         self.trees.clear()  # caches of trees from the old weights must not be re-used
         self._drop_stream()
 
+    def cpu_s(self) -> float:
+        """CPU seconds of this actor (and its children, e.g. a vLLM engine core) and of its env actors, each since it
+        started."""
+        from tracerl.engine.timer import process_tree_cpu_s
+
+        env = self.env.cpu_s() if isinstance(self.env, EnvPool) else 0.0
+        return process_tree_cpu_s() + env
+
     def set_join(self, join: bool) -> None:
         """Batch turns by per-token join or in rounds from the next call (``sampler.join``; ``tracerl bench
         pipeline --batching rounds,join`` compares both on one pool)."""
@@ -234,6 +242,9 @@ class RolloutPool:
         self._phase = 0
         self._weights: Any = None
         self._owner: dict[int, tuple[int, str]] = {}  # id(tree) -> (worker, key)
+        self._cpu_seen: list[
+            tuple[Any, float]
+        ] = []  # per worker slot: (actor, its CPU seconds at the last read)
 
     def _new(self) -> Any:
         return (
@@ -388,6 +399,22 @@ class RolloutPool:
                 setattr(ledger, f, getattr(ledger, f) + getattr(led, f))
             self.ledger.retried += led.retried  # the step's ledger counts every retry, evaluation's too
         return [t for t in trees if t is not None], ledger
+
+    def cpu_s(self) -> float:
+        """CPU seconds the sampler actors and their env actors used since the last call (the first call sets the
+        starting point and returns 0). A replaced actor counts from its start; what a dead one used since the last
+        read is lost; the run's shared services are not counted."""
+        readings = self._call_all([(w, "cpu_s", ()) for w in range(len(self.workers))])
+        first = not self._cpu_seen
+        seen = dict(enumerate(self._cpu_seen))
+        used = 0.0
+        self._cpu_seen = []
+        for w, (actor, now) in enumerate(zip(self.workers, readings)):
+            before = seen.get(w)
+            last = before[1] if before is not None and before[0] is actor else 0.0
+            used += max(0.0, float(now) - last)
+            self._cpu_seen.append((actor, float(now)))
+        return 0.0 if first else used
 
     def shutdown(self) -> None:
         from tracerl.actors.services import stop_services

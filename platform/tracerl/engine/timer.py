@@ -3,7 +3,8 @@
 
 A phase entered twice in a step sums (``score`` runs for the roots and again for the prefixes; ``rollout`` for the
 bare rollouts and again for the continuations). The timer also knows when its step started, in wall and process
-CPU time, for ``time/step_s`` and ``system/cpu_s`` (docs/metrics.md).
+CPU time, for ``time/step_s`` and ``system/cpu_s`` (docs/metrics.md). ``process_tree_cpu_s`` is a process's CPU with
+its children's, for the run's ``total/cpu_s``.
 """
 
 from __future__ import annotations
@@ -47,3 +48,22 @@ class PhaseTimer:
     def metrics(self) -> dict[str, float]:
         """``time/<phase>_s`` for every phase timed so far."""
         return {M.phase_time(k): v for k, v in self.seconds.items()}
+
+
+def process_tree_cpu_s() -> float:
+    """CPU seconds (user + system, every thread) of this process since it started, with its children's: those it
+    reaped (a sandboxed tool call's process) and those still running (e.g. a vLLM engine core). A child that ends
+    and is reaped by another child than this process drops out of the sum, so a caller that adds differences
+    clamps them at 0."""
+    import psutil
+
+    me = psutil.Process()
+    t = me.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in me.children(recursive=True):
+        try:
+            c = child.cpu_times()
+        except psutil.Error:  # ended since the listing
+            continue
+        total += c.user + c.system
+    return float(total)
