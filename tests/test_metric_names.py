@@ -21,6 +21,7 @@ NAMESPACES = (
     "system",
     "eval",
     "key",
+    "mc",
 )
 DOC_NAMES = {
     n
