@@ -63,6 +63,7 @@ class MonteCarloScorer(Predictor):
         self.inner, self.backend, self.samples, self.prior = inner, backend, samples, prior
         self._mc = BudgetLedger()
         self._seconds, self._rollouts = 0.0, 0
+        self._held: list[RolloutTree] = []
 
     @property
     def ready(self) -> bool:
@@ -82,6 +83,9 @@ class MonteCarloScorer(Predictor):
         k = self.samples
         with self._apart(k * len(prompts)):
             trees = self.backend.rollout(prompts, [k] * len(prompts))
+        # Held until the next step's roots: the sampler pool maps trees to the worker holding them by id(tree), and a
+        # prefix copy made later in this step must not get the id of a dropped Monte-Carlo tree.
+        self._held = trees
         return np.array([self._rate(sum(t.path_rewards().values()), k) for t in trees])
 
     def score_prefixes(self, trees: Sequence[RolloutTree], node_ids: Sequence[np.ndarray]) -> np.ndarray:
