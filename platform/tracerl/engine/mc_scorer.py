@@ -112,7 +112,7 @@ class MonteCarloScorer(Predictor):
         return np.array(out)
 
     def _rate(self, successes: float, k: int) -> float:
-        return (successes + self.prior) / (k + 2 * self.prior) if k + 2 * self.prior > 0 else 0.5
+        return (successes + self.prior) / (k + 2 * self.prior)  # k >= 1
 
     @contextmanager
     def _apart(self, rollouts: int) -> Iterator[None]:
