@@ -8,6 +8,7 @@ from envs.simulator import Simulator, SimulatorConfig
 from predictors import build_predictor
 from tracerl.algos.allocators import ALLOCATORS, PrefixCandidates, StepPlan, TreePOAllocator, build_allocator
 from tracerl.config import AllocatorConfig, BudgetConfig, PredictorConfig
+from tracerl.engine.mc_scorer import with_monte_carlo
 from tracerl.engine.step import run_step
 from tracerl.types import Anchor
 
@@ -23,6 +24,7 @@ ALL = [
     "oracle_trace",
     "dapo",
     "trace_plus",
+    "trace_mc",
 ]
 BUDGET = BudgetConfig()  # L = 288, M = 96, N = 2, G = 8, B = 144
 
@@ -37,6 +39,7 @@ def run_steps(
     alloc = build_allocator(AllocatorConfig(name=name))
     env = Simulator(sim or SimulatorConfig(num_prompts=512), seed=seed)
     pred = build_predictor(PredictorConfig(name="tabular", warmup_steps=1), seed=seed, name=alloc.predictor)
+    pred = with_monte_carlo(alloc, pred, env)  # trace_mc: scored by extra simulator rollouts
     rng = np.random.default_rng(seed)
     outs = []
     for _ in range(steps):

@@ -127,6 +127,11 @@ def test_bad_config_fails_with_a_message_naming_the_key(override: str, message: 
             ["predictor=oracle"],
             "the oracle predictor (predictor=oracle) needs the true success probabilities, which env.name='math'",
         ),
+        (
+            ["allocator=trace_mc", "pipeline.mode=streaming"],
+            "allocator.name=trace_mc scores by Monte-Carlo rollouts between the step's phases, which "
+            "pipeline.mode=streaming runs at once: set pipeline.mode=barrier",
+        ),
     ],
 )
 def test_bad_trainer_config_names_the_key(overrides: list[str], message: str) -> None:

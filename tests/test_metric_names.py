@@ -24,6 +24,7 @@ NAMESPACES = (
     "total",
     "stop",
     "curve",
+    "mc",
 )
 DOC_NAMES = {
     n

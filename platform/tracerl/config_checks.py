@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from tracerl.config import EnvConfig, env_config_class, section_key
+from tracerl.config import EnvConfig, PipelineConfig, env_config_class, section_key
 from tracerl.env_registry import TOOL_ENVS, env_class, known_envs, section_schema
 from tracerl.registry import RegistryError
 from tracerl.schema import flat_parts, flat_values
@@ -45,8 +45,9 @@ def env_schema_for(name: str, keys: Iterable[str]) -> type[EnvConfig]:
 
 
 def check_components(cfg: Any) -> None:
-    """What a command cannot run with: a language-model command on an environment without tools, or a predictor
-    that needs true success probabilities on an environment without them.
+    """What a command cannot run with: a language-model command on an environment without tools, a predictor
+    that needs true success probabilities on an environment without them, or a Monte-Carlo allocator (trace_mc)
+    with ``pipeline.mode=streaming``.
 
     Raises:
         ValueError: naming the keys to change.
@@ -77,6 +78,16 @@ def check_components(cfg: Any) -> None:
             raise ValueError(f"{key}={name!r}: {exc}") from None
         if forced is not None:
             wanted.setdefault(forced, f"allocator={name}")
+        pipeline = values.get("pipeline")
+        if (
+            ALLOCATORS.get(name).monte_carlo
+            and isinstance(pipeline, PipelineConfig)
+            and pipeline.mode == "streaming"
+        ):
+            raise ValueError(
+                f"{key}={name} scores by Monte-Carlo rollouts between the step's phases, which "
+                "pipeline.mode=streaming runs at once: set pipeline.mode=barrier"
+            )
     for name, why in wanted.items():
         try:
             needs_true_values = PREDICTORS.get(name).needs_true_values

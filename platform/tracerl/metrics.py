@@ -55,6 +55,13 @@ DECODE_STEPS = "budget/decode_steps"
 DECODE_ROWS = "budget/decode_rows"
 SAMPLER_BUSY_S = "budget/sampler_busy_s"
 
+# -- mc/ (per step of trace_mc; tracerl.engine.mc_scorer: Monte-Carlo rollouts, not charged to budget/) ------------
+MC_ROLLOUTS = "mc/rollouts"
+MC_GENERATED_TOKENS = "mc/generated_tokens"
+MC_LLM_CALLS = "mc/llm_calls"
+MC_TOOL_CALLS = "mc/tool_calls"
+MC_SECONDS = "mc/seconds"
+
 # -- time/ (per step) --------------------------------------------------------------------------------------------
 STEP_PHASES = ("score", "allocate_roots", "rollout", "expand_prefixes")
 """Phases of the step driver (tracerl.engine.step)."""

@@ -48,6 +48,7 @@ Hence D(leaf) = r, W(leaf) = 1; D(y) = mean over children c of r(c), W(y) = numb
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -91,6 +92,16 @@ class RolloutTree:
         if node.is_leaf:
             self._leaf_ids.append(node.node_id)
         return node
+
+    def detached(self) -> RolloutTree:
+        """A copy to expand without changing this tree: its own nodes (children lists and leaves copied), the same
+        prompt object and the same fork-state values (backends read those and add states for new nodes only)."""
+        out = RolloutTree(self.prompt)
+        out.nodes = [replace(n, children=list(n.children)) for n in self.nodes]
+        out.num_paths, out.num_bare = self.num_paths, self.num_bare
+        out._leaf_ids, out.fork_state = list(self._leaf_ids), dict(self.fork_state)
+        out.prompt_token_ids = self.prompt_token_ids
+        return out
 
     def grow_to(self, grown: RolloutTree) -> None:
         """Take the nodes, paths and fork states of ``grown``, a copy of this tree that was expanded elsewhere (a

@@ -21,6 +21,7 @@ from tracerl import metrics as M
 from tracerl.algos.allocators import build_allocator
 from tracerl.calibration import CalibrationData, collect_calibration, mean_calibration, summarize_calibration
 from tracerl.config_loader import to_flat_dict, to_yaml
+from tracerl.engine.mc_scorer import with_monte_carlo
 from tracerl.engine.step import StepOutcome
 from tracerl.engine.step_stats import step_metrics
 from tracerl.engine.stepper import Stepper
@@ -65,6 +66,7 @@ def run_one(
     predictor = build_text_predictor(
         cfg.predictor, stack, seed, name=allocator.predictor, targets=allocator.targets
     )
+    predictor = with_monte_carlo(allocator, predictor, stack.engine)  # trace_mc
     prompts = task_prompts(cfg.env)
     stepper = Stepper(
         prompts, allocator, predictor, stack.engine, np.random.default_rng([seed, 17]), cfg.pipeline.mode

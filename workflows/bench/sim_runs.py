@@ -13,6 +13,7 @@ from predictors import build_predictor
 from predictors.length import attach_lengths
 from tracerl.algos.allocators import build_allocator
 from tracerl.calibration import CalibrationData, collect_calibration, summarize_calibration
+from tracerl.engine.mc_scorer import with_monte_carlo
 from tracerl.engine.step import StepOutcome, run_step
 from tracerl.engine.step_stats import step_metrics
 from tracerl.experiment_config import BenchAllocationConfig
@@ -45,6 +46,7 @@ def run_allocator(
     attach_lengths(allocator)
     env = Simulator(with_noise_scale(cfg.env.settings(SimulatorConfig), noise_scale), seed=seed)
     predictor = build_predictor(cfg.predictor, seed=seed, name=allocator.predictor, targets=allocator.targets)
+    predictor = with_monte_carlo(allocator, predictor, env)  # trace_mc: scored by extra simulator rollouts
     rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
     warm = int(cfg.steps * cfg.warmup_fraction)
     steps, calib = [], CalibrationData()

@@ -20,6 +20,7 @@ from predictors.length import attach_lengths
 from tracerl.algos.allocators import build_allocator
 from tracerl.config import RolloutConfig
 from tracerl.config_loader import to_yaml
+from tracerl.engine.mc_scorer import mc_metrics, with_monte_carlo
 from tracerl.engine.step import StepOutcome
 from tracerl.engine.step_stats import step_metrics
 from tracerl.engine.stepper import Stepper
@@ -95,6 +96,7 @@ def rollout_steps(
     predictor = build_text_predictor(
         cfg.predictor, stack, cfg.seed, name=allocator.predictor, targets=allocator.targets
     )
+    predictor = with_monte_carlo(allocator, predictor, stack.engine)  # trace_mc
     prompts = task_prompts(cfg.env)
     stepper = Stepper(
         prompts, allocator, predictor, stack.engine, np.random.default_rng(cfg.seed), cfg.pipeline.mode
@@ -104,7 +106,7 @@ def rollout_steps(
     for s in range(cfg.steps):
         t0 = time.perf_counter()
         out = stepper.run(s, cfg.budget)
-        metrics = step_metrics(out)
+        metrics = step_metrics(out) | mc_metrics(predictor)
         predictor.fit(out.sampled_trees)
         allocator.observe(out.sampled_trees)
         progress(

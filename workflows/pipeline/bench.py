@@ -138,6 +138,7 @@ def run_one(
     from envs.registry import tool_env_class
     from predictors.length import attach_lengths
     from tracerl.algos.allocators import build_allocator
+    from tracerl.engine.mc_scorer import with_monte_carlo
     from tracerl.engine.react import TEMPLATES
     from tracerl.engine.step import same_allocation
     from tracerl.engine.stepper import Stepper
@@ -158,6 +159,7 @@ def run_one(
         name=allocator.predictor,
         targets=allocator.targets,
     )
+    predictor = with_monte_carlo(allocator, predictor, pool)  # trace_mc
     prompts = task_prompts(cfg.train.env)
     rng = np.random.default_rng(seed)
     pool.seed = seed

@@ -80,6 +80,7 @@ class Driver:
         from tracerl.actors.pools import RolloutPool
         from tracerl.actors.spec import WorkerSpec
         from tracerl.algos.allocators import build_allocator
+        from tracerl.engine.mc_scorer import with_monte_carlo
         from tracerl.engine.react import TEMPLATES
         from workflows.lm.stack import make_text_predictor, task_prompts
         from workflows.tracking.spool import MetricLog, next_attempt
@@ -119,6 +120,7 @@ class Driver:
             name=self.allocator.predictor,
             targets=self.allocator.targets,
         )
+        self.predictor = with_monte_carlo(self.allocator, self.predictor, self.pool)  # trace_mc
         self.prompts = task_prompts(cfg.env)
         self.eval_prompts = task_prompts(cfg.env, held_out=True)
         self.curve_prompts = [
@@ -228,6 +230,7 @@ class Driver:
         """The step's rollout, budget and calibration metrics (before the predictor fits on the new trees); the
         samplers' counts (tokens, tool calls, retries, generation time) join the step's ledger."""
         from tracerl.calibration import collect_calibration, summarize_calibration
+        from tracerl.engine.mc_scorer import mc_metrics
         from tracerl.engine.step_stats import step_metrics
         from tracerl.engine.stepper import merge_ledgers
         from workflows.train.evaluate import leaf_score_means
@@ -237,6 +240,7 @@ class Driver:
         self.spent = [self.spent[0] + out.ledger.generated_tokens, self.spent[1] + out.ledger.leaves]
         m = step_metrics(out)
         m[M.LEAF_BUDGET] = float(budget.leaves)
+        m.update(mc_metrics(self.predictor))  # trace_mc: its Monte-Carlo rollouts, not in the ledger
         if self.predictor.ready:
             for group, vals in summarize_calibration(collect_calibration(out)).items():
                 m.update({M.calibration(group, k): v for k, v in vals.items()})

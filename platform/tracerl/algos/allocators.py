@@ -23,6 +23,7 @@ cases (docs/method.md, "Stage 1", "Stage 2", "Baselines"):
 | trace              | exact V_root solver                   | exact V_pref solver  |
 | trace_debiased     | trace; the predictor fits debiased targets (tree.py)         |
 | oracle_trace       | trace with the simulator's true probabilities (the ceiling)  |
+| trace_mc           | trace with Monte-Carlo estimates from extra rollouts (engine/mc_scorer.py) |
 | trace_plus         | trace_debiased, priced by predicted tokens (algos/trace_plus.py) |
 
 Leaves are equal for all but dapo: flat allocators spend L = (L/G) G leaves at the roots; tree
@@ -117,6 +118,9 @@ class Allocator:
     """Force this predictor (oracle_trace uses the simulator's oracle)."""
     targets: Literal["recursive", "debiased"] | None = None
     """Force the predictor's fit targets (predictor.targets); trace_debiased uses 'debiased'."""
+    monte_carlo: bool = False
+    """Score roots and prefixes by Monte-Carlo rollouts of the current policy instead of the predictor: the
+    workflow wraps its predictor in ``tracerl.engine.mc_scorer.MonteCarloScorer`` over its backend (trace_mc)."""
 
     def __init__(self, cfg: AllocatorConfig) -> None:
         self.cfg = cfg
@@ -342,6 +346,16 @@ class OracleTraceAllocator(TraceAllocator):
 
     name = "oracle_trace"
     predictor = "oracle"
+
+
+@ALLOCATORS.register("trace_mc")
+class TraceMCAllocator(TraceAllocator):
+    """TRACE whose scores are Monte-Carlo estimates from ``allocator.mc_samples`` extra rollouts of the current
+    policy per root and per prefix, not trained on and not charged to the budget: what a perfect predictor of the
+    policy's success rates would buy (docs/method.md, "trace_mc")."""
+
+    name = "trace_mc"
+    monte_carlo = True
 
 
 def build_allocator(cfg: AllocatorConfig) -> Allocator:

@@ -17,7 +17,7 @@ class AllocatorConfig:
     """How the rollout budget is placed on prompts and prefixes (docs/method.md, "Stage 1", "Stage 2", "Baselines")."""
 
     name: str = "trace"
-    """Registered allocator (grpo, pcl, knapsack, treepo, trace, trace_debiased, trace_plus, trace_root_only, trace_prefix_only, oracle_trace, dapo) or 'module:attr'."""
+    """Registered allocator (grpo, pcl, knapsack, treepo, trace, trace_debiased, trace_plus, trace_root_only, trace_prefix_only, oracle_trace, trace_mc, dapo) or 'module:attr'."""
     m_min: int = 2
     """Smallest non-zero number of bare rollouts per selected prompt (a single rollout has no contrast)."""
     m_max: int = 16
@@ -31,6 +31,12 @@ class AllocatorConfig:
     knapsack_info: Literal["paper", "variance"] = "paper"
     """knapsack: the information term I(p) of a prompt's value: 'paper', Knapsack RL's InfoGain p (1 - p)^2, or
     'variance', the reward variance p (1 - p) (algos/knapsack.py)."""
+    mc_samples: int = 8
+    """trace_mc: K, extra rollouts of the current policy per candidate prompt (Stage 1) and per bare prefix
+    (Stage 2) whose success rate is the score; not trained on, not charged to the budget (``mc/`` metrics)."""
+    mc_prior: float = 1.0
+    """trace_mc: pseudo-successes and pseudo-failures added to each estimate, (s + a) / (K + 2a); 1 is Laplace's
+    rule, 0 the raw success rate."""
 
     def __post_init__(self) -> None:
         check_choices(self, "allocator")
@@ -46,6 +52,8 @@ class AllocatorConfig:
         check(
             self.max_gen_batches >= 1, f"allocator.max_gen_batches must be >= 1 (got {self.max_gen_batches})"
         )
+        check(self.mc_samples >= 1, f"allocator.mc_samples must be >= 1 (got {self.mc_samples})")
+        check(self.mc_prior >= 0, f"allocator.mc_prior must be >= 0 (got {self.mc_prior})")
 
 
 @dataclass(frozen=True)

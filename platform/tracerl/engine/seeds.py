@@ -87,6 +87,14 @@ def path_identity(tree: RolloutTree, node_id: int, index: int) -> tuple[int, ...
     return (*address(tree, node_id), index)
 
 
+def salted(seed: int, salt: str) -> int:
+    """A run seed for a separate family of samples (``salt`` names it): a keyed hash of (``seed``, ``salt``) as a
+    non-negative 63-bit integer. Keys under it differ from the run's own keys in their seed field, so their samples
+    are independent of the run's (trace_mc's Monte-Carlo rollouts, engine/mc_scorer.py)."""
+    digest = hashlib.blake2b(struct.pack("<q", seed) + salt.encode(), digest_size=8, person=b"tracerl-salt")
+    return int.from_bytes(digest.digest(), "little") >> 1
+
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 

@@ -50,6 +50,15 @@ class Scorer(Protocol):
     def score(self, anchors: Sequence[Anchor]) -> np.ndarray: ...
 
 
+@runtime_checkable
+class TreeScorer(Scorer, Protocol):
+    """A scorer that scores prefixes from their trees (trace_mc's ``MonteCarloScorer`` continues from them)."""
+
+    def score_prefixes(self, trees: Sequence[RolloutTree], node_ids: Sequence[np.ndarray]) -> np.ndarray:
+        """Scores of ``node_ids[i]`` of ``trees[i]``, concatenated in order (the trees must not change)."""
+        ...
+
+
 @dataclass
 class StepOutcome:
     """Everything one step produced."""
@@ -237,7 +246,10 @@ def _score_prefixes(
         spans.append((len(anchors), len(anchors) + len(ids)))
         anchors += [tree.anchor(int(i)) for i in ids]
         cands_meta.append((ids, r))
-    p_all = predictor.score(anchors)
+    if isinstance(predictor, TreeScorer):
+        p_all = predictor.score_prefixes(trees, [ids for ids, _ in cands_meta])
+    else:
+        p_all = predictor.score(anchors)
     c_all = None if plan.costs is None else allocator.price(anchors)
     return cands_meta, spans, p_all, c_all
 
