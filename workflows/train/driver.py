@@ -16,15 +16,9 @@ from tracerl import metrics as M
 from tracerl.actors.faults import Faults
 from tracerl.config import BudgetConfig, TrainConfig
 from tracerl.config_loader import to_yaml
-from tracerl.engine.step import (
-    BareRollouts,
-    PlannedStep,
-    StepOutcome,
-    complete,
-    plan_roots,
-    roll_out_bare,
-    run_step,
-)
+from tracerl.engine.ledger import BudgetLedger
+from tracerl.engine.step import BareRollouts, PlannedStep, StepOutcome
+from tracerl.engine.stepper import Stepper
 from tracerl.engine.timer import PhaseTimer, process_tree_cpu_s
 from workflows.tracking.checkpoint_state import CheckpointState
 from workflows.tracking.runs import phase_marker
@@ -59,6 +53,8 @@ class Ahead:
     planned: PlannedStep
     bare: Future[BareRollouts]
     version: int
+    ledger: BudgetLedger
+    """The samplers' counts for this step (a later step's start begins a new one)."""
     waited: float = 0.0
     """Seconds the previous step waited for the bare rollouts after its update (``time/wait_rollouts_s``)."""
 
@@ -160,24 +156,20 @@ class Driver:
             self.allocator.load_state_dict(torch.load(Path(ckpt_dir) / "allocator.pt", weights_only=False))
         self.sync(weights, state.step)
 
-    def select(self, step: int, timer: PhaseTimer) -> tuple[BudgetConfig, list[Any]]:
-        """Step ``step``'s budget and candidate pool; the samplers' ledger starts counting for the step."""
-        from tracerl.engine.stepper import sample_pool
-
-        with timer("select"):
-            budget = self.budget(step)
-            pool = sample_pool(self.prompts, budget.num_candidates, self.rng)
-            self.pool.begin_step(step)
-            self.ledgers[step] = self.pool.ledger
-        return budget, pool
+    def stepper(self) -> Stepper:
+        """The engine's assembly of a step over this driver's prompts, allocator, predictor, samplers and generator
+        (built per call: a restore replaces the generator's state)."""
+        return Stepper(
+            self.prompts, self.allocator, self.predictor, self.pool, self.rng, self.cfg.pipeline.mode
+        )
 
     def roll_out(self, step: int, timer: PhaseTimer) -> tuple[StepOutcome, BudgetConfig]:
-        """Select, score, allocate roots, roll out, expand prefixes (tracerl/engine/step.py) on the samplers'
+        """Select, score, allocate roots, roll out, expand prefixes (tracerl/engine/stepper.py) on the samplers'
         current weights."""
-        budget, pool = self.select(step, timer)
-        out = run_step(
-            pool, self.allocator, self.predictor, self.pool, budget, self.rng, timer, self.cfg.pipeline.mode
-        )
+        with timer("select"):
+            budget = self.budget(step)
+        out = self.stepper().run(step, budget, timer)
+        self.ledgers[step] = self.pool.ledger
         for t in out.sampled_trees:
             t.stamp_version(self.version)
         self.overlapped = 0.0
@@ -189,9 +181,12 @@ class Driver:
         assert self._ahead is not None
         timer = PhaseTimer()
         self.mark("rollout", step + 1)
-        budget, pool = self.select(step, timer)
-        planned = plan_roots(pool, self.allocator, self.predictor, budget, self.rng, timer)
-        return Ahead(budget, planned, self._ahead.submit(roll_out_bare, planned, self.pool), self.version)
+        with timer("select"):
+            budget = self.budget(step)
+        stepper = self.stepper()
+        planned, ledger = stepper.start(step, budget, timer)
+        self.ledgers[step] = ledger
+        return Ahead(budget, planned, self._ahead.submit(stepper.bare, planned), self.version, ledger)
 
     def wait_ahead(self, ahead: Ahead | None) -> None:
         """Wait for ``ahead``'s bare rollouts (before the weights they were sampled with are replaced)."""
@@ -206,7 +201,7 @@ class Driver:
         bare = ahead.bare.result()
         self.overlapped = max(0.0, ahead.timer.seconds.get("rollout", 0.0) - ahead.waited)
         sizes = [len(t.nodes) for t in bare.out.sampled_trees]
-        out = complete(ahead.planned, bare, self.allocator, self.predictor, self.pool)
+        out = self.stepper().finish(ahead.planned, bare, ahead.ledger)
         for t, n in zip(out.sampled_trees, sizes):
             t.stamp_version(ahead.version, 1, n)
             t.stamp_version(self.version, n)
@@ -228,14 +223,12 @@ class Driver:
 
     def rollout_metrics(self, out: Any, budget: BudgetConfig) -> dict[str, float]:
         """The step's rollout, budget and calibration metrics (before the predictor fits on the new trees); the
-        samplers' counts (tokens, tool calls, retries, generation time) join the step's ledger."""
+        step's ledger holds the samplers' counts (tokens, tool calls, retries, generation time) for it."""
         from tracerl.calibration import collect_calibration, summarize_calibration
         from tracerl.engine.mc_scorer import mc_metrics
         from tracerl.engine.step_stats import step_metrics
-        from tracerl.engine.stepper import merge_ledgers
         from workflows.train.evaluate import leaf_score_means
 
-        out.ledger = merge_ledgers(out.ledger, self.pool.ledger)
         self.tokens_before = self.spent[0]
         self.spent = [self.spent[0] + out.ledger.generated_tokens, self.spent[1] + out.ledger.leaves]
         m = step_metrics(out)
