@@ -9,7 +9,11 @@ TORCH_GPU ?= torch
 BFCL ?= bfcl-eval==2026.3.23 mpmath==1.3.0
 SMOLLM2_DIR ?= models/smollm2-135m-instruct
 
-.PHONY: install demo test lint typecheck unit bench clean test-vllm smollm2 test-bfcl-slow test-ui gpu-check
+FAST_TESTS := advantages allocators checkpoint_files checkpoint_state cli_errors config config_flatten costaware curves \
+  knapsack layout length_predictor math_tasks mc_scorer metric_names multiturn_engine predictors prefixes react \
+  registry roots run_budget seeds simulator stepper testbeds timer trace_plus tree
+
+.PHONY: install demo test test-fast lint typecheck unit bench clean test-vllm smollm2 test-bfcl-slow test-ui gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -44,6 +48,10 @@ typecheck: install
 unit: install
 	$(VENV)/bin/pytest -q --ignore=tests/test_submit.py
 	$(VENV)/bin/pytest -q tests/test_submit.py
+
+## The inner loop (about a minute): the pure core and the config, no Ray, no model, no server.
+test-fast: install
+	$(VENV)/bin/pytest -q $(foreach t,$(FAST_TESTS),tests/test_$(t).py)
 
 ## What CI runs: lint, type check and the test suite.
 test: lint typecheck unit
