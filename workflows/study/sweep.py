@@ -16,7 +16,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
@@ -93,17 +93,40 @@ def _unfinished_child(cfg: TrainConfig, parent_run_id: str, trial: str) -> str |
     return None
 
 
-def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+class TrialRecord(TypedDict):
+    """One trial of a sweep, as the summary lists it."""
+
+    trial: str
+    config: dict[str, Any]
+    error: str | None
+    metric_last: float | None
+    steps: int
+    stopped_early: bool
+
+
+class SweepSummary(TypedDict, total=False):
+    """What ``run_sweep`` returns and writes to ``<name>.summary.json``; ``best_config`` only when a trial
+    finished, ``interrupted`` only when Ctrl-C cut the sweep short."""
+
+    sweep: str
+    parent_run_id: str
+    trials: list[TrialRecord]
+    wall_s: float
+    tracking_uri: str | None
+    interrupted: bool
+    best_config: dict[str, Any]
+
+
+def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None) -> SweepSummary:
+    """Run (or resume, by ``sweep_name``) the sweep: checks before Ray starts, the parent run, the Tuner, then the
+    trials' records and the best configuration on the parent."""
     import mlflow
-    from ray import tune
-    from ray.tune.search.optuna import OptunaSearch
 
     from envs.registry import check_data
-    from workflows.ops.placement_groups import ReleaseStoppedTrialGroups, release_when_trials_end
+    from workflows.ops.placement_groups import release_when_trials_end
     from workflows.ops.progress import bar
     from workflows.ops.ray_utils import check_resources, init_ray
     from workflows.tracking import store as trk
-    from workflows.tracking.run_info import sweep_tags
     from workflows.train.run import RESOURCE_KNOBS, resolve_paths, resource_demand
 
     if not cfg.train.tracking.enabled:
@@ -115,7 +138,6 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     root = Path(base.out_dir) / "sweeps"
     root.mkdir(parents=True, exist_ok=True)
     sweep_dir = root / name
-    meta_path = root / f"{name}.json"
     init_ray(cfg.train.cluster)  # before the parent run exists: a sweep that cannot fit leaves no run behind
     # Concurrent trials each hold a Tune slot plus a whole training run's actors (space values that change the
     # pools are not counted: the base config's shares are).
@@ -128,58 +150,10 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     )
     exp_id = trk.setup(base.tracking)
     client = mlflow.MlflowClient()
-    if meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
-        parent = meta["parent_run_id"]
-        client.update_run(parent, status="RUNNING")
-        progress(f"resuming sweep {name} (MLflow parent run {parent})")
-    else:
-        parent = client.create_run(
-            exp_id,
-            run_name=name,
-            tags={"tracerl.command": "sweep", "tracerl.sweep": name, **sweep_tags(cfg, name)},
-        ).info.run_id
-        for k, v in cfg.space.items():
-            client.log_param(parent, f"space.{k}", json.dumps(v))
-        for k in ("num_samples", "metric", "mode", "scope", "scheduler"):
-            client.log_param(parent, k, str(getattr(cfg, k)))
-        meta = {"parent_run_id": parent}
-        meta_path.write_text(json.dumps(meta))
+    parent = _parent_run(client, exp_id, cfg, name, root / f"{name}.json", progress)
     base_yaml = root / f"{name}.base.yaml"
     base_yaml.write_text(to_yaml(base))
-    trainable = tune.with_resources(
-        tune.with_parameters(_trial, base_yaml=str(base_yaml), parent_run_id=parent, sweep=name),
-        {"cpu": cfg.trial_cpus},
-    )
-    if tune.Tuner.can_restore(str(sweep_dir)):
-        tuner = tune.Tuner.restore(str(sweep_dir), trainable, resume_unfinished=True, resume_errored=True)
-    else:
-        # max_t one past the last step: ASHA stops a trial that reaches max_t, which would cut a finished trial's
-        # run short before it closes its MLflow run.
-        scheduler = (
-            tune.schedulers.ASHAScheduler(
-                time_attr="step", grace_period=cfg.grace_period, max_t=cfg.train.num_steps + 1
-            )
-            if cfg.scheduler == "asha"
-            else tune.schedulers.FIFOScheduler()
-        )
-        tuner = tune.Tuner(
-            trainable,
-            param_space=search_space(cfg.space),
-            tune_config=tune.TuneConfig(
-                metric=cfg.metric,
-                mode=cfg.mode,
-                num_samples=cfg.num_samples,
-                max_concurrent_trials=cfg.max_concurrent_trials,
-                scheduler=scheduler,
-                search_alg=OptunaSearch(
-                    seed=cfg.train.seed, points_to_evaluate=[dict(p) for p in cfg.first_trials] or None
-                ),
-            ),
-            run_config=tune.RunConfig(
-                name=name, storage_path=str(root), callbacks=[ReleaseStoppedTrialGroups(progress)]
-            ),
-        )
+    tuner = _tuner(cfg, name, root, str(base_yaml), parent, progress)
     t0 = time.perf_counter()
     status = "FAILED"
     trials_bar = bar(progress, cfg.num_samples, f"sweep {name}", "trial")
@@ -201,23 +175,20 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     finally:
         trials_bar.close()
         client.set_terminated(parent, status=status)
+    summary: SweepSummary = {
+        "sweep": name,
+        "parent_run_id": parent,
+        "trials": [],
+        "tracking_uri": base.tracking.uri,
+    }
     if interrupted:
         client.set_tag(parent, "tracerl.interrupted", time.strftime("%Y-%m-%d %H:%M:%S"))
         progress(
             f"sweep {name} interrupted: run the same command (--name {name}) to resume it; finished trials "
             "are kept and an interrupted trial continues its MLflow run from its last checkpoint"
         )
-        return {
-            "sweep": name,
-            "parent_run_id": parent,
-            "interrupted": True,
-            "trials": [],
-            "wall_s": time.perf_counter() - t0,
-            "tracking_uri": base.tracking.uri,
-        }
+        return {**summary, "interrupted": True, "wall_s": time.perf_counter() - t0}
     results = [grid[i] for i in range(len(grid))]
-    ok = [r for r in results if r.error is None and r.metrics]
-    best = grid.get_best_result(metric=cfg.metric, mode=cfg.mode, scope=cfg.scope) if ok else None
     children = {
         r.data.tags.get("tracerl.trial", ""): r.info
         for r in client.search_runs(
@@ -225,65 +196,135 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
             filter_string=f"tags.`tracerl.sweep` = '{name}' and tags.`mlflow.parentRunId` = '{parent}'",
         )
     }
-    trials = []
-    for r in results:
-        steps = int((r.metrics or {}).get("step", 0))
-        stopped = r.error is None and cfg.train.steps is not None and steps < cfg.train.steps
-        trials.append(
-            {
-                "trial": Path(r.path).name if r.path else "?",
-                "config": r.config,
-                "error": None if r.error is None else str(r.error)[:300],
-                "metric_last": (r.metrics or {}).get(cfg.metric),
-                "steps": steps,
-                "stopped_early": stopped,
-            }
-        )
-        run = next(
-            (
-                info
-                for t, info in children.items()
-                if t and t.endswith(str((r.metrics or {}).get("trial_id")))
-            ),
-            None,
-        )
-        if (
-            stopped and run is not None
-        ):  # the scheduler ended it: what it logged stays, the run says why it ended
-            client.set_tag(run.run_id, "tracerl.stopped_early", cfg.scheduler)
-            if run.status in ("RUNNING", "FAILED"):  # stopped from outside mid-step: not a failure of its own
-                client.set_terminated(run.run_id, status="KILLED")
-            progress(
-                f"trial {trials[-1]['trial']} stopped early by {cfg.scheduler} after {steps} of {cfg.train.steps} steps"
-            )
-    summary: dict[str, Any] = {
-        "sweep": name,
-        "parent_run_id": parent,
-        "trials": trials,
-        "wall_s": time.perf_counter() - t0,
-        "tracking_uri": base.tracking.uri,
-    }
+    summary["trials"] = [_trial_record(cfg, r, children, client, progress) for r in results]
+    summary["wall_s"] = time.perf_counter() - t0
+    ok = [r for r in results if r.error is None and r.metrics]
+    best = grid.get_best_result(metric=cfg.metric, mode=cfg.mode, scope=cfg.scope) if ok else None
     if best is not None:
         summary["best_config"] = best.config
-        client.set_tag(parent, "tracerl.best_config", json.dumps(best.config))
-        client.set_tag(parent, "tracerl.best_trial", Path(best.path).name)
-        best_run = next(
-            (
-                info
-                for t, info in children.items()
-                if t and t.endswith(str((best.metrics or {}).get("trial_id")))
-            ),
-            None,
-        )
-        if best_run is not None:  # the parent's row in the runs table shows the best trial's key/ numbers
-            latest = client.get_run(best_run.run_id).data.metrics
-            client.log_batch(
-                parent,
-                metrics=[
-                    mlflow.entities.Metric(k, v, int(time.time() * 1000), 0)
-                    for k, v in latest.items()
-                    if k.startswith(M.KEY)
-                ],
-            )
+        _tag_best(client, parent, best, children)
     (root / f"{name}.summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
+
+
+def _parent_run(
+    client: Any, exp_id: str, cfg: SweepConfig, name: str, meta_path: Path, progress: Callable[[str], None]
+) -> str:
+    """The sweep's MLflow parent run: the one its metadata file names (a resumed sweep), or a new one with the
+    space and the search settings as params."""
+    from workflows.tracking.run_info import sweep_tags
+
+    if meta_path.is_file():
+        parent = str(json.loads(meta_path.read_text())["parent_run_id"])
+        client.update_run(parent, status="RUNNING")
+        progress(f"resuming sweep {name} (MLflow parent run {parent})")
+        return parent
+    parent = str(
+        client.create_run(
+            exp_id,
+            run_name=name,
+            tags={"tracerl.command": "sweep", "tracerl.sweep": name, **sweep_tags(cfg, name)},
+        ).info.run_id
+    )
+    for k, v in cfg.space.items():
+        client.log_param(parent, f"space.{k}", json.dumps(v))
+    for k in ("num_samples", "metric", "mode", "scope", "scheduler"):
+        client.log_param(parent, k, str(getattr(cfg, k)))
+    meta_path.write_text(json.dumps({"parent_run_id": parent}))
+    return parent
+
+
+def _tuner(
+    cfg: SweepConfig, name: str, root: Path, base_yaml: str, parent: str, progress: Callable[[str], None]
+) -> Any:
+    """The Tune experiment: restored from ``root / name`` when it exists, else new (ASHA or FIFO, Optuna)."""
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+
+    from workflows.ops.placement_groups import ReleaseStoppedTrialGroups
+
+    trainable = tune.with_resources(
+        tune.with_parameters(_trial, base_yaml=base_yaml, parent_run_id=parent, sweep=name),
+        {"cpu": cfg.trial_cpus},
+    )
+    sweep_dir = root / name
+    if tune.Tuner.can_restore(str(sweep_dir)):
+        return tune.Tuner.restore(str(sweep_dir), trainable, resume_unfinished=True, resume_errored=True)
+    # max_t one past the last step: ASHA stops a trial that reaches max_t, which would cut a finished trial's
+    # run short before it closes its MLflow run.
+    scheduler = (
+        tune.schedulers.ASHAScheduler(
+            time_attr="step", grace_period=cfg.grace_period, max_t=cfg.train.num_steps + 1
+        )
+        if cfg.scheduler == "asha"
+        else tune.schedulers.FIFOScheduler()
+    )
+    return tune.Tuner(
+        trainable,
+        param_space=search_space(cfg.space),
+        tune_config=tune.TuneConfig(
+            metric=cfg.metric,
+            mode=cfg.mode,
+            num_samples=cfg.num_samples,
+            max_concurrent_trials=cfg.max_concurrent_trials,
+            scheduler=scheduler,
+            search_alg=OptunaSearch(
+                seed=cfg.train.seed, points_to_evaluate=[dict(p) for p in cfg.first_trials] or None
+            ),
+        ),
+        run_config=tune.RunConfig(
+            name=name, storage_path=str(root), callbacks=[ReleaseStoppedTrialGroups(progress)]
+        ),
+    )
+
+
+def _child(children: dict[str, Any], result: Any) -> Any:
+    """The MLflow child run of a Tune result (its trial name ends with the result's trial id), or None."""
+    trial_id = str((result.metrics or {}).get("trial_id"))
+    return next((info for t, info in children.items() if t and t.endswith(trial_id)), None)
+
+
+def _trial_record(
+    cfg: SweepConfig, r: Any, children: dict[str, Any], client: Any, progress: Callable[[str], None]
+) -> TrialRecord:
+    """One Tune result as the summary lists it; a trial the scheduler stopped is tagged so on its MLflow run (and
+    marked KILLED if it was cut mid-step: not a failure of its own)."""
+    steps = int((r.metrics or {}).get("step", 0))
+    stopped = r.error is None and cfg.train.steps is not None and steps < cfg.train.steps
+    record: TrialRecord = {
+        "trial": Path(r.path).name if r.path else "?",
+        "config": r.config,
+        "error": None if r.error is None else str(r.error)[:300],
+        "metric_last": (r.metrics or {}).get(cfg.metric),
+        "steps": steps,
+        "stopped_early": stopped,
+    }
+    run = _child(children, r)
+    if stopped and run is not None:  # the scheduler ended it: what it logged stays, the run says why it ended
+        client.set_tag(run.run_id, "tracerl.stopped_early", cfg.scheduler)
+        if run.status in ("RUNNING", "FAILED"):
+            client.set_terminated(run.run_id, status="KILLED")
+        progress(
+            f"trial {record['trial']} stopped early by {cfg.scheduler} after {steps} of {cfg.train.steps} steps"
+        )
+    return record
+
+
+def _tag_best(client: Any, parent: str, best: Any, children: dict[str, Any]) -> None:
+    """The best configuration and trial as tags of the parent; its row in the runs table shows the best trial's
+    ``key/`` numbers."""
+    import mlflow
+
+    client.set_tag(parent, "tracerl.best_config", json.dumps(best.config))
+    client.set_tag(parent, "tracerl.best_trial", Path(best.path).name)
+    best_run = _child(children, best)
+    if best_run is not None:
+        latest = client.get_run(best_run.run_id).data.metrics
+        client.log_batch(
+            parent,
+            metrics=[
+                mlflow.entities.Metric(k, v, int(time.time() * 1000), 0)
+                for k, v in latest.items()
+                if k.startswith(M.KEY)
+            ],
+        )
