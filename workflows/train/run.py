@@ -98,12 +98,10 @@ def train(
     check_data(cfg.env)  # a bad data file is the user's to fix: before Ray starts or a run exists
     progress(where(cfg.tracking))
     import mlflow
-    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
     from workflows.ops.disk import DiskFull, no_space
-    from workflows.ops.disk_callback import StopOnDiskFull
     from workflows.ops.progress import bar
-    from workflows.ops.ray_utils import check_resources, init_ray, torch_trainer
+    from workflows.ops.ray_utils import check_resources, init_ray
     from workflows.tracking import store as trk
     from workflows.tracking.run_info import train_tags
     from workflows.tracking.runs import end_run, failing_run
@@ -130,28 +128,7 @@ def train(
             PendingStatus(storage).reserve()
             (storage / "config.yaml").write_text(to_yaml(dataclasses.replace(cfg, resume=None)))
     progress(f"MLflow run {run_id} ({cfg.tracking.uri}); checkpoints in {storage}")
-    t = cfg.trainer
-    reported = [
-        p.name for p in storage.glob("checkpoint_*") if resume_ckpt is None or p.name > resume_ckpt.name
-    ]
-    run_callbacks: list[Any] = [StopOnDiskFull(), *(callbacks or [])]  # a full disk is not retried
-    trainer = torch_trainer(cfg.cluster)(
-        guarded_loop,
-        train_loop_config={"cfg": cfg, "run_id": run_id, "storage": str(storage), "reported": reported},
-        scaling_config=ScalingConfig(
-            num_workers=t.num_workers,
-            use_gpu=t.use_gpu,
-            resources_per_worker={"CPU": t.cpus_per_worker, **({"GPU": 1} if t.use_gpu else {})},
-        ),
-        run_config=RunConfig(
-            name=storage.name,
-            storage_path=str(storage.parent),  # type: ignore[call-arg]
-            failure_config=FailureConfig(max_failures=cfg.max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
-            logging_config=LoggingConfig(log_level="WARNING"),
-            callbacks=run_callbacks,
-        ),
-    )
+    trainer = ray_trainer(cfg, run_id, storage, resume_ckpt, callbacks)
     t0 = time.perf_counter()
     status = "FAILED"
     state = CheckpointState.read(resume_ckpt) if resume_ckpt is not None else CheckpointState(0)
@@ -185,6 +162,40 @@ def train(
     )
     (storage / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def ray_trainer(
+    cfg: TrainConfig, run_id: str, storage: Path, resume_ckpt: Path | None, callbacks: list[Any] | None
+) -> Any:
+    """The Ray Train trainer of a run: ``guarded_loop`` on ``trainer.num_workers`` ranks, restarted from the newest
+    intact checkpoint up to ``max_failures`` times (never on a full disk), the last ``keep_checkpoints`` kept."""
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+
+    from workflows.ops.disk_callback import StopOnDiskFull
+    from workflows.ops.ray_utils import torch_trainer
+
+    t = cfg.trainer
+    reported = [
+        p.name for p in storage.glob("checkpoint_*") if resume_ckpt is None or p.name > resume_ckpt.name
+    ]
+    run_callbacks: list[Any] = [StopOnDiskFull(), *(callbacks or [])]  # a full disk is not retried
+    return torch_trainer(cfg.cluster)(
+        guarded_loop,
+        train_loop_config={"cfg": cfg, "run_id": run_id, "storage": str(storage), "reported": reported},
+        scaling_config=ScalingConfig(
+            num_workers=t.num_workers,
+            use_gpu=t.use_gpu,
+            resources_per_worker={"CPU": t.cpus_per_worker, **({"GPU": 1} if t.use_gpu else {})},
+        ),
+        run_config=RunConfig(
+            name=storage.name,
+            storage_path=str(storage.parent),  # type: ignore[call-arg]
+            failure_config=FailureConfig(max_failures=cfg.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
+            logging_config=LoggingConfig(log_level="WARNING"),
+            callbacks=run_callbacks,
+        ),
+    )
 
 
 def compute_summary(client: Any, run_id: str, cfg: TrainConfig) -> dict[str, Any]:
