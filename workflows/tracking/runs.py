@@ -266,6 +266,9 @@ def format_summary(s: dict[str, Any]) -> str:
         ),
         ("wall time", f"{s.get('wall_s', 0):.0f} s"),
     ]
+    if s.get("stopped_by") in ("tokens", "cpu_s"):  # a compute stop: what ended the run, and by how much past
+        key = "overshoot_tokens" if s["stopped_by"] == "tokens" else "overshoot_cpu_s"
+        rows.append(("stopped by", f"stop.{s['stopped_by']} ({s.get(key, 0):.0f} past it)"))
     w = max(len(k) for k, _ in rows)
     lines = [f"{k:<{w}}  {v}" for k, v in rows]
     uri = s.get("tracking_uri", "sqlite:///mlruns.db")
