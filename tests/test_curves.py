@@ -1,4 +1,6 @@
 import math
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -203,3 +205,29 @@ def test_a_failed_fit_says_so() -> None:
     assert not stuck.identified
     bad = fit_sigmoid(C, np.r_[r[:-1], np.nan])
     assert not bad.converged and "finite" in bad.message
+
+
+def test_compare_draws_learning_curves_only_for_runs_that_have_them(tmp_path: Path) -> None:
+    from workflows.tracking.compare import plots
+
+    def row(name: str, curve: dict[int, float]) -> dict[str, Any]:
+        series = {
+            "effective_ratio": {1: 0.5},
+            "accuracy": {1: 0.2},
+            "cum_leaves": {1: 10.0},
+            "cum_tokens": {1: 99.0},
+        }
+        cpu = {t: t / 100 for t in curve}
+        return {
+            "name": name,
+            "continuations": float("nan"),
+            "m_max": float("nan"),
+            "acc_after": 0.2,
+            "effective_ratio": 0.5,
+            "series": {**series, "curve": curve, "curve_cpu_s": cpu},
+        }
+
+    names = {p.name for p in plots([row("a", {}), row("b", {})], tmp_path)}
+    assert "learning_curve.png" not in names
+    names = {p.name for p in plots([row("a", {}), row("b", {500: 0.3, 1000: 0.4})], tmp_path)}
+    assert "learning_curve.png" in names and (tmp_path / "learning_curve.png").stat().st_size > 0

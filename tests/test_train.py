@@ -301,9 +301,12 @@ def test_compare_ranks_runs_and_logs_the_report(
     assert "rank" in out and "trace" in out
     rows = json.loads((tmp_path / "runs.json").read_text())
     assert [r["run_id"] for r in rows] == [run["run_id"]] and rows[0]["continuations"] == 2
-    assert {"effective_ratio_per_step.png", "accuracy_vs_budget.png", "budget_shape_heatmap.png"} <= {
-        p.name for p in tmp_path.iterdir()
-    }
+    assert {
+        "effective_ratio_per_step.png",
+        "accuracy_vs_budget.png",
+        "budget_shape_heatmap.png",
+        "learning_curve.png",  # the run evaluates on a token schedule
+    } <= {p.name for p in tmp_path.iterdir()}
     client = _client(tmp)
     exp = client.get_experiment_by_name("tracerl")
     cmp = [

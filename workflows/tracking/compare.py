@@ -1,9 +1,11 @@
 """``tracerl compare`` and ``tracerl ui``: training runs side by side, and the MLflow UI on the configured store.
 
 ``compare`` reads training runs (an experiment's, or the given run ids) from MLflow and writes
-``table.txt``, ``runs.json``, three plots (effective ratio per step, held-out accuracy against leaves and
-against generated tokens spent, and a heatmap of the budget shape: continuations N x m_max, colour = final
-held-out accuracy, or mean effective ratio where a run has no evaluation) and ``report.html``, the ranking and
+``table.txt``, ``runs.json``, the plots (effective ratio per step, held-out accuracy against leaves and
+against generated tokens spent, a heatmap of the budget shape: continuations N x m_max, colour = final
+held-out accuracy, or mean effective ratio where a run has no evaluation, and, for runs that evaluate on a token
+schedule, their learning curves: ``curve/accuracy`` against generated tokens and against CPU seconds) and
+``report.html``, the ranking and
 the plots on one self-contained page. The files are also logged to a
 ``compare`` run in the same experiment (tag ``tracerl.command=compare``), so the MLflow UI shows them.
 Metric series take the last value logged for each step (steps re-run after a restart count once).
@@ -37,6 +39,8 @@ def collect(client: Any, runs: Sequence[Any]) -> list[dict[str, Any]]:
         leaves = _series(client, rid, M.LEAVES)
         tokens = _series(client, rid, M.GENERATED_TOKENS)
         acc = _series(client, rid, M.EVAL_ACCURACY)
+        curve = _series(client, rid, M.CURVE_ACCURACY)  # the learning curve: MLflow step = generated tokens
+        curve_cpu = _series(client, rid, M.CURVE_CPU_S) if curve else {}
         cum_l, cum_t, tl, tt = {}, {}, 0.0, 0.0
         for s in sorted(set(leaves) | set(tokens)):
             tl += leaves.get(s, 0.0)
@@ -58,7 +62,14 @@ def collect(client: Any, runs: Sequence[Any]) -> list[dict[str, Any]]:
                 "acc_after": acc[max(acc)] if acc else math.nan,
                 "leaves": tl,
                 "generated_tokens": tt,
-                "series": {"effective_ratio": er, "accuracy": acc, "cum_leaves": cum_l, "cum_tokens": cum_t},
+                "series": {
+                    "effective_ratio": er,
+                    "accuracy": acc,
+                    "cum_leaves": cum_l,
+                    "cum_tokens": cum_t,
+                    "curve": curve,
+                    "curve_cpu_s": curve_cpu,
+                },
             }
         )
     return out
@@ -133,6 +144,25 @@ def plots(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     files.append(out / "accuracy_vs_budget.png")
     fig.savefig(files[-1], dpi=120)
     plt.close(fig)
+
+    curves = [r for r in rows if r["series"].get("curve")]
+    if curves:  # runs with evaluation on a token schedule (eval_every_tokens): accuracy against compute
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        for r in curves:
+            c, cpu = r["series"]["curve"], r["series"]["curve_cpu_s"]
+            tokens = sorted(c)
+            axes[0].plot(tokens, [c[t] for t in tokens], marker="o", label=r["name"])
+            at = [t for t in tokens if t in cpu]
+            axes[1].plot([cpu[t] for t in at], [c[t] for t in at], marker="o", label=r["name"])
+        axes[0].set_xlabel("generated tokens (training rollouts)")
+        axes[1].set_xlabel("trainer + sampler CPU seconds")
+        for a in axes:
+            a.set_ylabel("held-out accuracy (curve subset)")
+        axes[1].legend(fontsize=6)
+        fig.tight_layout()
+        files.append(out / "learning_curve.png")
+        fig.savefig(files[-1], dpi=120)
+        plt.close(fig)
 
     ns = sorted({r["continuations"] for r in rows if not math.isnan(r["continuations"])})
     ms = sorted({r["m_max"] for r in rows if not math.isnan(r["m_max"])})
