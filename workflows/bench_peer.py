@@ -6,7 +6,7 @@ with the peer venv's interpreter), ``grpo`` (``tracerl train`` with ``allocator=
 each one's whole process tree (Ray's raylet, workers and environment actors included) is measured the same way:
 its summed PSS sampled every ``sample_s`` seconds (the peak is reported), and its per-step times. Seeds run in
 turn, the sides' order rotating by one each seed; every side runs with the same CPUs (the first ``threads`` of
-this process's affinity) and ``OMP_NUM_THREADS=threads``; TRL's single process sets ``torch.set_num_threads``
+this process's affinity), ``OMP_NUM_THREADS=threads`` and Ray's workers at nice 0; TRL's single process sets ``torch.set_num_threads``
 to it, tracerl's sampler actors keep their own one thread each (``pools.rollout_cpus``), as recorded in the JSON.
 
 ``settings`` is the one place where the training setup is turned into TRL's arguments; its rows are printed into
@@ -337,6 +337,9 @@ def run_process(cmd: Sequence[str], log: Path, threads: int, every: float) -> di
     """
     cpus = _cpus(threads)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    # Ray starts its workers at nice 15 by default: beside a nice-0 TRL process on a busy machine that would slow
+    # tracerl's side for a reason that is not its own.
+    env.setdefault("RAY_worker_niceness", "0")
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO / "platform"), str(REPO), env.get("PYTHONPATH", "")]
     ).rstrip(os.pathsep)

@@ -212,7 +212,9 @@ def _bench_peer(cfg: BenchPeerConfig) -> int:
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
     print(format_table(summary))
-    print(f"wrote {Path(cfg.bench_out) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else ""))
+    print(
+        f"wrote {Path(cfg.bench_out) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
+    )
     return 0
 
 

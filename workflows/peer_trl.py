@@ -209,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         record["evals"].append({"step": step, "accuracy": m["accuracy"], "eval_s": time.perf_counter() - t0})
         print(f"peer trl: held-out greedy accuracy after {step} steps: {m['accuracy']:.3f}", flush=True)
 
-    class Timing(TrainerCallback):  # type: ignore[misc]
+    class Timing(TrainerCallback):
         """Per step: wall-clock begin and end, the rollout's and the scoring's seconds, evaluation when due."""
 
         def __init__(self) -> None:
@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             record["steps"].append(rec)
             print(f"peer trl: step {step}/{cfg.steps}  {end - self.begin:.1f} s", flush=True)
 
-    class PeerGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
+    class PeerGRPOTrainer(GRPOTrainer):
         scoring_s = 0.0
 
         def _generate_and_score_completions(self, inputs: Any) -> Any:
