@@ -28,6 +28,7 @@ from workflows.bench_peer import (
     aggregate,
     format_table,
     run_order,
+    run_process,
     settings,
     side_config,
     side_stats,
@@ -154,6 +155,17 @@ def test_tree_memory_counts_a_real_child_process() -> None:
         p.stdin.close()
         p.wait(timeout=60)
     assert tree_pss_mb(p.pid) == (0.0, 0)  # gone: nothing counted
+
+
+def test_run_process_records_the_tree_and_names_the_log_of_a_failure(tmp_path: Path) -> None:
+    ok = run_process(
+        [sys.executable, "-c", "import os; print(os.environ['OMP_NUM_THREADS'])"], tmp_path / "a.txt", 1, 0.05
+    )
+    assert ok["rc"] == 0 and len(ok["cpus"]) == 1 and (tmp_path / "a.txt").read_text().strip() == "1"
+    with pytest.raises(RuntimeError, match=r"exited 3; see .*b\.txt: boom"):
+        run_process(
+            [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], tmp_path / "b.txt", 1, 0.05
+        )
 
 
 def _run(launch: float, step_s: list[float], evals: dict[int, float], acc: dict[int, float]) -> dict:

@@ -368,7 +368,8 @@ def run_process(cmd: Sequence[str], log: Path, threads: int, every: float) -> di
     if rc != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.is_file() else []
         raise RuntimeError(
-            f"{cmd[2] if len(cmd) > 2 else cmd[0]} exited {rc}; see {log}" + (f": {tail[0]}" if tail else "")
+            f"`{' '.join(Path(c).name for c in cmd[:4])}` exited {rc}; see {log}"
+            + (f": {tail[0]}" if tail else "")
         )
     return out
 
