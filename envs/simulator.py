@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.special import betaincinv, ndtri
 
-from envs.registry import ENVS
 from tracerl.algos.allocators import Expansion
 from tracerl.engine.protocol import Env
 from tracerl.engine.seeds import SeedKey, continuations_at, path_identity, uniforms
@@ -113,7 +112,6 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-@ENVS.register("simulator")
 class Simulator(Env):
     """The simulator environment: a prompt pool, tree rollouts and their continuations.
 

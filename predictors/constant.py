@@ -6,11 +6,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from predictors.base import PREDICTORS, Predictor
+from predictors.base import Predictor
 from tracerl.types import Anchor
 
 
-@PREDICTORS.register("constant")
 class ConstantPredictor(Predictor):
     def _score(self, anchors: Sequence[Anchor]) -> np.ndarray:
         return np.full(len(anchors), self.cfg.constant_value)

@@ -8,14 +8,14 @@ plug in a text encoder with the same call signature.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
+from tracerl.predictor import Featurizer
 from tracerl.types import Anchor
 
-Featurizer = Callable[[Sequence[Anchor]], np.ndarray]
-"""Anchors -> feature rows, shape (len(anchors), d)."""
+__all__ = ["Featurizer", "NumericFeaturizer", "prompt_bucket"]
 
 
 def prompt_bucket(prompt_id: str, buckets: int) -> int:

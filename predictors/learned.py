@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from predictors.base import PREDICTORS, FeaturizerFactory, Predictor, tree_targets
+from predictors.base import FeaturizerFactory, Predictor, tree_targets
 from predictors.features import Featurizer, NumericFeaturizer, prompt_bucket
 from predictors.history import PromptHistory
 from tracerl.config import PredictorConfig
@@ -61,7 +61,6 @@ class _Net(nn.Module):
         return self.mlp(torch.cat([x, e[:, :EMBED_DIM]], dim=-1)).squeeze(-1) + e[:, EMBED_DIM]
 
 
-@PREDICTORS.register("learned")
 class LearnedPredictor(Predictor):
     def __init__(
         self, cfg: PredictorConfig, seed: int = 0, features: FeaturizerFactory | None = None

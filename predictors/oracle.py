@@ -6,11 +6,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from predictors.base import PREDICTORS, Predictor
+from predictors.base import Predictor
 from tracerl.types import Anchor
 
 
-@PREDICTORS.register("oracle")
 class OraclePredictor(Predictor):
     """Reads ``true_value`` from the prefix node, or from the prompt for a root."""
 

@@ -12,14 +12,13 @@ from typing import cast
 
 import numpy as np
 
-from predictors.base import PREDICTORS, FeaturizerFactory, Predictor
+from predictors.base import FeaturizerFactory, Predictor
 from predictors.history import PromptHistory
 from tracerl.config import PredictorConfig
 from tracerl.tree import RolloutTree
 from tracerl.types import Anchor
 
 
-@PREDICTORS.register("tabular")
 class TabularPredictor(Predictor):
     def __init__(
         self, cfg: PredictorConfig, seed: int = 0, features: FeaturizerFactory | None = None

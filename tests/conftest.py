@@ -141,7 +141,7 @@ def tiny_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A briefly trained tiny policy (real tokenizer, LlamaForCausalLM, SFT on rendered traces), built once.
     No time budget: the steps are fixed, however busy the machine."""
     from tracerl.experiment_config import BootstrapConfig
-    from workflows.bootstrap import bootstrap
+    from workflows.bootstrap.policy import bootstrap
 
     out = tmp_path_factory.mktemp("tiny") / "policy"
     cfg = BootstrapConfig(

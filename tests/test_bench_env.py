@@ -12,8 +12,8 @@ from tracerl.config import SamplerConfig, env_config
 from tracerl.engine.react import ChatTemplate, PlainTemplate
 from tracerl.samplers import SAMPLERS
 from tracerl.samplers.scripted import ByteTokenizer, ScriptedSampler
-from workflows.bench_env import gold_engine, summarize
-from workflows.cli import main
+from workflows.bench.env import gold_engine, summarize
+from workflows.cli.app import main
 
 
 def test_scripted_sampler_follows_each_context_and_flags_unknown_ones() -> None:

@@ -21,8 +21,8 @@ from tests.conftest import ROOT, TOOL_TIMEOUT_S, UNHURRIED
 from tracerl.config import SamplerConfig, env_config
 from tracerl.config_loader import ConfigError, compose, to_yaml
 from tracerl.engine.react import PlainTemplate
-from workflows.bench_env import gold_engine
-from workflows.bench_peer import (
+from workflows.bench.env import gold_engine
+from workflows.bench.peer import (
     BenchPeerConfig,
     TreeMemory,
     aggregate,
@@ -36,7 +36,7 @@ from workflows.bench_peer import (
     wall_to_target,
     write_json,
 )
-from workflows.peer_trl import PeerRollout, env_reward, group_runs, rollout_outputs
+from workflows.bench.peer_trl import PeerRollout, env_reward, group_runs, rollout_outputs
 
 PEER = ROOT / "conf/bench/peer.yaml"
 TINY = [
@@ -94,9 +94,13 @@ def test_settings_refuse_what_trl_cannot_match(override: str, says: str) -> None
         settings(cfg.train)
 
 
-def test_bad_sides_are_one_line() -> None:
+def test_bad_sides_and_a_missing_peer_venv_are_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="sides must name some of trl, grpo, trace"):
         compose(BenchPeerConfig, PEER, ["sides=[trl,ppo]"])
+    from workflows.cli.app import main
+
+    assert main(["bench", "peer", f"peer_python={tmp_path}/nope", f"--out={tmp_path}"]) == 2
+    assert not (tmp_path / "results.json").exists()
 
 
 def test_side_configs_and_alternating_order(tmp_path: Path) -> None:
@@ -282,7 +286,7 @@ def test_a_prompt_in_two_groups_gets_distinct_ids() -> None:
 )
 def test_trl_side_runs_one_step(tmp_path: Path) -> None:
     """TRL's GRPOTrainer for one step on the tiny policy, through the bench's own subprocess runner."""
-    from workflows.bench_peer import run_trl_side
+    from workflows.bench.peer import run_trl_side
 
     cfg = compose(
         BenchPeerConfig, PEER, [*TINY, f"bench_out={tmp_path}", f"peer_python={sys.executable}", "threads=1"]

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from workflows.curves import (
+from workflows.study.curves import (
     EvalCurves,
     bootstrap_curve,
     compare_curves,

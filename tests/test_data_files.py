@@ -14,7 +14,7 @@ from envs.files import DataFileError
 from envs.math.datasets import load_math_file
 from envs.search.datasets import load_qa_file
 from envs.search.index import read_corpus
-from workflows.cli import main
+from workflows.cli.app import main
 
 GOOD = [
     {"question": "1+1?", "answer": "2"},
@@ -277,13 +277,13 @@ def nothing_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     absent: no run created, no store opened)."""
     import ray
 
-    import workflows.ray_utils
+    import workflows.ops.ray_utils
 
     def boom(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("Ray was started before the data was checked")
 
     monkeypatch.setattr(ray, "init", boom)
-    monkeypatch.setattr(workflows.ray_utils, "init_ray", boom)
+    monkeypatch.setattr(workflows.ops.ray_utils, "init_ray", boom)
     monkeypatch.chdir(tmp_path)
     return tmp_path / "m.db"
 

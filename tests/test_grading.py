@@ -204,7 +204,7 @@ def ray_local() -> Any:
     import ray
 
     from tracerl.config import ClusterConfig
-    from workflows.ray_utils import init_ray
+    from workflows.ops.ray_utils import init_ray
 
     init_ray(ClusterConfig(num_cpus=2))
     return ray

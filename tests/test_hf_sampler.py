@@ -8,7 +8,7 @@ from tracerl.engine.seeds import SeedKey
 from tracerl.experiment_config import BootstrapConfig
 from tracerl.models.tiny import build_model, build_tokenizer
 from tracerl.samplers.hf import HFSampler
-from workflows.bootstrap import trace_segments
+from workflows.bootstrap.policy import trace_segments
 
 
 @pytest.fixture(scope="module")

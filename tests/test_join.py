@@ -26,7 +26,7 @@ from tracerl.engine.rollout import TreeRolloutEngine
 from tracerl.engine.seeds import SeedKey
 from tracerl.samplers.hf import HFSampler
 from tracerl.tree import RolloutTree
-from workflows.bootstrap import task_prompt
+from workflows.bootstrap.policy import task_prompt
 
 POLICY = "models/tiny-math-habit"
 STOP = ["Observation:"]
@@ -189,8 +189,8 @@ def test_join_needs_a_backend_with_a_decode_loop() -> None:
 def test_the_pipeline_bench_compares_join_with_rounds() -> None:
     """``--batching rounds,join`` runs every mode both ways; the summary pairs them by seed: the join's mean gain
     against the spread of the per-seed gains (barrier: 1.0 and 1.5 s, faster; streaming: +0.1 and -0.1 s, not)."""
-    from workflows.bench_pipeline import format_table, summarize
-    from workflows.cli import build_parser, load
+    from workflows.cli.app import build_parser, load
+    from workflows.pipeline.bench import format_table, summarize
 
     cfg = load(
         "bench pipeline", build_parser().parse_args(["bench", "pipeline", "--batching", "rounds,join"])

@@ -15,10 +15,14 @@ PURE = [
     "platform/tracerl/types.py",
     "platform/tracerl/config.py",
     "platform/tracerl/registry.py",
+    "platform/tracerl/env_registry.py",
+    "platform/tracerl/predictor.py",
 ]
+UPPER_LAYERS = {"envs", "predictors", "workflows"}
 
 
 def imports(path: Path) -> set[str]:
+    """The top-level packages ``path`` imports anywhere (module level, function-local, under TYPE_CHECKING)."""
     tree = ast.parse(path.read_text())
     out = set()
     for node in ast.walk(tree):
@@ -74,9 +78,18 @@ def test_envs_and_predictors_do_not_import_workflows_or_ray() -> None:
             assert not imports(f) & banned, f
 
 
+def test_nothing_in_platform_imports_the_layers_above() -> None:
+    """platform/ is the bottom layer: it names the built-in environments and predictors as lazy 'module:attr'
+    registry entries (tracerl.env_registry, tracerl.predictor) and never imports envs, predictors or workflows."""
+    found = files("platform")
+    assert ROOT / "platform/tracerl/config_checks.py" in found and len(found) > 50
+    bad = {str(f.relative_to(ROOT)): sorted(imports(f) & UPPER_LAYERS) for f in found}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
 def test_console_script_points_at_workflows() -> None:
     text = (ROOT / "pyproject.toml").read_text()
-    assert 'tracerl = "workflows.cli:main"' in text
+    assert 'tracerl = "workflows.cli.app:main"' in text
 
 
 def test_default_suite_never_imports_vllm() -> None:
@@ -84,7 +97,7 @@ def test_default_suite_never_imports_vllm() -> None:
         [
             sys.executable,
             "-c",
-            "import sys, tracerl.samplers, workflows.lm_stack; print('vllm' in sys.modules)",
+            "import sys, tracerl.samplers, workflows.lm.stack; print('vllm' in sys.modules)",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -92,3 +105,39 @@ def test_default_suite_never_imports_vllm() -> None:
         check=True,
     ).stdout.strip()
     assert out == "False"
+
+
+def _rooms_imported(path: Path) -> set[str]:
+    """The workflows rooms a module imports (every import, function-local ones too)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + (
+                [f"{node.module}.{a.name}" for a in node.names] if node.module == "workflows" else []
+            )
+        for n in names:
+            parts = n.split(".")
+            if parts[0] == "workflows" and len(parts) > 1:
+                out.add(parts[1])
+    return out
+
+
+def test_workflows_rooms_import_one_way() -> None:
+    from workflows import ROOMS
+
+    found = {p.name for p in (ROOT / "workflows").iterdir() if (p / "__init__.py").is_file()}
+    assert found == set(ROOMS), "a room of workflows/ is missing from workflows.ROOMS (or the reverse)"
+    assert sorted(p.name for p in (ROOT / "workflows").glob("*.py")) == ["__init__.py"], (
+        "modules live in rooms"
+    )
+    bad = {}
+    for i, room in enumerate(ROOMS):
+        allowed = set(ROOMS[: i + 1]) | {"ROOMS"}
+        for f in files(f"workflows/{room}"):
+            up = _rooms_imported(f) - allowed
+            if up:
+                bad[str(f.relative_to(ROOT))] = sorted(up)
+    assert bad == {}

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import ROOT, TOOL_TIMEOUT_S, UNHURRIED
 from tracerl import metrics as M
-from workflows.cli import main
+from workflows.cli.app import main
 
 HABIT = ROOT / "models" / "tiny-math-habit"
 SIGNAL_SEED = 1  # as in tests/test_train.py: smoke steps with mixed groups on HABIT
@@ -50,7 +50,7 @@ def test_each_token_keeps_the_log_prob_of_the_weights_that_sampled_it() -> None:
     from tracerl.engine.step_stats import weight_staleness
     from tracerl.models.hf import load_policy
     from tracerl.samplers.hf import HFSampler
-    from workflows.lm_stack import task_prompts
+    from workflows.lm.stack import task_prompts
 
     cfg = ModelConfig(path=str(HABIT))
     tok, model = load_policy(cfg)
@@ -204,7 +204,7 @@ def test_an_overlapped_run_survives_faults_and_repeats_itself_after_a_restart(
 
 def test_a_step_ending_in_a_checkpoint_does_not_overlap_the_next() -> None:
     from tracerl.config import PipelineConfig, TrainConfig
-    from workflows.train_driver import overlaps_next
+    from workflows.train.driver import overlaps_next
 
     cfg = TrainConfig(steps=6, checkpoint_every=3, pipeline=PipelineConfig(overlap=True))
     assert [overlaps_next(cfg, d) for d in range(1, 7)] == [True, True, False, True, True, False]
@@ -215,7 +215,7 @@ def test_the_pipeline_bench_reads_a_train_runs_steps(overlap_run: dict[str, Any]
     """``bench pipeline --train-steps``: each mode's run config, and the measured steps read back from a run."""
     from tracerl.config_loader import compose, conf_dir
     from tracerl.experiment_config import BenchPipelineConfig
-    from workflows.bench_pipeline_train import format_train, step_measurements, summarize_train, train_config
+    from workflows.pipeline.bench_train import format_train, step_measurements, summarize_train, train_config
 
     cfg = compose(
         BenchPipelineConfig, conf_dir() / "bench/pipeline.yaml", ["train_steps=3", "modes=[]", "seeds=1"]

@@ -21,7 +21,7 @@ def ray_local() -> Any:
     import ray
 
     from tracerl.config import ClusterConfig
-    from workflows.ray_utils import init_ray
+    from workflows.ops.ray_utils import init_ray
 
     init_ray(ClusterConfig(num_cpus=2))
     return ray
@@ -118,7 +118,7 @@ def _pool_step(workers: int) -> dict[str, list[tuple[object, ...]]]:
     from tracerl.actors.spec import WorkerSpec
     from tracerl.algos.allocators import Expansion
     from tracerl.config import EnvConfig, ModelConfig, PoolConfig, SamplerConfig
-    from workflows.lm_stack import task_prompts
+    from workflows.lm.stack import task_prompts
 
     env = EnvConfig(name="math")
     pools = PoolConfig(rollout_workers=workers, rollout_cpus=0.05, env_workers=0)

@@ -176,7 +176,7 @@ def test_text_predictors_are_built_through_the_registry(monkeypatch: pytest.Monk
     """Every predictor comes from PREDICTORS; text features reach the one that reads them, and only it."""
     from predictors.learned import LearnedPredictor
     from predictors.text import HashedNgramFeaturizer
-    from workflows.lm_stack import SetupError, make_text_predictor
+    from workflows.lm.stack import SetupError, make_text_predictor
 
     built: list[object] = []
 

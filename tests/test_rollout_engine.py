@@ -23,7 +23,7 @@ from tracerl.models.tiny import build_model, build_tokenizer
 from tracerl.samplers.base import Generation
 from tracerl.samplers.hf import HFSampler
 from tracerl.types import Status
-from workflows.bootstrap import task_prompt, trace_segments
+from workflows.bootstrap.policy import task_prompt, trace_segments
 
 TASKS = generate(6, seed=11)
 

@@ -12,8 +12,9 @@ import pytest
 from tests.conftest import ROOT
 from tracerl.config import TrackingConfig, TrainConfig
 from tracerl.config_loader import compose
-from workflows import run_info, tracking
-from workflows.progress import Progress, bar
+from workflows.ops.progress import Progress, bar
+from workflows.tracking import run_info
+from workflows.tracking import store as tracking
 
 
 def test_new_and_old_experiments_open_on_the_runs_table(tmp_path: Path) -> None:
@@ -40,7 +41,7 @@ def test_new_and_old_experiments_open_on_the_runs_table(tmp_path: Path) -> None:
 def test_ui_url_is_the_experiments_runs_page(tmp_path: Path) -> None:
     import mlflow
 
-    from workflows.mlflow_ui import experiment_url
+    from workflows.tracking.ui import experiment_url
 
     uri = f"sqlite:///{tmp_path}/mlruns.db"
     client = mlflow.MlflowClient(tracking_uri=uri)
@@ -200,7 +201,7 @@ def test_terminating_tracerl_ui_ends_the_mlflow_server(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys; from workflows.cli import main; sys.exit(main())",
+            "import sys; from workflows.cli.app import main; sys.exit(main())",
             "ui",
             "--tracking-uri",
             f"sqlite:///{db}",

@@ -61,7 +61,7 @@ def test_learned_trace_beats_grpo_and_treepo_at_equal_budget() -> None:
     docs/results/allocation.md, on a budget small enough for a test: L = 96, 256 prompts so that revisits inform
     the predictor within 25 steps, the first 20 % left out, 3 seeds)."""
     from tracerl import metrics as M
-    from workflows.sim_runs import run_allocator
+    from workflows.bench.sim_runs import run_allocator
 
     cfg = compose(
         BenchAllocationConfig,

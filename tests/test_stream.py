@@ -90,7 +90,7 @@ def decisions(out: StepOutcome, rng: np.random.Generator) -> tuple[object, ...]:
 
 
 def _step(backend: Any, mode: PipelineMode, ready: bool) -> tuple[StepOutcome, tuple[object, ...]]:
-    from workflows.lm_stack import task_prompts
+    from workflows.lm.stack import task_prompts
 
     prompts = task_prompts(ENV)[:6]
     rng = np.random.default_rng(5)
@@ -208,7 +208,7 @@ def ray_local() -> Any:
     import ray
 
     from tracerl.config import ClusterConfig
-    from workflows.ray_utils import init_ray
+    from workflows.ops.ray_utils import init_ray
 
     init_ray(ClusterConfig(num_cpus=2))
     return ray
@@ -340,7 +340,7 @@ def test_the_pipeline_bench_summary_has_the_issues_cpu_schema() -> None:
     train runs (tests/test_overlap.py)."""
     from tracerl.config_loader import compose, conf_dir
     from tracerl.experiment_config import BenchPipelineConfig
-    from workflows.bench_pipeline import format_table, summarize
+    from workflows.pipeline.bench import format_table, summarize
 
     cfg = compose(BenchPipelineConfig, conf_dir() / "bench/pipeline.yaml", ["seeds=2", "steps=2"])
     assert cfg.train.pipeline.mode == "barrier" and cfg.modes == ["barrier", "streaming"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, stop_process
-from workflows.cli import main
+from workflows.cli.app import main
 
 
 def _free_port() -> int:
@@ -83,7 +83,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     its own Ray)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") or k == "RAY_AUTH_MODE"}
     return subprocess.run(
-        [sys.executable, "-m", "workflows.cli", *args],
+        [sys.executable, "-m", "workflows.cli.app", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -110,7 +110,7 @@ def _project(root: Path) -> Path:
     what must stay behind (another model, a venv, run outputs, an MLflow store)."""
     for rel in [
         "platform/tracerl/__init__.py",
-        "workflows/cli.py",
+        "workflows/cli/app.py",
         "conf/train/smoke.yaml",
         "models/tiny-math/model.safetensors",
         "models/tiny-math-habit/config.json",
@@ -131,7 +131,7 @@ def _uploaded(working_dir: Path, tmp: Path) -> set[str]:
     code path of JobSubmissionClient.submit_job)."""
     from ray._private.runtime_env.packaging import create_package
 
-    from workflows.submit import runtime_env, upload_rules
+    from workflows.ops.submit import runtime_env, upload_rules
 
     renv, git = runtime_env(working_dir)
     with upload_rules(git):
@@ -152,7 +152,7 @@ def test_the_upload_carries_code_configs_and_committed_models(tmp_path: Path, gi
     files = _uploaded(proj, tmp_path)
     assert {
         "platform/tracerl/__init__.py",
-        "workflows/cli.py",
+        "workflows/cli/app.py",
         "conf/train/smoke.yaml",
         "models/tiny-math/model.safetensors",
         "models/tiny-math-habit/config.json",
@@ -167,7 +167,7 @@ def test_the_upload_carries_code_configs_and_committed_models(tmp_path: Path, gi
 
 
 def test_the_repository_upload_has_the_shipped_models() -> None:
-    from workflows.submit import runtime_env
+    from workflows.ops.submit import runtime_env
 
     renv, git = runtime_env(ROOT)
     assert (
@@ -180,7 +180,7 @@ def test_the_repository_upload_has_the_shipped_models() -> None:
 def test_wildcards_in_ignored_names_match_only_that_name() -> None:
     from ray._private.thirdparty.pathspec import PathSpec
 
-    from workflows.submit import _pattern
+    from workflows.ops.submit import _pattern
 
     spec = PathSpec.from_lines("gitwildmatch", [_pattern("out[1]*?.log")])
     assert spec.match_file("out[1]*?.log") and not spec.match_file("out1xy.log")
@@ -196,12 +196,12 @@ def test_a_directory_that_is_not_the_project_is_refused(
 
 
 def test_train_and_sweep_join_the_cluster_they_are_sent_to() -> None:
-    from workflows.submit import entrypoint
+    from workflows.ops.submit import entrypoint
 
     assert entrypoint("train", ["--steps", "1"]) == "tracerl train --steps 1 cluster.address=auto"
     assert (
         entrypoint("sweep", ["cluster.address=ray://h:10001"], "/py")
-        == "/py -m workflows.cli sweep cluster.address=ray://h:10001"
+        == "/py -m workflows.cli.app sweep cluster.address=ray://h:10001"
     )
     assert (
         entrypoint("eval", ["model.path=models/tiny-math-habit"])
@@ -272,7 +272,7 @@ def test_the_job_imports_the_uploaded_code(head: str, tmp_path: Path) -> None:
     runtime env and upload rules."""
     import json
 
-    from workflows.submit import runtime_env
+    from workflows.ops.submit import runtime_env
 
     code = (
         "import os, ray, tracerl, workflows; ray.init(); "

@@ -9,9 +9,7 @@ from envs.math.tasks import generate
 from tracerl.models.tiny import Segment
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt, Status
-from workflows.bootstrap import LATE_THOUGHT, answers_late, habit_segments, trace_segments
-from workflows.habit import premature_segments, question_answers_directly, question_answers_late
-from workflows.testbeds import (
+from workflows.bench.testbeds import (
     BenchTestbedsConfig,
     branch_probability,
     depth_profile,
@@ -21,6 +19,8 @@ from workflows.testbeds import (
     path_contents,
     summarize,
 )
+from workflows.bootstrap.habit import premature_segments, question_answers_directly, question_answers_late
+from workflows.bootstrap.policy import LATE_THOUGHT, answers_late, habit_segments, trace_segments
 
 
 def _text(segs: list[Segment]) -> str:
@@ -70,7 +70,7 @@ def test_search_late_trace_answers_the_entity_of_the_penultimate_hop() -> None:
     from envs.search.index import BM25Retriever
     from envs.search.world import build_world
     from envs.search.world import generate as questions
-    from workflows.bootstrap_search import search_habit_segments, search_trace_segments
+    from workflows.bootstrap.search import search_habit_segments, search_trace_segments
 
     world = build_world(0)
     env = SearchEnv(BM25Retriever(world.passages), top_k=2, reward="em", world_seed=0)

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import ROOT, UNHURRIED
 from tracerl import metrics as M
-from workflows.cli import main
+from workflows.cli.app import main
 
 SMOKE = str(ROOT / "conf" / "train" / "smoke.yaml")
 
@@ -72,7 +72,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_run_survives_actor_and_trainer_deaths(run: dict[str, Any]) -> None:
-    from workflows.runs import metric_series
+    from workflows.tracking.runs import metric_series
 
     client = _client(run["tmp"])
     r = client.get_run(run["run_id"])
@@ -130,7 +130,7 @@ def test_checkpoints_hold_a_changed_policy(run: dict[str, Any]) -> None:
     from transformers import AutoModelForCausalLM
 
     from tracerl.config import TrackingConfig
-    from workflows.runs import latest_checkpoint, metric_series, run_storage
+    from workflows.tracking.runs import latest_checkpoint, metric_series, run_storage
 
     storage = run_storage(run["run_id"], TrackingConfig(uri=f"sqlite:///{run['tmp']}/mlruns.db"))
     ckpt = latest_checkpoint(storage)
@@ -159,11 +159,25 @@ def test_checkpoints_hold_a_changed_policy(run: dict[str, Any]) -> None:
     assert state["optimizer"]["state"]
 
 
-def test_resume_continues_the_same_run(run: dict[str, Any]) -> None:
-    from workflows.runs import metric_series
+def test_resume_continues_the_same_run(run: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """The newest checkpoint's policy cut short: resume names the file and continues from the one before it."""
+    from tracerl.config import TrackingConfig
+    from workflows.tracking.runs import metric_series, run_storage
 
     tmp = run["tmp"]
+    storage = run_storage(run["run_id"], TrackingConfig(uri=f"sqlite:///{tmp}/mlruns.db"))
+    weights = storage / "checkpoint_000003" / "policy" / "model.safetensors"
+    size = weights.stat().st_size
+    with open(weights, "r+b") as f:
+        f.truncate(size // 2)
+    capsys.readouterr()
     assert main(["train", *_common(run["tiny"], tmp), f"resume={run['run_id']}", "--steps", "4"]) == 0
+    out = capsys.readouterr()
+    said = [line for line in (out.out + out.err).splitlines() if "is damaged, skipped" in line]
+    assert len(said) == 1 and said[0].endswith(
+        f"policy/model.safetensors is {size // 2} bytes, its manifest says {size}; "
+        "falling back to checkpoint_000002 (step 2)"
+    ), said
     client = _client(tmp)
     assert len(client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])) == 1
     assert sorted(metric_series(client, run["run_id"], "rollout/effective_ratio")) == [1, 2, 3, 4]
@@ -175,7 +189,7 @@ def test_register_and_load_back(run: dict[str, Any]) -> None:
     from transformers import AutoModelForCausalLM
 
     from tracerl.config import TrackingConfig
-    from workflows.registry import register, resolve_model_path
+    from workflows.tracking.model_registry import register, resolve_model_path
 
     uri = f"sqlite:///{run['tmp']}/mlruns.db"
     v = register(run["run_id"], "tiny-math-rl", "champion", uri)
@@ -266,7 +280,7 @@ def test_lora_on_two_fsdp_ranks_trains_adapters_and_resumes(tmp_path: Path) -> N
     from transformers import AutoModelForCausalLM
 
     from tracerl.config import TrackingConfig
-    from workflows.runs import latest_checkpoint, metric_series, run_storage
+    from workflows.tracking.runs import latest_checkpoint, metric_series, run_storage
 
     habit = (
         ROOT / "models" / "tiny-math-habit"

@@ -1,5 +1,5 @@
 """A server the CLI is pointed at that refuses, or accepts and never answers, is one line and exit 2 within a
-bounded time: the MLflow tracking server (``workflows.tracking.check_reachable``) and the Ray job API
+bounded time: the MLflow tracking server (``workflows.tracking.store.check_reachable``) and the Ray job API
 (``tracerl submit``). Limits are shortened here; the waits they bound are the defaults' (15 s, 120 s)."""
 
 from __future__ import annotations
@@ -10,13 +10,15 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from workflows import submit, tracking
-from workflows.cli import main
+from workflows.cli.app import main
+from workflows.ops import submit
+from workflows.tracking import store as tracking
 
 
 @pytest.fixture
@@ -79,12 +81,12 @@ def test_a_tracking_server_that_never_answers_is_one_line(
 def test_train_refuses_a_dead_tracking_server_before_ray_starts(
     closed_port: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import workflows.ray_utils
+    import workflows.ops.ray_utils
 
     def boom(*args: object, **kwargs: object) -> None:
         raise AssertionError("Ray was started before the tracking server was checked")
 
-    monkeypatch.setattr(workflows.ray_utils, "init_ray", boom)
+    monkeypatch.setattr(workflows.ops.ray_utils, "init_ray", boom)
     uri = f"http://127.0.0.1:{closed_port}"
     assert main(["train", "--config", "conf/train/smoke.yaml", f"tracking.uri={uri}"]) == 2
     assert f"tracking server {uri}: cannot connect" in _one_line(capsys)
@@ -124,7 +126,7 @@ def test_submit_without_a_token_is_one_line(silent_port: int, tmp_path: Path) ->
     env.update(HOME=str(tmp_path), RAY_AUTH_TOKEN_PATH=str(tmp_path / "absent"))
     address = f"http://127.0.0.1:{silent_port}"
     res = subprocess.run(
-        [sys.executable, "-m", "workflows.cli", "submit", "--address", address, "--no-follow", "train"],
+        [sys.executable, "-m", "workflows.cli.app", "submit", "--address", address, "--no-follow", "train"],
         capture_output=True,
         text=True,
         env=env,
@@ -132,3 +134,47 @@ def test_submit_without_a_token_is_one_line(silent_port: int, tmp_path: Path) ->
     )
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert f"tracerl: the Ray job API at {address} needs an authentication token" in res.stderr
+
+
+class _FakeJobClient:
+    """A fake job client whose log stream yields given chunks, then stays open without a word."""
+
+    def __init__(self, chunks: list[str], states: list[str]) -> None:
+        self.chunks, self.states, self.asked = chunks, states, 0
+
+    async def tail_job_logs(self, job_id: str) -> AsyncIterator[str]:
+        import asyncio
+
+        for c in self.chunks:
+            yield c
+        await asyncio.sleep(3600)  # a silent, half-open stream
+
+    def get_job_status(self, job_id: str) -> Any:
+        from ray.job_submission import JobStatus
+
+        self.asked += 1
+        state = self.states[min(self.asked - 1, len(self.states) - 1)]
+        if state == "DEAD":
+            raise ConnectionError("the Ray job API at http://x:8265 did not answer")
+        return JobStatus(state)
+
+
+def test_following_a_silent_log_stream_ends_when_the_job_does() -> None:
+    import asyncio
+
+    from workflows.ops.submit import follow_logs
+
+    client = _FakeJobClient(["a\n", "b\n"], ["RUNNING", "SUCCEEDED"])
+    seen: list[str] = []
+    asyncio.run(follow_logs(client, "job", seen.append, quiet_s=0.05))
+    assert seen == ["a\n", "b\n"] and client.asked == 2
+
+
+def test_following_a_silent_log_stream_of_a_dead_head_is_a_connection_error() -> None:
+    import asyncio
+
+    from workflows.ops.submit import follow_logs
+
+    client = _FakeJobClient(["a\n"], ["DEAD"])
+    with pytest.raises(ConnectionError, match="did not answer"):
+        asyncio.run(follow_logs(client, "job", lambda s: None, quiet_s=0.05))

@@ -34,7 +34,6 @@ from typing import Any
 
 from envs.bfcl.config import BfclEnvConfig
 from envs.bfcl.data import ADDED_FUNCTIONS_PROMPT, BfclTask, import_bfcl, load_tasks, split, tool_spec
-from envs.registry import ENVS
 from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult
 from tracerl.engine.react import Action, ToolCall, ToolSpec, TurnTemplate, call_source
 from tracerl.grading import GradeError, Grader, GradeTimeout
@@ -102,7 +101,6 @@ def bfcl_globals() -> list[str]:
     return [k for k in list(vars(multi_turn_utils)) if k.startswith("tracerl_")]
 
 
-@ENVS.register("bfcl")
 class BfclEnv(ToolEnv):
     """BFCL v4 multi-turn function calling (categories base, miss_func, miss_param, long_context)."""
 

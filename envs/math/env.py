@@ -21,7 +21,6 @@ from envs.math.config import MathEnvConfig
 from envs.math.datasets import load_math_file
 from envs.math.reward import PRELOAD, is_correct
 from envs.math.tasks import generate
-from envs.registry import ENVS
 from envs.sandbox import Sandbox, SandboxConfig
 from tracerl.engine.gold import answer_turn_text, tool_turn_text
 from tracerl.engine.protocol import ToolEnv, ToolResult
@@ -37,7 +36,6 @@ PYTHON = ToolSpec(
 )
 
 
-@ENVS.register("math")
 class MathEnv(ToolEnv):
     config = MathEnvConfig
     fork_mode = "replay"

@@ -21,7 +21,6 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from envs.registry import ENVS
 from envs.search.config import SearchEnvConfig
 from envs.search.datasets import load_qa_file
 from envs.search.index import BM25Retriever, read_corpus
@@ -79,7 +78,6 @@ def question_of(world: World, text: str) -> Question | None:
     return None
 
 
-@ENVS.register("search")
 class SearchEnv(ToolEnv):
     config = SearchEnvConfig
     fork_mode = "snapshot"

@@ -230,8 +230,8 @@ class PipelineConfig:
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """``tracerl train``: RL on the language-model stack with Ray Train workers and actor pools."""
+class LMFields:
+    """The sections every command that runs a language model shares: the policy, its sampler and its environment."""
 
     tool_env_only: ClassVar[bool] = True
     """Runs a language model: ``env`` must be a ReAct tool environment (``Env.tool_env``)."""
@@ -239,9 +239,22 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     env: EnvConfig = field(default_factory=lm_env)
+
+
+@dataclass(frozen=True)
+class LMRolloutFields(LMFields):
+    """The sections of every command that allocates and rolls out trees with a language model (train, rollout, the
+    rollout bench): the language model's, and the allocator, the predictor and the step's rollout budget."""
+
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
     predictor: PredictorConfig = field(default_factory=lambda: PredictorConfig(features="hashed"))
     budget: BudgetConfig = field(default_factory=lm_budget)
+
+
+@dataclass(frozen=True)
+class TrainConfig(LMRolloutFields):
+    """``tracerl train``: RL on the language-model stack with Ray Train workers and actor pools."""
+
     optim: OptimConfig = field(default_factory=OptimConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -317,16 +330,12 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
-class EvalConfig:
-    """``tracerl eval``: a checkpoint on a task set (env.math.tasks: 'generated' held-out tasks or a file)."""
+class EvalConfig(LMFields):
+    """``tracerl eval``: a checkpoint on a task set (env.math.tasks: 'generated' held-out tasks or a file).
 
-    tool_env_only: ClassVar[bool] = True
-    """Runs a language model: ``env`` must be a ReAct tool environment (``Env.tool_env``)."""
+    ``model.path`` is a checkpoint directory, runs:/RUN_ID (a training run's last checkpoint) or models:/NAME@ALIAS.
+    """
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    """model.path: a checkpoint directory, runs:/RUN_ID (a training run's last checkpoint) or models:/NAME@ALIAS."""
-    sampler: SamplerConfig = field(default_factory=SamplerConfig)
-    env: EnvConfig = field(default_factory=lm_env)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     """Where runs:/ and models:/ references are looked up."""
     samples: int = 4
@@ -343,18 +352,9 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
-class RolloutConfig:
+class RolloutConfig(LMRolloutFields):
     """``tracerl rollout``: one allocation-and-rollout step of a language-model policy."""
 
-    tool_env_only: ClassVar[bool] = True
-    """Runs a language model: ``env`` must be a ReAct tool environment (``Env.tool_env``)."""
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    sampler: SamplerConfig = field(default_factory=SamplerConfig)
-    env: EnvConfig = field(default_factory=lm_env)
-    allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
-    predictor: PredictorConfig = field(default_factory=lambda: PredictorConfig(features="hashed"))
-    budget: BudgetConfig = field(default_factory=lm_budget)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     seed: int = 0
     """Seeds the candidate pool, allocation ties and sampling."""

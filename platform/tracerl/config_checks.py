@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from envs.registry import TOOL_ENVS, env_class, known_envs, section_schema
 from tracerl.config import EnvConfig, env_config_class, section_key
+from tracerl.env_registry import TOOL_ENVS, env_class, known_envs, section_schema
 from tracerl.registry import RegistryError
 from tracerl.schema import flat_parts, flat_values
 
@@ -65,16 +65,29 @@ def check_components(cfg: Any) -> None:
     allocator, predictor = values.get("allocator"), values.get("predictor")
     if allocator is None or predictor is None:
         return
-    from predictors import PREDICTORS
     from tracerl.algos.allocators import ALLOCATORS
+    from tracerl.predictor import PREDICTORS
 
     wanted = {predictor.name: f"predictor={predictor.name}"}
-    for name in [allocator.name, *values.get("allocators", [])]:
-        forced = ALLOCATORS.get(name).predictor
+    named = [("allocator.name", allocator.name)] + [("allocators", n) for n in values.get("allocators", [])]
+    for key, name in named:
+        try:
+            forced = ALLOCATORS.get(name).predictor
+        except RegistryError as exc:
+            raise ValueError(f"{key}={name!r}: {exc}") from None
         if forced is not None:
             wanted.setdefault(forced, f"allocator={name}")
     for name, why in wanted.items():
-        if PREDICTORS.get(name).needs_true_values and not cls.true_values:
+        try:
+            needs_true_values = PREDICTORS.get(name).needs_true_values
+        except RegistryError as exc:
+            where = (
+                f"predictor.name={name!r}"
+                if why.startswith("predictor=")
+                else f"{why} forces predictor {name!r}"
+            )
+            raise ValueError(f"{where}: {exc}") from None
+        if needs_true_values and not cls.true_values:
             raise ValueError(
                 f"the {name} predictor ({why}) needs the true success probabilities, which env.name="
                 f"{env.name!r} does not have (Env.true_values; only the simulator has them): with a language "

@@ -4,7 +4,7 @@
 ``bench train``, ``bench pipeline`` and ``sweep`` run the training setup: each holds a ``TrainConfig`` as its
 flattened field ``train`` (``tracerl.schema.flattened``), whose keys their YAML and overrides write at the top
 level, beside the command's own keys. Holding it rather than subclassing it keeps a sweep from passing for a train
-config: the code hands ``cfg.train`` (or a ``dataclasses.replace`` of it) to ``workflows.train.train``."""
+config: the code hands ``cfg.train`` (or a ``dataclasses.replace`` of it) to ``workflows.train.run.train``."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from tracerl.actors.config import ClusterConfig, TrackingConfig
 from tracerl.algos.config import AllocatorConfig, BudgetConfig, PredictorConfig
 from tracerl.config import (
     EnvConfig,
+    LMRolloutFields,
     ModelConfig,
     PipelineConfig,
     PipelineMode,
     SamplerConfig,
     TrainConfig,
     TrainPipelineMode,
-    lm_budget,
     lm_env,
 )
 from tracerl.schema import check, check_choices, check_flat_keys, flattened
@@ -56,18 +56,9 @@ class BenchEnvConfig:
 
 
 @dataclass(frozen=True)
-class BenchRolloutConfig:
+class BenchRolloutConfig(LMRolloutFields):
     """``tracerl bench rollout``: allocators at equal leaves with the frozen tiny policy, predictor learning online."""
 
-    tool_env_only: ClassVar[bool] = True
-    """Runs a language model: ``env`` must be a ReAct tool environment (``Env.tool_env``)."""
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    sampler: SamplerConfig = field(default_factory=SamplerConfig)
-    env: EnvConfig = field(default_factory=lm_env)
-    allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
-    predictor: PredictorConfig = field(default_factory=lambda: PredictorConfig(features="hashed"))
-    budget: BudgetConfig = field(default_factory=lm_budget)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     allocators: list[str] = field(default_factory=lambda: ["grpo", "pcl", "treepo", "trace"])
@@ -192,7 +183,7 @@ class BenchPipelineConfig:
     """How the samplers batch turns in the frozen steps: 'rounds' (one turn of every path per round), 'join'
     (``sampler.join``: per-token join); each mode runs with each (``--batching rounds,join``), seeds interleaved."""
     train_modes: list[TrainPipelineMode] = field(default_factory=lambda: ["barrier", "overlap"])
-    """Modes to compare in ``tracerl train`` runs, with the update (overlap needs one; workflows/bench_pipeline_train.py)."""
+    """Modes to compare in ``tracerl train`` runs, with the update (overlap needs one; workflows/pipeline/bench_train.py)."""
     train_steps: int = 0
     """Steps of each train run (steps 2 .. train_steps - 1 are measured); 0: no train runs."""
     seeds: int = 3
@@ -297,7 +288,7 @@ STUDY_BUDGETS = ("leaves", "tokens")
 @dataclass(frozen=True)
 class StudyConfig:
     """``tracerl study``: a grid of ``train`` runs (testbed x budget mode x allocator x seed) under one MLflow parent
-    run, resumable by ``name``; its report compares every allocator with grpo (workflows/study.py)."""
+    run, resumable by ``name``; its report compares every allocator with grpo (workflows/study/grid.py)."""
 
     name: str = "study"
     """The study's MLflow parent run name; running again with the same name resumes it."""
@@ -401,7 +392,7 @@ class BootstrapConfig:
     late_answer_fraction: float = 0.0
     """Share of the habit phase's multi-step traces (math: two or more tool calls; search: three or more hops) that
     answer prematurely after an earlier step (math: the first tool output; search: the entity of the penultimate
-    hop) instead of finishing, chosen by a hash of the question: the -late testbeds (workflows/habit.py)."""
+    hop) instead of finishing, chosen by a hash of the question: the -late testbeds (workflows/bootstrap/habit.py)."""
     init_from: str | None = None
     """A tiny-policy checkpoint directory to start from (its tokenizer and weights) instead of building and
     supervised-training a new one: only the habit phase and the evaluation run (e.g. models/tiny-search, itself

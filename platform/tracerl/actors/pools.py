@@ -48,9 +48,9 @@ class RolloutWorker:
     def __init__(self, spec: WorkerSpec) -> None:
         import torch
 
-        from envs.registry import env_class
         from tracerl.engine.react import TEMPLATES
         from tracerl.engine.rollout import TreeRolloutEngine
+        from tracerl.env_registry import env_class
         from tracerl.models.hf import load_policy
         from tracerl.samplers import make_sampler
 
@@ -203,7 +203,7 @@ class RolloutPool:
     """The step driver's ``TreeBackend`` over a pool of ``RolloutWorker`` actors."""
 
     worker_class: type[RolloutWorker] = RolloutWorker
-    """The actors' class (workflows/pipeline_pool.py times a subclass's calls)."""
+    """The actors' class (workflows/pipeline/pool.py times a subclass's calls)."""
 
     def __init__(
         self,
@@ -215,8 +215,8 @@ class RolloutPool:
         seed: int,
         reencode_queue: int = 128,
     ) -> None:
-        from envs.registry import env_class
         from tracerl.actors.services import start_services
+        from tracerl.env_registry import env_class
 
         self.services: dict[str, Any] = {}
         if spec.pools.env_workers > 0 and not spec.services:

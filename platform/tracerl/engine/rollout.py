@@ -97,6 +97,10 @@ class TreeRolloutEngine:
             )
         self._join: JoinRun | None = None
 
+    def begin_step(self, step: int) -> None:
+        """Rollouts from now on belong to RL step ``step`` (part of every turn's seed); a fresh ledger counts them."""
+        self.step, self.ledger = step, BudgetLedger()
+
     def _encode(self, text: str) -> list[int]:
         return list(self.tok(encodable(text), add_special_tokens=False)["input_ids"])
 

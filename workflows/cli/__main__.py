@@ -1,0 +1,7 @@
+"""`python -m workflows.cli`: the `tracerl` console script."""
+
+import sys
+
+from workflows.cli.app import main
+
+sys.exit(main())

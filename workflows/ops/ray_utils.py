@@ -1,0 +1,133 @@
+"""Starting or joining Ray the way this platform needs it (docs/pitfalls.md)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from tracerl.config import ClusterConfig
+
+
+def init_ray(cfg: ClusterConfig) -> None:
+    """Join ``cfg.address`` or start an embedded Ray; a no-op if Ray is already up."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if cfg.address == "local":
+        # address="local" never attaches to a stale /tmp/ray/ray_current_cluster of a killed head.
+        ray.init(
+            address="local",
+            num_cpus=cfg.num_cpus,
+            include_dashboard=cfg.include_dashboard,
+            object_store_memory=cfg.object_store_memory_mb * 1024 * 1024,
+            log_to_driver=True,
+            configure_logging=False,
+        )
+    else:
+        ray.init(address=cfg.address)
+    end_on_signals()
+
+
+def torch_trainer(cluster: ClusterConfig) -> type:
+    """Ray Train's ``TorchTrainer``; on the embedded cluster, one without the placement-group cleaner.
+
+    The cleaner is a detached actor that removes a run's placement group once the Train controller dies. It asks
+    the state API, which finds its cluster by scanning the machine: with a second Ray instance on the machine it
+    printed "Found multiple active Ray instances" and a traceback every few seconds, and it could ask the other
+    cluster, find no such controller and remove this run's placement group. The embedded cluster ends with the
+    driver, placement groups included, so there it has nothing to do; a cluster joined by address keeps it.
+    """
+    from ray.train.torch import TorchTrainer
+
+    if cluster.address != "local":
+        return TorchTrainer
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    class EmbeddedTorchTrainer(TorchTrainer):
+        def _create_default_callbacks(self) -> list[Any]:  # Ray Train v2's; v1 stubs lack it
+            parent: Any = super()
+            return [
+                c
+                for c in parent._create_default_callbacks()
+                if not isinstance(c, PlacementGroupCleanerCallback)
+            ]
+
+    return EmbeddedTorchTrainer
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP reached the driver: it unwinds like Ctrl-C (every ``finally`` runs, a run is marked
+    KILLED) and the command exits ``128 + signum`` (143 for SIGTERM)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def end_on_signals() -> None:
+    """SIGTERM and SIGHUP raise ``Terminated`` in the main thread, once (later ones are ignored while it unwinds).
+
+    Called after ``ray.init``, which leaves the C++ failure-signal handler on SIGTERM: it printed a stack dump, and
+    the driver then died of SIGABRT (exit 134) instead of unwinding. Python's own handler replaces it for these two
+    signals only (a crash still gets Ray's dump). No-op outside the main thread (signals cannot be set there).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    fired: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        if fired:
+            return
+        fired.append(signum)
+        raise Terminated(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
+def exit_code(exc: KeyboardInterrupt) -> int:
+    """What a shell reports for the signal: 128 + signum (130 for Ctrl-C)."""
+    return 128 + (exc.signum if isinstance(exc, Terminated) else signal.SIGINT)
+
+
+def check_resources(
+    demand: list[tuple[str, int, float, float]], cfg: ClusterConfig, knobs: str, warn: Callable[[str], None]
+) -> None:
+    """Fail fast when the actors a job asks for cannot all fit in the Ray cluster at once.
+
+    ``demand`` rows are (what, how many, CPUs each, GPUs each). Ray would queue the actors that do not fit and wait
+    for them for ever while the others hold their share (nothing errors, nothing moves), so on an embedded Ray,
+    which cannot grow, this is a ``SetupError`` naming the shares and the ``knobs`` that set them; on a joined
+    cluster it is a warning, since an autoscaler may still add nodes.
+    """
+    import ray
+
+    from tracerl.models.hf import SetupError
+
+    have = ray.cluster_resources()
+    local = cfg.address == "local"
+    for kind, rows in (
+        ("CPU", [(w, n, c) for w, n, c, _ in demand]),
+        ("GPU", [(w, n, g) for w, n, _, g in demand]),
+    ):
+        need = sum(n * each for _, n, each in rows)
+        avail = float(have.get(kind, 0.0))
+        if need <= avail + 1e-9:
+            continue
+        shares = ", ".join(f"{w} {n} x {each:g}" for w, n, each in rows if each)
+        where = "the embedded Ray has" if local else f"the Ray cluster at {cfg.address} has"
+        fix = (
+            f"lower {knobs}"
+            + (", or raise cluster.num_cpus" if kind == "CPU" and local else "")
+            + ("" if local else ", or add nodes")
+        )
+        msg = (
+            f"this job needs {need:g} {kind}s at once ({shares}) but {where} {avail:g}, and Ray would wait for "
+            f"the rest for ever: {fix}"
+        )
+        if local:
+            raise SetupError(msg)
+        warn(msg + " (going ahead in case an autoscaler adds them)")

@@ -1,0 +1,420 @@
+"""``tracerl study``: a grid of ``train`` runs (testbed x budget mode x allocator x seed) under one MLflow parent run.
+
+Each cell is a child run of ``train`` tagged with its coordinates (``tracerl.study.testbed/budget/allocator/seed``)
+and the git SHA. Running the same config again resumes the study by its name: a cell whose child run FINISHED is
+skipped, a cut cell continues from its checkpoint (``train``'s ``resume=RUN_ID``); ``--only`` selects cells,
+``--fresh`` re-runs them, ``--report-only`` rebuilds the report (workflows/study/report.py) from MLflow. Cells run
+as Ray tasks, ``parallel_cells`` at a time. Token-mode cells spend T generated tokens a step, T being the mean
+generated tokens per step of the testbed's leaves-mode grpo cells (``--fill-tokens`` writes it into the config).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tracerl.config import TrainConfig
+from tracerl.experiment_config import StudyConfig
+from workflows.study.baseline import BaselineFn, ensure_baselines
+
+COORDS = ("testbed", "budget", "allocator", "seed")
+TAG = "tracerl.study"
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    testbed: str
+    budget: str
+    allocator: str
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.testbed}/{self.budget}/{self.allocator}/s{self.seed}"
+
+    def tags(self) -> dict[str, str]:
+        return {f"{TAG}.{k}": str(getattr(self, k)) for k in COORDS}
+
+
+def enumerate_cells(cfg: StudyConfig) -> list[Cell]:
+    """Every cell of the grid groups, in config order, each once."""
+    seen: dict[str, Cell] = {}
+    for g in cfg.groups:
+        for tb in g["testbeds"]:
+            for b in g["budgets"]:
+                for a in g["allocators"]:
+                    for s in g["seeds"]:
+                        c = Cell(str(tb), str(b), str(a), int(s))
+                        seen.setdefault(c.key, c)
+    return list(seen.values())
+
+
+def parse_only(only: str | None) -> dict[str, set[str]]:
+    """'testbed=a,allocator=grpo,allocator=trace' -> {testbed: {a}, allocator: {grpo, trace}}."""
+    out: dict[str, set[str]] = {}
+    for item in (only or "").split(","):
+        if not item.strip():
+            continue
+        k, sep, v = item.partition("=")
+        k = k.strip()
+        if not sep or k not in COORDS or not v.strip():
+            raise ValueError(
+                f"--only takes k=v items with k one of {', '.join(COORDS)} (got {item!r}), "
+                "e.g. --only testbed=math-habit,allocator=grpo"
+            )
+        out.setdefault(k, set()).add(v.strip())
+    return out
+
+
+def select(cells: list[Cell], only: str | None) -> list[Cell]:
+    """The cells matching every key of ``only`` (any of its values per key)."""
+    want = parse_only(only)
+    picked = [c for c in cells if all(str(getattr(c, k)) in vs for k, vs in want.items())]
+    if want and not picked:
+        raise ValueError(f"--only {only} selects no cell of the grid")
+    return picked
+
+
+@dataclasses.dataclass(frozen=True)
+class Child:
+    """A cell's earlier child run, as read from MLflow."""
+
+    run_id: str
+    status: str
+    resumable: bool  # its storage holds a saved config: train can resume it
+    start_time: int = 0
+
+
+def plan(
+    cells: list[Cell], children: dict[str, list[Child]], fresh: bool
+) -> tuple[list[tuple[Cell, str | None]], list[Cell]]:
+    """(to run with the run id to resume or None, skipped): a FINISHED cell is skipped unless ``fresh``; the newest
+    unfinished resumable run of a cell is resumed."""
+    todo: list[tuple[Cell, str | None]] = []
+    skipped: list[Cell] = []
+    for c in cells:
+        runs = sorted(children.get(c.key, []), key=lambda r: r.start_time, reverse=True)
+        if fresh:
+            todo.append((c, None))
+        elif any(r.status == "FINISHED" for r in runs):
+            skipped.append(c)
+        else:
+            cut = next((r for r in runs if r.resumable), None)
+            todo.append((c, cut.run_id if cut else None))
+    return todo, skipped
+
+
+def token_budget_error(testbed: str, config_path: str | Path) -> str:
+    return (
+        f"token cells of testbed {testbed} need its T (testbeds.{testbed}.token_budget, null in {config_path}): "
+        "T is the mean generated tokens per step over all steps of the testbed's leaves-mode grpo cells. Run "
+        f"them first (--only testbed={testbed},budget=leaves,allocator=grpo), then write T into the config with "
+        f"`tracerl study --config {config_path} --fill-tokens`"
+    )
+
+
+def cell_config(
+    cfg: StudyConfig, cell: Cell, resume: str | None = None, root: Path | None = None
+) -> TrainConfig:
+    """The cell's train config: its testbed's base config, model and overrides, the study's steps and eval tasks."""
+    from tracerl.config_loader import compose, conf_dir
+
+    root = root or conf_dir()
+    tb = cfg.testbeds[cell.testbed]
+    base = compose(TrainConfig, root / tb["base"], [f"model.path={tb['model_path']}"], root=root)
+    overrides = [
+        f"model.path={tb['model_path']}",
+        f"allocator={cell.allocator}",
+        f"seed={cell.seed}",
+        f"steps={cfg.steps}",
+        f"env.{base.env.name}.eval_tasks={cfg.eval_tasks}",
+        f"run_name={cfg.name}-{cell.key.replace('/', '-')}",
+        f"out_dir={cfg.runs_dir}",
+        "eval_at_start=false",  # the testbed's baseline evaluated the starting checkpoint once (study_baseline.py)
+        *[str(o) for o in tb.get("overrides", [])],
+    ]
+    if cell.budget == "tokens":
+        if tb.get("token_budget") is None:
+            raise ValueError(token_budget_error(cell.testbed, "the study config"))
+        overrides.append(f"budget.token_budget={int(tb['token_budget'])}")
+    from workflows.train.run import resolve_paths
+
+    tcfg = compose(TrainConfig, root / tb["base"], overrides, root=root)
+    # Absolute paths and URIs: a cell's Ray task may run in another working directory.
+    return resolve_paths(dataclasses.replace(tcfg, tracking=cfg.tracking, cluster=cfg.cluster, resume=resume))
+
+
+def _parent(client: Any, exp_id: str, cfg: StudyConfig, progress: Callable[[str], None]) -> str:
+    from workflows.tracking.runs import git_sha
+
+    runs = client.search_runs(
+        [exp_id],
+        filter_string=f"tags.`tracerl.command` = 'study' and tags.`{TAG}` = '{cfg.name}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    if runs:
+        client.update_run(runs[0].info.run_id, status="RUNNING")
+        progress(f"resuming study {cfg.name} (MLflow parent run {runs[0].info.run_id})")
+        return str(runs[0].info.run_id)
+    run = client.create_run(
+        exp_id,
+        run_name=cfg.name,
+        tags={"tracerl.command": "study", TAG: cfg.name, "tracerl.git_sha": git_sha()},
+    )
+    return str(run.info.run_id)
+
+
+def children(client: Any, exp_id: str, parent: str) -> dict[str, list[Child]]:
+    """The study's child runs by cell key; a RUNNING child that saved nothing (killed at once) is marked KILLED."""
+    out: dict[str, list[Child]] = {}
+    for r in client.search_runs(
+        [exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'", max_results=5000
+    ):
+        t = r.data.tags
+        if f"{TAG}.testbed" not in t:
+            continue
+        key = Cell(t[f"{TAG}.testbed"], t[f"{TAG}.budget"], t[f"{TAG}.allocator"], int(t[f"{TAG}.seed"])).key
+        storage = t.get("tracerl.storage")
+        resumable = bool(storage) and (Path(storage) / "config.yaml").is_file()
+        status = r.info.status
+        if status == "RUNNING" and not resumable:
+            client.set_terminated(r.info.run_id, status="KILLED")
+            status = "KILLED"
+        out.setdefault(key, []).append(
+            Child(r.info.run_id, status, resumable and status != "FINISHED", int(r.info.start_time or 0))
+        )
+    return out
+
+
+def _result(ref: Any) -> dict[str, Any]:
+    import ray
+
+    return dict(ray.get(ref))
+
+
+def _run_cell(train_cfg: TrainConfig, tags: dict[str, str]) -> dict[str, Any]:
+    from workflows.train.run import train
+
+    return train(train_cfg, tags=tags)
+
+
+def run_study(
+    cfg: StudyConfig,
+    config_path: str | Path,
+    progress: Callable[[str], None] = lambda s: None,
+    train_fn: Callable[..., dict[str, Any]] | None = None,
+    baseline_fn: BaselineFn | None = None,
+) -> dict[str, Any]:
+    """Run the selected cells not yet finished, then write the report; returns {parent_run_id, ran, skipped, failed,
+    report}. A failed cell does not stop the others: its run is kept and the next invocation resumes it.
+
+    Before its first cell runs, each testbed's starting checkpoint is evaluated once (workflows/study/baseline.py).
+    ``train_fn`` and ``baseline_fn`` replace the Ray tasks running ``workflows.train.run.train`` and the baseline
+    evaluation (a unit test passes fakes that record calls).
+    """
+    import mlflow
+
+    from workflows.study.report import write_report
+    from workflows.tracking import store as trk
+
+    if not cfg.tracking.enabled:
+        raise ValueError("tracerl study needs MLflow tracking (tracking.enabled=true)")
+    cells = select(enumerate_cells(cfg), cfg.only)
+    progress(trk.where(cfg.tracking))
+    exp_id = trk.setup(cfg.tracking)
+    client = mlflow.MlflowClient()
+    if cfg.fill_tokens:
+        for tb, t in fill_tokens(cfg, client, exp_id, config_path, progress).items():
+            progress(f"testbed {tb}: T = {t} generated tokens per step written to {config_path}")
+        return {"filled": True}
+    parent = _parent(client, exp_id, cfg, progress)
+    ran: list[str] = []
+    skipped: list[str] = []
+    failed: dict[str, str] = {}
+    status = "FAILED"
+    try:
+        if not cfg.report_only:
+            todo, skip = plan(cells, children(client, exp_id, parent), cfg.fresh)
+            skipped = [c.key for c in skip]
+            for c in skip:
+                progress(f"cell {c.key}: finished earlier, skipped")
+            missing = sorted(
+                {
+                    c.testbed
+                    for c, _ in todo
+                    if c.budget == "tokens" and cfg.testbeds[c.testbed].get("token_budget") is None
+                }
+            )
+            if missing:
+                raise ValueError(token_budget_error(missing[0], config_path))
+            before: dict[str, float] = {}
+            if todo:
+                from workflows.tracking.runs import git_sha
+
+                if baseline_fn is None:
+                    from workflows.ops.ray_utils import init_ray
+
+                    init_ray(cfg.cluster)
+                first: dict[str, TrainConfig] = {}
+                for (
+                    c,
+                    _,
+                ) in todo:  # a testbed's first cell to run stands for all (same checkpoint, same tasks)
+                    if c.testbed not in first:
+                        first[c.testbed] = cell_config(cfg, c)
+                tags = {"mlflow.parentRunId": parent, TAG: cfg.name, "tracerl.git_sha": git_sha()}
+                before = ensure_baselines(client, exp_id, parent, first, tags, progress, baseline_fn)
+            ran = _run_cells(cfg, todo, parent, progress, train_fn, failed, before)
+        report = write_report(cfg, client, exp_id, parent, progress)
+        status = "FAILED" if failed else "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        progress(
+            f"study {cfg.name} interrupted: run the same command to continue it (a cut cell resumes from its "
+            "last checkpoint)"
+        )
+        raise
+    finally:
+        client.set_terminated(parent, status=status)
+    return {"parent_run_id": parent, "ran": ran, "skipped": skipped, "failed": failed, "report": report}
+
+
+def _run_cells(
+    cfg: StudyConfig,
+    todo: list[tuple[Cell, str | None]],
+    parent: str,
+    progress: Callable[[str], None],
+    train_fn: Callable[..., dict[str, Any]] | None,
+    failed: dict[str, str],
+    before: dict[str, float],
+) -> list[str]:
+    """Run the cells; a cell that raises is recorded in ``failed`` (key -> error) and the others go on."""
+    from workflows.tracking.runs import git_sha
+
+    sha = git_sha()
+    jobs = [
+        (
+            c,
+            cell_config(cfg, c, resume),
+            {"mlflow.parentRunId": parent, TAG: cfg.name, "tracerl.git_sha": sha, **c.tags()},
+        )
+        for c, resume in todo
+    ]
+    for c, resume in todo:
+        if resume:
+            progress(f"cell {c.key}: resuming MLflow run {resume} from its checkpoint")
+    t0, done = time.perf_counter(), 0
+
+    def finished(c: Cell, result: Callable[[], dict[str, Any]]) -> None:
+        nonlocal done
+        done += 1
+        try:
+            s = result()
+            what = (
+                f"held-out {before.get(c.testbed, float('nan')):.3f} -> {s.get('acc_after', float('nan')):.3f} "
+                f"in {s.get('wall_s', 0):.0f} s"
+            )
+        except Exception as e:  # noqa: BLE001 - any failure of one cell: the others go on, a rerun resumes it
+            failed[c.key] = f"{e.__class__.__name__}: {e}"[:500]
+            what = f"FAILED ({failed[c.key][:200]}); run the study again to resume it"
+        per = (time.perf_counter() - t0) / done
+        progress(
+            f"cell {done}/{len(jobs)} {c.key}: {what}; about {per * (len(jobs) - done) / 60:.0f} min left"
+        )
+
+    if not jobs:
+        return []
+    if train_fn is not None:
+        for c, tcfg, tags in jobs:
+            finished(c, functools.partial(train_fn, tcfg, tags=tags))
+        return [c.key for c, _, _ in jobs if c.key not in failed]
+    import ray
+
+    from workflows.ops.ray_utils import init_ray
+
+    init_ray(cfg.cluster)
+    task = ray.remote(num_cpus=cfg.cell_cpus, max_retries=0)(_run_cell)
+    pending: dict[Any, Cell] = {}
+    queue = list(jobs)
+    while queue or pending:
+        while queue and len(pending) < cfg.parallel_cells:
+            c, tcfg, tags = queue.pop(0)
+            pending[task.remote(tcfg, tags)] = c
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        c = pending.pop(ready[0])
+        finished(c, functools.partial(_result, ready[0]))
+    return [c.key for c, _, _ in jobs if c.key not in failed]
+
+
+def write_token_budget(config_path: str | Path, testbed: str, tokens: int) -> None:
+    """Set ``testbeds.<testbed>.token_budget`` in the YAML file, keeping its comments and layout."""
+    path = Path(config_path)
+    lines = path.read_text().splitlines(keepends=True)
+    start = next((i for i, ln in enumerate(lines) if re.match(rf"^\s+{re.escape(testbed)}:\s*$", ln)), None)
+    if start is None:
+        raise ValueError(f"{path} has no testbeds.{testbed} block to write token_budget into")
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    for i in range(start + 1, len(lines)):
+        ln = lines[i]
+        if ln.strip() and len(ln) - len(ln.lstrip()) <= indent:
+            break
+        m = re.match(r"^(\s+token_budget:)\s*[^#\n]*(#.*)?$", ln.rstrip("\n"))
+        if m:
+            lines[i] = f"{m.group(1)} {tokens}" + (f"   {m.group(2)}" if m.group(2) else "") + "\n"
+            path.write_text("".join(lines))
+            return
+    raise ValueError(f"{path}: testbeds.{testbed} has no token_budget line (add `token_budget: null`)")
+
+
+def fill_tokens(
+    cfg: StudyConfig,
+    client: Any,
+    exp_id: str,
+    config_path: str | Path,
+    progress: Callable[[str], None] = lambda s: None,
+) -> dict[str, int]:
+    """T per testbed: mean generated tokens per step over all steps of its leaves-mode grpo cells, written into the
+    config file once every one of those cells has finished (a testbed with some unfinished is left as it is)."""
+    from workflows.study.report import collect
+
+    parents = client.search_runs(
+        [exp_id], filter_string=f"tags.`tracerl.command` = 'study' and tags.`{TAG}` = '{cfg.name}'"
+    )
+    if not parents:
+        raise ValueError(f"no study {cfg.name!r} in MLflow yet: run its leaves-mode grpo cells first")
+    cells = [
+        c
+        for p in parents
+        for c in collect(client, exp_id, p.info.run_id, cfg.tracking)
+        if c["budget"] == "leaves" and c["allocator"] == "grpo"
+    ]
+    want = {
+        tb: {
+            c.seed
+            for c in enumerate_cells(cfg)
+            if (c.testbed, c.budget, c.allocator) == (tb, "leaves", "grpo")
+        }
+        for tb in cfg.testbeds
+    }
+    filled = {}
+    for tb in cfg.testbeds:
+        cs = [c for c in cells if c["testbed"] == tb and c["steps"]]
+        missing = sorted(want[tb] - {c["seed"] for c in cs})
+        if not cs or missing:  # T is the mean over all of them: a partial mean would fix another T
+            if cs:
+                progress(
+                    f"testbed {tb}: T not written, its leaves-mode grpo seeds {missing} have not finished"
+                )
+            continue
+        t = round(sum(c["generated_tokens"] for c in cs) / sum(c["steps"] for c in cs))
+        write_token_budget(config_path, tb, t)
+        filled[tb] = t
+    if not filled:
+        raise ValueError(f"study {cfg.name!r} has no finished leaves-mode grpo cell to compute T from")
+    return filled

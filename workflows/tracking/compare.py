@@ -1,0 +1,310 @@
+"""``tracerl compare`` and ``tracerl ui``: training runs side by side, and the MLflow UI on the configured store.
+
+``compare`` reads training runs (an experiment's, or the given run ids) from MLflow and writes
+``table.txt``, ``runs.json``, three plots (effective ratio per step, held-out accuracy against leaves and
+against generated tokens spent, and a heatmap of the budget shape: continuations N x m_max, colour = final
+held-out accuracy, or mean effective ratio where a run has no evaluation) and ``report.html``, the ranking and
+the plots on one self-contained page. The files are also logged to a
+``compare`` run in the same experiment (tag ``tracerl.command=compare``), so the MLflow UI shows them.
+Metric series take the last value logged for each step (steps re-run after a restart count once).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tracerl import metrics as M
+
+
+def _series(client: Any, run_id: str, key: str) -> dict[int, float]:
+    from workflows.tracking.runs import metric_series
+
+    return metric_series(client, run_id, key)
+
+
+def collect(client: Any, runs: Sequence[Any]) -> list[dict[str, Any]]:
+    """Per run: name, allocator, budget shape, per-step series and the summary numbers."""
+    out = []
+    for r in runs:
+        rid = r.info.run_id
+        p = r.data.params
+        er = _series(client, rid, M.EFFECTIVE_RATIO)
+        leaves = _series(client, rid, M.LEAVES)
+        tokens = _series(client, rid, M.GENERATED_TOKENS)
+        acc = _series(client, rid, M.EVAL_ACCURACY)
+        cum_l, cum_t, tl, tt = {}, {}, 0.0, 0.0
+        for s in sorted(set(leaves) | set(tokens)):
+            tl += leaves.get(s, 0.0)
+            tt += tokens.get(s, 0.0)
+            cum_l[s], cum_t[s] = tl, tt
+        out.append(
+            {
+                "run_id": rid,
+                "name": r.info.run_name,
+                "status": r.info.status,
+                "allocator": p.get("allocator.name", "?"),
+                "continuations": _num(p.get("budget.continuations")),
+                "m_max": _num(p.get("allocator.m_max")),
+                "num_leaves": _num(p.get("budget.num_leaves")),
+                "lr": _num(p.get("optim.lr")),
+                "steps": len(er),
+                "effective_ratio": sum(er.values()) / len(er) if er else math.nan,
+                "acc_before": acc[min(acc)] if acc else math.nan,
+                "acc_after": acc[max(acc)] if acc else math.nan,
+                "leaves": tl,
+                "generated_tokens": tt,
+                "series": {"effective_ratio": er, "accuracy": acc, "cum_leaves": cum_l, "cum_tokens": cum_t},
+            }
+        )
+    return out
+
+
+def _num(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Runs ranked by final held-out accuracy, then mean effective ratio."""
+    ranked = sorted(rows, key=lambda r: (-_nan0(r["acc_after"]), -_nan0(r["effective_ratio"])))
+    head = (
+        f"{'rank':>4} {'run':<34} {'allocator':<10} {'N':>3} {'m_max':>5} {'steps':>5} {'eff.ratio':>9} "
+        f"{'acc before':>10} {'acc after':>9} {'leaves':>7} {'gen.tokens':>10}"
+    )
+    lines = [head]
+    for i, r in enumerate(ranked, 1):
+        lines.append(
+            f"{i:>4} {str(r['name'])[:34]:<34} {r['allocator']:<10} {_fmt(r['continuations'], 0):>3} "
+            f"{_fmt(r['m_max'], 0):>5} {r['steps']:>5} {_fmt(r['effective_ratio'], 3):>9} "
+            f"{_fmt(r['acc_before'], 3):>10} {_fmt(r['acc_after'], 3):>9} {int(r['leaves']):>7} "
+            f"{int(r['generated_tokens']):>10}"
+        )
+    return "\n".join(lines)
+
+
+def _nan0(x: float) -> float:
+    return -1.0 if x is None or math.isnan(x) else x
+
+
+def _fmt(x: float, digits: int) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x:.{digits}f}"
+
+
+def plots(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in rows:
+        s = r["series"]["effective_ratio"]
+        ax.plot(list(s), list(s.values()), label=f"{r['name']}")
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # steps are whole numbers
+    ax.set_ylabel("effective ratio")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    files.append(out / "effective_ratio_per_step.png")
+    fig.savefig(files[-1], dpi=120)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for r in rows:
+        acc, cl, ct = r["series"]["accuracy"], r["series"]["cum_leaves"], r["series"]["cum_tokens"]
+        steps = sorted(acc)
+        axes[0].plot([cl.get(s, 0.0) for s in steps], [acc[s] for s in steps], marker="o", label=r["name"])
+        axes[1].plot([ct.get(s, 0.0) for s in steps], [acc[s] for s in steps], marker="o", label=r["name"])
+    axes[0].set_xlabel("leaves spent")
+    axes[1].set_xlabel("generated tokens spent")
+    for a in axes:
+        a.set_ylabel("held-out accuracy")
+    axes[1].legend(fontsize=6)
+    fig.tight_layout()
+    files.append(out / "accuracy_vs_budget.png")
+    fig.savefig(files[-1], dpi=120)
+    plt.close(fig)
+
+    ns = sorted({r["continuations"] for r in rows if not math.isnan(r["continuations"])})
+    ms = sorted({r["m_max"] for r in rows if not math.isnan(r["m_max"])})
+    if ns and ms:
+        import numpy as np
+
+        grid = np.full((len(ns), len(ms)), np.nan)
+        use_acc = any(not math.isnan(r["acc_after"]) for r in rows)
+        for r in rows:
+            if math.isnan(r["continuations"]) or math.isnan(r["m_max"]):
+                continue
+            v = r["acc_after"] if use_acc else r["effective_ratio"]
+            i, j = ns.index(r["continuations"]), ms.index(r["m_max"])
+            grid[i, j] = v if math.isnan(grid[i, j]) else max(grid[i, j], v)
+        fig, ax = plt.subplots(figsize=(5, 4))
+        im = ax.imshow(grid, origin="lower", cmap="viridis")
+        ax.set_xticks(range(len(ms)), [f"{m:g}" for m in ms])
+        ax.set_yticks(range(len(ns)), [f"{n:g}" for n in ns])
+        ax.set_xlabel("m_max")
+        ax.set_ylabel("continuations N")
+        fig.colorbar(im, label="held-out accuracy" if use_acc else "effective ratio")
+        fig.tight_layout()
+        files.append(out / "budget_shape_heatmap.png")
+        fig.savefig(files[-1], dpi=120)
+        plt.close(fig)
+    return files
+
+
+_CSS = """body{font:14px system-ui,sans-serif;margin:1.5em;max-width:1200px}
+table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}
+th{background:#f3f3f3}td.name,td.alloc{text-align:left;font-family:ui-monospace,monospace;font-size:12px}
+img{max-width:100%;border:1px solid #eee;margin:.5em 0;display:block}"""
+_COLUMNS = (
+    "rank",
+    "run",
+    "allocator",
+    "N",
+    "m_max",
+    "steps",
+    "eff. ratio",
+    "acc before",
+    "acc after",
+    "leaves",
+    "gen. tokens",
+)
+
+
+def report_html(rows: Sequence[dict[str, Any]], plot_files: Sequence[Path]) -> str:
+    """One self-contained page: the ranking (as in table.txt) and the plots, embedded (it opens anywhere, the MLflow
+    artifact viewer included)."""
+    import base64
+    import html
+
+    ranked = sorted(rows, key=lambda r: (-_nan0(r["acc_after"]), -_nan0(r["effective_ratio"])))
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in _COLUMNS)
+    body = []
+    for i, r in enumerate(ranked, 1):
+        cells = [
+            f"<td>{i}</td>",
+            f"<td class='name'>{html.escape(str(r['name']))}</td>",
+            f"<td class='alloc'>{html.escape(str(r['allocator']))}</td>",
+            f"<td>{_fmt(r['continuations'], 0)}</td>",
+            f"<td>{_fmt(r['m_max'], 0)}</td>",
+            f"<td>{r['steps']}</td>",
+            f"<td>{_fmt(r['effective_ratio'], 3)}</td>",
+            f"<td>{_fmt(r['acc_before'], 3)}</td>",
+            f"<td>{_fmt(r['acc_after'], 3)}</td>",
+            f"<td>{int(r['leaves'])}</td>",
+            f"<td>{int(r['generated_tokens'])}</td>",
+        ]
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    imgs = [
+        f"<h2>{html.escape(f.stem.replace('_', ' '))}</h2><img alt='{html.escape(f.stem)}' "
+        f"src='data:image/png;base64,{base64.b64encode(f.read_bytes()).decode()}'>"
+        for f in plot_files
+    ]
+    return (
+        f"<!doctype html><meta charset='utf-8'><title>tracerl compare: {len(rows)} runs</title><style>{_CSS}</style>"
+        f"<h1>{len(rows)} training runs, ranked</h1><p>By final held-out accuracy, then mean effective ratio. "
+        "N: continuations; m_max: most prefixes expanded per prompt; leaves and generated tokens: spent over the "
+        f"run.</p><table id='ranking'><tr>{head}</tr>{''.join(body)}</table>{''.join(imgs)}"
+    )
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    """The ranked runs and what ``compare`` wrote (and logged)."""
+
+    rows: list[dict[str, Any]]
+    """One row per run (``collect``), best first."""
+    table: str
+    out_dir: Path
+    files: list[Path]
+    """Plots and the HTML report (beside table.txt and runs.json)."""
+    run_id: str | None
+    """The MLflow run the report was logged to; None with ``log_to_mlflow=False``."""
+
+    def format(self, tracking_uri: str) -> str:
+        lines = [
+            self.table,
+            f"\nwrote {self.out_dir}/table.txt, runs.json and " + ", ".join(f.name for f in self.files),
+        ]
+        if self.run_id:
+            lines.append(
+                f"logged to MLflow run {self.run_id} (artifacts/compare); "
+                f"open: tracerl ui --tracking-uri {tracking_uri}"
+            )
+        return "\n".join(lines)
+
+
+def compare(
+    tracking: Any, experiment: str | None, run_ids: Sequence[str], out_dir: str, log_to_mlflow: bool = True
+) -> CompareResult:
+    """Collect, rank, plot and (optionally) log."""
+    import mlflow
+
+    from workflows.tracking import store as trk
+
+    trk.setup(tracking)
+    client = mlflow.MlflowClient()
+    name = experiment or tracking.experiment
+    if run_ids:
+        runs = [client.get_run(r) for r in run_ids]
+    else:
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise LookupError(f"no MLflow experiment {name!r} at {tracking.uri}")
+        runs = [
+            r
+            for r in client.search_runs([exp.experiment_id], max_results=1000)
+            if r.data.tags.get("tracerl.command") == "train"
+        ]
+    if not runs:
+        raise LookupError(f"no training runs to compare in experiment {name!r} at {tracking.uri}")
+    rows = collect(client, runs)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    table = format_table(rows)
+    (out / "table.txt").write_text(table + "\n")
+    (out / "runs.json").write_text(
+        json.dumps([{k: v for k, v in r.items() if k != "series"} for r in rows], indent=2)
+    )
+    files = plots(rows, out)
+    (out / "report.html").write_text(report_html(rows, files))
+    files.append(out / "report.html")
+    run_id = None
+    if log_to_mlflow:
+        exp_id = runs[0].info.experiment_id
+        cmp = client.create_run(
+            exp_id,
+            run_name=f"compare-{len(rows)}-runs",
+            tags={"tracerl.command": "compare", "tracerl.compared": ",".join(r["run_id"] for r in rows)},
+        )
+        client.log_artifacts(cmp.info.run_id, str(out), "compare")
+        client.set_terminated(cmp.info.run_id)
+        run_id = cmp.info.run_id
+    return CompareResult(rows, table, out, files, run_id)
+
+
+def ui_command(uri: str, host: str, port: int) -> list[str]:
+    """The `mlflow ui` command for a tracking store (a database URI or a file store)."""
+    import sys
+
+    return [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]

@@ -1,0 +1,305 @@
+"""Run bookkeeping shared by train, registry, compare, sweep and the chaos drill: a training run's creation (or the
+config it resumes with), where its storage and checkpoints are, its lineage (git SHA, config hash, dataset
+fingerprint), the phase marker rank 0 keeps for the fault drill, and summaries read back from MLflow (the last
+value logged per step wins, so a step re-run after a restart is read once, from the attempt that completed it)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tracerl import metrics as M
+from tracerl.config import TrainConfig
+from tracerl.config_loader import to_flat_dict, to_yaml
+from workflows.tracking.spool import PendingStatus
+from workflows.tracking.store import resolve_uri
+
+PHASE = ".phase"
+
+
+def git_sha() -> str:
+    try:
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                cwd=Path(__file__).resolve().parent,
+            ).stdout.strip()
+            or "unknown"
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def config_hash(cfg: TrainConfig) -> str:
+    """Hash of the resolved config, leaving out what does not change the result (names, paths of outputs)."""
+    flat = {
+        k: v
+        for k, v in to_flat_dict(cfg).items()
+        if not k.startswith(("tracking.", "cluster.", "faults.", "chaos."))
+        and k not in ("run_name", "resume", "out_dir")
+    }
+    return hashlib.sha256(json.dumps(flat, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def dataset_fingerprint(cfg: TrainConfig) -> str:
+    """Hash of the training prompts (ids, texts and answers)."""
+    from workflows.lm.stack import task_prompts
+
+    h = hashlib.sha256()
+    for p in task_prompts(cfg.env):
+        h.update(f"{p.prompt_id}\x00{p.text}\x00{p.answer}\x01".encode())
+    return h.hexdigest()[:16]
+
+
+def latest_checkpoint(run_dir: Path, say: Callable[[str], None] | None = None) -> Path | None:
+    """The newest complete checkpoint under a run's storage directory (``workflows.tracking.checkpoint_files.newest_good``);
+    ``say`` gets one line for each newer one passed over, naming the file that failed its check."""
+    from workflows.tracking.checkpoint_files import newest_good
+
+    choice = newest_good(run_dir)
+    if say is not None:
+        for line in choice.notes():
+            say(line)
+    return choice.path
+
+
+def run_storage(run_id: str, tracking: Any) -> Path:
+    """A training run's Ray Train storage directory, from its MLflow tags."""
+    import mlflow
+
+    from workflows.tracking import store as trk
+
+    trk.setup(tracking)
+    try:
+        run = mlflow.MlflowClient().get_run(run_id)
+    except Exception as e:  # noqa: BLE001 - MLflow raises its own exception types per store
+        raise LookupError(
+            f"no MLflow run {run_id!r} at {resolve_uri(tracking.uri)} ({e.__class__.__name__})"
+        ) from None
+    storage = run.data.tags.get("tracerl.storage")
+    if not storage:
+        raise LookupError(f"MLflow run {run_id} was not made by `tracerl train` (no tracerl.storage tag)")
+    return Path(storage)
+
+
+def create_run(
+    client: Any, exp_id: str, cfg: TrainConfig, tags: dict[str, str]
+) -> tuple[str, Path, TrainConfig]:
+    """A new MLflow run of ``tracerl train``: lineage tags (git SHA, config hash, dataset fingerprint) plus ``tags``,
+    its storage directory ``<out_dir>/<run name>-<id>`` holding the resolved config (also the run's params and an
+    artifact). Returns the run id, the storage and the config with its run name."""
+    import time
+
+    import mlflow
+
+    name = cfg.run_name or f"{cfg.allocator.name}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run = client.create_run(
+        exp_id,
+        run_name=name,
+        tags={
+            "tracerl.command": "train",
+            "tracerl.allocator": cfg.allocator.name,
+            "tracerl.git_sha": git_sha(),
+            "tracerl.config_hash": config_hash(cfg),
+            "tracerl.dataset_fingerprint": dataset_fingerprint(cfg),
+            "tracerl.base_model": cfg.model.path,
+            **tags,
+        },
+    )
+    run_id = run.info.run_id
+    storage = Path(cfg.out_dir) / f"{name}-{run_id[:8]}"
+    cfg = dataclasses.replace(cfg, run_name=name)
+    with failing_run(client, run_id):
+        storage.mkdir(parents=True, exist_ok=True)
+        PendingStatus(storage).reserve()
+        (storage / "config.yaml").write_text(to_yaml(cfg))
+        client.set_tag(run_id, "tracerl.storage", str(storage))
+        flat = to_flat_dict(cfg)
+        for i in range(0, len(flat), 100):
+            keys = list(flat)[i : i + 100]
+            client.log_batch(
+                run_id,
+                params=[
+                    mlflow.entities.Param(k, ("null" if flat[k] is None else str(flat[k]))[:6000])
+                    for k in keys
+                ],
+            )
+        client.log_artifact(run_id, str(storage / "config.yaml"))
+    return run_id, storage, cfg
+
+
+@contextlib.contextmanager
+def failing_run(client: Any, run_id: str) -> Iterator[None]:
+    """A run whose set-up fails (a full disk at its storage) is marked FAILED, not left RUNNING (best effort: the
+    store may be what is full), and the error goes on."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            client.set_terminated(run_id, status="FAILED")
+        raise
+
+
+def resumed_config(
+    run_id: str, tracking: Any, overrides: list[str], say: Callable[[str], None] = lambda s: None
+) -> tuple[TrainConfig, Path, Path | None]:
+    """What ``resume=RUN_ID`` continues with: the run's saved config.yaml with the command's other overrides on top,
+    its storage, and its newest complete checkpoint (None: none yet; ``say`` names each damaged newer one)."""
+    from tracerl.config_loader import compose
+
+    storage = run_storage(run_id, tracking)
+    saved = storage / "config.yaml"
+    if not saved.is_file():
+        raise FileNotFoundError(f"run {run_id} has no saved config at {saved}")
+    keep = [o for o in overrides if not o.startswith("resume=")]
+    cfg = compose(TrainConfig, saved, keep + [f"resume={run_id}"])
+    return cfg, storage, latest_checkpoint(storage, say)
+
+
+def end_run(
+    client: Any,
+    run_id: str,
+    storage: Path,
+    status: str,
+    progress: Callable[[str], None],
+    store: str,
+    failed_note: bool = True,
+) -> str | None:
+    """Close a training run: send what rank 0 spooled, set its final status (KILLED when a sweep's scheduler stopped
+    it), say how to resume one that did not finish. A store too full to take the status keeps it under the storage
+    (``workflows.tracking.spool.PendingStatus``, sent by a later command); returns where the disk was full (``store``, the
+    tracking URI, when the error does not say; None: it was not full).
+    """
+    from workflows.ops.disk import no_space, store_path
+    from workflows.tracking.spool import MetricLog, PendingStatus
+
+    try:
+        if status == "FAILED" and "tracerl.stopped_early" in client.get_run(run_id).data.tags:
+            status = (
+                "KILLED"  # a sweep's scheduler stopped this trial (and said so) before its Train run ended
+            )
+        if not MetricLog(client, run_id, storage, 0, progress, fail_fast=False).flush():
+            progress(f"metrics still spooled in {storage}: the tracking server is unreachable")
+        client.set_terminated(run_id, status=status)
+    except Exception as exc:  # noqa: BLE001 - the stores raise their own types; only a full disk is handled
+        full = no_space(exc)
+        if full is None:
+            raise
+        kept = PendingStatus(storage).record(run_id, status)
+        return (full or store_path(store)) + (
+            "" if kept else f" (and {storage} cannot keep the run's status)"
+        )
+    if status in ("FAILED", "KILLED") and failed_note:
+        what = "training failed" if status == "FAILED" else "training stopped"
+        progress(f"{what}; the run and its checkpoints are kept: `tracerl train resume={run_id}`")
+    return None
+
+
+def metric_series(client: Any, run_id: str, key: str) -> dict[int, float]:
+    """step -> value, the last value logged for each step winning (steps re-run after a restart)."""
+    series: dict[int, tuple[int, float]] = {}
+    for m in client.get_metric_history(run_id, key):
+        prev = series.get(m.step)
+        if prev is None or m.timestamp >= prev[0]:
+            series[m.step] = (m.timestamp, m.value)
+    return {s: v for s, (_, v) in sorted(series.items())}
+
+
+def run_summary(run_id: str, tracking: Any) -> dict[str, Any]:
+    """Held-out accuracy before/after, mean effective ratio, budget spent: from the run's metrics."""
+    import mlflow
+
+    from workflows.tracking import store as trk
+
+    trk.setup(tracking)
+    client = mlflow.MlflowClient()
+    acc = metric_series(client, run_id, M.EVAL_ACCURACY)
+    er = metric_series(client, run_id, M.EFFECTIVE_RATIO)
+    out: dict[str, Any] = {"steps": len(er)}
+    if acc:
+        out["acc_before"] = acc[min(acc)]
+        out["acc_after"] = acc[max(acc)]
+        out["accuracy_by_step"] = acc
+    out["effective_ratio"] = sum(er.values()) / len(er) if er else float("nan")
+    for key, name in (
+        (M.LEAVES, "leaves"),
+        (M.GENERATED_TOKENS, "generated_tokens"),
+        (M.TOOL_CALLS, "tool_calls"),
+        (M.RETRIED, "retried"),
+    ):
+        out[name] = int(sum(metric_series(client, run_id, key).values()))
+    rollout = sum(metric_series(client, run_id, M.TIME_ROLLOUT).values())
+    overhead = sum(
+        sum(metric_series(client, run_id, M.phase_time(k)).values()) for k in M.ALLOC_PREDICTOR_PHASES
+    )
+    out["alloc_predictor_fraction_of_rollout"] = overhead / rollout if rollout else float("nan")
+    return out
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    rows = [("MLflow run", s.get("run_id", "")), ("steps", s.get("steps", 0))]
+    if "acc_before" in s:
+        rows += [
+            ("held-out greedy accuracy before", f"{s['acc_before']:.3f}"),
+            ("held-out greedy accuracy after", f"{s['acc_after']:.3f}"),
+            ("change (points)", f"{100 * (s['acc_after'] - s['acc_before']):+.1f}"),
+        ]
+    rows += [
+        ("mean effective ratio", f"{s.get('effective_ratio', float('nan')):.3f}"),
+        ("leaves", s.get("leaves", 0)),
+        ("generated tokens", s.get("generated_tokens", 0)),
+        ("tool calls", s.get("tool_calls", 0)),
+        ("work retried after actor failures", s.get("retried", 0)),
+        (
+            "allocation + predictor time / rollout time",
+            f"{s.get('alloc_predictor_fraction_of_rollout', 0):.1%}",
+        ),
+        ("wall time", f"{s.get('wall_s', 0):.0f} s"),
+    ]
+    w = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{w}}  {v}" for k, v in rows]
+    uri = s.get("tracking_uri", "sqlite:///mlruns.db")
+    if uri.startswith(("sqlite:", "postgresql:", "mysql:")):
+        exp = s.get("experiment", "tracerl")
+        lines.append(
+            f"\nopen the MLflow UI on these results:  tracerl ui --tracking-uri {uri}"
+            + ("" if exp == "tracerl" else f" --experiment {exp}")
+        )
+    else:
+        lines.append(f"\nopen the MLflow UI at {uri}")
+    return "\n".join(lines)
+
+
+def phase_marker(storage: Path, enabled: bool, step: int = 0) -> Callable[..., None]:
+    """``mark(phase, step=None)`` writes rank 0's current phase and the step it works on (the step it will be
+    logged at; ``step`` until a phase names one) for the controller."""
+    if not enabled:
+        return lambda name, step=None: None
+    path, last = storage / PHASE, [step]
+
+    def mark(name: str, step: int | None = None) -> None:
+        if step is not None:
+            last[0] = step
+        tmp = path.with_name(f"{PHASE}.{os.getpid()}.tmp")
+        tmp.write_text(f"{name} {last[0]}")
+        os.replace(tmp, path)
+
+    return mark
+
+
+def read_phase(storage: Path) -> tuple[str, int]:
+    try:
+        name, step = (storage / PHASE).read_text().split()
+        return name, int(step)
+    except (OSError, ValueError):
+        return "", -1

@@ -1,0 +1,234 @@
+"""Per-step metrics that survive a tracking-server outage, and the attempt that logged each step.
+
+``MetricLog.log`` sends a step's metrics to MLflow in one batch. When the server cannot be reached the batch is
+appended to ``<storage>/metrics_spool.jsonl`` (one JSON record per metric: key, value, step, timestamp, attempt;
+flushed and fsynced before the call returns, so a checkpoint taken after it never outruns its metrics), and the
+next call, ``flush`` on close, or the driver at the end of ``tracerl train`` sends every record not yet sent, oldest
+first (``metrics_spool.sent`` holds the byte offset sent so far). Sending a record twice is harmless: MLflow keeps
+one row per (key, step, timestamp, value), and a spooled record keeps the timestamp it was made with.
+
+Which value a report reads: the last one logged for the step by timestamp (``workflows.tracking.runs.metric_series``).
+A step re-run after a trainer restart is logged again, later, by the new attempt, so the attempt that completed
+the step wins; ``system/attempt`` (the number of that attempt, counted in ``<storage>/.attempts``) is logged with
+every step's metrics to show which one it was. Timestamps increase strictly across attempts
+(``<storage>/metrics_clock`` holds the last one used), so the order holds on a fast restart or a slow clock.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+SPOOL = "metrics_spool.jsonl"
+SENT = "metrics_spool.sent"
+ARTIFACTS = "artifact_spool"  # artifact directories that could not be uploaded, by artifact path
+ATTEMPTS = ".attempts"
+CLOCK = "metrics_clock"  # the last timestamp (ms) any attempt of the run logged with
+
+
+def next_attempt(storage: Path) -> int:
+    """Claim the next attempt number (1, 2, ...) of the run at ``storage`` (a marker file per attempt)."""
+    d = storage / ATTEMPTS
+    d.mkdir(parents=True, exist_ok=True)
+    n = len(list(d.iterdir())) + 1
+    while True:
+        try:
+            os.close(os.open(d / str(n), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return n
+        except FileExistsError:
+            n += 1
+
+
+def spooled_records(storage: Path) -> list[dict[str, Any]]:
+    """Every record ever spooled for the run at ``storage`` (sent or not)."""
+    path = storage / SPOOL
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class MetricLog:
+    """Logs metrics of one MLflow run, spooling them under ``storage`` while the tracking server is unreachable."""
+
+    def __init__(
+        self,
+        client: Any,
+        run_id: str,
+        storage: Path,
+        attempt: int,
+        say: Callable[[str], None] = lambda s: None,
+        fail_fast: bool = True,
+    ) -> None:
+        if (
+            fail_fast
+        ):  # spool after one retry, not after MLflow's default of minutes of back-off (this process only)
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+        self.client, self.run_id, self.storage, self.attempt, self.say = client, run_id, storage, attempt, say
+        self.spool, self.sent, self.clock = storage / SPOOL, storage / SENT, storage / CLOCK
+        try:
+            self.last_ts = int(self.clock.read_text() or 0)
+        except (FileNotFoundError, ValueError):
+            self.last_ts = 0
+
+    def _now(self) -> int:
+        # Strictly increasing across the run's attempts, not only within one: a restarted attempt re-logging a step
+        # in the same millisecond as the one before it, or on a node whose clock is behind, must still win.
+        self.last_ts = max(int(time.time() * 1000), self.last_ts + 1)
+        tmp = self.clock.with_suffix(".tmp")
+        tmp.write_text(str(self.last_ts))
+        os.replace(tmp, self.clock)
+        return self.last_ts
+
+    def log(self, metrics: Mapping[str, float], step: int) -> bool:
+        """Send ``metrics`` at ``step`` (non-finite values dropped); spool them if that fails. True if sent now."""
+        now = self._now()
+        recs = [
+            {"key": k, "value": float(v), "step": step, "timestamp": now, "attempt": self.attempt}
+            for k, v in metrics.items()
+            if v is not None and math.isfinite(float(v))
+        ]
+        if self._pending() and not self.flush():
+            self._append(recs)
+            return False
+        try:
+            self._send(recs)
+            return True
+        except Exception as e:  # noqa: BLE001 - the REST and SQL stores raise their own types for "unreachable"
+            from workflows.ops.disk import no_space
+
+            self._append(recs)  # a full disk here too ends the run (workflows/ops/disk.py)
+            why = "tracking store full" if no_space(e) is not None else "tracking unreachable"
+            self.say(
+                f"{why} ({e.__class__.__name__}): {len(recs)} metrics of step {step} spooled to {self.spool}"
+            )
+            return False
+
+    def log_artifacts(self, local_dir: Path, artifact_path: str) -> None:
+        """Upload a directory of artifacts; keep a copy under the spool to upload at the next flush if that fails."""
+        try:
+            self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+        except Exception as e:  # noqa: BLE001
+            shutil.copytree(local_dir, self.storage / ARTIFACTS / artifact_path, dirs_exist_ok=True)
+            self.say(
+                f"tracking unreachable ({e.__class__.__name__}): artifacts {artifact_path} kept for later"
+            )
+
+    def _pending(self) -> bool:
+        return (self.spool.is_file() and self.spool.stat().st_size > self._offset()) or (
+            self.storage / ARTIFACTS
+        ).is_dir()
+
+    def _offset(self) -> int:
+        try:
+            return int(self.sent.read_text() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def _append(self, recs: list[dict[str, Any]]) -> None:
+        with open(self.spool, "a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in recs))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _send(self, recs: list[dict[str, Any]]) -> None:
+        from mlflow.entities import Metric
+
+        batch = [Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in recs]
+        for i in range(0, len(batch), 1000):
+            self.client.log_batch(self.run_id, metrics=batch[i : i + 1000])
+
+    def flush(self) -> bool:
+        """Send everything spooled and not yet sent (metrics, then kept artifacts). True when nothing is left."""
+        try:
+            if self.spool.is_file():
+                start = self._offset()
+                with open(self.spool, "rb") as f:
+                    f.seek(start)
+                    data = f.read()
+                end = start + data.rfind(b"\n") + 1  # whole lines only
+                recs = [json.loads(line) for line in data[: end - start].splitlines() if line.strip()]
+                if recs:
+                    self._send(recs)
+                    tmp = self.sent.with_suffix(".tmp")
+                    tmp.write_text(str(end))
+                    os.replace(tmp, self.sent)
+                    self.say(f"tracking reachable again: {len(recs)} spooled metrics sent")
+            kept = self.storage / ARTIFACTS
+            if kept.is_dir():
+                for d in sorted({p.parent for p in kept.rglob("*") if p.is_file()}):
+                    self.client.log_artifacts(self.run_id, str(d), str(d.relative_to(kept)))
+                shutil.rmtree(kept)
+            return True
+        except Exception:  # noqa: BLE001 - still unreachable: try again later
+            return False
+
+
+STATUS = "status.pending"
+"""A terminal status the tracking store could not take (a full disk): ``<status> <run id>``, or ``none``."""
+_STATUS_BYTES = 64
+
+
+class PendingStatus:
+    """The run's final status, kept under its storage when the tracking store cannot take it, for a later command
+    to send (``replay``). The file is written at the run's start, padded to a fixed size, and overwritten in place
+    at its end: rewriting bytes a file already holds needs no new space on a full disk."""
+
+    def __init__(self, storage: Path) -> None:
+        self.path = storage / STATUS
+
+    def _write(self, text: str) -> None:
+        data = text.encode().ljust(_STATUS_BYTES)[:_STATUS_BYTES]
+        with open(self.path, "r+b" if self.path.is_file() else "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def reserve(self) -> None:
+        """At the start of a run (or resume): the space the status will need."""
+        if not self.path.is_file():
+            self._write("none")
+
+    def record(self, run_id: str, status: str) -> bool:
+        """Keep ``status`` for ``run_id``; False when even that cannot be written."""
+        try:
+            self._write(f"{status} {run_id}")
+            return True
+        except OSError:
+            return False
+
+    def pending(self) -> tuple[str, str] | None:
+        try:
+            parts = self.path.read_text().split()
+        except (OSError, UnicodeDecodeError):
+            return None
+        return (parts[0], parts[1]) if len(parts) == 2 else None
+
+    def replay(self, client: Any) -> str | None:
+        """Send a kept status to the store; returns the run id it was sent for (None: nothing was pending)."""
+        kept = self.pending()
+        if kept is None:
+            return None
+        status, run_id = kept
+        client.set_terminated(run_id, status=status)
+        self._write("none")
+        return run_id
+
+
+def replay_statuses(client: Any, out_dir: Path, say: Callable[[str], None]) -> None:
+    """Send every run status kept under ``out_dir`` (one run storage a directory) that the store can now take."""
+    for path in sorted(out_dir.glob(f"*/{STATUS}")):
+        try:
+            run_id = PendingStatus(path.parent).replay(client)
+        except Exception:  # noqa: BLE001 - the store still cannot take it: a later command tries again
+            continue
+        if run_id:
+            say(
+                f"MLflow run {run_id}: its final status, kept in {path} when the store was full, is now recorded"
+            )

@@ -1,0 +1,6 @@
+"""A training run: ``tracerl train`` (run), the rank-0 driver of each step (driver), each rank's policy and
+learner (setup), held-out evaluation and ``tracerl eval`` (evaluate), the chaos drill (chaos). Imports ops, lm,
+tracking.
+
+Public face: ``run.train``, ``evaluate.run_eval``, ``chaos.run_drill``.
+"""

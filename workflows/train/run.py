@@ -1,0 +1,355 @@
+"""``tracerl train``: TRACE (or any baseline allocator) end to end on Ray Train, tracked in MLflow.
+
+Topology (docs/design.md): ``TorchTrainer`` workers hold the policy (DDP; gloo on CPU, NCCL on GPU;
+FSDP as an option). The RL loop runs inside the worker function: rank 0 owns the sampler/environment
+actor pools, the predictor and the allocator, drives the step, and broadcasts the collated batch;
+every rank updates on its shard. After each update rank 0 pushes the weights to the samplers.
+
+One step is ``train_step``, top to bottom, each phase timed by one ``PhaseTimer``: select (candidate pool),
+score / allocate_roots / rollout / expand_prefixes (tracerl/engine/step.py, the allocator's plan), fit_predictor,
+collate, broadcast, update_policy, sync_weights, eval, log. Set-up and restore of a worker are in
+workflows/train/setup.py, rank 0's pools, predictor, evaluation and logging in workflows/train/driver.py, fault
+injection in tracerl/actors/faults.py.
+
+The driver opens the MLflow run (params, resolved config) before the workers start and closes it
+after; rank 0 logs into it by run id, so a restart after a failure (Ray's ``FailureConfig``) or a
+``resume=RUN_ID`` continues the same run from the last checkpoint. Checkpoints (``ray.train.report``
+every ``checkpoint_every`` steps, the last ``keep_checkpoints`` kept) hold the policy in HF format,
+optimizer and schedule, predictor, candidate-pool RNG and step. Steps re-run after a restart log again
+at the same MLflow step; every report here reads the last value per step (the attempt that completed it,
+logged as ``system/attempt``). Metrics the tracking server cannot take are spooled under the run's storage and
+sent when it is back (workflows/tracking/spool.py); ``chaos.enabled`` runs the fault drill around all this (workflows/train/chaos.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from envs.registry import check_data, resolve_env_paths
+from tracerl import metrics as M
+from tracerl.config import TrainConfig
+from tracerl.config_loader import to_yaml
+from tracerl.engine.timer import PhaseTimer
+from workflows.tracking.checkpoint_state import CheckpointState
+from workflows.tracking.runs import create_run, resumed_config, run_summary
+from workflows.tracking.store import resolve_uri, where
+from workflows.train.driver import Ahead, Driver, overlaps_next
+from workflows.train.setup import Worker, quiet_train_reports, setup_worker
+
+# -- driver side ------------------------------------------------------------------------------------
+
+
+def _abs_uri(uri: str) -> str:
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(uri[len("sqlite:///") :]).resolve())
+    return uri
+
+
+def resolve_paths(cfg: TrainConfig) -> TrainConfig:
+    """Absolute paths and URIs, so Ray workers (whatever their cwd) see the same files; the tracking URI resolved
+    (``workflows.tracking.store.resolve_uri``), so the config saved with a run names the store it went to."""
+    model_path = cfg.model.path
+    if not model_path.startswith(("models:/", "runs:/")) and Path(model_path).exists():
+        model_path = str(Path(model_path).resolve())
+    art = cfg.tracking.artifact_location
+    if "://" not in art:
+        art = str(Path(art).resolve())
+    return dataclasses.replace(
+        cfg,
+        model=dataclasses.replace(cfg.model, path=model_path),
+        env=resolve_env_paths(cfg.env),
+        tracking=dataclasses.replace(
+            cfg.tracking, uri=_abs_uri(resolve_uri(cfg.tracking.uri)), artifact_location=art
+        ),
+        out_dir=str(Path(cfg.out_dir).resolve()),
+    )
+
+
+def train(
+    cfg: TrainConfig,
+    overrides: list[str] | None = None,
+    progress: Callable[[str], None] = lambda s: None,
+    tags: dict[str, str] | None = None,
+    callbacks: list[Any] | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) a training job; returns the summary (also written to <storage>/summary.json).
+
+    ``tags`` go on a new MLflow run (a sweep passes its parent run and trial); ``callbacks`` are Ray Train
+    user callbacks (a sweep forwards every report to Tune).
+    """
+    if not cfg.tracking.enabled:
+        raise ValueError(
+            "tracerl train needs MLflow tracking (tracking.enabled=true): runs resume and register "
+            "through it; use tracking.uri=sqlite:///PATH for a local store"
+        )
+    resume_ckpt: Path | None = None
+    run_id = cfg.resume or ""
+    if cfg.resume:
+        cfg, storage, resume_ckpt = resumed_config(cfg.resume, cfg.tracking, overrides or [], progress)
+        progress(f"resuming MLflow run {run_id} from {resume_ckpt or 'its start (no checkpoint yet)'}")
+    check_data(cfg.env)  # a bad data file is the user's to fix: before Ray starts or a run exists
+    progress(where(cfg.tracking))
+    import mlflow
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+
+    from workflows.ops.disk import DiskFull, no_space
+    from workflows.ops.disk_callback import StopOnDiskFull
+    from workflows.ops.progress import bar
+    from workflows.ops.ray_utils import check_resources, init_ray, torch_trainer
+    from workflows.tracking import store as trk
+    from workflows.tracking.run_info import train_tags
+    from workflows.tracking.runs import end_run, failing_run
+    from workflows.tracking.spool import PendingStatus, replay_statuses
+
+    cfg = resolve_paths(cfg)
+    check_model(cfg)
+    # Quiet workers: no per-load progress bars (the workers inherit these when this process starts Ray).
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    trk.check_reachable(
+        resolve_uri(cfg.tracking.uri)
+    )  # before Ray starts: a dead server is one line, at once
+    init_ray(cfg.cluster)  # before the run exists: a job that cannot fit leaves no empty run behind
+    check_resources(resource_demand(cfg), cfg.cluster, RESOURCE_KNOBS, progress)
+    exp_id = trk.setup(cfg.tracking)
+    client = mlflow.MlflowClient()
+    replay_statuses(client, Path(cfg.out_dir), progress)  # what earlier runs could not tell a full store
+    if not cfg.resume:
+        run_id, storage, cfg = create_run(client, exp_id, cfg, {**train_tags(cfg), **(tags or {})})
+    else:
+        client.update_run(run_id, status="RUNNING")
+        with failing_run(client, run_id):
+            PendingStatus(storage).reserve()
+            (storage / "config.yaml").write_text(to_yaml(dataclasses.replace(cfg, resume=None)))
+    progress(f"MLflow run {run_id} ({cfg.tracking.uri}); checkpoints in {storage}")
+    t = cfg.trainer
+    reported = [
+        p.name for p in storage.glob("checkpoint_*") if resume_ckpt is None or p.name > resume_ckpt.name
+    ]
+    run_callbacks: list[Any] = [StopOnDiskFull(), *(callbacks or [])]  # a full disk is not retried
+    trainer = torch_trainer(cfg.cluster)(
+        guarded_loop,
+        train_loop_config={"cfg": cfg, "run_id": run_id, "storage": str(storage), "reported": reported},
+        scaling_config=ScalingConfig(
+            num_workers=t.num_workers,
+            use_gpu=t.use_gpu,
+            resources_per_worker={"CPU": t.cpus_per_worker, **({"GPU": 1} if t.use_gpu else {})},
+        ),
+        run_config=RunConfig(
+            name=storage.name,
+            storage_path=str(storage.parent),  # type: ignore[call-arg]
+            failure_config=FailureConfig(max_failures=cfg.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
+            logging_config=LoggingConfig(log_level="WARNING"),
+            callbacks=run_callbacks,
+        ),
+    )
+    t0 = time.perf_counter()
+    status = "FAILED"
+    start = CheckpointState.read(resume_ckpt).step if resume_ckpt is not None else 0
+    steps_bar = bar(progress, cfg.steps, f"train {cfg.run_name or run_id[:8]}", "step", initial=start)
+    steps_bar.follow(lambda: max((m.step for m in client.get_metric_history(run_id, M.LOSS)), default=0))
+    full = stuck = None
+    try:
+        trainer.fit()
+        status = "FINISHED"
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM / SIGHUP (workflows.ops.ray_utils.Terminated)
+        status = "KILLED"
+        raise
+    except Exception as exc:  # noqa: BLE001 - a full disk, however Ray wrapped it, is one line (workflows/ops/disk.py)
+        full = no_space(exc)
+        if full is None:
+            raise
+    finally:
+        steps_bar.close()
+        stuck = end_run(
+            client, run_id, storage, status, progress, resolve_uri(cfg.tracking.uri), failed_note=full is None
+        )
+    if full is not None or stuck is not None:
+        raise DiskFull(full or stuck or str(storage))
+    summary = run_summary(run_id, cfg.tracking)
+    summary.update(
+        run_id=run_id,
+        storage=str(storage),
+        wall_s=time.perf_counter() - t0,
+        tracking_uri=cfg.tracking.uri,
+        experiment=cfg.tracking.experiment,
+    )
+    (storage / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def check_model(cfg: TrainConfig) -> None:
+    """The policy checkpoint exists and its weights files are whole, its context window fits the sampler's, and LoRA
+    targets name its layers: checked before any run is created (these are the user's to fix)."""
+    from tracerl.models.hf import check_weights, check_window
+    from workflows.lm.stack import SetupError
+
+    if not Path(cfg.model.path).is_dir():
+        raise SetupError(
+            f"model.path={cfg.model.path!r} is not a checkpoint directory; build the tiny policy with "
+            "`tracerl bootstrap` or point model.path at an HF checkpoint"
+        )
+    check_weights(cfg.model.path)
+    check_window(cfg.model.path, cfg.sampler)
+    if cfg.trainer.lora_rank > 0:
+        from tracerl.models.wrap import check_lora
+
+        check_lora(cfg.model.path, cfg.trainer)
+
+
+RESOURCE_KNOBS = (
+    "trainer.num_workers / trainer.cpus_per_worker, pools.rollout_workers / pools.rollout_cpus / "
+    "pools.rollout_gpus or pools.env_workers / pools.env_cpus"
+)
+
+
+def resource_demand(cfg: TrainConfig) -> list[tuple[str, int, float, float]]:
+    """(what, how many, CPUs each, GPUs each) of every actor a training run holds at once: Train workers,
+    samplers, their environment actors and the run's shared services (e.g. the search retriever)."""
+    from envs.registry import env_class
+    from tracerl.actors.services import service_factories
+
+    t, p = cfg.trainer, cfg.pools
+    rows = [
+        ("trainer", t.num_workers, t.cpus_per_worker, 1.0 if t.use_gpu else 0.0),
+        ("samplers", p.rollout_workers, p.rollout_cpus, p.rollout_gpus),
+    ]
+    if p.env_workers > 0:
+        rows.append(("environments", p.rollout_workers * p.env_workers, p.env_cpus, 0.0))
+        n = len(service_factories(env_class(cfg.env.name), cfg.env))
+        if n:
+            rows.append(("services", n, p.env_cpus, 0.0))
+    return rows
+
+
+# -- worker side: the step ---------------------------------------------------------------------------
+
+
+def guarded_loop(config: dict[str, Any]) -> None:
+    """``train_loop``, a full disk re-raised as ``DiskFull`` (one line, which the controller does not retry and the
+    driver reports; workflows/ops/disk.py)."""
+    from workflows.ops.disk import DiskFull, no_space, quiet_disk_full
+
+    quiet_disk_full("ray.train.v2._internal.util")  # it logs the error's traceback from every rank
+    try:
+        train_loop(config)
+    except Exception as exc:
+        full = no_space(exc)
+        if full is None:
+            raise
+        raise DiskFull(full or config["storage"]) from None
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """The Ray Train worker function (every rank): set up and restore, then ``train_step`` until ``steps``."""
+    cfg: TrainConfig = config["cfg"]
+    run_id, storage = config["run_id"], Path(config["storage"])
+    quiet_train_reports()
+    worker = setup_worker(cfg, storage, config.get("reported", ()))
+    # A restored policy is pushed to the samplers; a fresh run's samplers loaded these very weights from model.path,
+    # so nothing is gathered for them (under FSDP a gather is a full-model collective).
+    restored = worker.gather()[0] if worker.ckpt_dir is not None else None
+    start = worker.state.step
+    driver = None
+    if worker.rank == 0:
+        from tracerl.models.wrap import unwrap
+
+        driver = Driver(cfg, run_id, storage, worker.tok, unwrap(worker.model), start)
+        if worker.ckpt_dir is not None and restored is not None:
+            driver.restore(worker.ckpt_dir, worker.state, restored)
+        if start == 0 and cfg.eval_at_start:
+            driver.evaluate(0)
+    ahead = None
+    for step in range(start, cfg.steps):
+        ahead = train_step(step, worker, driver, ahead)
+    if driver is not None:
+        driver.close()
+
+
+def train_step(step: int, w: Worker, d: Driver | None, ahead: Ahead | None = None) -> Ahead | None:
+    """One RL step on every rank; ``d`` (rank 0's driver) is None on the others, which only update on their shard.
+
+    Rank 0 selects the candidate pool, scores it, allocates roots, rolls out, expands prefixes (run_step), fits
+    the predictor and collates; the batch is broadcast and every rank updates; rank 0 pushes the new weights to the
+    samplers, evaluates when due and logs; a checkpoint every ``checkpoint_every`` steps. One timer times each phase.
+    With ``pipeline.overlap`` the next step's Stage 1 and bare rollouts start before the update (``ahead``, which
+    this step returns and the next finishes on the new weights).
+    """
+    from tracerl.algos.batch import collate
+    from tracerl.learner import denominator
+
+    cfg, done = w.cfg, step + 1
+    timer = ahead.timer if ahead is not None else PhaseTimer()
+    timer.restart()
+    batch = out = nxt = None
+    m: dict[str, float] = {}
+    if d is not None:
+        d.mark("rollout", done)
+        # select, score, allocate_roots, rollout, expand_prefixes (tracerl/engine/step.py)
+        out, budget = d.roll_out(step, timer) if ahead is None else d.finish_ahead(ahead)
+        m = d.rollout_metrics(out, budget)  # calibration of this step's scores, before the fit
+        with timer("fit_predictor"):
+            m.update(d.fit(out))
+        with timer("collate"):
+            batch = collate(out.trees, cfg.loss.advantage, cfg.loss.normalize_std, cfg.loss.debiased_values)
+        m.update(d.batch_metrics(batch, out))
+        nxt = (
+            d.start_ahead(done) if overlaps_next(cfg, done) else None
+        )  # beside the update, on the current weights
+    with timer("broadcast"):
+        batch = w.broadcast(batch)
+    with timer("update_policy"):
+        stats = w.learner.update(batch.shard(w.rank, w.world), denominator(batch, cfg.loss.aggregation))
+    weights, adapters = w.gather()  # a collective under FSDP
+    if d is not None:
+        m.update(stats)
+        if cfg.pipeline.overlap:
+            with timer("wait_rollouts"):
+                d.wait_ahead(nxt)
+        with timer("sync_weights"):
+            d.sync(weights, done)
+        if d.eval_due(done):
+            with timer("eval"):
+                m.update(d.evaluate(done))
+        m = d.close_step(m, done, out, timer)  # the last metrics, then the log
+    report(w, d, done, m, weights, adapters)
+    if d is not None:
+        d.faults.trainer(step)
+    return nxt
+
+
+def report(
+    w: Worker, d: Driver | None, done: int, metrics: dict[str, float], weights: Any, adapters: Any
+) -> None:
+    """Every step reports its metrics to Ray Train (a sweep's scheduler sees the curve); every
+    ``checkpoint_every`` steps and at the end with a checkpoint (each rank's learner state, rank 0's share),
+    written whole or not at all (``workflows.tracking.checkpoint_files.publish``: staged, manifest last, renamed into place).
+    """
+    import ray.train
+    import torch
+
+    from workflows.tracking.checkpoint_files import publish
+
+    if done % w.cfg.checkpoint_every and done != w.cfg.steps:
+        ray.train.report({"step": done, **metrics})
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.save(w.learner.state_dict(), Path(tmp) / f"trainer_rank{w.rank}.pt")
+        if d is not None:
+            d.save(Path(tmp), done, weights, adapters)
+        ray.train.report(
+            {"step": done, **metrics},
+            checkpoint=ray.train.Checkpoint.from_directory(tmp),
+            checkpoint_dir_name=f"checkpoint_{done:06d}",
+            checkpoint_upload_fn=lambda ckpt, name: ray.train.Checkpoint.from_directory(
+                publish(Path(ckpt.path), w.storage, name, w.rank, w.world, w.barrier)
+            ),
+        )
