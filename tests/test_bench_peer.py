@@ -163,9 +163,13 @@ def test_tree_memory_counts_a_real_child_process() -> None:
 
 def test_run_process_records_the_tree_and_names_the_log_of_a_failure(tmp_path: Path) -> None:
     ok = run_process(
-        [sys.executable, "-c", "import os; print(os.environ['OMP_NUM_THREADS'])"], tmp_path / "a.txt", 1, 0.05
+        [sys.executable, "-c", "import os; print(os.environ['OMP_NUM_THREADS'])"],
+        tmp_path / "a.txt",
+        1,
+        0.05,
+        3,
     )
-    assert ok["rc"] == 0 and len(ok["cpus"]) == 1 and (tmp_path / "a.txt").read_text().strip() == "1"
+    assert ok["rc"] == 0 and len(ok["cpus"]) == 1 and (tmp_path / "a.txt").read_text().strip() == "3"
     with pytest.raises(RuntimeError, match=r"exited 3; see .*b\.txt: boom"):
         run_process(
             [sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], tmp_path / "b.txt", 1, 0.05
@@ -223,7 +227,15 @@ def test_aggregate_table_and_json(tmp_path: Path) -> None:
         "mean_reached": None,
         "reached": 0,
     }
-    summary = {"sides": out, "steps": 3, "seeds": 2, "warmup_steps": 1, "threads": 2, "target": 0.5}
+    summary = {
+        "sides": out,
+        "steps": 3,
+        "seeds": 2,
+        "warmup_steps": 1,
+        "threads": 2,
+        "torch_threads": 1,
+        "target": 0.5,
+    }
     table = format_table(summary)
     lines = table.splitlines()
     assert "s to 0.500" in lines[1] and lines[2].split()[0] == "trl" and "never" in lines[3]
@@ -289,7 +301,9 @@ def test_trl_side_runs_one_step(tmp_path: Path) -> None:
     from workflows.bench.peer import run_trl_side
 
     cfg = compose(
-        BenchPeerConfig, PEER, [*TINY, f"bench_out={tmp_path}", f"peer_python={sys.executable}", "threads=1"]
+        BenchPeerConfig,
+        PEER,
+        [*TINY, f"bench_out={tmp_path}", f"peer_python={sys.executable}", "threads=1", "torch_threads=1"],
     )
     run = run_trl_side(cfg, 0, "t", lambda s: None)
     assert [s["step"] for s in run["steps"]] == [1] and run["evals"][0]["step"] == 1

@@ -6,8 +6,9 @@ with the peer venv's interpreter), ``grpo`` (``tracerl train`` with ``allocator=
 each one's whole process tree (Ray's raylet, workers and environment actors included) is measured the same way:
 its summed PSS sampled every ``sample_s`` seconds (the peak is reported), and its per-step times. Seeds run in
 turn, the sides' order rotating by one each seed; every side runs with the same CPUs (the first ``threads`` of
-this process's affinity), ``OMP_NUM_THREADS=threads`` and Ray's workers at nice 0; TRL's single process sets ``torch.set_num_threads``
-to it, tracerl's sampler actors keep their own one thread each (``pools.rollout_cpus``), as recorded in the JSON.
+this process's affinity), ``OMP_NUM_THREADS=torch_threads`` and Ray's workers at nice 0; TRL's single process sets
+``torch.set_num_threads(torch_threads)``, tracerl's trainer worker takes OMP_NUM_THREADS and its sampler actors
+keep their own one thread each (``pools.rollout_cpus``), as recorded in the JSON.
 
 ``settings`` is the one place where the training setup is turned into TRL's arguments; its rows are printed into
 the JSON, so a reader can check both sides do the same work.
@@ -60,7 +61,12 @@ class BenchPeerConfig:
     seeds: int = 3
     """Seeds per side (seed, seed + 1, ...); the sides' order rotates by one each seed."""
     threads: int = 2
-    """CPUs every side may use (the first N of this process's affinity) and its OMP_NUM_THREADS."""
+    torch_threads: int = 1
+    """torch threads of each side's computing processes: TRL's one process and tracerl's trainer worker
+    (OMP_NUM_THREADS); tracerl's sampler actors take theirs from ``pools.rollout_cpus`` (1). More threads than free
+    cores spin against each other: on the busy 2-core machine TRL's rollouts took 1.4-10 s a call with 2 threads
+    and 0.3-0.5 s with 1 (docs/results/peer.md)."""
+    """CPUs every side may use (the first N of this process's affinity)."""
     warmup_steps: int = 1
     """Steps left out of the per-step means (the first step pays for lazy set-up)."""
     target: float | None = None
@@ -82,6 +88,7 @@ class BenchPeerConfig:
         )
         check(self.seeds >= 1, f"seeds must be >= 1 (got {self.seeds})")
         check(self.threads >= 1, f"threads must be >= 1 (got {self.threads})")
+        check(self.torch_threads >= 1, f"torch_threads must be >= 1 (got {self.torch_threads})")
         check(self.warmup_steps >= 0, f"warmup_steps must be >= 0 (got {self.warmup_steps})")
         check(
             self.train.steps > self.warmup_steps,
@@ -328,15 +335,17 @@ def _cpus(threads: int) -> list[int]:
     return have[:threads]
 
 
-def run_process(cmd: Sequence[str], log: Path, threads: int, every: float) -> dict[str, Any]:
-    """Run ``cmd`` on the first ``threads`` CPUs with OMP_NUM_THREADS=threads, its output to ``log``, sampling its
+def run_process(
+    cmd: Sequence[str], log: Path, threads: int, every: float, torch_threads: int = 1
+) -> dict[str, Any]:
+    """Run ``cmd`` on the first ``threads`` CPUs with OMP_NUM_THREADS=torch_threads, its output to ``log``, sampling its
     tree's PSS. Returns launch time, exit code, wall seconds, peak PSS and process count.
 
     Raises:
         RuntimeError: the command failed (naming its log).
     """
     cpus = _cpus(threads)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch_threads), "MKL_NUM_THREADS": str(torch_threads)}
     # Ray starts its workers at nice 15 by default: beside a nice-0 TRL process on a busy machine that would slow
     # tracerl's side for a reason that is not its own.
     env.setdefault("RAY_worker_niceness", "0")
@@ -404,7 +413,7 @@ def run_trl_side(
     spec = {
         "config": str(work / "config.yaml"),
         "trl_args": settings(tc)["trl_args"],
-        "threads": cfg.threads,
+        "threads": cfg.torch_threads,
         "eval_every": tc.eval_every,
         "output_dir": str(work / "trl_out"),
         "out": str(work / "steps.json"),
@@ -416,6 +425,7 @@ def run_trl_side(
         work / "log.txt",
         cfg.threads,
         cfg.sample_s,
+        cfg.torch_threads,
     )
     rec = json.loads((work / "steps.json").read_text())
     steps = [
@@ -431,7 +441,12 @@ def run_trl_side(
         for r in rec["steps"]
     ]
     evals = [{"step": e["step"], "accuracy": e["accuracy"]} for e in rec["evals"]]
-    return {**proc, "steps": steps, "evals": evals, "threads": {"trl_process_torch_threads": cfg.threads}}
+    return {
+        **proc,
+        "steps": steps,
+        "evals": evals,
+        "threads": {"trl_process_torch_threads": cfg.torch_threads},
+    }
 
 
 def run_tracerl_side(
@@ -450,6 +465,7 @@ def run_tracerl_side(
         work / "log.txt",
         cfg.threads,
         cfg.sample_s,
+        cfg.torch_threads,
     )
     found = sorted(Path(tc.out_dir).glob(f"{tag}-*/summary.json"))
     if not found:
@@ -459,7 +475,7 @@ def run_tracerl_side(
     summary = json.loads(found[-1].read_text())
     steps, evals = tracerl_steps(summary["run_id"], summary["tracking_uri"])
     threads = {
-        "trainer_OMP_NUM_THREADS": cfg.threads,
+        "trainer_OMP_NUM_THREADS": cfg.torch_threads,
         "sampler_actor_torch_threads": max(1, int(tc.pools.rollout_cpus)),
         "sampler_actors": tc.pools.rollout_workers,
     }
@@ -666,6 +682,7 @@ def run_peer_bench(cfg: BenchPeerConfig, progress: Callable[[str], None] = lambd
         "seeds": cfg.seeds,
         "warmup_steps": cfg.warmup_steps,
         "threads": cfg.threads,
+        "torch_threads": cfg.torch_threads,
         "eval_every": cfg.train.eval_every,
         "acc_start": acc0,
         "target": target if curves else None,
@@ -694,7 +711,7 @@ def format_table(summary: dict[str, Any]) -> str:
         head += f" {'s to ' + format(target, '.3f'):>12}"
     lines = [
         f"steps={summary['steps']} (first {summary['warmup_steps']} not measured), seeds={summary['seeds']}, "
-        f"threads={summary['threads']}",
+        f"CPUs={summary['threads']}, torch threads={summary.get('torch_threads', 1)}",
         head,
     ]
     for side, s in summary["sides"].items():
