@@ -9,11 +9,11 @@ TORCH_GPU ?= torch
 BFCL ?= bfcl-eval==2026.3.23 mpmath==1.3.0
 SMOLLM2_DIR ?= models/smollm2-135m-instruct
 
-FAST_TESTS := advantages allocators checkpoint_files checkpoint_state cli_errors config config_flatten costaware curves \
-  knapsack layout length_predictor math_tasks mc_scorer metric_names multiturn_engine predictors prefixes react \
-  registry roots run_budget seeds simulator stepper testbeds timer trace_plus tree
+FAST_TESTS := advantages allocators bench_peer checkpoint_files checkpoint_state cli_errors config config_flatten \
+  costaware curves knapsack layout length_predictor math_tasks mc_scorer metric_names multiturn_engine predictors \
+  prefixes react registry roots run_budget seeds simulator stepper testbeds timer trace_plus tree
 
-.PHONY: install demo test test-fast lint typecheck unit bench clean test-vllm smollm2 test-bfcl-slow test-ui gpu-check
+.PHONY: install demo test test-fast lint typecheck unit bench bench-peer clean test-vllm smollm2 test-bfcl-slow test-ui gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -100,6 +100,22 @@ bench: install
 	$(VENV)/bin/tracerl bench allocation --json bench_out/allocation.json
 	$(VENV)/bin/tracerl bench rollout --seeds 3 --json bench_out/rollout.json
 	$(VENV)/bin/tracerl bench train --json bench_out/train.json
+
+## TRL's GRPOTrainer against tracerl grpo and trace on the same work (docs/results/peer.md): TRL in its own venv
+## ($(PEER_VENV): the CPU torch, transformers pinned to the main venv's, the `peer` extra), tracerl from the main
+## one. Pass e.g. PEER_ARGS="--steps 5 --seeds 1" for a short run.
+PEER_VENV ?= .venv-peer
+PEER_STAMP := $(PEER_VENV)/.installed
+PEER_ARGS ?=
+$(PEER_STAMP): pyproject.toml $(STAMP)
+	test -x $(PEER_VENV)/bin/python || python3 -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/pip install -q "$(TORCH_CPU)"
+	$(PY) -m pip freeze | grep -iE '^transformers==' > $(PEER_VENV)/constraints.txt
+	$(PEER_VENV)/bin/pip install -q -c $(PEER_VENV)/constraints.txt -e ".[dev,peer]"
+	touch $(PEER_STAMP)
+
+bench-peer: install $(PEER_STAMP)
+	$(VENV)/bin/tracerl bench peer peer_python=$(PEER_VENV)/bin/python --json bench_out/peer.json $(PEER_ARGS)
 
 clean:
 	rm -rf bench_out mlruns.db mlartifacts runs eval_out rollout_out ui_artifacts .pytest_cache .mypy_cache .ruff_cache

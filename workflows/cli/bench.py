@@ -1,4 +1,4 @@
-"""``tracerl bench ...``: the benchmark subcommands (allocation, targets, rollout, train, env, testbeds), each a configured
+"""``tracerl bench ...``: the benchmark subcommands (allocation, targets, rollout, train, env, testbeds, peer), each a configured
 job that prints a table and writes JSON."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from tracerl.experiment_config import (
     BenchRolloutConfig,
     BenchTrainConfig,
 )
+from workflows.bench.peer import BenchPeerConfig
 from workflows.bench.testbeds import BenchTestbedsConfig
 from workflows.cli.args import Command, Shorthand, add_job_args, progress
 from workflows.tracking.store import resolve_uri, where
@@ -76,6 +77,17 @@ BENCH_TESTBEDS_FLAGS = (
     Shorthand("--only", ("only",), "measure these testbeds (comma-separated names)", str),
     Shorthand("--tasks", ("eval_tasks",), "held-out tasks per testbed"),
     Shorthand("--out", ("out_dir",), "output directory", str),
+)
+BENCH_PEER_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--steps", ("steps",), "RL steps per run"),
+    Shorthand("--seeds", ("seeds",), "seeds per side (the sides' order rotates each seed)"),
+    Shorthand("--threads", ("threads",), "CPUs of every side (the first N of the affinity)"),
+    Shorthand("--torch-threads", ("torch_threads",), "torch threads of TRL's process and tracerl's trainer"),
+    Shorthand("--sides", ("sides",), "sides to run, comma-separated: trl, grpo, trace", lambda s: f"[{s}]"),
+    Shorthand("--model", ("model.path",), "the policy checkpoint every side starts from", str),
+    Shorthand("--eval-every", ("eval_every",), "held-out accuracy every N steps (0: none; curves need it)"),
+    Shorthand("--out", ("bench_out",), "output directory", str),
 )
 BENCH_ENV_FLAGS = (
     Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
@@ -177,6 +189,21 @@ def _bench_pipeline(cfg: BenchPipelineConfig) -> int:
     return _lm_bench(cfg, run_pipeline_bench, format_table)
 
 
+def _bench_peer(cfg: BenchPeerConfig) -> int:
+    from workflows.bench.peer import format_table, run_peer_bench
+
+    try:
+        summary = run_peer_bench(cfg, progress=progress)
+    except (FileNotFoundError, RuntimeError, ValueError) as exc:
+        print(f"tracerl: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(summary))
+    print(
+        f"wrote {Path(cfg.bench_out) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
+    )
+    return 0
+
+
 def _bench_testbeds(cfg: BenchTestbedsConfig) -> int:
     from workflows.bench.probes import run_testbeds_bench
     from workflows.bench.testbeds import format_table
@@ -203,6 +230,7 @@ BENCH_COMMANDS: dict[str, Command] = {
     "bench testbeds": Command(
         BenchTestbedsConfig, "bench/testbeds.yaml", BENCH_TESTBEDS_FLAGS, _bench_testbeds
     ),
+    "bench peer": Command(BenchPeerConfig, "bench/peer.yaml", BENCH_PEER_FLAGS, _bench_peer),
 }
 BENCH_HELP = {
     "allocation": "every allocator at equal leaf budget on the simulator",
@@ -211,6 +239,7 @@ BENCH_HELP = {
     "train": "training runs of TRACE and GRPO at equal leaves, several seeds",
     "pipeline": "barrier vs streaming steps (frozen policy) and, with --train-steps, barrier vs overlap in train runs",
     "testbeds": "acceptance of the study's testbeds: accuracy, depth profile, habit choices",
+    "peer": "TRL's GRPOTrainer vs tracerl grpo and trace on the same work (needs `make bench-peer`'s venv)",
     "env": "an environment's gold replay (--gold) or tiny policy pass@1: "
     "bench env [math|search|bfcl] [--gold] [--json PATH]",
 }
