@@ -22,21 +22,10 @@ from tracerl.config import SamplerConfig, env_config
 from tracerl.config_loader import ConfigError, compose, to_yaml
 from tracerl.engine.react import PlainTemplate
 from workflows.bench.env import gold_engine
-from workflows.bench.peer import (
-    BenchPeerConfig,
-    TreeMemory,
-    aggregate,
-    format_table,
-    run_order,
-    run_process,
-    settings,
-    side_config,
-    side_stats,
-    tree_pss_mb,
-    wall_to_target,
-    write_json,
-)
+from workflows.bench.peer import BenchPeerConfig, run_order, run_process, settings, side_config
+from workflows.bench.peer_report import aggregate, format_table, side_stats, wall_to_target, write_json
 from workflows.bench.peer_trl import PeerRollout, env_reward, group_runs, rollout_outputs
+from workflows.ops.proc_memory import TreeMemory, tree_pss_mb
 
 PEER = ROOT / "conf/bench/peer.yaml"
 TINY = [

@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +39,8 @@ from typing import Any
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
 from tracerl.schema import check, check_flat_keys, flattened
+from workflows.bench.peer_report import KEYS, aggregate, side_stats, write_json
+from workflows.ops.proc_memory import TreeMemory
 
 SIDES = ("trl", "grpo", "trace")
 REPO = Path(__file__).resolve().parents[2]
@@ -273,56 +273,6 @@ def run_order(sides: Sequence[str], k: int) -> list[str]:
     return list(sides[j:]) + list(sides[:j])
 
 
-# -- memory of a process tree ----------------------------------------------------------------------------------
-
-
-def tree_pss_mb(pid: int) -> tuple[float, int]:
-    """Summed PSS (MiB) of process ``pid`` and all its descendants, and how many processes were counted."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0, 0
-    total, n = 0.0, 0
-    for p in procs:
-        try:
-            total += p.memory_full_info().pss
-            n += 1
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return total / 2**20, n
-
-
-class TreeMemory:
-    """Samples ``tree_pss_mb`` of a process every ``every`` seconds on a thread until ``stop``; keeps the peak."""
-
-    def __init__(self, pid: int, every: float = 0.5) -> None:
-        self.pid, self.every = pid, every
-        self.peak_mb, self.peak_processes, self.samples = 0.0, 0, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pss", daemon=True)
-
-    def _run(self) -> None:
-        while True:
-            mb, n = tree_pss_mb(self.pid)
-            if n:
-                self.samples += 1
-                self.peak_mb = max(self.peak_mb, mb)
-                self.peak_processes = max(self.peak_processes, n)
-            if self._stop.wait(self.every):
-                return
-
-    def __enter__(self) -> TreeMemory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 # -- running a side ----------------------------------------------------------------------------------------------
 
 
@@ -525,91 +475,6 @@ def tracerl_steps(run_id: str, uri: str) -> tuple[list[dict[str, Any]], list[dic
 # -- statistics --------------------------------------------------------------------------------------------------
 
 
-def side_stats(run: dict[str, Any], warmup: int, acc0: float | None = None) -> dict[str, Any]:
-    """One side's run: mean seconds per step (split), tokens per second, start-up, peak PSS, accuracy curve.
-
-    A step's seconds run from the previous step's end (the first step: its begin) to its end, less the previous
-    step's evaluation; the curve's x is wall seconds from launch less every earlier evaluation (start-up included).
-    """
-    steps = sorted(run["steps"], key=lambda r: r["step"])
-    if not steps:
-        raise ValueError("the side logged no steps")
-    launch = run["launch"]
-    per = []
-    prev_end, prev_eval, evals_before = steps[0]["begin"], 0.0, 0.0
-    wall_at: dict[int, float] = {}
-    for r in steps:
-        interval = r["end"] - prev_end - prev_eval
-        evals_before += prev_eval
-        wall_at[r["step"]] = r["end"] - launch - evals_before
-        per.append({**r, "interval_s": interval, "rest_s": interval - r["rollout_s"] - r["update_s"]})
-        prev_end, prev_eval = r["end"], r["eval_s"]
-    measured = per[warmup:] if len(per) > warmup else per
-    total = sum(r["interval_s"] for r in measured)
-    startup = steps[0]["begin"] - launch
-    curve = [] if acc0 is None else [[startup, acc0]]
-    curve += [[wall_at[e["step"]], e["accuracy"]] for e in run["evals"] if e["step"] in wall_at]
-    return {
-        "s_per_step": total / len(measured),
-        "rollout_s": statistics.fmean(r["rollout_s"] for r in measured),
-        "update_s": statistics.fmean(r["update_s"] for r in measured),
-        "rest_s": statistics.fmean(r["rest_s"] for r in measured),
-        "gen_tokens_per_s": sum(r["generated_tokens"] for r in measured) / total if total > 0 else 0.0,
-        "startup_s": startup,
-        "peak_pss_mb": run["peak_pss_mb"],
-        "peak_processes": run["peak_processes"],
-        "steps_measured": len(measured),
-        "curve": curve,
-        "per_step": per,
-    }
-
-
-def wall_to_target(curve: Sequence[Sequence[float]], target: float) -> float:
-    """Wall seconds at which the piecewise-linear accuracy curve first reaches ``target`` (inf: never); of points
-    at the same second the first is kept."""
-    import numpy as np
-
-    from workflows.study.curves import tokens_to_target
-
-    xs: list[float] = []
-    ys: list[float] = []
-    for x, y in sorted((float(x), float(y)) for x, y in curve):
-        if not xs or x > xs[-1]:
-            xs.append(x)
-            ys.append(y)
-    return tokens_to_target(np.array(xs), np.array(ys), target) if xs else math.inf
-
-
-def _mean_std(values: Sequence[float]) -> dict[str, float]:
-    v = [float(x) for x in values]
-    return {"mean": statistics.fmean(v), "std": statistics.stdev(v) if len(v) > 1 else 0.0}
-
-
-KEYS = ("s_per_step", "rollout_s", "update_s", "rest_s", "gen_tokens_per_s", "startup_s", "peak_pss_mb")
-
-
-def aggregate(per_seed: dict[str, list[dict[str, Any]]], target: float | None) -> dict[str, Any]:
-    """Per side: mean and std over seeds of every ``KEYS`` entry, and the wall seconds to ``target`` of each seed's
-    curve (mean over the seeds that reached it, and how many did)."""
-    out: dict[str, Any] = {}
-    for side, runs in per_seed.items():
-        s: dict[str, Any] = {k: _mean_std([r[k] for r in runs]) for k in KEYS}
-        s["seeds"] = len(runs)
-        if target is not None:
-            times = [wall_to_target(r["curve"], target) for r in runs]
-            reached = [t for t in times if math.isfinite(t)]
-            s["wall_to_target_s"] = {
-                "per_seed": [t if math.isfinite(t) else None for t in times],
-                "mean_reached": statistics.fmean(reached) if reached else None,
-                "reached": len(reached),
-            }
-        out[side] = s
-    return out
-
-
-# -- the bench ---------------------------------------------------------------------------------------------------
-
-
 def checkpoint_accuracy(tc: TrainConfig) -> float:
     """Greedy held-out accuracy of the starting checkpoint, in this process (as ``tracerl train`` evaluates)."""
     from workflows.lm.stack import task_prompts
@@ -690,39 +555,3 @@ def run_peer_bench(cfg: BenchPeerConfig, progress: Callable[[str], None] = lambd
     }
     write_json(summary, Path(cfg.bench_out) / "results.json", cfg.json_path)
     return summary
-
-
-def write_json(summary: dict[str, Any], out: Path, extra: str | None = None) -> None:
-    """``summary`` as JSON at ``out`` and, if given, at ``extra`` (infinities as null)."""
-    text = json.dumps(summary, indent=2, default=lambda o: None)
-    for p in [out, *([Path(extra)] if extra else [])]:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text)
-
-
-def format_table(summary: dict[str, Any]) -> str:
-    """Per side: s/step (rollout, update, rest), generated tokens/s, start-up, peak PSS, and time to target."""
-    head = (
-        f"{'side':<6} {'s/step':>13} {'rollout':>8} {'update':>7} {'rest':>6} {'gen tok/s':>10} "
-        f"{'start-up s':>10} {'peak PSS MB':>12}"
-    )
-    target = summary.get("target")
-    if target is not None:
-        head += f" {'s to ' + format(target, '.3f'):>12}"
-    lines = [
-        f"steps={summary['steps']} (first {summary['warmup_steps']} not measured), seeds={summary['seeds']}, "
-        f"CPUs={summary['threads']}, torch threads={summary.get('torch_threads', 1)}",
-        head,
-    ]
-    for side, s in summary["sides"].items():
-        row = (
-            f"{side:<6} {s['s_per_step']['mean']:>7.2f} ±{s['s_per_step']['std']:<4.2f} {s['rollout_s']['mean']:>8.2f} "
-            f"{s['update_s']['mean']:>7.2f} {s['rest_s']['mean']:>6.2f} {s['gen_tokens_per_s']['mean']:>10.1f} "
-            f"{s['startup_s']['mean']:>10.1f} {s['peak_pss_mb']['mean']:>12.0f}"
-        )
-        if target is not None:
-            t = s["wall_to_target_s"]
-            reached = "never" if t["mean_reached"] is None else f"{t['mean_reached']:.0f}"
-            row += f" {reached:>8} ({t['reached']}/{s['seeds']})"
-        lines.append(row)
-    return "\n".join(lines)

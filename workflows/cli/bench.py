@@ -190,7 +190,8 @@ def _bench_pipeline(cfg: BenchPipelineConfig) -> int:
 
 
 def _bench_peer(cfg: BenchPeerConfig) -> int:
-    from workflows.bench.peer import format_table, run_peer_bench
+    from workflows.bench.peer import run_peer_bench
+    from workflows.bench.peer_report import format_table
 
     try:
         summary = run_peer_bench(cfg, progress=progress)
