@@ -75,5 +75,5 @@ def test_unreachable_budget_is_a_clear_error() -> None:
 
 
 def test_parity_gap_is_reported() -> None:
-    with pytest.raises(ValueError, match="budget 3 is not reachable"):
+    with pytest.raises(ValueError, match="cannot place exactly 3 rollouts"):
         solve_roots(np.zeros(2), 3, 2, 2, np.random.default_rng(0))

@@ -201,14 +201,14 @@ def closest_to_half_roots(v: np.ndarray, num_groups: int, group: int, rng: np.ra
 
 
 # -- prefix modes -------------------------------------------------------------------------------
-def uniform_prefix_counts(num: int, budget: int, k_max: int, rng: np.random.Generator) -> np.ndarray:
+def uniform_prefix_counts(num: int, continuations: int, k_max: int, rng: np.random.Generator) -> np.ndarray:
     """Each continuation starts at a uniformly random prefix (with replacement, up to k_max each)."""
-    if num == 0 or budget <= 0:
+    if num == 0 or continuations <= 0:
         return np.zeros(num, dtype=np.int64)
     if k_max <= 0:
-        return np.bincount(rng.integers(0, num, size=budget), minlength=num).astype(np.int64)
+        return np.bincount(rng.integers(0, num, size=continuations), minlength=num).astype(np.int64)
     slots = np.repeat(np.arange(num), k_max)
-    take = rng.choice(len(slots), size=min(budget, len(slots)), replace=False)
+    take = rng.choice(len(slots), size=min(continuations, len(slots)), replace=False)
     return np.bincount(slots[take], minlength=num).astype(np.int64)
 
 

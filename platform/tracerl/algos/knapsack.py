@@ -58,32 +58,32 @@ def knapsack_value(p: np.ndarray | float, n: np.ndarray | int, kind: InfoTerm = 
 
 def solve_knapsack(
     v: np.ndarray,
-    budget: int,
+    rollouts: int,
     m_min: int,
     m_max: int,
     rng: np.random.Generator,
     kind: InfoTerm = "paper",
 ) -> np.ndarray:
-    """Exactly optimal rollout counts: maximise sum_i Value(v_i, n_i) with sum_i n_i = ``budget``.
+    """Exactly optimal rollout counts: maximise sum_i Value(v_i, n_i) with sum_i n_i = ``rollouts``.
 
     Args:
         v: predicted success probabilities, shape (B,), clipped to [0, 1].
-        budget: rollouts to place; spent exactly.
+        rollouts: rollouts to place; spent exactly.
         m_min: smallest non-zero count.
         m_max: largest count per prompt.
         rng: breaks ties between equally good allocations.
         kind: the information term (``info_gain``).
 
     Returns:
-        counts, shape (B,), int64, summing to ``budget``, each 0 or in [m_min, m_max].
+        counts, shape (B,), int64, summing to ``rollouts``, each 0 or in [m_min, m_max].
 
     Raises:
-        ValueError: the budget cannot be spent exactly under the bounds.
+        ValueError: ``rollouts`` cannot be placed exactly under the bounds.
     """
     v = np.clip(np.asarray(v, dtype=float), 0.0, 1.0)
-    check_placeable(v.shape[0], budget, m_min, m_max)
+    check_placeable(v.shape[0], rollouts, m_min, m_max)
     choices = allowed_counts(m_min, m_max)
-    return solve_gain_table(knapsack_value(v[:, None], choices[None, :], kind), choices, budget, rng)
+    return solve_gain_table(knapsack_value(v[:, None], choices[None, :], kind), choices, rollouts, rng)
 
 
 def knapsack_objective(v: np.ndarray, counts: np.ndarray, kind: InfoTerm = "paper") -> float:

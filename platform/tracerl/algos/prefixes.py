@@ -34,26 +34,26 @@ def v_pref(q: np.ndarray, k: np.ndarray) -> np.ndarray:
 
 
 def solve_prefixes(
-    r: np.ndarray, p: np.ndarray, budget: int, rng: np.random.Generator, k_max: int = 0
+    r: np.ndarray, p: np.ndarray, continuations: int, rng: np.random.Generator, k_max: int = 0
 ) -> np.ndarray:
     """Exactly optimal continuation counts K per prefix.
 
     Args:
         r: reward of the rollout each prefix belongs to, shape (P,).
         p: predicted success probability at each prefix, shape (P,).
-        budget: continuations to place (m_i * N), spent exactly unless capped out.
+        continuations: continuations to place (m_i * N), spent exactly unless capped out.
         rng: breaks ties between equal marginal gains.
         k_max: per-prefix cap on K; 0 means no cap.
 
     Returns:
-        K, shape (P,), int64. Its sum is ``min(budget, P * k_max)`` (``budget`` when uncapped and P > 0);
+        K, shape (P,), int64. Its sum is ``min(continuations, P * k_max)`` (``continuations`` when uncapped and P > 0);
         the caller turns any remainder into extra bare rollouts.
     """
     num = len(r)
-    if num == 0 or budget <= 0:
+    if num == 0 or continuations <= 0:
         return np.zeros(num, dtype=np.int64)
     q = 1.0 - flip_probability(r, p)
-    cap = budget if k_max <= 0 else min(k_max, budget)
+    cap = continuations if k_max <= 0 else min(k_max, continuations)
     ks = np.arange(cap)
     gains = (q[:, None] ** ks[None, :]) * (1.0 - q[:, None])  # (P, cap): gain of the (k+1)-th continuation
     tie = rng.permutation(num)
@@ -62,7 +62,7 @@ def solve_prefixes(
     rows = np.repeat(np.arange(num), cap)
     kk = np.tile(ks, num)
     order = np.lexsort((kk, tie[rows], -g))
-    take = order[: min(budget, num * cap)]
+    take = order[: min(continuations, num * cap)]
     return np.bincount(rows[take], minlength=num).astype(np.int64)
 
 

@@ -36,41 +36,41 @@ def allowed_counts(m_min: int, m_max: int) -> np.ndarray:
     return np.concatenate([[0], np.arange(m_min, m_max + 1)])
 
 
-def check_placeable(num: int, budget: int, m_min: int, m_max: int) -> None:
-    """Raise ValueError unless ``budget`` rollouts can be spread over ``num`` candidates, each 0 or m_min..m_max."""
+def check_placeable(num: int, rollouts: int, m_min: int, m_max: int) -> None:
+    """Raise ValueError unless ``rollouts`` rollouts can be spread over ``num`` candidates, each 0 or m_min..m_max."""
     if not 1 <= m_min <= m_max:
         raise ValueError(f"need 1 <= m_min <= m_max, got m_min={m_min}, m_max={m_max}")
-    if budget < 0 or budget > num * m_max or 0 < budget < m_min:
+    if rollouts < 0 or rollouts > num * m_max or 0 < rollouts < m_min:
         raise ValueError(
-            f"cannot place {budget} rollouts on {num} candidates with counts in {{0}} U [{m_min}, {m_max}]: "
+            f"cannot place {rollouts} rollouts on {num} candidates with counts in {{0}} U [{m_min}, {m_max}]: "
             f"raise the candidate pool or m_max, or change the budget"
         )
 
 
-def solve_roots(v: np.ndarray, budget: int, m_min: int, m_max: int, rng: np.random.Generator) -> np.ndarray:
+def solve_roots(v: np.ndarray, roots: int, m_min: int, m_max: int, rng: np.random.Generator) -> np.ndarray:
     """Exactly optimal rollout counts for the candidates.
 
     Args:
         v: predicted success probabilities, shape (B,), each in [0, 1].
-        budget: M, the number of bare rollouts to place; spent exactly.
+        roots: M, the number of bare rollouts to place; spent exactly.
         m_min: smallest non-zero count (2: a single rollout has no contrast).
         m_max: largest count per candidate.
         rng: breaks ties between equally good allocations.
 
     Returns:
-        counts, shape (B,), int64, summing to ``budget``.
+        counts, shape (B,), int64, summing to ``roots``.
 
     Raises:
-        ValueError: the budget cannot be spent exactly under the bounds.
+        ValueError: M rollouts cannot be placed exactly under the bounds.
     """
     v = np.clip(np.asarray(v, dtype=float), 0.0, 1.0)
-    check_placeable(v.shape[0], budget, m_min, m_max)
+    check_placeable(v.shape[0], roots, m_min, m_max)
     choices = allowed_counts(m_min, m_max)
-    return solve_gain_table(v_root(v[:, None], choices[None, :]), choices, budget, rng)
+    return solve_gain_table(v_root(v[:, None], choices[None, :]), choices, roots, rng)
 
 
 def solve_gain_table(
-    gains: np.ndarray, choices: np.ndarray, budget: int, rng: np.random.Generator
+    gains: np.ndarray, choices: np.ndarray, rollouts: int, rng: np.random.Generator
 ) -> np.ndarray:
     """Exact separable allocation: one count per candidate from ``choices``, maximising the summed gains.
 
@@ -80,23 +80,23 @@ def solve_gain_table(
     Args:
         gains: value of giving candidate i ``choices[c]`` rollouts, shape (B, C); choice 0 is 0 rollouts.
         choices: the allowed counts, shape (C,), increasing, starting at 0.
-        budget: rollouts to place; spent exactly.
+        rollouts: rollouts to place; spent exactly.
         rng: breaks ties between equally good allocations (module docstring).
 
     Returns:
-        counts, shape (B,), int64, summing to ``budget``.
+        counts, shape (B,), int64, summing to ``rollouts``.
 
     Raises:
-        ValueError: the budget is not reachable with these choices.
+        ValueError: ``rollouts`` is not reachable with these choices.
     """
     num = gains.shape[0]
     order = rng.permutation(num)
     neg = np.iinfo(np.int64).min // 4
-    best = np.full(budget + 1, neg, dtype=np.int64)  # best[b]: max objective spending exactly b
+    best = np.full(rollouts + 1, neg, dtype=np.int64)  # best[b]: max objective spending exactly b
     best[0] = 0
-    pick = np.zeros((num, budget + 1), dtype=np.int64)  # index into `choices`
-    cols = np.arange(budget + 1)
-    src = cols[None, :] - choices[:, None]  # (C, M+1): budget before buying `choices[c]` rollouts
+    pick = np.zeros((num, rollouts + 1), dtype=np.int64)  # index into `choices`
+    cols = np.arange(rollouts + 1)
+    src = cols[None, :] - choices[:, None]  # (C, M+1): rollouts before buying `choices[c]` rollouts
     valid = src >= 0
     src = np.maximum(src, 0)
     gains_all = np.round(np.asarray(gains, dtype=float) * _SCALE).astype(np.int64)  # (B, C)
@@ -105,10 +105,12 @@ def solve_gain_table(
         # argmax returns the first maximum: the smallest count among equally good choices.
         pick[row] = np.argmax(cand, axis=0)
         best = cand[pick[row], cols]
-    if best[budget] <= neg // 2:
-        raise ValueError(f"budget {budget} is not reachable with counts in {choices.tolist()}")
+    if best[rollouts] <= neg // 2:
+        raise ValueError(
+            f"cannot place exactly {rollouts} rollouts with per-candidate counts in {choices.tolist()}"
+        )
     counts = np.zeros(num, dtype=np.int64)
-    b = budget
+    b = rollouts
     for row in range(num - 1, -1, -1):
         m = int(choices[pick[row, b]])
         counts[order[row]] = m
