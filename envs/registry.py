@@ -5,30 +5,5 @@ environments up without importing this package) and re-exported here, so an envi
     from envs.registry import ENVS
 """
 
-from tracerl.env_registry import (
-    ENTRY_POINT_GROUP,
-    ENVS,
-    TOOL_ENVS,
-    RegistryError,
-    check_data,
-    env_class,
-    env_section,
-    known_envs,
-    resolve_env_paths,
-    section_schema,
-    tool_env_class,
-)
-
-__all__ = [
-    "ENTRY_POINT_GROUP",
-    "ENVS",
-    "TOOL_ENVS",
-    "RegistryError",
-    "check_data",
-    "env_class",
-    "env_section",
-    "known_envs",
-    "resolve_env_paths",
-    "section_schema",
-    "tool_env_class",
-]
+from tracerl.env_registry import *  # noqa: F403 - the registry's public names, one list (its __all__)
+from tracerl.env_registry import __all__ as __all__

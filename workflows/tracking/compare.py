@@ -108,6 +108,28 @@ def _fmt(x: float, digits: int) -> str:
     return "-" if x is None or math.isnan(x) else f"{x:.{digits}f}"
 
 
+Series = tuple[Sequence[float], Sequence[float]]
+
+
+def _two_panels(
+    lines: Sequence[tuple[str, Series, Series]], xlabels: tuple[str, str], ylabel: str, path: Path
+) -> None:
+    """Two side-by-side panels, one line per run in each: (name, (x, y) left, (x, y) right)."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for name, left, right in lines:
+        for ax, (x, y) in zip(axes, (left, right)):
+            ax.plot(x, y, marker="o", label=name)
+    for ax, xlabel in zip(axes, xlabels):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+    axes[1].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plots(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     import matplotlib
     import matplotlib.ticker
@@ -129,40 +151,27 @@ def plots(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     fig.savefig(files[-1], dpi=120)
     plt.close(fig)
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    budget = []
     for r in rows:
         acc, cl, ct = r["series"]["accuracy"], r["series"]["cum_leaves"], r["series"]["cum_tokens"]
         steps = sorted(acc)
-        axes[0].plot([cl.get(s, 0.0) for s in steps], [acc[s] for s in steps], marker="o", label=r["name"])
-        axes[1].plot([ct.get(s, 0.0) for s in steps], [acc[s] for s in steps], marker="o", label=r["name"])
-    axes[0].set_xlabel("leaves spent")
-    axes[1].set_xlabel("generated tokens spent")
-    for a in axes:
-        a.set_ylabel("held-out accuracy")
-    axes[1].legend(fontsize=6)
-    fig.tight_layout()
+        y = [acc[s] for s in steps]
+        budget.append((r["name"], ([cl.get(s, 0.0) for s in steps], y), ([ct.get(s, 0.0) for s in steps], y)))
     files.append(out / "accuracy_vs_budget.png")
-    fig.savefig(files[-1], dpi=120)
-    plt.close(fig)
+    _two_panels(budget, ("leaves spent", "generated tokens spent"), "held-out accuracy", files[-1])
 
-    curves = [r for r in rows if r["series"].get("curve")]
-    if curves:  # runs with evaluation on a token schedule (eval_every_tokens): accuracy against compute
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        for r in curves:
-            c, cpu = r["series"]["curve"], r["series"]["curve_cpu_s"]
-            tokens = sorted(c)
-            axes[0].plot(tokens, [c[t] for t in tokens], marker="o", label=r["name"])
-            at = [t for t in tokens if t in cpu]
-            axes[1].plot([cpu[t] for t in at], [c[t] for t in at], marker="o", label=r["name"])
-        axes[0].set_xlabel("generated tokens (training rollouts)")
-        axes[1].set_xlabel("trainer + sampler CPU seconds")
-        for a in axes:
-            a.set_ylabel("held-out accuracy (curve subset)")
-        axes[1].legend(fontsize=6)
-        fig.tight_layout()
+    curves = []
+    for r in rows:  # runs with evaluation on a token schedule (eval_every_tokens): accuracy against compute
+        c, cpu = r["series"].get("curve"), r["series"].get("curve_cpu_s", {})
+        if c:
+            tokens, at = sorted(c), [t for t in sorted(c) if t in cpu]
+            curves.append(
+                (r["name"], (tokens, [c[t] for t in tokens]), ([cpu[t] for t in at], [c[t] for t in at]))
+            )
+    if curves:
         files.append(out / "learning_curve.png")
-        fig.savefig(files[-1], dpi=120)
-        plt.close(fig)
+        xlabels = ("generated tokens (training rollouts)", "trainer + sampler CPU seconds")
+        _two_panels(curves, xlabels, "held-out accuracy (curve subset)", files[-1])
 
     ns = sorted({r["continuations"] for r in rows if not math.isnan(r["continuations"])})
     ms = sorted({r["m_max"] for r in rows if not math.isnan(r["m_max"])})
