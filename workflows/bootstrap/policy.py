@@ -168,6 +168,63 @@ def evaluate_prompts(
     return out
 
 
+def _family_data(cfg: BootstrapConfig, progress: Callable[[str], None]) -> tuple[Any, Any, Any, Any, Any]:
+    """The family's supervised traces, habit traces, held-out prompts, environment and episode limits."""
+    if cfg.family == "search":
+        from workflows.bootstrap.search import search_family
+
+        segments, habit_traces, eval_prompts, env, limits = search_family(cfg)
+        progress(f"search family: {len(segments)} traces of the generated world (seed {cfg.seed})")
+        return segments, habit_traces, eval_prompts, env, limits
+    train = generate(cfg.train_tasks, seed=cfg.seed, held_out=False)
+    held = generate(cfg.eval_tasks, seed=cfg.seed + 1, held_out=True)
+    assert not {t.question for t in train} & {t.question for t in held}
+    segments = [trace_segments(t) for t in train]
+    habit_traces = (
+        [habit_segments(t, cfg.direct_answer_fraction, cfg.late_answer_fraction) for t in train]
+        if cfg.habit_steps > 0
+        else []
+    )
+    return segments, habit_traces, [task_prompt(t) for t in held], MathEnv(), SamplerConfig()
+
+
+def _start_model(
+    cfg: BootstrapConfig,
+    segments: Any,
+    progress: Callable[[str], None],
+    on_step: Callable[[int, float], None],
+) -> tuple[Any, Any, int, list[float]]:
+    """The model to start from: ``init_from`` as it is, or a new tiny one after its supervised phase; with its
+    tokenizer, parameter count and the supervised losses."""
+    if cfg.init_from:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.init_from)
+        model = AutoModelForCausalLM.from_pretrained(cfg.init_from)
+        n_params = sum(p.numel() for p in model.parameters())
+        progress(f"starting from {cfg.init_from} ({n_params / 1e6:.2f} M parameters); no supervised phase")
+        return model, tokenizer, n_params, []
+    tokenizer = build_tokenizer(["".join(s.text for s in segs) for segs in segments], cfg.vocab_size)
+    model = build_model(tokenizer, cfg)
+    examples = [encode_trace(tokenizer, segs, cfg.max_positions) for segs in segments]
+    n_params = sum(p.numel() for p in model.parameters())
+    progress(
+        f"tiny policy: {n_params / 1e6:.2f} M parameters, vocab {len(tokenizer)}, {len(examples)} traces"
+    )
+    losses = supervised_finetune(
+        model,
+        examples,
+        tokenizer.pad_token_id,
+        cfg.steps,
+        cfg.batch_size,
+        cfg.lr,
+        cfg.seed,
+        cfg.time_budget_s,
+        on_step,
+    )
+    return model, tokenizer, n_params, losses
+
+
 def bootstrap(cfg: BootstrapConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """Build, train, evaluate and save the tiny policy; returns the metrics written to bootstrap.json."""
     import torch
@@ -178,24 +235,7 @@ def bootstrap(cfg: BootstrapConfig, progress: Callable[[str], None] = lambda s: 
         return dict(json.loads((out / "bootstrap.json").read_text()))
     t0, c0 = time.perf_counter(), time.process_time()
     torch.manual_seed(cfg.seed)
-    env: Any
-    if cfg.family == "search":
-        from workflows.bootstrap.search import search_family
-
-        segments, habit_traces, eval_prompts, env, limits = search_family(cfg)
-        progress(f"search family: {len(segments)} traces of the generated world (seed {cfg.seed})")
-    else:
-        train = generate(cfg.train_tasks, seed=cfg.seed, held_out=False)
-        held = generate(cfg.eval_tasks, seed=cfg.seed + 1, held_out=True)
-        assert not {t.question for t in train} & {t.question for t in held}
-        segments = [trace_segments(t) for t in train]
-        habit_traces = (
-            [habit_segments(t, cfg.direct_answer_fraction, cfg.late_answer_fraction) for t in train]
-            if cfg.habit_steps > 0
-            else []
-        )
-        eval_prompts, env, limits = [task_prompt(t) for t in held], MathEnv(), SamplerConfig()
-
+    segments, habit_traces, eval_prompts, env, limits = _family_data(cfg, progress)
     steps_bar = bar(progress, (0 if cfg.init_from else cfg.steps) + cfg.habit_steps, "bootstrap", "step")
 
     def on_step(step: int, loss: float) -> None:
@@ -206,33 +246,7 @@ def bootstrap(cfg: BootstrapConfig, progress: Callable[[str], None] = lambda s: 
                 f"{time.process_time() - c0:.0f} CPU s)"
             )
 
-    losses: list[float] = []
-    if cfg.init_from:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(cfg.init_from)
-        model = AutoModelForCausalLM.from_pretrained(cfg.init_from)
-        n_params = sum(p.numel() for p in model.parameters())
-        progress(f"starting from {cfg.init_from} ({n_params / 1e6:.2f} M parameters); no supervised phase")
-    else:
-        tokenizer = build_tokenizer(["".join(s.text for s in segs) for segs in segments], cfg.vocab_size)
-        model = build_model(tokenizer, cfg)
-        examples = [encode_trace(tokenizer, segs, cfg.max_positions) for segs in segments]
-        n_params = sum(p.numel() for p in model.parameters())
-        progress(
-            f"tiny policy: {n_params / 1e6:.2f} M parameters, vocab {len(tokenizer)}, {len(examples)} traces"
-        )
-        losses = supervised_finetune(
-            model,
-            examples,
-            tokenizer.pad_token_id,
-            cfg.steps,
-            cfg.batch_size,
-            cfg.lr,
-            cfg.seed,
-            cfg.time_budget_s,
-            on_step,
-        )
+    model, tokenizer, n_params, losses = _start_model(cfg, segments, progress, on_step)
     habit: list[float] = []
     if cfg.habit_steps > 0:
         progress(
