@@ -58,6 +58,10 @@ def _all_reduce(values: dict[str, float], device: torch.device) -> dict[str, flo
     return dict(zip(keys, t.tolist()))
 
 
+_SUMS = ("loss", "clipped", "approx_kl", "kl_ref", "entropy", "tokens", "is_weight", "is_truncated", "signal")
+"""What every micro-batch adds to, summed over ranks once per epoch."""
+
+
 class PolicyLearner:
     """Optimizer, schedule and the PPO step for ``model`` (a plain or DDP/FSDP-wrapped causal LM)."""
 
@@ -157,17 +161,7 @@ class PolicyLearner:
         ref = self._frozen_logprobs(self.ref_model, mbs, rounds) if self.ref_model is not None else None
         stats: dict[str, float] = {}
         for _epoch in range(lc.epochs):
-            sums = {
-                "loss": 0.0,
-                "clipped": 0.0,
-                "approx_kl": 0.0,
-                "kl_ref": 0.0,
-                "entropy": 0.0,
-                "tokens": 0.0,
-                "is_weight": 0.0,
-                "is_truncated": 0.0,
-                "signal": 0.0,
-            }
+            sums = dict.fromkeys(_SUMS, 0.0)
             self.optimizer.zero_grad(set_to_none=True)
             for i in range(rounds):
                 sync = i == rounds - 1
@@ -177,31 +171,13 @@ class PolicyLearner:
                     if i >= len(mbs):
                         (self._forward(self.model, input_ids=self._dummy_ids()).logits.sum() * 0.0).backward()
                         continue
-                    mb = mbs[i]
-                    logp, ent = self._logprobs(self.model, mb)
-                    mask = mb.loss_mask
-                    old_lp = old[i] if old is not None else logp.detach()
-                    w = None
-                    if self.importance_sampling:
-                        raw = torch.exp(old_lp - mb.sampler_logprobs)
-                        w = torch.clamp(raw, max=lc.is_cap)
-                        m = mask.float()
-                        sums["is_weight"] += float((raw * m).sum())
-                        sums["is_truncated"] += float(((raw > lc.is_cap).float() * m).sum())
-                    res = self.loss_fn(
-                        LossInputs(logp, old_lp, mb.advantages, mask, w, ref[i] if ref else None),
-                        eps_low=lc.eps_low,
-                        eps_high=lc.eps_high,
-                        kl_coef=lc.kl_coef,
-                        aggregation=lc.aggregation,
+                    self._micro_step(
+                        mbs[i],
+                        old[i] if old is not None else None,
+                        ref[i] if ref else None,
+                        world / denominator,
+                        sums,
                     )
-                    (res.total * (world / denominator)).backward()
-                sums["loss"] += float(res.total.detach())
-                for k, v in res.stats.items():
-                    sums[k] += float(v)
-                sums["entropy"] += float((ent.detach() * mask.float()).sum())
-                sums["tokens"] += float(mask.sum())
-                sums["signal"] += float(((mb.advantages != 0) & mask).sum())
             params = [p for p in self.model.parameters() if p.requires_grad]
             max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
@@ -213,23 +189,66 @@ class PolicyLearner:
             if not skipped:
                 self.optimizer.step()
             self.scheduler.step()
-            tokens = max(tot["tokens"], 1.0)
-            stats = {
-                M.LOSS: tot["loss"] / denominator,
-                M.CLIP_FRACTION: tot["clipped"] / tokens,
-                M.APPROX_KL: tot["approx_kl"] / tokens,
-                M.ENTROPY: tot["entropy"] / tokens,
-                M.GRAD_NORM: grad_norm,
-                M.LR: lr,
-                M.LOSS_TOKENS: tot["tokens"],
-                M.SIGNAL_TOKENS: tot["signal"],
-                M.UPDATE_SKIPPED: float(skipped),
-            }
-            if self.ref_model is not None:
-                stats[M.KL_REF] = tot["kl_ref"] / tokens
-            if self.importance_sampling:
-                stats[M.IS_WEIGHT_MEAN] = tot["is_weight"] / tokens
-                stats[M.IS_TRUNCATED_FRACTION] = tot["is_truncated"] / tokens
+            stats = self._epoch_stats(tot, grad_norm, lr, skipped, denominator)
+        return stats
+
+    def _micro_step(
+        self,
+        mb: PaddedBatch,
+        old_lp: torch.Tensor | None,
+        ref_lp: torch.Tensor | None,
+        scale: float,
+        sums: dict[str, float],
+    ) -> None:
+        """Forward and backward of one micro-batch (its loss times ``scale`` = world / denominator), its sums
+        added to ``sums``. ``old_lp``: the frozen old log-probs (None: the current ones, detached)."""
+        lc = self.loss_cfg
+        logp, ent = self._logprobs(self.model, mb)
+        mask = mb.loss_mask
+        old_lp = old_lp if old_lp is not None else logp.detach()
+        w = None
+        if self.importance_sampling:
+            raw = torch.exp(old_lp - mb.sampler_logprobs)
+            w = torch.clamp(raw, max=lc.is_cap)
+            m = mask.float()
+            sums["is_weight"] += float((raw * m).sum())
+            sums["is_truncated"] += float(((raw > lc.is_cap).float() * m).sum())
+        res = self.loss_fn(
+            LossInputs(logp, old_lp, mb.advantages, mask, w, ref_lp),
+            eps_low=lc.eps_low,
+            eps_high=lc.eps_high,
+            kl_coef=lc.kl_coef,
+            aggregation=lc.aggregation,
+        )
+        (res.total * scale).backward()
+        sums["loss"] += float(res.total.detach())
+        for k, v in res.stats.items():
+            sums[k] += float(v)
+        sums["entropy"] += float((ent.detach() * mask.float()).sum())
+        sums["tokens"] += float(mask.sum())
+        sums["signal"] += float(((mb.advantages != 0) & mask).sum())
+
+    def _epoch_stats(
+        self, tot: dict[str, float], grad_norm: float, lr: float, skipped: bool, denominator: float
+    ) -> dict[str, float]:
+        """The batch-wide statistics of one epoch from the summed micro-batch sums."""
+        tokens = max(tot["tokens"], 1.0)
+        stats = {
+            M.LOSS: tot["loss"] / denominator,
+            M.CLIP_FRACTION: tot["clipped"] / tokens,
+            M.APPROX_KL: tot["approx_kl"] / tokens,
+            M.ENTROPY: tot["entropy"] / tokens,
+            M.GRAD_NORM: grad_norm,
+            M.LR: lr,
+            M.LOSS_TOKENS: tot["tokens"],
+            M.SIGNAL_TOKENS: tot["signal"],
+            M.UPDATE_SKIPPED: float(skipped),
+        }
+        if self.ref_model is not None:
+            stats[M.KL_REF] = tot["kl_ref"] / tokens
+        if self.importance_sampling:
+            stats[M.IS_WEIGHT_MEAN] = tot["is_weight"] / tokens
+            stats[M.IS_TRUNCATED_FRACTION] = tot["is_truncated"] / tokens
         return stats
 
 
