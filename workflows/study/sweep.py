@@ -125,9 +125,8 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     from envs.registry import check_data
     from workflows.ops.placement_groups import release_when_trials_end
     from workflows.ops.progress import bar
-    from workflows.ops.ray_utils import check_resources, init_ray
     from workflows.tracking import store as trk
-    from workflows.train.run import RESOURCE_KNOBS, resolve_paths, resource_demand
+    from workflows.train.run import resolve_paths
 
     if not cfg.train.tracking.enabled:
         raise ValueError("tracerl sweep needs MLflow tracking (tracking.enabled=true)")
@@ -138,16 +137,7 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     root = Path(base.out_dir) / "sweeps"
     root.mkdir(parents=True, exist_ok=True)
     sweep_dir = root / name
-    init_ray(cfg.train.cluster)  # before the parent run exists: a sweep that cannot fit leaves no run behind
-    # Concurrent trials each hold a Tune slot plus a whole training run's actors (space values that change the
-    # pools are not counted: the base config's shares are).
-    n = cfg.max_concurrent_trials
-    demand = [
-        (what, n * k, c, g) for what, k, c, g in [("trials", 1, cfg.trial_cpus, 0.0), *resource_demand(base)]
-    ]
-    check_resources(
-        demand, cfg.train.cluster, "max_concurrent_trials, trial_cpus, " + RESOURCE_KNOBS, progress
-    )
+    _start_ray_if_it_fits(cfg, base, progress)  # before the parent run: a sweep that cannot fit leaves no run
     exp_id = trk.setup(base.tracking)
     client = mlflow.MlflowClient()
     parent = _parent_run(client, exp_id, cfg, name, root / f"{name}.json", progress)
@@ -188,6 +178,40 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
             "are kept and an interrupted trial continues its MLflow run from its last checkpoint"
         )
         return {**summary, "interrupted": True, "wall_s": time.perf_counter() - t0}
+    summary["trials"], best_config = _records(cfg, grid, client, exp_id, name, parent, progress)
+    summary["wall_s"] = time.perf_counter() - t0
+    if best_config is not None:
+        summary["best_config"] = best_config
+    (root / f"{name}.summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def _start_ray_if_it_fits(cfg: SweepConfig, base: Any, progress: Callable[[str], None]) -> None:
+    """Start (or join) Ray and check that the concurrent trials fit: each holds a Tune slot plus a whole training
+    run's actors (space values that change the pools are not counted: the base config's shares are)."""
+    from workflows.ops.ray_utils import check_resources, init_ray
+    from workflows.train.run import RESOURCE_KNOBS, resource_demand
+
+    init_ray(cfg.train.cluster)
+    n = cfg.max_concurrent_trials
+    demand = [
+        (what, n * k, c, g) for what, k, c, g in [("trials", 1, cfg.trial_cpus, 0.0), *resource_demand(base)]
+    ]
+    check_resources(
+        demand, cfg.train.cluster, "max_concurrent_trials, trial_cpus, " + RESOURCE_KNOBS, progress
+    )
+
+
+def _records(
+    cfg: SweepConfig,
+    grid: Any,
+    client: Any,
+    exp_id: str,
+    name: str,
+    parent: str,
+    progress: Callable[[str], None],
+) -> tuple[list[TrialRecord], dict[str, Any] | None]:
+    """Every trial's record, and the best trial's configuration (tagged on the parent run), None if none ended."""
     results = [grid[i] for i in range(len(grid))]
     children = {
         r.data.tags.get("tracerl.trial", ""): r.info
@@ -196,15 +220,13 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
             filter_string=f"tags.`tracerl.sweep` = '{name}' and tags.`mlflow.parentRunId` = '{parent}'",
         )
     }
-    summary["trials"] = [_trial_record(cfg, r, children, client, progress) for r in results]
-    summary["wall_s"] = time.perf_counter() - t0
+    records = [_trial_record(cfg, r, children, client, progress) for r in results]
     ok = [r for r in results if r.error is None and r.metrics]
     best = grid.get_best_result(metric=cfg.metric, mode=cfg.mode, scope=cfg.scope) if ok else None
-    if best is not None:
-        summary["best_config"] = best.config
-        _tag_best(client, parent, best, children)
-    (root / f"{name}.summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    return summary
+    if best is None:
+        return records, None
+    _tag_best(client, parent, best, children)
+    return records, dict(best.config)
 
 
 def _parent_run(
