@@ -22,7 +22,6 @@ batch of three, log-probs within 1e-5).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +30,7 @@ import torch
 
 from tracerl.config import ModelConfig, SamplerConfig
 from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop
-from tracerl.samplers.hf_join import JoinBatch
+from tracerl.samplers.hf_join import CACHE, JoinBatch
 
 
 class _RowGumbel:
@@ -117,25 +116,23 @@ class HFSampler:
         past = self._batch_cache(kvs, lc) if lc else None
         sample = temperature > 0
         noise = [_RowGumbel(seeds, temperature, self.device)] if sample else None
-        with warnings.catch_warnings():  # transformers 5.x renames past_key_values to cache; both accept this
-            warnings.simplefilter("ignore", FutureWarning)
-            out = self.model.generate(
-                input_ids=ids.to(self.device),
-                attention_mask=mask.to(self.device),
-                past_key_values=past,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,  # sampling is the per-row Gumbel noise on greedy decoding
-                logits_processor=noise,
-                temperature=None,
-                top_p=None,
-                top_k=None,
-                stop_strings=list(stop) or None,
-                tokenizer=self.tokenizer,
-                pad_token_id=pad,
-                eos_token_id=self.tokenizer.eos_token_id,
-                return_dict_in_generate=True,
-                output_logits=True,
-            )
+        out = self.model.generate(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            **{CACHE: past},
+            max_new_tokens=max_new_tokens,
+            do_sample=False,  # sampling is the per-row Gumbel noise on greedy decoding
+            logits_processor=noise,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            stop_strings=list(stop) or None,
+            tokenizer=self.tokenizer,
+            pad_token_id=pad,
+            eos_token_id=self.tokenizer.eos_token_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
         width = lc + ls
         seqs = out.sequences[:, width:].cpu()
         logp = torch.log_softmax(
@@ -150,7 +147,7 @@ class HFSampler:
                 else []
             )
             handle = (
-                self._row_cache(out.past_key_values, mask[r], r, list(contexts[r]) + kept)
+                self._row_cache(getattr(out, CACHE), mask[r], r, list(contexts[r]) + kept)
                 if self.reuse_prefix
                 else None
             )

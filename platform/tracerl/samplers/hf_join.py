@@ -26,6 +26,18 @@ import torch
 from tracerl.samplers.base import Generation, cut_at_stop
 
 
+def _cache_name() -> str:
+    """The keyword of a model's KV cache in forward/generate and its outputs: ``cache`` from transformers 5.24
+    (which warns on the old name), ``past_key_values`` before it."""
+    import transformers
+    from packaging.version import Version
+
+    return "cache" if Version(transformers.__version__).release >= (5, 24) else "past_key_values"
+
+
+CACHE = _cache_name()
+
+
 @dataclass
 class _Row:
     key: int
@@ -78,7 +90,11 @@ class JoinBatch:
             pos = self.mask.sum(-1, keepdim=True)  # each row's real tokens so far: the new token's position
             self.mask = torch.cat([self.mask, torch.ones_like(last)], dim=1)
             out = self.s.model(
-                input_ids=last, attention_mask=self.mask, position_ids=pos, cache=self.cache, use_cache=True
+                input_ids=last,
+                attention_mask=self.mask,
+                position_ids=pos,
+                use_cache=True,
+                **{CACHE: self.cache},
             )
             n = len(self.rows)
             return self._sample(out.logits[:, -1]), n
@@ -107,9 +123,9 @@ class JoinBatch:
             input_ids=ids.to(dev),
             attention_mask=mask,
             position_ids=pos.to(dev),
-            cache=self.cache,
             use_cache=True,
             logits_to_keep=1,
+            **{CACHE: self.cache},
         )
         self.rows, self.mask = rows, mask
         return self._sample(out.logits[:, -1]), len(rows)  # (rows: the list before any leave)
