@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.tree import RolloutTree
@@ -26,7 +26,25 @@ def leaf_score_means(trees: Sequence[RolloutTree]) -> dict[str, float]:
     return {k: sum(leaf.scores.get(k, 0.0) for leaf in leaves) / len(leaves) for k in keys}
 
 
-def summarize(trees: Sequence[RolloutTree], ledger: BudgetLedger) -> dict[str, Any]:
+class EvalSummary(TypedDict, total=False):
+    """What ``summarize`` gives for one set of rollouts (an empty set has only ``tasks``: 0)."""
+
+    tasks: int
+    k: int
+    """Rollouts per task."""
+    pass_at_k: float
+    avg_at_k: float
+    by_source: dict[str, float]
+    """Mean success per task source (generated level or file)."""
+    well_formed_turns: float
+    generated_tokens_per_rollout: float
+    statuses: dict[str, int]
+    """Leaves per ending status."""
+    scores: dict[str, float]
+    """Mean answer scores (em, f1 for search), ``leaf_score_means``."""
+
+
+def summarize(trees: Sequence[RolloutTree], ledger: BudgetLedger) -> EvalSummary:
     """pass@k, avg@k (k = leaves per tree), per-source accuracy, well-formed turns and ending statuses."""
     if not trees:
         return {"tasks": 0}
