@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tracerl import metrics as M
+
 PHASES = ("generate", "tools", "grade", "update", "rest")
 """The step's phases in the table; ``rest`` is everything else (limit 0)."""
 
@@ -119,12 +121,12 @@ def compose(counts: StepCounts, rates: Rates, layout: Layout) -> dict[str, float
 
 
 REAL_KEYS = {
-    "step": "time/step_s",
-    "eval": "time/eval_s",
-    "generate": "time/generate_s",
-    "tools": "time/tools_s",
-    "grade": "time/grade_s",
-    "update": "time/update_policy_s",
+    "step": M.TIME_STEP,
+    "eval": M.phase_time("eval"),
+    "generate": M.phase_time("generate"),
+    "tools": M.phase_time("tools"),
+    "grade": M.phase_time("grade"),
+    "update": M.phase_time("update_policy"),
 }
 """The real step's phases, as the run logs them (docs/metrics.md, time/)."""
 
@@ -253,6 +255,18 @@ def format_table(s: Mapping[str, Any]) -> str:
         rt = "-" if ratio is None else f"{ratio:.1f}x"
         work = _work(p, s) if p != "total" else ""
         lines.append(f"{p:<9} {s['limit_s'][p]:>8.2f} {s['real_s'][p]:>8.2f} {rt:>10}  {work}")
+    wall = s.get("limit_wall_clock_s")
+    if wall:
+        lines.append(
+            f"limit from wall-clock microbenchmarks (this machine's load in them): {wall['total']:.2f} s "
+            f"(real/limit {s['real_s']['total'] / wall['total']:.1f}x)"
+        )
+    cpu = s.get("cpu_per_step")
+    if cpu and cpu.get("real") is not None:
+        lines.append(
+            f"CPU seconds per step: real {cpu['real']:.2f} (total/cpu_s), limit {cpu['limit']:.2f} "
+            f"(the same work on one core): {cpu['real'] / cpu['limit']:.1f}x"
+        )
     m = s.get("machine", {})
     if m:
         lines.append(
