@@ -21,6 +21,7 @@ from workflows.bench.limit_report import (
     Layout,
     Rates,
     StepCounts,
+    fastest_split,
     fit_tool_cost,
     format_table,
     mean_split,
@@ -77,15 +78,20 @@ def test_the_real_split_leaves_out_the_evaluation_and_puts_the_remainder_in_rest
     step = {
         "time/step_s": 10.0,
         "time/eval_s": 2.0,
+        "time/rollout_s": 5.0,
         "time/generate_s": 3.0,
         "time/tools_s": 1.0,
         "time/grade_s": 0.5,
         "time/update_policy_s": 1.5,
     }
     s = real_split(step)
+    # rest: outside the rollout and the update (8 - 5 - 1.5) plus the rollout beyond its phases (5 - 4.5)
     assert s == {"generate": 3.0, "tools": 1.0, "grade": 0.5, "update": 1.5, "rest": 2.0, "total": 8.0}
+    # two samplers: the slowest one's phases may add up to more than the rollout; nothing negative goes to rest
+    assert real_split({**step, "time/tools_s": 2.0})["rest"] == 1.5
     m = mean_split([step, {**step, "time/step_s": 12.0}])
     assert (m["total"], m["rest"]) == (9.0, 3.0)
+    assert fastest_split([{**step, "time/step_s": 12.0}, step])["total"] == 8.0
     r = ratios(s, {"generate": 1.5, "tools": 0.5, "grade": 0.5, "update": 1.5, "rest": 0.0, "total": 4.0})
     assert r == {"generate": 2.0, "tools": 2.0, "grade": 1.0, "update": 1.0, "rest": None, "total": 2.0}
 

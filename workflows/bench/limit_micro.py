@@ -1,8 +1,10 @@
 """``tracerl bench limit``'s microbenchmarks, each timed in wall and CPU seconds on one torch thread.
 
-On a shared machine a single-threaded computation's CPU seconds are what it would take on an idle core (the wall
-seconds add the time other processes held the core), so the limit is composed from CPU seconds and the wall
-seconds are kept beside them. A tool call's CPU includes its sandboxed process's; a grade's, the grading
+On a shared machine a single-threaded computation's CPU seconds are closer to what it would take on an idle core
+than its wall seconds (those add the time other processes held the core), so the limit is composed from CPU
+seconds and the wall seconds are kept beside them; each is the least of several repeats. CPU seconds still grow
+with the load (a shared core's caches and memory bandwidth): on the busy 2-core machine the trainer's CPU seconds
+for alike updates ranged 0.5-1.3 s. A tool call's CPU includes its sandboxed process's; a grade's, the grading
 worker's.
 """
 
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,11 +34,13 @@ def since(t0: tuple[float, float], tree: bool = False) -> tuple[float, float]:
     return wall - t0[0], max(0.0, cpu - t0[1])
 
 
-def median(fn: Callable[[], tuple[float, float]], repeats: int) -> tuple[float, float]:
-    """Median wall and CPU seconds of ``repeats`` calls of ``fn`` (one untimed call before: lazy set-up, caches)."""
+def fastest(fn: Callable[[], tuple[float, float]], repeats: int) -> tuple[float, float]:
+    """The least wall and the least CPU seconds of ``repeats`` calls of ``fn`` (one untimed call before: lazy set-up,
+    caches): other processes only ever add time, CPU seconds included (a shared core's caches), so the least is
+    the closest to what the hardware takes."""
     fn()
     runs = [fn() for _ in range(repeats)]
-    return statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs)
+    return min(w for w, _ in runs), min(c for _, c in runs)
 
 
 def _contexts(trees: Sequence[Any], rows: int, length: int) -> Any:
@@ -57,7 +60,7 @@ def model_rates(
 ) -> dict[str, float]:
     """The model's decode rate (``rows`` rows on a KV cache of ``context`` tokens, ``new_tokens`` forwards of one
     token each) and prefill rate (``rows`` x ``suffix`` tokens in one forward): tokens per CPU second and per wall
-    second (medians)."""
+    second (the least of the repeats)."""
     import torch
 
     ids = _contexts(trees, rows, context)
@@ -87,7 +90,7 @@ def model_rates(
         model(input_ids=enc, attention_mask=torch.ones_like(enc), use_cache=True)
         return since(t0)
 
-    (dec_w, dec_c), (pre_w, pre_c) = median(decode, repeats), median(prefill, repeats)
+    (dec_w, dec_c), (pre_w, pre_c) = fastest(decode, repeats), fastest(prefill, repeats)
     decoded, encoded = rows * new_tokens, rows * suffix
     return {
         "decode_tokens_per_s": decoded / max(dec_c, 1e-9),
@@ -127,7 +130,7 @@ def update_time(tc: TrainConfig, model: Any, tok: Any, batch: Any, repeats: int)
         skipped.append(stats[M.UPDATE_SKIPPED])
         return since(t0)
 
-    wall, cpu = median(once, repeats)
+    wall, cpu = fastest(once, repeats)
     mb = tc.loss.micro_batch_size
     lengths = [len(x) for x in batch.input_ids]
     padded = sum(len(lengths[i : i + mb]) * max(lengths[i : i + mb]) for i in range(0, len(lengths), mb))
@@ -176,6 +179,6 @@ def matmul_flops(repeats: int, n: int = 512) -> dict[str, float]:
             a @ b
         return since(t0)
 
-    wall, cpu = median(once, repeats)
+    wall, cpu = fastest(once, repeats)
     flops = 10 * 2.0 * n**3
     return {"per_cpu_s": flops / max(cpu, 1e-9), "per_wall_s": flops / max(wall, 1e-9)}

@@ -123,6 +123,7 @@ def compose(counts: StepCounts, rates: Rates, layout: Layout) -> dict[str, float
 REAL_KEYS = {
     "step": M.TIME_STEP,
     "eval": M.phase_time("eval"),
+    "rollout": M.TIME_ROLLOUT,
     "generate": M.phase_time("generate"),
     "tools": M.phase_time("tools"),
     "grade": M.phase_time("grade"),
@@ -132,11 +133,15 @@ REAL_KEYS = {
 
 
 def real_split(step: Mapping[str, float]) -> dict[str, float]:
-    """A logged step's seconds per phase: ``total`` is ``time/step_s`` less its evaluation, ``rest`` what is left
-    after generate, tools, grade and update (never below 0)."""
-    total = step.get(REAL_KEYS["step"], 0.0) - step.get(REAL_KEYS["eval"], 0.0)
-    out = {p: float(step.get(REAL_KEYS[p], 0.0)) for p in ("generate", "tools", "grade", "update")}
-    out["rest"] = max(0.0, total - sum(out.values()))
+    """A logged step's seconds per phase: ``total`` is ``time/step_s`` less its evaluation; generate, tools and
+    grade are each the slowest sampler's (so with several samplers they may add up to more than the rollout);
+    ``rest`` is what lies outside the rollout and the update, plus the rollout's seconds beyond its three phases
+    where there are any (Ray calls, the engine's own work)."""
+    get = {k: float(step.get(key, 0.0)) for k, key in REAL_KEYS.items()}
+    total = get["step"] - get["eval"]
+    out = {p: get[p] for p in ("generate", "tools", "grade", "update")}
+    inside = max(0.0, get["rollout"] - out["generate"] - out["tools"] - out["grade"])
+    out["rest"] = max(0.0, total - get["rollout"] - out["update"]) + inside
     out["total"] = total
     return out
 
@@ -145,6 +150,11 @@ def mean_split(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """The mean over steps of ``real_split``, per phase and total."""
     splits = [real_split(s) for s in steps]
     return {k: statistics.fmean(s[k] for s in splits) for k in (*PHASES, "total")}
+
+
+def fastest_split(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """``real_split`` of the step with the least total (on a loaded machine the closest to an idle one)."""
+    return min((real_split(s) for s in steps), key=lambda s: s["total"])
 
 
 def ratios(real: Mapping[str, float], limit: Mapping[str, float]) -> dict[str, float | None]:
@@ -255,11 +265,23 @@ def format_table(s: Mapping[str, Any]) -> str:
         rt = "-" if ratio is None else f"{ratio:.1f}x"
         work = _work(p, s) if p != "total" else ""
         lines.append(f"{p:<9} {s['limit_s'][p]:>8.2f} {s['real_s'][p]:>8.2f} {rt:>10}  {work}")
+    fast = s.get("real_fastest_s")
+    if fast:
+        lines.append(
+            f"fastest measured step: {fast['total']:.2f} s (real/limit {fast['total'] / s['limit_s']['total']:.1f}x)"
+        )
     wall = s.get("limit_wall_clock_s")
     if wall:
         lines.append(
             f"limit from wall-clock microbenchmarks (this machine's load in them): {wall['total']:.2f} s "
             f"(real/limit {s['real_s']['total'] / wall['total']:.1f}x)"
+        )
+    own = s.get("own_step")
+    if own:
+        lines.append(
+            f"the hf sampler's generate in the bench's own step: {own['sampler_tokens_per_cpu_s']:.0f} tokens per CPU s "
+            f"at {own['sampler_rows_per_call']:.1f} rows a call (the model alone: {s['rates']['decode_tokens_per_s']:.0f} "
+            f"at {s['counts']['occupancy']:.1f})"
         )
     cpu = s.get("cpu_per_step")
     if cpu and cpu.get("real") is not None:
