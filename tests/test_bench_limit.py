@@ -15,6 +15,7 @@ from envs.math.config import MathEnvConfig
 from tests.conftest import ROOT, UNHURRIED
 from tracerl.config import TrainConfig
 from tracerl.config_loader import ConfigError, compose
+from workflows.bench import limit_report
 from workflows.bench.limit import BenchLimitConfig, cpu_per_step, measured, own_step
 from workflows.bench.limit_micro import grade_costs, matmul_flops, model_rates, tool_costs, update_time
 from workflows.bench.limit_report import (
@@ -30,9 +31,6 @@ from workflows.bench.limit_report import (
     summary_json,
     update_flops,
     write_json,
-)
-from workflows.bench.limit_report import (
-    compose as compose_limit,
 )
 
 LIMIT = ROOT / "conf/bench/limit.yaml"
@@ -58,7 +56,7 @@ RATES = Rates(
 
 
 def test_the_limit_is_each_phase_s_work_over_its_rate_and_parallelism() -> None:
-    lim = compose_limit(COUNTS, RATES, Layout(sampler_actors=2, env_actors_per_sampler=2, cpus=2))
+    lim = limit_report.compose(COUNTS, RATES, Layout(sampler_actors=2, env_actors_per_sampler=2, cpus=2))
     # generate: (2000 / 1000 + 3000 / 10000) / min(2, 2) = 1.15; tools: (40 x 0.05 + 20 x 0.01) / min(4, 2) = 1.1
     assert lim["generate"] == pytest.approx(1.15)
     assert lim["tools"] == pytest.approx(1.1)
@@ -68,9 +66,9 @@ def test_the_limit_is_each_phase_s_work_over_its_rate_and_parallelism() -> None:
     assert lim["total"] == pytest.approx(1.15 + 1.1 + 0.03 + 2.0)
     assert COUNTS.occupancy == 8.0
     # more CPUs: tools spread over all four env actors, generate still over the two samplers
-    wide = compose_limit(COUNTS, RATES, Layout(2, 2, 16))
+    wide = limit_report.compose(COUNTS, RATES, Layout(2, 2, 16))
     assert (wide["generate"], wide["tools"]) == (pytest.approx(1.15), pytest.approx(0.55))
-    one = compose_limit(COUNTS, RATES, Layout(2, 0, 1))  # one CPU: nothing runs in parallel
+    one = limit_report.compose(COUNTS, RATES, Layout(2, 0, 1))  # one CPU: nothing runs in parallel
     assert one["generate"] == pytest.approx(2.3) and one["tools"] == pytest.approx(2.2)
 
 
