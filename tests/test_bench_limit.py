@@ -22,7 +22,7 @@ from workflows.bench.limit_report import (
     Layout,
     Rates,
     StepCounts,
-    fastest_split,
+    fastest_step,
     fit_tool_cost,
     format_table,
     mean_split,
@@ -89,7 +89,7 @@ def test_the_real_split_leaves_out_the_evaluation_and_puts_the_remainder_in_rest
     assert real_split({**step, "time/tools_s": 2.0})["rest"] == 1.5
     m = mean_split([step, {**step, "time/step_s": 12.0}])
     assert (m["total"], m["rest"]) == (9.0, 3.0)
-    assert fastest_split([{**step, "time/step_s": 12.0}, step])["total"] == 8.0
+    assert fastest_step([{**step, "time/step_s": 12.0, "step": 1}, {**step, "step": 2}])["step"] == 2
     r = ratios(s, {"generate": 1.5, "tools": 0.5, "grade": 0.5, "update": 1.5, "rest": 0.0, "total": 4.0})
     assert r == {"generate": 2.0, "tools": 2.0, "grade": 1.0, "update": 1.0, "rest": None, "total": 2.0}
 

@@ -24,7 +24,7 @@ import dataclasses
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,9 +47,10 @@ from workflows.bench.limit_report import (
     StepCounts,
     compose,
     decode_flops_per_token,
-    fastest_split,
+    fastest_step,
     fit_tool_cost,
     mean_split,
+    real_split,
     summary_json,
     update_flops,
     write_json,
@@ -255,11 +256,11 @@ def own_step(tc: TrainConfig) -> dict[str, Any]:
 # -- the bench ---------------------------------------------------------------------------------------------------
 
 
-def _mean(steps: Sequence[dict[str, Any]], key: str) -> float:
+def _mean(steps: Sequence[Mapping[str, Any]], key: str) -> float:
     return statistics.fmean(float(s.get(key, 0.0)) for s in steps)
 
 
-def step_counts(steps: Sequence[dict[str, Any]], graded_share: float) -> StepCounts:
+def step_counts(steps: Sequence[Mapping[str, Any]], graded_share: float) -> StepCounts:
     """The real run's mean work per measured step; graded answers = sampled leaves x ``graded_share``."""
     return StepCounts(
         generated_tokens=_mean(steps, M.GENERATED_TOKENS),
@@ -303,7 +304,8 @@ def run_limit_bench(
     progress(
         f"   {own['wall_s']:.1f} s, {len(own['sampler_calls'])} sampler calls, {len(own['cells'])} tool calls"
     )
-    counts = step_counts(steps, len(own["answers"]) / max(own["sampled_leaves"], 1))
+    counts_share = len(own["answers"]) / max(own["sampled_leaves"], 1)
+    counts = step_counts(steps, counts_share)
     llm_calls = max(_mean(steps, M.LLM_CALLS), 1.0)
     context = (counts.prefill_tokens + _mean(steps, M.PREFILL_REUSED)) / llm_calls
     new_tokens = tc.sampler.max_turn_tokens
@@ -334,6 +336,7 @@ def run_limit_bench(
         )
 
     cpu_rates = rates(cpu=True)
+    fast = fastest_step(steps)
     params = sum(p.numel() for p in stack.model.parameters())
     layers, hidden = int(stack.model.config.num_hidden_layers), int(stack.model.config.hidden_size)
     flops_upd = update_flops(
@@ -346,7 +349,11 @@ def run_limit_bench(
         "tracking_uri": real["tracking_uri"],
         "run_steps": tc.steps,
         "measured_steps": f"{steps[0]['step']}-{steps[-1]['step']}",
-        "real_fastest_s": fastest_split(steps),
+        "fastest_step": {
+            "step": fast["step"],
+            "real_s": real_split(fast),
+            "limit_s": compose(step_counts([fast], counts_share), cpu_rates, layout),
+        },
         "limit_wall_clock_s": compose(counts, rates(cpu=False), layout),
         "cpu_per_step": {
             "real": cpu_per_step(real["steps"], steps),
@@ -360,6 +367,10 @@ def run_limit_bench(
             "decode_flops_per_token": flops_tok,
             "decode_flops_per_cpu_s": flops_tok * model_r["decode_tokens_per_s"],
             "matmul_flops": peak,
+            "update_at_matmul_peak_s": flops_upd
+            / peak["per_cpu_s"]
+            * counts.loss_tokens
+            / upd["loss_tokens"],
             "params": params,
             "mean_context": context,
             "tool_calls": [{"cells": c, "wall_s": w, "cpu_s": x} for c, w, x in tools],

@@ -152,9 +152,9 @@ def mean_split(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
     return {k: statistics.fmean(s[k] for s in splits) for k in (*PHASES, "total")}
 
 
-def fastest_split(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """``real_split`` of the step with the least total (on a loaded machine the closest to an idle one)."""
-    return min((real_split(s) for s in steps), key=lambda s: s["total"])
+def fastest_step(steps: Sequence[Mapping[str, float]]) -> Mapping[str, float]:
+    """The step with the least ``real_split`` total (on a loaded machine the closest to an idle one)."""
+    return min(steps, key=lambda s: real_split(s)["total"])
 
 
 def ratios(real: Mapping[str, float], limit: Mapping[str, float]) -> dict[str, float | None]:
@@ -265,11 +265,15 @@ def format_table(s: Mapping[str, Any]) -> str:
         rt = "-" if ratio is None else f"{ratio:.1f}x"
         work = _work(p, s) if p != "total" else ""
         lines.append(f"{p:<9} {s['limit_s'][p]:>8.2f} {s['real_s'][p]:>8.2f} {rt:>10}  {work}")
-    fast = s.get("real_fastest_s")
+    fast = s.get("fastest_step")
     if fast:
         lines.append(
-            f"fastest measured step: {fast['total']:.2f} s (real/limit {fast['total'] / s['limit_s']['total']:.1f}x)"
+            f"fastest measured step ({fast['step']}): {fast['real_s']['total']:.2f} s, its own work's limit "
+            f"{fast['limit_s']['total']:.2f} s: {fast['real_s']['total'] / fast['limit_s']['total']:.1f}x"
         )
+    floor = s.get("microbench", {}).get("update_at_matmul_peak_s")
+    if floor:
+        lines.append(f"update at the matmul peak (its FLOPs / a 512 x 512 matmul's FLOP/s): {floor:.2f} s")
     wall = s.get("limit_wall_clock_s")
     if wall:
         lines.append(
