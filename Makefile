@@ -13,7 +13,7 @@ FAST_TESTS := advantages allocators bench_peer checkpoint_files checkpoint_state
   costaware curves knapsack layout length_predictor math_tasks mc_scorer metric_names multiturn_engine predictors \
   prefixes react registry roots run_budget seeds simulator stepper testbeds timer trace_plus tree
 
-.PHONY: install demo test test-fast lint typecheck unit bench bench-peer clean test-vllm smollm2 test-bfcl-slow test-ui gpu-check
+.PHONY: install demo test test-fast lint typecheck unit bench bench-peer bench-limit clean test-vllm smollm2 test-bfcl-slow test-ui gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -116,6 +116,9 @@ $(PEER_STAMP): pyproject.toml $(STAMP)
 
 bench-peer: install $(PEER_STAMP)
 	$(VENV)/bin/tracerl bench peer peer_python=$(PEER_VENV)/bin/python --json bench_out/peer.json $(PEER_ARGS)
+
+bench-limit: install
+	$(VENV)/bin/tracerl bench limit --json bench_out/limit.json $(LIMIT_ARGS)
 
 clean:
 	rm -rf bench_out mlruns.db mlartifacts runs eval_out rollout_out ui_artifacts .pytest_cache .mypy_cache .ruff_cache

@@ -1,4 +1,4 @@
-"""``tracerl bench ...``: the benchmark subcommands (allocation, targets, rollout, train, env, testbeds, peer), each a configured
+"""``tracerl bench ...``: the benchmark subcommands (allocation, targets, rollout, train, env, testbeds, peer, limit), each a configured
 job that prints a table and writes JSON."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from tracerl.experiment_config import (
     BenchRolloutConfig,
     BenchTrainConfig,
 )
+from workflows.bench.limit import BenchLimitConfig
 from workflows.bench.peer import BenchPeerConfig
 from workflows.bench.testbeds import BenchTestbedsConfig
 from workflows.cli.args import Command, Shorthand, add_job_args, progress
@@ -87,6 +88,12 @@ BENCH_PEER_FLAGS = (
     Shorthand("--sides", ("sides",), "sides to run, comma-separated: trl, grpo, trace", lambda s: f"[{s}]"),
     Shorthand("--model", ("model.path",), "the policy checkpoint every side starts from", str),
     Shorthand("--eval-every", ("eval_every",), "held-out accuracy every N steps (0: none; curves need it)"),
+    Shorthand("--out", ("bench_out",), "output directory", str),
+)
+BENCH_LIMIT_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--steps", ("steps",), "steps of the real run (the first and the last are not measured)"),
+    Shorthand("--repeats", ("repeats",), "timed repeats of each microbenchmark"),
     Shorthand("--out", ("bench_out",), "output directory", str),
 )
 BENCH_ENV_FLAGS = (
@@ -166,7 +173,9 @@ def _bench_rollout(cfg: BenchRolloutConfig) -> int:
     return 0
 
 
-def _lm_bench(cfg: BenchTrainConfig | BenchPipelineConfig, run: Any, format_table: Any) -> int:
+def _lm_bench(
+    cfg: BenchTrainConfig | BenchPipelineConfig | BenchLimitConfig, run: Any, format_table: Any
+) -> int:
     """A benchmark of training steps on the LM stack: run, print its table, say where its JSON went."""
 
     summary = run(cfg, progress=progress)
@@ -205,6 +214,13 @@ def _bench_peer(cfg: BenchPeerConfig) -> int:
     return 0
 
 
+def _bench_limit(cfg: BenchLimitConfig) -> int:
+    from workflows.bench.limit import run_limit_bench
+    from workflows.bench.limit_report import format_table
+
+    return _lm_bench(cfg, run_limit_bench, format_table)
+
+
 def _bench_testbeds(cfg: BenchTestbedsConfig) -> int:
     from workflows.bench.probes import run_testbeds_bench
     from workflows.bench.testbeds import format_table
@@ -232,6 +248,7 @@ BENCH_COMMANDS: dict[str, Command] = {
         BenchTestbedsConfig, "bench/testbeds.yaml", BENCH_TESTBEDS_FLAGS, _bench_testbeds
     ),
     "bench peer": Command(BenchPeerConfig, "bench/peer.yaml", BENCH_PEER_FLAGS, _bench_peer),
+    "bench limit": Command(BenchLimitConfig, "bench/limit.yaml", BENCH_LIMIT_FLAGS, _bench_limit),
 }
 BENCH_HELP = {
     "allocation": "every allocator at equal leaf budget on the simulator",
@@ -241,6 +258,7 @@ BENCH_HELP = {
     "pipeline": "barrier vs streaming steps (frozen policy) and, with --train-steps, barrier vs overlap in train runs",
     "testbeds": "acceptance of the study's testbeds: accuracy, depth profile, habit choices",
     "peer": "TRL's GRPOTrainer vs tracerl grpo and trace on the same work (needs `make bench-peer`'s venv)",
+    "limit": "the embedded default's step at the limit this machine allows, next to a real step (per phase)",
     "env": "an environment's gold replay (--gold) or tiny policy pass@1: "
     "bench env [math|search|bfcl] [--gold] [--json PATH]",
 }

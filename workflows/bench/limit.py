@@ -1,0 +1,400 @@
+"""``tracerl bench limit``: the embedded default's step at the limit this machine allows, next to a real step.
+
+Three parts, in this process, one after the other:
+
+1. **A real run**: ``tracerl train`` on the configured setup (the embedded default, conf/train/default.yaml, with
+   ``steps`` short and the held-out set small: neither changes a training step), read back from MLflow: per step
+   the work (generated and prefill tokens, decode forwards and rows, tool calls and replayed cells, leaves, loss
+   tokens) and the seconds per phase (``time/*``). Steps ``1 + warmup_steps`` .. ``steps - 1`` are measured: the
+   first pays for lazy set-up, the last holds the final evaluation and the trees' log.
+2. **The bench's own step**: one allocation-and-rollout step of the same setup in this process (one sampler, the
+   environment without actors), its sampler calls, tool calls and grades timed where they run (real model
+   actions, real answers); its trees collated as the trainer collates them.
+3. **Microbenchmarks**, one torch thread (as each sampler actor and the trainer run): the model's decode rate with
+   a KV cache and its prefill rate at the real run's decode occupancy B and mean context, one update (forward,
+   backward, optimizer step at ``loss.micro_batch_size``) of the bench step's batch, and a matmul's FLOP/s.
+
+``workflows.bench.limit_report`` composes the limit from the real run's counts and these rates with the default
+layout's parallelism and divides the real step by it, per phase and in total (docs/results/limit.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tracerl import metrics as M
+from tracerl.config import TrainConfig
+from tracerl.schema import check, check_flat_keys, flattened
+from workflows.bench.limit_micro import (
+    clock,
+    grade_costs,
+    matmul_flops,
+    model_rates,
+    since,
+    tool_costs,
+    update_time,
+)
+from workflows.bench.limit_report import (
+    Layout,
+    Rates,
+    StepCounts,
+    compose,
+    decode_flops_per_token,
+    fastest_step,
+    fit_tool_cost,
+    mean_split,
+    real_split,
+    summary_json,
+    update_flops,
+    write_json,
+)
+
+COUNT_KEYS = (
+    M.GENERATED_TOKENS,
+    M.PREFILL_COMPUTED,
+    M.PREFILL_REUSED,
+    M.LLM_CALLS,
+    M.DECODE_STEPS,
+    M.DECODE_ROWS,
+    M.TOOL_CALLS,
+    M.TOOL_CALLS_REPLAYED,
+    M.SAMPLED_LEAVES,
+    M.LOSS_TOKENS,
+    M.SEQUENCES,
+    M.TOTAL_CPU_S,
+)
+TIME_PHASES = (
+    "step",
+    "eval",
+    "rollout",
+    "generate",
+    "tools",
+    "grade",
+    "update_policy",
+    "broadcast",
+    "select",
+    "score",
+    "allocate_roots",
+    "expand_prefixes",
+    "fit_predictor",
+    "collate",
+    "sync_weights",
+    "log",
+)
+
+
+@check_flat_keys
+@dataclass(frozen=True)
+class BenchLimitConfig:
+    """``tracerl bench limit``: the embedded default's step at its limit, next to a real step."""
+
+    train: TrainConfig = flattened(TrainConfig)
+    """The setup (its keys at the top level): conf/bench/limit.yaml holds conf/train/default.yaml's."""
+    warmup_steps: int = 1
+    """Steps left out at the start of the real run (the last step is always left out)."""
+    repeats: int = 5
+    """Timed repeats of each microbenchmark (the least is kept; one untimed run before)."""
+    json_path: str | None = None
+    """Write the JSON summary here as well (``--json``)."""
+    bench_out: str = "bench_out/limit"
+    """Where results.json and the run go."""
+
+    def __post_init__(self) -> None:
+        steps = self.train.steps
+        check(self.warmup_steps >= 0, f"warmup_steps must be >= 0 (got {self.warmup_steps})")
+        check(
+            steps is not None and steps >= self.warmup_steps + 2,
+            f"steps ({steps}) must be at least warmup_steps + 2 ({self.warmup_steps + 2}): the first "
+            f"{self.warmup_steps} and the last are not measured",
+        )
+        check(self.repeats >= 1, f"repeats must be >= 1 (got {self.repeats})")
+        check(self.train.resume is None, "bench limit starts a fresh run; resume is not allowed")
+        check(
+            self.train.sampler.backend == "hf" and self.train.env.name == "math",
+            "bench limit models the embedded default: sampler.backend=hf, env.name=math "
+            f"(got {self.train.sampler.backend}, {self.train.env.name})",
+        )
+        check(
+            self.train.pipeline.mode == "barrier" and not self.train.pipeline.overlap,
+            "bench limit composes a barrier step: pipeline.mode=barrier, pipeline.overlap=false",
+        )
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# -- 1. the real run ---------------------------------------------------------------------------------------------
+
+
+def run_real(cfg: BenchLimitConfig, progress: Callable[[str], None]) -> dict[str, Any]:
+    """The short ``tracerl train`` run; its per-step counts and phase seconds from MLflow."""
+    import mlflow
+
+    from workflows.train.run import train
+
+    tc = dataclasses.replace(
+        cfg.train,
+        out_dir=str(Path(cfg.bench_out).resolve() / "runs"),
+        run_name=f"bench-limit-{time.strftime('%Y%m%d-%H%M%S')}",
+    )
+    progress(f"== the real run: tracerl train, {tc.steps} steps")
+    summary = train(tc, progress=progress)
+    client = mlflow.MlflowClient(tracking_uri=summary["tracking_uri"])
+    keys = [*COUNT_KEYS, *(M.phase_time(p) for p in TIME_PHASES)]
+    per: dict[int, dict[str, float]] = {}
+    for key in keys:
+        latest: dict[int, tuple[int, float]] = {}
+        for m in client.get_metric_history(summary["run_id"], key):
+            if m.step not in latest or m.timestamp >= latest[m.step][0]:
+                latest[m.step] = (m.timestamp, m.value)
+        for step, (_, value) in latest.items():
+            per.setdefault(step, {})[key] = value
+    steps = [{"step": k, **per[k]} for k in sorted(per) if k >= 1]
+    return {"run_id": summary["run_id"], "tracking_uri": summary["tracking_uri"], "steps": steps}
+
+
+def measured(steps: Sequence[dict[str, Any]], warmup: int, total: int) -> list[dict[str, Any]]:
+    """The steps ``1 + warmup`` .. ``total - 1`` of a run's per-step records."""
+    return [s for s in steps if warmup < s["step"] < total]
+
+
+# -- 2. the bench's own step -------------------------------------------------------------------------------------
+
+
+def own_step(tc: TrainConfig) -> dict[str, Any]:
+    """One allocation-and-rollout step in this process: its sampler calls timed where they run, its tool calls' cells
+    and its graded answers recorded (``tool_costs`` and ``grade_costs`` time them again, alone); the collated batch
+    of its trees."""
+    import numpy as np
+
+    from envs.math.reward import is_correct
+    from predictors.length import attach_lengths
+    from tracerl.algos.allocators import build_allocator
+    from tracerl.algos.batch import collate
+    from tracerl.engine.stepper import Stepper
+    from workflows.lm.stack import build_stack, build_text_predictor, task_prompts
+
+    stack = build_stack(tc.model, tc.sampler, tc.env, tc.seed)
+    env, sampler = stack.env, stack.engine.sampler
+    is_correct(
+        "1/2", "0.5", env.grader
+    )  # the grading worker starts once per actor, before the measured steps
+    env.sandbox.run_cells(("print(1)",))
+    calls: list[dict[str, float]] = []
+    cells_run: list[tuple[str, ...]] = []
+    answers: list[tuple[Any, str | None]] = []
+
+    def timed_generate(contexts: Any, *args: Any, **kw: Any) -> Any:
+        t0 = clock()
+        gens = generate(contexts, *args, **kw)
+        wall, cpu = since(t0)
+        kept = [len(g.token_ids) for g in gens]
+        calls.append(
+            {
+                "rows": len(gens),
+                "kept_tokens": sum(kept),
+                "forwards": max(kept, default=0),
+                "prefill_tokens": sum(g.prefill_tokens for g in gens),
+                "seconds": wall,
+                "cpu_s": cpu,
+            }
+        )
+        return gens
+
+    def recorded_cells(cells: Sequence[str]) -> Any:
+        cells_run.append(tuple(cells))
+        return run_cells(cells)
+
+    def recorded_reward(prompt: Any, answer: str | None) -> float:
+        answers.append((prompt, answer))
+        return reward(prompt, answer)
+
+    generate, run_cells, reward = sampler.generate, env.sandbox.run_cells, env.reward
+    wrapped = ((sampler, "generate"), (env.sandbox, "run_cells"), (env, "reward"))
+    for (obj, name), fn in zip(wrapped, (timed_generate, recorded_cells, recorded_reward)):
+        setattr(obj, name, fn)  # on the instances: the engine and the environment call these
+    allocator = build_allocator(tc.allocator)
+    attach_lengths(allocator)
+    predictor = build_text_predictor(
+        tc.predictor, stack, tc.seed, name=allocator.predictor, targets=allocator.targets
+    )
+    stepper = Stepper(
+        task_prompts(tc.env), allocator, predictor, stack.engine, np.random.default_rng(tc.seed), "barrier"
+    )
+    t0 = time.perf_counter()
+    out = stepper.run(0, tc.budget)
+    wall = time.perf_counter() - t0
+    for obj, name in wrapped:
+        delattr(obj, name)  # the methods again
+    batch = collate(out.trees, tc.loss.advantage, tc.loss.normalize_std, tc.loss.debiased_values)
+    sampled = sum(len(t.leaves()) for t in out.sampled_trees)
+    return {
+        "stack": stack,
+        "trees": out.trees,
+        "batch": batch,
+        "wall_s": wall,
+        "sampler_calls": calls,
+        "cells": cells_run,
+        "answers": answers,
+        "sampled_leaves": sampled,
+        "ledger": {
+            "generated_tokens": out.ledger.generated_tokens,
+            "tool_calls": out.ledger.tool_calls,
+            "leaves": out.ledger.leaves,
+        },
+    }
+
+
+# -- the bench ---------------------------------------------------------------------------------------------------
+
+
+def _mean(steps: Sequence[Mapping[str, Any]], key: str) -> float:
+    return statistics.fmean(float(s.get(key, 0.0)) for s in steps)
+
+
+def step_counts(steps: Sequence[Mapping[str, Any]], graded_share: float) -> StepCounts:
+    """The real run's mean work per measured step; graded answers = sampled leaves x ``graded_share``."""
+    return StepCounts(
+        generated_tokens=_mean(steps, M.GENERATED_TOKENS),
+        prefill_tokens=_mean(steps, M.PREFILL_COMPUTED),
+        decode_steps=_mean(steps, M.DECODE_STEPS),
+        decode_rows=_mean(steps, M.DECODE_ROWS),
+        tool_calls=_mean(steps, M.TOOL_CALLS),
+        replayed_cells=_mean(steps, M.TOOL_CALLS_REPLAYED),
+        grades=_mean(steps, M.SAMPLED_LEAVES) * graded_share,
+        loss_tokens=_mean(steps, M.LOSS_TOKENS),
+    )
+
+
+def cpu_per_step(steps: Sequence[dict[str, Any]], measured_steps: Sequence[dict[str, Any]]) -> float | None:
+    """Mean CPU seconds of the measured steps from the running ``total/cpu_s`` (trainer, samplers, env actors)."""
+    total = {s["step"]: float(s[M.TOTAL_CPU_S]) for s in steps if M.TOTAL_CPU_S in s}
+    diffs = [
+        total[s["step"]] - total[s["step"] - 1]
+        for s in measured_steps
+        if s["step"] in total and s["step"] - 1 in total
+    ]
+    return statistics.fmean(diffs) if diffs else None
+
+
+def run_limit_bench(
+    cfg: BenchLimitConfig, progress: Callable[[str], None] = lambda s: None
+) -> dict[str, Any]:
+    import ray
+    import torch
+
+    tc = cfg.train
+    load0 = [round(x, 2) for x in os.getloadavg()]
+    real = run_real(cfg, progress)
+    ray.shutdown()  # its workers would stay beside the microbenchmarks
+    steps = measured(real["steps"], cfg.warmup_steps, tc.steps or 0)
+    if not steps:
+        raise RuntimeError(f"the real run logged no steps {cfg.warmup_steps + 1}..{(tc.steps or 0) - 1}")
+    torch.set_num_threads(1)  # a sampler actor's threads (pools.rollout_cpus) and the trainer's (Ray's OMP)
+    progress("== the bench's own step (one sampler, in process)")
+    own = own_step(tc)
+    progress(
+        f"   {own['wall_s']:.1f} s, {len(own['sampler_calls'])} sampler calls, {len(own['cells'])} tool calls"
+    )
+    counts_share = len(own["answers"]) / max(own["sampled_leaves"], 1)
+    counts = step_counts(steps, counts_share)
+    llm_calls = max(_mean(steps, M.LLM_CALLS), 1.0)
+    context = (counts.prefill_tokens + _mean(steps, M.PREFILL_REUSED)) / llm_calls
+    new_tokens = tc.sampler.max_turn_tokens
+    ctx = int(min(max(round(context), 1), tc.sampler.max_context_tokens - new_tokens))
+    suffix, rows = max(1, round(counts.prefill_tokens / llm_calls)), max(1, round(counts.occupancy))
+    stack = own["stack"]
+    progress(
+        f"== microbenchmarks: decode/prefill at B={rows}, context {ctx}, suffix {suffix}; update; tools; grades"
+    )
+    model_r = model_rates(stack.model, own["trees"], rows, ctx, suffix, new_tokens, cfg.repeats)
+    upd = update_time(tc, stack.model, stack.tokenizer, own["batch"], cfg.repeats)
+    tools = tool_costs(stack.env, own["cells"])
+    grade_wall, grade_cpu = grade_costs(stack.env, own["answers"])
+    peak = matmul_flops(cfg.repeats)
+    layout = Layout(tc.pools.rollout_workers, tc.pools.env_workers, _cpus())
+
+    def rates(cpu: bool) -> Rates:
+        t_call, t_cell = fit_tool_cost([(c, x if cpu else w) for c, w, x in tools]) if tools else (0.0, 0.0)
+        per = "" if cpu else "_wall"
+        return Rates(
+            decode_tokens_per_s=model_r[f"decode_tokens_per{per}_s"],
+            prefill_tokens_per_s=model_r[f"prefill_tokens_per{per}_s"],
+            tool_call_s=t_call,
+            tool_cell_s=t_cell,
+            grade_s=grade_cpu if cpu else grade_wall,
+            update_s=upd["cpu_s" if cpu else "wall_s"],
+            update_loss_tokens=upd["loss_tokens"],
+        )
+
+    cpu_rates = rates(cpu=True)
+    fast = fastest_step(steps)
+    params = sum(p.numel() for p in stack.model.parameters())
+    layers, hidden = int(stack.model.config.num_hidden_layers), int(stack.model.config.hidden_size)
+    flops_upd = update_flops(
+        params, int(upd["padded_tokens"]), layers, hidden, upd["tokens"] / upd["sequences"] / 2
+    )
+    flops_tok = decode_flops_per_token(params, layers, hidden, ctx + new_tokens / 2)
+    calls = [c for c in own["sampler_calls"] if c["rows"]]
+    extra = {
+        "run_id": real["run_id"],
+        "tracking_uri": real["tracking_uri"],
+        "run_steps": tc.steps,
+        "measured_steps": f"{steps[0]['step']}-{steps[-1]['step']}",
+        "fastest_step": {
+            "step": fast["step"],
+            "real_s": real_split(fast),
+            "limit_s": compose(step_counts([fast], counts_share), cpu_rates, layout),
+        },
+        "limit_wall_clock_s": compose(counts, rates(cpu=False), layout),
+        "cpu_per_step": {
+            "real": cpu_per_step(real["steps"], steps),
+            "limit": compose(counts, cpu_rates, Layout(1, 0, 1))["total"],
+        },
+        "microbench": {
+            "model": model_r,
+            "update": upd,
+            "update_flops": flops_upd,
+            "update_flops_per_cpu_s": flops_upd / max(upd["cpu_s"], 1e-9),
+            "decode_flops_per_token": flops_tok,
+            "decode_flops_per_cpu_s": flops_tok * model_r["decode_tokens_per_s"],
+            "matmul_flops": peak,
+            "update_at_matmul_peak_s": flops_upd
+            / peak["per_cpu_s"]
+            * counts.loss_tokens
+            / upd["loss_tokens"],
+            "params": params,
+            "mean_context": context,
+            "tool_calls": [{"cells": c, "wall_s": w, "cpu_s": x} for c, w, x in tools],
+            "grades": {"answers": len(own["answers"]), "wall_s": grade_wall, "cpu_s": grade_cpu},
+            "graded_share_of_leaves": len(own["answers"]) / max(own["sampled_leaves"], 1),
+            "torch_threads": 1,
+        },
+        "own_step": {
+            "wall_s": own["wall_s"],
+            "sampler_calls": len(calls),
+            "sampler_rows_per_call": statistics.fmean(c["rows"] for c in calls) if calls else 0.0,
+            "sampler_tokens_per_cpu_s": sum(c["kept_tokens"] for c in calls)
+            / max(sum(c["cpu_s"] for c in calls), 1e-9),
+            "sampler_tokens_per_wall_s": sum(c["kept_tokens"] for c in calls)
+            / max(sum(c["seconds"] for c in calls), 1e-9),
+            **own["ledger"],
+        },
+        "per_step": real["steps"],
+        "machine": {
+            "cpus": _cpus(),
+            "load_avg_start": load0,
+            "load_avg_end": [round(x, 2) for x in os.getloadavg()],
+        },
+    }
+    summary = summary_json(counts, cpu_rates, layout, mean_split(steps), extra)
+    write_json(summary, Path(cfg.bench_out) / "results.json", cfg.json_path)
+    return summary

@@ -1,0 +1,184 @@
+"""``tracerl bench limit``'s microbenchmarks, each timed in wall and CPU seconds on one torch thread.
+
+On a shared machine a single-threaded computation's CPU seconds are closer to what it would take on an idle core
+than its wall seconds (those add the time other processes held the core), so the limit is composed from CPU
+seconds and the wall seconds are kept beside them; each is the least of several repeats. CPU seconds still grow
+with the load (a shared core's caches and memory bandwidth): on the busy 2-core machine the trainer's CPU seconds
+for alike updates ranged 0.5-1.3 s. A tool call's CPU includes its sandboxed process's; a grade's, the grading
+worker's.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tracerl import metrics as M
+from tracerl.config import TrainConfig
+
+
+def clock(tree: bool = False) -> tuple[float, float]:
+    """(wall, CPU) seconds now: CPU of this process's threads, with ``tree`` also of its children (a sandboxed tool
+    call's process, the grading worker)."""
+    from tracerl.engine.timer import process_tree_cpu_s
+
+    return time.perf_counter(), process_tree_cpu_s() if tree else time.process_time()
+
+
+def since(t0: tuple[float, float], tree: bool = False) -> tuple[float, float]:
+    """(wall, CPU) seconds since ``t0`` (a ``clock`` reading with the same ``tree``)."""
+    wall, cpu = clock(tree)
+    return wall - t0[0], max(0.0, cpu - t0[1])
+
+
+def fastest(fn: Callable[[], tuple[float, float]], repeats: int) -> tuple[float, float]:
+    """The least wall and the least CPU seconds of ``repeats`` calls of ``fn`` (one untimed call before: lazy set-up,
+    caches): other processes only ever add time, CPU seconds included (a shared core's caches), so the least is
+    the closest to what the hardware takes."""
+    fn()
+    runs = [fn() for _ in range(repeats)]
+    return min(w for w, _ in runs), min(c for _, c in runs)
+
+
+def _contexts(trees: Sequence[Any], rows: int, length: int) -> Any:
+    """``rows`` contexts of ``length`` tokens: the step's prompts (their tokens repeated to the length)."""
+    import torch
+
+    prompts = [list(t.prompt_token_ids) for t in trees if t.prompt_token_ids] or [[1]]
+    out = []
+    for r in range(rows):
+        p = prompts[r % len(prompts)]
+        out.append((p * (length // len(p) + 1))[:length])
+    return torch.tensor(out, dtype=torch.long)
+
+
+def model_rates(
+    model: Any, trees: Sequence[Any], rows: int, context: int, suffix: int, new_tokens: int, repeats: int
+) -> dict[str, float]:
+    """The model's decode rate (``rows`` rows on a KV cache of ``context`` tokens, ``new_tokens`` forwards of one
+    token each) and prefill rate (``rows`` x ``suffix`` tokens in one forward): tokens per CPU second and per wall
+    second (the least of the repeats)."""
+    import torch
+
+    ids = _contexts(trees, rows, context)
+    enc = _contexts(trees, rows, suffix)
+    # transformers 5.x names the KV cache `cache` (past_key_values is deprecated); older versions, past_key_values
+    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def kv(out: Any) -> Any:
+        got = out.get("cache")
+        return got if got is not None else out.get("past_key_values")
+
+    @torch.no_grad()
+    def decode() -> tuple[float, float]:
+        mask = torch.ones_like(ids)
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        past, tok = kv(out), out.logits[:, -1:].argmax(-1)
+        t0 = clock()
+        for _ in range(new_tokens):
+            mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype)], dim=1)
+            out = model(input_ids=tok, attention_mask=mask, use_cache=True, **{key: past})
+            past, tok = kv(out), out.logits[:, -1:].argmax(-1)
+        return since(t0)
+
+    @torch.no_grad()
+    def prefill() -> tuple[float, float]:
+        t0 = clock()
+        model(input_ids=enc, attention_mask=torch.ones_like(enc), use_cache=True)
+        return since(t0)
+
+    (dec_w, dec_c), (pre_w, pre_c) = fastest(decode, repeats), fastest(prefill, repeats)
+    decoded, encoded = rows * new_tokens, rows * suffix
+    return {
+        "decode_tokens_per_s": decoded / max(dec_c, 1e-9),
+        "prefill_tokens_per_s": encoded / max(pre_c, 1e-9),
+        "decode_tokens_per_wall_s": decoded / max(dec_w, 1e-9),
+        "prefill_tokens_per_wall_s": encoded / max(pre_w, 1e-9),
+        "decode_cpu_s": dec_c,
+        "decode_wall_s": dec_w,
+        "prefill_cpu_s": pre_c,
+        "prefill_wall_s": pre_w,
+        "rows": rows,
+        "context": context,
+        "suffix": suffix,
+        "new_tokens": new_tokens,
+    }
+
+
+def update_time(tc: TrainConfig, model: Any, tok: Any, batch: Any, repeats: int) -> dict[str, float]:
+    """CPU and wall seconds of ``PolicyLearner.update`` on ``batch`` (a copy of the policy; the run's optimizer,
+    loss and micro-batch), and the tokens and padded tokens its micro-batches feed."""
+    from tracerl.learner import PolicyLearner, denominator
+
+    learner = PolicyLearner(
+        copy.deepcopy(model),
+        tc.optim,
+        tc.loss,
+        tc.steps or 1,
+        pad_id=tok.pad_token_id,
+        temperature=tc.sampler.temperature,
+    )
+    den = denominator(batch, tc.loss.aggregation)
+    skipped: list[float] = []
+
+    def once() -> tuple[float, float]:
+        t0 = clock()
+        stats = learner.update(batch, den)
+        skipped.append(stats[M.UPDATE_SKIPPED])
+        return since(t0)
+
+    wall, cpu = fastest(once, repeats)
+    mb = tc.loss.micro_batch_size
+    lengths = [len(x) for x in batch.input_ids]
+    padded = sum(len(lengths[i : i + mb]) * max(lengths[i : i + mb]) for i in range(0, len(lengths), mb))
+    return {
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "loss_tokens": float(batch.num_tokens),
+        "sequences": float(len(batch)),
+        "tokens": float(sum(lengths)),
+        "padded_tokens": float(padded),
+        "optimizer_skipped": float(max(skipped, default=0.0)),
+    }
+
+
+def tool_costs(env: Any, cells: Sequence[tuple[str, ...]]) -> list[tuple[int, float, float]]:
+    """Each recorded tool call run again in ``env``'s sandbox, alone: (cells, wall s, CPU s with its process)."""
+    out = []
+    for c in cells:
+        t0 = clock(tree=True)
+        env.sandbox.run_cells(c)
+        wall, cpu = since(t0, tree=True)
+        out.append((len(c), wall, cpu))
+    return out
+
+
+def grade_costs(env: Any, answers: Sequence[tuple[Any, str | None]]) -> tuple[float, float]:
+    """Mean wall and CPU seconds (with the grading worker's) of grading each recorded answer again, in turn."""
+    if not answers:
+        return 0.0, 0.0
+    t0 = clock(tree=True)
+    for prompt, answer in answers:
+        env.reward(prompt, answer)
+    wall, cpu = since(t0, tree=True)
+    return wall / len(answers), cpu / len(answers)
+
+
+def matmul_flops(repeats: int, n: int = 512) -> dict[str, float]:
+    """FLOP per CPU and per wall second of an n x n float32 matmul on this thread (the dense peak, for scale)."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+
+    def once() -> tuple[float, float]:
+        t0 = clock()
+        for _ in range(10):
+            a @ b
+        return since(t0)
+
+    wall, cpu = fastest(once, repeats)
+    flops = 10 * 2.0 * n**3
+    return {"per_cpu_s": flops / max(cpu, 1e-9), "per_wall_s": flops / max(wall, 1e-9)}
