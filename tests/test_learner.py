@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from tests.conftest import WAIT_LIMIT_S
 from tracerl.algos.batch import TrainBatch, collate
 from tracerl.algos.losses import LossInputs, ppo_clip_loss, token_logprobs
 from tracerl.config import LossConfig, OptimConfig, TrainerConfig
@@ -162,38 +167,76 @@ def _update(model, batch: TrainBatch, world_batch: TrainBatch, loss: LossConfig)
     return learner.update(batch, denominator(world_batch, loss.aggregation))
 
 
-def _two_ranks(worker, tmp_path, arg):  # type: ignore[no-untyped-def]
-    """Run ``worker(rank, port, path, arg)`` on two gloo ranks; what rank 0 saved at ``path``."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    path = str(tmp_path / "rank0.pt")
-    torch.multiprocessing.spawn(worker, args=(port, path, arg), nprocs=2)
-    return torch.load(path)
-
-
-def _ddp_worker(rank: int, port: int, path: str, aggregation: str) -> None:
+def _ddp_case(rank: int, aggregation: str) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
     model = DistributedDataParallel(_model(), broadcast_buffers=False)
     batch = _batch()
     loss = LossConfig(micro_batch_size=1, aggregation=aggregation)
     stats = _update(model, batch.shard(rank, 2), batch, loss)
-    if rank == 0:
-        torch.save({"params": model.module.state_dict(), "stats": stats}, path)
+    return {"params": model.module.state_dict(), "stats": stats}
+
+
+def _fsdp_case(rank: int, lora: bool, compute: torch.dtype | None = None) -> dict[str, Any]:
+    model = fully_shard_model(_lora_model() if lora else _model(), compute_dtype=compute)
+    batch = _batch()
+    stats = _update(model, batch.shard(rank, 2), batch, LossConfig(micro_batch_size=1))
+    weights = hf_weights(
+        gather_state(model), LORA if lora else TrainerConfig()
+    )  # every rank joins the gather
+    if rank != 0:
+        assert weights == {}
+    return {"params": weights, "stats": stats}
+
+
+TWO_RANK_CASES: dict[str, Callable[[int], dict[str, Any]]] = {
+    "ddp-token_mean": lambda rank: _ddp_case(rank, "token_mean"),
+    "ddp-seq_mean_token_mean": lambda rank: _ddp_case(rank, "seq_mean_token_mean"),
+    "fsdp-full": lambda rank: _fsdp_case(rank, False),
+    "fsdp-lora": lambda rank: _fsdp_case(rank, True),
+    "fsdp-bf16": lambda rank: _fsdp_case(rank, False, torch.bfloat16),
+}
+"""The data-parallel updates the tests below check, each by two gloo ranks on unequal shards of ``_batch()``."""
+
+
+def _two_rank_worker(rank: int, port: int, out: str) -> None:
+    """Every case on one process group: one spawn of two ranks for the module, not one per test. Every rank
+    passes a barrier before the teardown: a rank leaving while the other was still in its last collective once
+    died of SIGABRT ("terminate called without an active exception", gloo). A collective a rank never joins
+    fails after ``WAIT_LIMIT_S`` instead of gloo's 30 minutes."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group(
+        "gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=WAIT_LIMIT_S)
+    )
+    for name, case in TWO_RANK_CASES.items():
+        got = case(rank)
+        if rank == 0:
+            torch.save(got, Path(out) / f"{name}.pt")
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """What rank 0 of two gloo ranks returned for each of ``TWO_RANK_CASES`` (its weights and update stats)."""
+    out = tmp_path_factory.mktemp("ranks")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_two_rank_worker, args=(port, str(out)), nprocs=2)
+    return {name: torch.load(out / f"{name}.pt") for name in TWO_RANK_CASES}
+
+
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
-def test_two_ddp_workers_match_one_on_unequal_shards(tmp_path, aggregation: str) -> None:  # type: ignore[no-untyped-def]
+def test_two_ddp_workers_match_one_on_unequal_shards(
+    two_ranks: dict[str, dict[str, Any]], aggregation: str
+) -> None:
     batch = _batch()
     assert batch.shard(0, 2).num_tokens != batch.shard(1, 2).num_tokens
     single = _model()
     before = {k: v.clone() for k, v in single.state_dict().items()}
     stats1 = _update(single, batch, batch, LossConfig(micro_batch_size=2, aggregation=aggregation))
-    got = _two_ranks(_ddp_worker, tmp_path, aggregation)
+    got = two_ranks[f"ddp-{aggregation}"]
     changed = 0
     for k, v in single.state_dict().items():
         torch.testing.assert_close(got["params"][k], v, rtol=1e-5, atol=1e-6)
@@ -278,38 +321,20 @@ def test_lora_rejects_targets_the_model_lacks() -> None:
         apply_lora(_model(), TrainerConfig(lora_rank=4, lora_targets=["q_proj", "c_attn"]))
 
 
-def _fsdp_worker(rank: int, port: int, path: str, lora: bool, compute: torch.dtype | None = None) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
-    model = fully_shard_model(_lora_model() if lora else _model(), compute_dtype=compute)
-    batch = _batch()
-    stats = _update(model, batch.shard(rank, 2), batch, LossConfig(micro_batch_size=1))
-    weights = hf_weights(
-        gather_state(model), LORA if lora else TrainerConfig()
-    )  # every rank joins the gather
-    if rank == 0:
-        torch.save({"params": weights, "stats": stats}, path)
-    else:
-        assert weights == {}
-    torch.distributed.destroy_process_group()
-
-
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_two_fsdp_workers_match_one_on_unequal_shards(tmp_path, lora: bool) -> None:  # type: ignore[no-untyped-def]
+def test_two_fsdp_workers_match_one_on_unequal_shards(
+    two_ranks: dict[str, dict[str, Any]], lora: bool
+) -> None:
     batch = _batch()
     single = _lora_model() if lora else _model()
     stats1 = _update(single, batch, batch, LossConfig(micro_batch_size=2))
     want = hf_weights(gather_state(single), LORA if lora else TrainerConfig())
-    got = _two_ranks(_fsdp_worker, tmp_path, lora)
+    got = two_ranks["fsdp-lora" if lora else "fsdp-full"]
     assert sorted(got["params"]) == sorted(want)
     for k, v in want.items():
         torch.testing.assert_close(got["params"][k], v, rtol=1e-5, atol=1e-6)
     assert got["stats"]["train/loss"] == pytest.approx(stats1["train/loss"], rel=1e-5)
     assert got["stats"]["train/grad_norm"] == pytest.approx(stats1["train/grad_norm"], rel=1e-4)
-
-
-def _bf16_fsdp_worker(rank: int, port: int, path: str, _: None) -> None:
-    _fsdp_worker(rank, port, path, False, torch.bfloat16)
 
 
 def test_mixed_precision_keeps_small_updates_that_bf16_weights_round_away() -> None:
@@ -340,7 +365,9 @@ def test_mixed_precision_keeps_small_updates_that_bf16_weights_round_away() -> N
     assert changed["float32"] > 0.9 and changed["bfloat16"] < 0.1, changed
 
 
-def test_two_fsdp_workers_in_mixed_precision_keep_float32_weights(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_two_fsdp_workers_in_mixed_precision_keep_float32_weights(
+    two_ranks: dict[str, dict[str, Any]],
+) -> None:
     """FSDP2's MixedPrecisionPolicy (bfloat16 compute, float32 master weights and reductions) gives one
     autocast worker's update on the whole batch, to bfloat16 accuracy."""
     batch = _batch()
@@ -354,7 +381,7 @@ def test_two_fsdp_workers_in_mixed_precision_keep_float32_weights(tmp_path) -> N
         autocast=torch.bfloat16,
     )
     stats1 = learner.update(batch, denominator(batch, "token_mean"))
-    got = _two_ranks(_bf16_fsdp_worker, tmp_path, None)
+    got = two_ranks["fsdp-bf16"]
     assert {v.dtype for v in got["params"].values()} == {torch.float32}
     total = sum(v.numel() for v in single.state_dict().values())
     close = {
