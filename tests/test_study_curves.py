@@ -189,7 +189,7 @@ def test_a_cell_more_than_5_percent_off_its_budget_is_flagged(tmp_path: Path) ->
         "hypotheses": [],
     }
     text = markdown(doc, [])
-    assert "**2 cells are more than 5 % off their token budget**" in text
+    assert "**2 cells are more than 5 % off its token budget**" in text
     assert "more than 5 % off: pcl/s2 (+5.2 %), trace/s1 (-7.5 %)" in text
 
 

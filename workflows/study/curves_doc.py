@@ -1,4 +1,5 @@
-"""The learning-curve study's curves.md and plots, from the document workflows/study/curves_report.py builds:
+"""The learning-curve study's curves.md, curves.json and plots (``write_curves_report``, called by ``tracerl study``
+for a curve study), from the cells and statistics of workflows/study/curves_report.py:
 per testbed a table of allocators (tokens and CPU seconds to target with the ratio to grpo, normalised AUC, final
 accuracy, the sigmoid fit), the decision rule's verdicts, the trace vs trace_mc headroom, the hypotheses and the
 plain-language answer; accuracy against generated tokens and against CPU seconds, mean with a 95 % band, one panel
@@ -6,12 +7,24 @@ per testbed."""
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from tracerl.experiment_config import StudyConfig
+from workflows.study.curves_report import (
+    BUDGET_TOLERANCE,
+    TARGET_FRAC,
+    collect_cells,
+    eval_curves,
+    finite,
+    hypothesis_verdicts,
+    per_testbed_stats,
+)
 
 RULE_WORDS = {
     "win": "more compute-efficient than grpo",
@@ -37,13 +50,22 @@ def _iv(i: Mapping[str, Any] | None, pct: bool = False, spec: str = ".0f") -> st
     return f"{f(i['estimate'], 'never')}{unit} ({f(i['low'], 'never')} to {f(i['high'], 'inf')}{unit})"
 
 
+def _ratio(e: Mapping[str, Any] | None) -> str:
+    """A comparison's ratio as a share of grpo's, 'n/a' where the rule has no target."""
+    if not e or e.get("verdict") == "n/a":
+        return "n/a"
+    return _iv(e["ratio"], pct=True)
+
+
 def _tokens_line(alloc: str, tb: str, e: Mapping[str, Any]) -> str:
     t, c = e.get("tokens"), e.get("cpu_s")
     if not t:
         return f"- {alloc} on {tb}: no seed paired with grpo's."
+    if t["verdict"] == "n/a":
+        return f"- {alloc} on {tb}: {RULE_WORDS['n/a']}."
     return (
-        f"- {alloc} on {tb}: tokens-to-target ratio {_iv(t['ratio'], pct=True)} of grpo's, "
-        f"{RULE_WORDS[t['verdict']]} by the rule; CPU-seconds ratio {_iv(c['ratio'] if c else None, pct=True)}."
+        f"- {alloc} on {tb}: tokens-to-target ratio {_ratio(t)} of grpo's, "
+        f"{RULE_WORDS[t['verdict']]} by the rule; CPU-seconds ratio {_ratio(c)}."
     )
 
 
@@ -71,8 +93,8 @@ def testbed_section(tb: str, st: Mapping[str, Any], cells: Sequence[Mapping[str,
         )
         lines.append(
             f"| {alloc} | {e['seeds']} | {_iv(t.get('tokens_to_target'))} | "
-            f"{'-' if alloc == 'grpo' else _iv(t.get('ratio'), pct=True)} | {_iv(c.get('tokens_to_target'))} | "
-            f"{'-' if alloc == 'grpo' else _iv(c.get('ratio'), pct=True)} | {_iv(t.get('auc'), spec='.3f')} | "
+            f"{'-' if alloc == 'grpo' else _ratio(t)} | {_iv(c.get('tokens_to_target'))} | "
+            f"{'-' if alloc == 'grpo' else _ratio(c)} | {_iv(t.get('auc'), spec='.3f')} | "
             f"{_num(e['final_accuracy'])} +- {_num(e['final_std'])} | {fd} | {_num(f['asymptote'])} | "
             f"{_num(f['midpoint'], '.0f')} | {_num(f['exponent'], '.2f')} | {_num(f['r2'], '.2f')} |"
         )
@@ -94,7 +116,7 @@ def testbed_section(tb: str, st: Mapping[str, Any], cells: Sequence[Mapping[str,
             f"- Headroom ({st.get('ceiling', 'trace_mc')}, the Monte-Carlo ceiling, against trace): it needs "
             f"{_iv(r, pct=True)} of trace's tokens to the target"
             + (
-                f" (a perfect predictor would save {100 * saved:.0f} % of trace's tokens)"
+                f" (Monte-Carlo scores in place of the predictor save {100 * saved:.0f} % of trace's tokens)"
                 if saved is not None
                 else ""
             )
@@ -116,6 +138,7 @@ def testbed_section(tb: str, st: Mapping[str, Any], cells: Sequence[Mapping[str,
             + (
                 "; more than 5 % off: "
                 + ", ".join(f"{c['allocator']}/s{c['seed']} ({100 * c['budget_off']:+.1f} %)" for c in off)
+                + "."
                 if off
                 else ", every cell within 5 %."
             )
@@ -132,9 +155,13 @@ def answer(doc: Mapping[str, Any]) -> list[str]:
         parts: list[str] = []
         wins: list[str] = []
         others: list[str] = []
+        undecided: list[str] = []
         for tb, st in sorted(doc["testbeds"].items()):
             e = st.get("allocators", {}).get(a)
             if not e or not e.get("tokens"):
+                continue
+            if e["tokens"]["verdict"] == "n/a":
+                undecided.append(tb)
                 continue
             t, c = e["tokens"]["ratio"], (e.get("cpu_s") or {}).get("ratio")
             parts.append(f"{_iv(t, pct=True)} of its tokens and {_iv(c, pct=True)} of its CPU time on {tb}")
@@ -145,12 +172,13 @@ def answer(doc: Mapping[str, Any]) -> list[str]:
                 f"than grpo by the rule {'on ' + ', '.join(wins) if wins else 'nowhere'}"
                 + (f", not on {', '.join(others)}" if others else "")
                 + "."
+                + (f" No target on {', '.join(undecided)} (grpo did not improve)." if undecided else "")
             )
+        elif undecided:
+            lines.append(f"- {a}: no target on {', '.join(undecided)} (grpo did not improve).")
     lines += ["", "Hypotheses, stated in the config before the grid ran:", ""]
     for h in doc["hypotheses"]:
-        cases = "; ".join(
-            f"{c['testbed']}: {c['verdict']}, ratio {_iv(c['ratio'], pct=True)}" for c in h["cases"]
-        )
+        cases = "; ".join(f"{c['testbed']}: {c['verdict']}, ratio {_ratio(c)}" for c in h["cases"])
         lines.append(
             f"- {h['claim']} (expect {h['expect']} of {h['allocator']} against {h['vs']}): **{h['state']}**"
             + (f" ({cases})" if cases else "")
@@ -176,7 +204,8 @@ def markdown(doc: Mapping[str, Any], plots: Sequence[str]) -> str:
     lines += answer(doc)
     if flagged:
         lines += [
-            f"**{len(flagged)} cells are more than 5 % off their token budget** (listed per testbed).",
+            f"**{len(flagged)} cell{' is' if len(flagged) == 1 else 's are'} more than 5 % off its token budget** "
+            "(listed per testbed).",
             "",
         ]
     for c in errors:
@@ -198,7 +227,6 @@ def plots(
     import matplotlib.pyplot as plt
 
     from workflows.study.curves import bootstrap_curve
-    from workflows.study.curves_report import eval_curves
 
     usable = [c for c in cells if c["points"] and not c.get("error")]
     tbs = sorted({c["testbed"] for c in usable})
@@ -234,3 +262,50 @@ def plots(
         plt.close(fig)
         paths.append(str(p))
     return paths
+
+
+def write_curves_report(
+    cfg: StudyConfig, client: Any, exp_id: str, parent: str, progress: Callable[[str], None] = lambda s: None
+) -> dict[str, Any]:
+    """curves.md, curves.json and the plots under ``cfg.out_dir`` (curves.json also at ``cfg.json_path``), logged
+    on the parent run under ``report``."""
+    cells = collect_cells(cfg, client, exp_id, parent)
+    stats = {
+        tb: per_testbed_stats(
+            [c for c in cells if c["testbed"] == tb],
+            float(cfg.testbeds[tb]["stop_tokens"]),
+            cfg.bootstrap_samples,
+        )
+        for tb in sorted({c["testbed"] for c in cells})
+    }
+    hyps = hypothesis_verdicts(cfg, stats, cells, cfg.bootstrap_samples)
+    sha = client.get_run(parent).data.tags.get("tracerl.git_sha", "unknown")
+    doc = {
+        "sha": sha,
+        "decision_rule": "more compute-efficient than grpo when the 95 % interval of the tokens-to-target ratio "
+        "lies below 1 (win), less when above 1 (loss), else neither (tie)",
+        "target": f"start + {TARGET_FRAC} x (grpo's final - start) on the curve's tasks",
+        "budget_tolerance": BUDGET_TOLERANCE,
+        "cells": [{k: v for k, v in c.items() if k not in ("final_outcomes", "tasks")} for c in cells],
+        "testbeds": stats,
+        "hypotheses": hyps,
+    }
+    for c in doc["cells"]:
+        c["points"] = [{k: v for k, v in p.items() if k not in ("outcomes", "tasks")} for p in c["points"]]
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pngs = plots(cells, stats, out) if any(c["points"] for c in cells) else []
+    text = json.dumps(finite(doc), indent=2, allow_nan=False)
+    (out / "curves.json").write_text(text)
+    (out / "curves.md").write_text(markdown(doc, pngs))
+    if cfg.json_path:
+        Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.json_path).write_text(text)
+    for f in ["curves.json", "curves.md", *[Path(p).name for p in pngs]]:
+        client.log_artifact(parent, str(out / f), "report")
+    flagged = [c for c in cells if c["budget_flag"]]
+    progress(
+        f"report: {out / 'curves.md'} ({len(cells)} cells, {len(flagged)} off their budget by more than "
+        f"{100 * BUDGET_TOLERANCE:.0f} %)"
+    )
+    return doc

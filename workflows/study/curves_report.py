@@ -1,8 +1,8 @@
 """A learning-curve study's report (issue 29), rebuilt from MLflow by ``tracerl study --report-only``: per cell its
 evaluation points (``curve.jsonl``: the MLflow artifact ``curve/curve.jsonl`` the grid keeps, else the file in the
 run's storage), per testbed the statistics of workflows/study/curves.py against grpo and ScaleRL's fit
-(workflows/study/sigmoid.py); curves.md, curves.json and the plots (workflows/study/curves_doc.py) go to ``out_dir``
-and onto the study's parent run.
+(workflows/study/sigmoid.py), the hypotheses' verdicts. workflows/study/curves_doc.py writes curves.md, curves.json
+and the plots to ``out_dir`` and onto the study's parent run.
 
 Decision rule (stated in conf/study/curves.yaml before the grid runs): an allocator is more compute-efficient than
 grpo on a testbed when the 95 % interval of its tokens-to-target ratio lies below 1 ("win"), less when it lies above
@@ -12,10 +12,9 @@ its budget, on the curve's tasks; the start is the testbed's baseline (its start
 
 from __future__ import annotations
 
-import json
 import math
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -249,10 +248,13 @@ def final_difference(
 def _fit(cs: Sequence[Mapping[str, Any]], start: float) -> dict[str, Any]:
     curves = eval_curves(cs)
     f = fit_sigmoid(curves.grid(), curves.mean_curve(), start=start)
-    poor = not f.converged or not f.identified or f.r2 < POOR_FIT_R2
+    flat = f.converged and abs(f.asymptote - f.start) < 1e-3
+    poor = not f.converged or not f.identified or f.r2 < POOR_FIT_R2 or flat
     why = (
         f.message
         if not f.converged
+        else "no gain: the asymptote is the start, C_mid and B are undefined"
+        if flat
         else f"R^2 {f.r2:.2f} < {POOR_FIT_R2}"
         if f.r2 < POOR_FIT_R2
         else "a parameter on its bound or C_mid outside the data: the asymptote is extrapolated"
@@ -348,10 +350,12 @@ def hypothesis_verdicts(
                 )
             if got is not None:
                 cases.append({"testbed": tb, "verdict": got["verdict"], "ratio": got["ratio"]})
-        hits = [c["verdict"] == h["expect"] for c in cases]
+        hits = [c["verdict"] == h["expect"] for c in cases if c["verdict"] != "n/a"]
         state = (
             "not measured"
             if not cases
+            else "not decided"
+            if not hits
             else "held"
             if all(hits)
             else "failed"
@@ -362,52 +366,3 @@ def hypothesis_verdicts(
             {**{k: h[k] for k in ("claim", "allocator", "vs", "expect")}, "state": state, "cases": cases}
         )
     return out
-
-
-def write_curves_report(
-    cfg: StudyConfig, client: Any, exp_id: str, parent: str, progress: Callable[[str], None] = lambda s: None
-) -> dict[str, Any]:
-    """curves.md, curves.json and the plots under ``cfg.out_dir`` (curves.json also at ``cfg.json_path``), logged
-    on the parent run under ``report``."""
-    from workflows.study.curves_doc import markdown, plots
-
-    cells = collect_cells(cfg, client, exp_id, parent)
-    stats = {
-        tb: per_testbed_stats(
-            [c for c in cells if c["testbed"] == tb],
-            float(cfg.testbeds[tb]["stop_tokens"]),
-            cfg.bootstrap_samples,
-        )
-        for tb in sorted({c["testbed"] for c in cells})
-    }
-    hyps = hypothesis_verdicts(cfg, stats, cells, cfg.bootstrap_samples)
-    sha = client.get_run(parent).data.tags.get("tracerl.git_sha", "unknown")
-    doc = {
-        "sha": sha,
-        "decision_rule": "more compute-efficient than grpo when the 95 % interval of the tokens-to-target ratio "
-        "lies below 1 (win), less when above 1 (loss), else neither (tie)",
-        "target": f"start + {TARGET_FRAC} x (grpo's final - start) on the curve's tasks",
-        "budget_tolerance": BUDGET_TOLERANCE,
-        "cells": [{k: v for k, v in c.items() if k not in ("final_outcomes", "tasks")} for c in cells],
-        "testbeds": stats,
-        "hypotheses": hyps,
-    }
-    for c in doc["cells"]:
-        c["points"] = [{k: v for k, v in p.items() if k not in ("outcomes", "tasks")} for p in c["points"]]
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    pngs = plots(cells, stats, out) if any(c["points"] for c in cells) else []
-    text = json.dumps(finite(doc), indent=2, allow_nan=False)
-    (out / "curves.json").write_text(text)
-    (out / "curves.md").write_text(markdown(doc, pngs))
-    if cfg.json_path:
-        Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.json_path).write_text(text)
-    for f in ["curves.json", "curves.md", *[Path(p).name for p in pngs]]:
-        client.log_artifact(parent, str(out / f), "report")
-    flagged = [c for c in cells if c["budget_flag"]]
-    progress(
-        f"report: {out / 'curves.md'} ({len(cells)} cells, {len(flagged)} off their budget by more than "
-        f"{100 * BUDGET_TOLERANCE:.0f} %)"
-    )
-    return doc

@@ -7,7 +7,7 @@ skipped, a cut cell continues from its checkpoint (``train``'s ``resume=RUN_ID``
 as Ray tasks, ``parallel_cells`` at a time. Token-mode cells spend T generated tokens a step, T being the mean
 generated tokens per step of the testbed's leaves-mode grpo cells (``--fill-tokens`` writes it into the config).
 A learning-curve study (testbeds with ``stop_tokens``, workflows/study/curve_cells.py) stops each cell on its total
-generated tokens, evaluates it on a token schedule and is reported as curves.md (workflows/study/curves_report.py).
+generated tokens, evaluates it on a token schedule and is reported as curves.md (workflows/study/curves_doc.py).
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def run_study(
     """
     import mlflow
 
-    from workflows.study.curves_report import write_curves_report
+    from workflows.study.curves_doc import write_curves_report
     from workflows.study.report import write_report
     from workflows.tracking import store as trk
 
