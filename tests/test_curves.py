@@ -10,13 +10,12 @@ from workflows.study.curves import (
     bootstrap_curve,
     compare_curves,
     first_crossing,
-    fit_sigmoid,
     interp_matrix,
     normalised_auc,
-    sigmoid,
     target_accuracy,
     tokens_to_target,
 )
+from workflows.study.sigmoid import fit_sigmoid, sigmoid
 
 # -- tokens to target ---------------------------------------------------------------------------------------
 

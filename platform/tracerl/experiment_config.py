@@ -301,13 +301,18 @@ class StudyConfig:
     name: str = "study"
     """The study's MLflow parent run name; running again with the same name resumes it."""
     testbeds: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """name -> {base: train config YAML (relative to conf/), model_path, token_budget: T or null, overrides: [...]}."""
+    """name -> {base: train config YAML (relative to conf/), model_path, token_budget: T or null, overrides: [...]},
+    and for a learning-curve study stop_tokens (each cell's ``stop.tokens``) and eval_every_tokens."""
     groups: list[dict[str, Any]] = field(default_factory=list)
     """Grid groups, each {testbeds, budgets (leaves/tokens), allocators, seeds}: the cells are their products."""
-    steps: int = 20
-    """RL steps per cell."""
+    steps: int | None = 20
+    """RL steps per cell; with stop_tokens an upper bound (null: none)."""
     eval_tasks: int = 200
-    """Held-out tasks per evaluation (before the first and after the last step)."""
+    """Held-out tasks per full evaluation (before the first and after the last step)."""
+    eval_subset: int = 0
+    """A curve study's held-out tasks at its intermediate evaluations (train's ``eval_subset``; 0: all)."""
+    hypotheses: list[dict[str, Any]] = field(default_factory=list)
+    """A curve study's hypotheses, {claim, allocator, vs, testbeds, expect: win/loss/tie}, checked by its report."""
     parallel_cells: int = 1
     """Cells running at once (each a Ray task); 1 on the embedded Ray."""
     cell_cpus: float = 0.05
@@ -332,7 +337,7 @@ class StudyConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self) -> None:
-        check(self.steps >= 1 and self.eval_tasks >= 1, "steps and eval_tasks must be >= 1")
+        check((self.steps or 1) >= 1 and self.eval_tasks >= 1, "steps and eval_tasks must be >= 1")
         check(self.parallel_cells >= 1, f"parallel_cells must be >= 1 (got {self.parallel_cells})")
         check(
             self.bootstrap_samples >= 100, f"bootstrap_samples must be >= 100 (got {self.bootstrap_samples})"

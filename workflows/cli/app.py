@@ -16,7 +16,6 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from tracerl.config import EvalConfig, RolloutConfig, TrainConfig
@@ -109,7 +108,7 @@ def _study(cfg: StudyConfig) -> int:
     if "report" in s:
         print(
             f"study {cfg.name}: MLflow parent run {s['parent_run_id']}; ran {len(s['ran'])} cells, skipped "
-            f"{len(s['skipped'])}, failed {len(s['failed'])}; report in {Path(cfg.out_dir) / 'study.md'}"
+            f"{len(s['skipped'])}, failed {len(s['failed'])}; report in {s['report_path']}"
         )
         for key, err in s["failed"].items():
             print(f"cell {key} failed: {err}", file=sys.stderr)

@@ -6,6 +6,8 @@ skipped, a cut cell continues from its checkpoint (``train``'s ``resume=RUN_ID``
 ``--fresh`` re-runs them, ``--report-only`` rebuilds the report (workflows/study/report.py) from MLflow. Cells run
 as Ray tasks, ``parallel_cells`` at a time. Token-mode cells spend T generated tokens a step, T being the mean
 generated tokens per step of the testbed's leaves-mode grpo cells (``--fill-tokens`` writes it into the config).
+A learning-curve study (testbeds with ``stop_tokens``, workflows/study/curve_cells.py) stops each cell on its total
+generated tokens, evaluates it on a token schedule and is reported as curves.md (workflows/study/curves_doc.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from tracerl.config import TrainConfig
 from tracerl.experiment_config import StudyConfig
 from workflows.study.baseline import BaselineFn, ensure_baselines
+from workflows.study.curve_cells import check_curve_study, curve_overrides, is_curve_study, keep_curve
 
 COORDS = ("testbed", "budget", "allocator", "seed")
 TAG = "tracerl.study"
@@ -121,7 +124,8 @@ def token_budget_error(testbed: str, config_path: str | Path) -> str:
 def cell_config(
     cfg: StudyConfig, cell: Cell, resume: str | None = None, root: Path | None = None
 ) -> TrainConfig:
-    """The cell's train config: its testbed's base config, model and overrides, the study's steps and eval tasks."""
+    """The cell's train config: its testbed's base config, model and overrides, the study's steps and eval tasks
+    (a curve study's: its token stop and evaluation schedule)."""
     from tracerl.config_loader import compose, conf_dir
 
     root = root or conf_dir()
@@ -131,11 +135,12 @@ def cell_config(
         f"model.path={tb['model_path']}",
         f"allocator={cell.allocator}",
         f"seed={cell.seed}",
-        f"steps={cfg.steps}",
+        f"steps={'null' if cfg.steps is None else cfg.steps}",
         f"env.{base.env.name}.eval_tasks={cfg.eval_tasks}",
         f"run_name={cfg.name}-{cell.key.replace('/', '-')}",
         f"out_dir={cfg.runs_dir}",
         "eval_at_start=false",  # the testbed's baseline evaluated the starting checkpoint once (study_baseline.py)
+        *curve_overrides(cfg, tb),
         *[str(o) for o in tb.get("overrides", [])],
     ]
     if cell.budget == "tokens":
@@ -220,11 +225,13 @@ def run_study(
     """
     import mlflow
 
+    from workflows.study.curves_doc import write_curves_report
     from workflows.study.report import write_report
     from workflows.tracking import store as trk
 
     if not cfg.tracking.enabled:
         raise ValueError("tracerl study needs MLflow tracking (tracking.enabled=true)")
+    check_curve_study(cfg, config_path)
     cells = select(enumerate_cells(cfg), cfg.only)
     progress(trk.where(cfg.tracking))
     exp_id = trk.setup(cfg.tracking)
@@ -270,8 +277,10 @@ def run_study(
                         first[c.testbed] = cell_config(cfg, c)
                 tags = {"mlflow.parentRunId": parent, TAG: cfg.name, "tracerl.git_sha": git_sha()}
                 before = ensure_baselines(client, exp_id, parent, first, tags, progress, baseline_fn)
-            ran = _run_cells(cfg, todo, parent, progress, train_fn, failed, before)
-        report = write_report(cfg, client, exp_id, parent, progress)
+            ran = _run_cells(cfg, todo, parent, progress, train_fn, failed, before, client)
+        report = (write_curves_report if is_curve_study(cfg) else write_report)(
+            cfg, client, exp_id, parent, progress
+        )
         status = "FAILED" if failed else "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
@@ -282,7 +291,15 @@ def run_study(
         raise
     finally:
         client.set_terminated(parent, status=status)
-    return {"parent_run_id": parent, "ran": ran, "skipped": skipped, "failed": failed, "report": report}
+    name = "curves.md" if is_curve_study(cfg) else "study.md"
+    return {
+        "parent_run_id": parent,
+        "ran": ran,
+        "skipped": skipped,
+        "failed": failed,
+        "report": report,
+        "report_path": str(Path(cfg.out_dir) / name),
+    }
 
 
 def _run_cells(
@@ -293,8 +310,10 @@ def _run_cells(
     train_fn: Callable[..., dict[str, Any]] | None,
     failed: dict[str, str],
     before: dict[str, float],
+    client: Any = None,
 ) -> list[str]:
-    """Run the cells; a cell that raises is recorded in ``failed`` (key -> error) and the others go on."""
+    """Run the cells; a cell that raises is recorded in ``failed`` (key -> error) and the others go on. A finished
+    cell's curve file is kept as its run's artifact (``curve_cells.keep_curve``) when ``client`` is given."""
     from workflows.tracking.runs import git_sha
 
     sha = git_sha()
@@ -316,6 +335,11 @@ def _run_cells(
         done += 1
         try:
             s = result()
+            try:
+                if client is not None:
+                    keep_curve(client, s)
+            except Exception as e:  # noqa: BLE001 - the cell finished; its curve stays readable from its storage
+                progress(f"cell {c.key}: curve file not logged to MLflow, read from {s.get('storage')} ({e})")
             what = (
                 f"held-out {before.get(c.testbed, float('nan')):.3f} -> {s.get('acc_after', float('nan')):.3f} "
                 f"in {s.get('wall_s', 0):.0f} s"

@@ -67,7 +67,7 @@ def _mean(client: Any, run_id: str, key: str) -> float | None:
     return sum(s.values()) / len(s) if s else None
 
 
-def _outcomes(client: Any, run_id: str) -> dict[str, float] | None:
+def run_outcomes(client: Any, run_id: str) -> dict[str, float] | None:
     """The last evaluation's per-task outcomes (``eval/outcomes_step_*.json``, logged by train)."""
     try:
         names = sorted(f.path for f in client.list_artifacts(run_id, "eval") if f.path.endswith(".json"))
@@ -96,10 +96,8 @@ def _own_start(client: Any, run_id: str) -> float:
     return float(metric_series(client, run_id, M.EVAL_ACCURACY).get(0, math.nan))
 
 
-def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[str, Any]]:
-    """One record per cell (its newest FINISHED child run), the JSON fields plus ``outcomes`` and ``tool_calls``."""
-    from workflows.tracking.runs import metric_series, run_summary
-
+def newest_finished(client: Any, exp_id: str, parent: str) -> dict[tuple[str, str, str, int], Any]:
+    """(testbed, budget, allocator, seed) -> the cell's newest FINISHED child run of the study's parent run."""
     newest: dict[tuple[str, str, str, int], Any] = {}
     for r in client.search_runs(
         [exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'", max_results=5000
@@ -115,8 +113,15 @@ def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[s
         )
         if k not in newest or r.info.start_time > newest[k].info.start_time:
             newest[k] = r
-    from workflows.study.baseline import baseline_accuracy, finished_baselines
+    return newest
 
+
+def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[str, Any]]:
+    """One record per cell (its newest FINISHED child run), the JSON fields plus ``outcomes`` and ``tool_calls``."""
+    from workflows.study.baseline import baseline_accuracy, finished_baselines
+    from workflows.tracking.runs import metric_series, run_summary
+
+    newest = newest_finished(client, exp_id, parent)
     before = {
         tb: baseline_accuracy(client, rid) for tb, rid in finished_baselines(client, exp_id, parent).items()
     }
@@ -151,7 +156,7 @@ def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[s
                 "cpu_s": float(sum(metric_series(client, rid, M.CPU_S).values())),
                 "tool_calls": int(s["tool_calls"]),
                 "step_s": step_s,
-                "outcomes": _outcomes(client, rid),
+                "outcomes": run_outcomes(client, rid),
             }
         )
     return cells

@@ -1,0 +1,269 @@
+"""The learning-curve study (issue 29): conf/study/curves.yaml's arithmetic, the report's statistics on synthetic
+cells with known answers (curve files in a tmp dir, no training run), the budget-off flag, and the grid on a real
+MLflow store with a fake train that writes curve files (the report reads them back after the runs moved)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT
+from tracerl.config import TrackingConfig
+from tracerl.config_loader import compose
+from tracerl.experiment_config import StudyConfig
+from workflows.study.curve_cells import check_curve_study, eval_points
+from workflows.study.curves_doc import markdown
+from workflows.study.curves_report import cell_record, per_testbed_stats
+from workflows.study.grid import cell_config, enumerate_cells, run_study
+from workflows.train.budget import Totals, append_point, curve_point, read_curve
+
+CURVES = ROOT / "conf" / "study" / "curves.yaml"
+MAIN = ROOT / "conf" / "study" / "main.yaml"
+
+# -- the committed grid ----------------------------------------------------------------------------------------
+
+
+def test_the_curves_grid_has_48_cells_each_with_8_points_on_twice_grpos_budget() -> None:
+    cfg = compose(StudyConfig, CURVES)
+    check_curve_study(cfg)
+    cells = enumerate_cells(cfg)
+    assert len(cells) == 48
+    assert {c.budget for c in cells} == {"leaves"}
+    per_tb = {tb: {c.allocator for c in cells if c.testbed == tb} for tb in cfg.testbeds}
+    assert per_tb["math-habit"] == per_tb["search-habit"] == {"grpo", "pcl", "trace"}
+    assert per_tb["math-late"] == per_tb["search-late"] == {"grpo", "pcl", "trace", "knapsack", "trace_mc_k2"}
+    assert {c.seed for c in cells} == {0, 1, 2}
+    main = compose(StudyConfig, MAIN)
+    for tb, spec in cfg.testbeds.items():
+        assert eval_points(spec) >= 8
+        # 1.8 x grpo's 20 study steps of T tokens, rounded to 100 (the config says why not 2.0 x)
+        assert abs(spec["stop_tokens"] - 36 * main.testbeds[tb]["token_budget"]) <= 100
+        assert spec["stop_tokens"] < (cfg.steps or 0) * main.testbeds[tb]["token_budget"]  # steps only bounds
+
+
+def test_a_curve_cell_gets_its_token_stop_schedule_and_subset() -> None:
+    cfg = compose(StudyConfig, CURVES)
+    cell = next(c for c in enumerate_cells(cfg) if c.testbed == "math-late" and c.allocator == "trace_mc_k2")
+    tcfg = cell_config(cfg, cell)
+    assert tcfg.stop.tokens == 113200 and tcfg.eval_every_tokens == 14150 and tcfg.eval_subset == 50
+    assert tcfg.eval_every == 0 and tcfg.eval_at_start is False and tcfg.steps == 150
+    assert tcfg.allocator.name == "trace_mc" and tcfg.allocator.mc_samples == 2
+
+
+def test_curve_study_settings_fail_in_one_line() -> None:
+    cfg = compose(StudyConfig, CURVES)
+    tbs = {**cfg.testbeds, "math-late": {**cfg.testbeds["math-late"], "eval_every_tokens": None}}
+    with pytest.raises(
+        ValueError, match=r"^x.yaml: testbeds.math-late.eval_every_tokens must be an integer >= 1"
+    ):
+        check_curve_study(dataclasses.replace(cfg, testbeds=tbs), "x.yaml")
+    bad = [{**cfg.hypotheses[0], "expect": "better"}]
+    with pytest.raises(ValueError, match=r"hypotheses\[0\].expect must be one of"):
+        check_curve_study(dataclasses.replace(cfg, hypotheses=bad), "x.yaml")
+    bad = [{**cfg.hypotheses[0], "allocator": "dapo"}]
+    with pytest.raises(ValueError, match=r"hypotheses\[0\] names \['dapo'\]"):
+        check_curve_study(dataclasses.replace(cfg, hypotheses=bad), "x.yaml")
+
+
+# -- the report on synthetic cells -----------------------------------------------------------------------------
+
+TASKS = [f"p{i}" for i in range(10)]
+XS = (100.0, 200.0, 300.0, 400.0)
+START = 0.2
+CURVE = {  # accuracy at XS; every task scores the same, so every bootstrap replicate is the data
+    "grpo": (0.325, 0.45, 0.575, 0.7),  # linear from 0.2 at 0 tokens: the target 0.65 at 360 tokens
+    "pcl": (0.325, 0.45, 0.575, 0.7),  # grpo's curve: ratio 1
+    "trace": (0.45, 0.7, 0.7, 0.7),  # twice as steep: the target at 180 tokens
+    "trace_mc_k2": (0.7, 0.7, 0.7, 0.7),  # the target at 90 tokens
+}
+CPU_PER_TOKEN = {"grpo": 0.1, "pcl": 0.1, "trace": 0.2, "trace_mc_k2": 0.2}
+
+
+def _write_cell(storage: Path, alloc: str, last_tokens: float = 400.0) -> Path:
+    """A cell's curve.jsonl as train writes it: points on the subset, the last one on every task."""
+    storage.mkdir(parents=True, exist_ok=True)
+    for i, (x, acc) in enumerate(zip((*XS[:-1], last_tokens), CURVE[alloc]), 1):
+        full = i == len(XS)
+        outcomes = {t: acc for t in TASKS} | ({"q0": acc, "q1": acc} if full else {})
+        totals = Totals(
+            generated_tokens=x, leaves=48.0 * i, updates=i, cpu_s=CPU_PER_TOKEN[alloc] * x, wall_s=x
+        )
+        cost = {"generated_tokens": 10.0, "wall_s": 1.0, "cpu_s": 1.0}
+        append_point(storage, curve_point(totals, outcomes, TASKS, full, cost))
+    return storage
+
+
+def _cells(tmp: Path, budget: float = 400.0, off: dict[str, float] | None = None) -> list[dict[str, Any]]:
+    start = {t: START for t in TASKS}
+    cells = []
+    for alloc in CURVE:
+        for seed in (0, 1, 2):
+            last = (off or {}).get(f"{alloc}/s{seed}", 400.0)
+            pts = read_curve(_write_cell(tmp / f"{alloc}-{seed}", alloc, last))
+            cells.append(cell_record(("tb", "leaves", alloc, seed), f"r-{alloc}-{seed}", pts, budget, start))
+    return cells
+
+
+def test_report_statistics_have_the_known_answers(tmp_path: Path) -> None:
+    cells = _cells(tmp_path)
+    first = cells[0]["points"][0]
+    assert first["generated_tokens"] == 0 and first["accuracy"] == pytest.approx(START)
+    st = per_testbed_stats(cells, 400.0, samples=200)
+    assert st["start"] == pytest.approx(START) and st["grpo_final"] == pytest.approx(0.7)
+    assert st["target"] == pytest.approx(0.65)
+    a = st["allocators"]
+    assert a["grpo"]["tokens"]["tokens_to_target"]["estimate"] == pytest.approx(360.0)
+    trace = a["trace"]
+    assert trace["tokens"]["ratio"] == pytest.approx({"estimate": 0.5, "low": 0.5, "high": 0.5})
+    assert trace["tokens"]["verdict"] == "win"
+    assert trace["cpu_s"]["ratio"]["estimate"] == pytest.approx(1.0)  # twice the CPU per token
+    assert trace["cpu_s"]["verdict"] == "tie"
+    assert a["pcl"]["tokens"]["verdict"] == "tie"
+    assert trace["tokens"]["auc"]["estimate"] == pytest.approx((0.45 * 200 + 0.7 * 200) / 400)
+    assert a["grpo"]["tokens"]["auc"]["estimate"] == pytest.approx(0.45)
+    assert trace["final_accuracy"] == pytest.approx(0.7) and trace["final_difference"]["estimate"] == 0.0
+    assert st["ceiling"] == "trace_mc_k2"
+    assert st["headroom"]["tokens"]["ratio"]["estimate"] == pytest.approx(0.5)
+    assert not any(c["budget_flag"] for c in cells)
+
+
+def test_the_answer_and_hypotheses_read_off_the_rule(tmp_path: Path) -> None:
+    from workflows.study.curves_report import hypothesis_verdicts
+
+    cells = _cells(tmp_path)
+    st = {"tb": per_testbed_stats(cells, 400.0, samples=200)}
+    hyps = [
+        {"claim": "trace wins", "allocator": "trace", "vs": "grpo", "testbeds": ["tb"], "expect": "win"},
+        {"claim": "pcl wins", "allocator": "pcl", "vs": "grpo", "testbeds": ["tb"], "expect": "win"},
+        {
+            "claim": "mc beats trace",
+            "allocator": "trace_mc_k2",
+            "vs": "trace",
+            "testbeds": ["tb"],
+            "expect": "win",
+        },
+        {"claim": "elsewhere", "allocator": "trace", "vs": "grpo", "testbeds": ["other"], "expect": "win"},
+    ]
+    cfg = dataclasses.replace(compose(StudyConfig, CURVES), hypotheses=hyps)
+    got = hypothesis_verdicts(cfg, st, cells, 200)
+    assert [h["state"] for h in got] == ["held", "failed", "held", "not measured"]
+    doc = {
+        "sha": "abc",
+        "decision_rule": "r",
+        "target": "t",
+        "cells": cells,
+        "testbeds": st,
+        "hypotheses": got,
+    }
+    text = markdown(doc, [])
+    assert (
+        "To reach what grpo reaches, trace needs 50 % (50 to 50 %) of its tokens and 100 % (100 to 100 %) of its CPU time on tb"
+        in text
+    )
+    assert "More compute-efficient than grpo by the rule on tb." in text
+    assert "- trace wins (expect win of trace against grpo): **held**" in text
+    assert "it needs 50 % (50 to 50 %) of trace's tokens to the target" in text
+    assert "every cell within 5 %" in text
+
+
+def test_a_cell_more_than_5_percent_off_its_budget_is_flagged(tmp_path: Path) -> None:
+    cells = _cells(tmp_path, off={"trace/s1": 381.0, "pcl/s2": 419.0})  # -4.75 % and +4.75 %
+    flagged = {(c["allocator"], c["seed"]) for c in cells if c["budget_flag"]}
+    assert flagged == set()
+    cells = _cells(tmp_path / "b", off={"trace/s1": 370.0, "pcl/s2": 421.0})  # -7.5 %, +5.25 %
+    flagged = {(c["allocator"], c["seed"]) for c in cells if c["budget_flag"]}
+    assert flagged == {("trace", 1), ("pcl", 2)}
+    stats = {"tb": per_testbed_stats(cells, 400.0, samples=100)}
+    doc = {
+        "sha": "x",
+        "decision_rule": "r",
+        "target": "t",
+        "cells": cells,
+        "testbeds": stats,
+        "hypotheses": [],
+    }
+    text = markdown(doc, [])
+    assert "**2 cells are more than 5 % off its token budget**" in text
+    assert "more than 5 % off: pcl/s2 (+5.2 %), trace/s1 (-7.5 %)" in text
+
+
+# -- the grid and the report on a real MLflow store ------------------------------------------------------------
+
+
+class FakeCurveTrain:
+    """Stands in for ``workflows.train.run.train`` in a curve study: makes the child run and writes the curve file a
+    real train would write into its storage, then returns the summary the grid reads (run id, storage)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.stops: list[int | None] = []
+
+    def baseline(self, cfg: Any) -> dict[str, float]:
+        return {t: START for t in TASKS} | {"q0": START, "q1": START}
+
+    def __call__(self, cfg: Any, tags: dict[str, str]) -> dict[str, Any]:
+        import mlflow
+
+        self.stops.append(cfg.stop.tokens)
+        client = mlflow.MlflowClient()
+        exp = client.get_experiment_by_name(cfg.tracking.experiment)
+        assert exp is not None
+        rid = client.create_run(exp.experiment_id, tags=tags).info.run_id
+        storage = _write_cell(self.tmp / "runs" / rid, tags["tracerl.study.allocator"])
+        (storage / "config.yaml").write_text("steps: 4\n")
+        client.set_tag(rid, "tracerl.storage", str(storage))
+        client.log_param(rid, "stop.tokens", 400)
+        client.set_terminated(rid, "FINISHED")
+        return {"run_id": rid, "storage": str(storage), "acc_after": 0.7, "wall_s": 1.0}
+
+
+def _study(tmp: Path, **kw: Any) -> StudyConfig:
+    text = re.sub(r"stop_tokens: \d+", "stop_tokens: 400", CURVES.read_text())
+    text = re.sub(r"eval_every_tokens: \d+", "eval_every_tokens: 100", text)
+    path = tmp / "curves.yaml"
+    path.write_text(text)
+    cfg = compose(
+        StudyConfig,
+        path,
+        [f"out_dir={tmp}/report", "only=testbed=math-late,allocator=grpo,allocator=trace,seed=0"],
+    )
+    return dataclasses.replace(
+        cfg, tracking=TrackingConfig(uri=f"sqlite:///{tmp}/mlruns.db", artifact_location=f"{tmp}/art"), **kw
+    )
+
+
+def test_grid_keeps_curves_in_mlflow_and_the_report_survives_moved_runs(tmp_path: Path) -> None:
+    import mlflow
+
+    fake = FakeCurveTrain(tmp_path)
+    s = run_study(_study(tmp_path), tmp_path / "curves.yaml", train_fn=fake, baseline_fn=fake.baseline)
+    assert s["failed"] == {} and len(s["ran"]) == 2 and fake.stops == [400, 400]
+    assert s["report_path"] == f"{tmp_path}/report/curves.md"
+    doc = json.loads((tmp_path / "report" / "curves.json").read_text())
+    assert [c["source"] for c in doc["cells"]] == ["mlflow", "mlflow"]
+    first = doc["testbeds"]["math-late"]["allocators"]["trace"]["tokens"]["ratio"]
+    assert first["estimate"] == pytest.approx(0.5)
+    shutil.rmtree(tmp_path / "runs")  # the runs' storage moved away: the report reads the MLflow artifacts
+    again = run_study(_study(tmp_path, report_only=True), tmp_path / "curves.yaml", train_fn=fake)
+    assert again["ran"] == [] and len(fake.stops) == 2
+    assert (
+        again["report"]["testbeds"]["math-late"]["allocators"]["trace"]["tokens"]["ratio"]["estimate"]
+        == first["estimate"]
+    )
+    out = tmp_path / "report"
+    assert {p.name for p in out.iterdir()} >= {
+        "curves.md",
+        "curves.json",
+        "curves_accuracy_vs_generated_tokens.png",
+        "curves_accuracy_vs_cpu_s.png",
+    }
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlruns.db")
+    logged = {f.path for f in client.list_artifacts(s["parent_run_id"], "report")}
+    assert "report/curves_accuracy_vs_generated_tokens.png" in logged and "report/curves.md" in logged
+    assert "To reach what grpo reaches, trace needs 50 %" in (out / "curves.md").read_text()
