@@ -22,8 +22,9 @@ from tracerl.config import SamplerConfig, env_config
 from tracerl.config_loader import ConfigError, compose, to_yaml
 from tracerl.engine.react import PlainTemplate
 from workflows.bench.env import gold_engine
-from workflows.bench.peer import BenchPeerConfig, run_order, run_process, settings, side_config
 from workflows.bench.peer_report import aggregate, format_table, side_stats, wall_to_target, write_json
+from workflows.bench.peer_settings import BenchPeerConfig, run_order, settings, side_config
+from workflows.bench.peer_sides import run_process
 from workflows.bench.peer_trl import PeerRollout, env_reward, group_runs, rollout_outputs
 from workflows.ops.proc_memory import TreeMemory, tree_pss_mb
 
@@ -287,7 +288,7 @@ def test_a_prompt_in_two_groups_gets_distinct_ids() -> None:
 )
 def test_trl_side_runs_one_step(tmp_path: Path) -> None:
     """TRL's GRPOTrainer for one step on the tiny policy, through the bench's own subprocess runner."""
-    from workflows.bench.peer import run_trl_side
+    from workflows.bench.peer_sides import run_trl_side
 
     cfg = compose(
         BenchPeerConfig,

@@ -2,7 +2,7 @@
 
 Run by the bench as a subprocess (``python -m workflows.bench.peer_trl SPEC.json``) with the interpreter of the venv that
 holds TRL (``make bench-peer`` builds ``.venv-peer``); nothing else imports TRL, and this module imports it only
-inside ``main``, so its adapter (``group_runs``, ``rollout_outputs``, ``PeerRollout``) is tested without TRL.
+inside ``PeerRun.train``, so its adapter (``group_runs``, ``rollout_outputs``, ``PeerRollout``) is tested without TRL.
 
 [choice] Only the trainer and the engine around the rollouts differ from ``tracerl train``. TRL's ``rollout_func``
 runs the project's own ReAct engine (``TreeRolloutEngine``) in this process, with the hf sampler on the very model
@@ -16,7 +16,7 @@ environment graded the answer in the loop), handed to TRL's reward function as a
 
 The optimizer and schedule are the project's (``torch.optim.AdamW`` with ``tracerl.learner.lr_lambda``), passed as
 ``optimizers=``: TRL's scheduler types start warm-up at 0 where tracerl starts at lr / (warmup + 1). Everything
-else TRL is told comes from ``workflows.bench.peer.settings`` (the one mapping of settings), written into the spec.
+else TRL is told comes from ``workflows.bench.peer_settings.settings`` (the one mapping of settings), written into the spec.
 
 Written to ``out``: per step its wall-clock begin and end (``time.time()``, so the parent can measure start-up from
 its launch), the rollout function's seconds, the generation-and-scoring seconds (rollout, log-probs, rewards,
@@ -169,105 +169,132 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(int(spec["threads"]))
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    run = PeerRun(spec)
+    run.train()
+    Path(spec["out"]).write_text(json.dumps(run.record, indent=2))
+    return 0
 
-    from tracerl.config import TrainConfig
-    from tracerl.config_loader import compose
-    from tracerl.learner import lr_lambda
-    from tracerl.models.hf import load_policy
-    from workflows.lm.stack import task_prompts
-    from workflows.train.evaluate import evaluate_prompts
 
-    cfg = compose(TrainConfig, spec["config"])
-    tok, model = load_policy(cfg.model)
-    model.train()
-    prompts = task_prompts(cfg.env)
-    by_text = {p.text: p for p in prompts}
-    eval_prompts = task_prompts(cfg.env, held_out=True)
-    rollout = PeerRollout(cfg, tok, concurrent_env(cfg), by_text)
-    o = cfg.optim
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=o.lr,
-        betas=(o.betas[0], o.betas[1]),
-        weight_decay=o.weight_decay,
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o, cfg.num_steps * cfg.loss.epochs))
-    record: dict[str, Any] = {"steps": [], "evals": [], "launch_child": time.time()}
-    eval_every = int(spec.get("eval_every", 0))
+class PeerRun:
+    """One TRL training run as the spec says: the policy, the rollout function, held-out evaluation when due, and
+    the step records (``record``) the bench reads back."""
 
-    def evaluate(step: int) -> None:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        from tracerl.config import TrainConfig
+        from tracerl.config_loader import compose
+        from tracerl.models.hf import load_policy
+        from workflows.lm.stack import task_prompts
+
+        self.spec = spec
+        self.cfg = cfg = compose(TrainConfig, spec["config"])
+        self.tok, self.model = load_policy(cfg.model)
+        self.model.train()
+        self.prompts = task_prompts(cfg.env)
+        self.eval_prompts = task_prompts(cfg.env, held_out=True)
+        self.rollout = PeerRollout(cfg, self.tok, concurrent_env(cfg), {p.text: p for p in self.prompts})
+        self.record: dict[str, Any] = {"steps": [], "evals": [], "launch_child": time.time()}
+        self.eval_every = int(spec.get("eval_every", 0))
+
+    def optimizers(self) -> tuple[Any, Any]:
+        """The project's AdamW and schedule (``tracerl.learner.lr_lambda``), for ``GRPOTrainer(optimizers=...)``."""
+        import torch
+
+        from tracerl.learner import lr_lambda
+
+        o = self.cfg.optim
+        optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=o.lr,
+            betas=(o.betas[0], o.betas[1]),
+            weight_decay=o.weight_decay,
+        )
+        steps = self.cfg.num_steps * self.cfg.loss.epochs
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o, steps))
+
+    def evaluate(self, step: int) -> None:
+        """Greedy held-out accuracy after ``step`` steps, as ``tracerl train`` evaluates, with its seconds."""
+        from workflows.train.evaluate import evaluate_prompts
+
         t0 = time.perf_counter()
         m, _ = evaluate_prompts(
-            lambda ps, k, temp, seed: rollout.run(model, ps, [k] * len(ps), None, seed, temp),
-            eval_prompts,
+            lambda ps, k, temp, seed: self.rollout.run(self.model, ps, [k] * len(ps), None, seed, temp),
+            self.eval_prompts,
             0,
             0.0,
-            cfg.seed + 10_000,
+            self.cfg.seed + 10_000,
         )
-        record["evals"].append({"step": step, "accuracy": m["accuracy"], "eval_s": time.perf_counter() - t0})
+        self.record["evals"].append(
+            {"step": step, "accuracy": m["accuracy"], "eval_s": time.perf_counter() - t0}
+        )
         print(f"peer trl: held-out greedy accuracy after {step} steps: {m['accuracy']:.3f}", flush=True)
 
-    class Timing(TrainerCallback):
-        """Per step: wall-clock begin and end, the rollout's and the scoring's seconds, evaluation when due."""
+    def end_step(self, step: int, begin: float, scoring_s: float) -> None:
+        """Record a finished step (evaluating first when one is due: at every ``eval_every`` and the last)."""
+        end = time.time()
+        rec = {
+            "step": step,
+            "begin": begin,
+            "end": end,
+            "rollout_s": self.rollout.seconds,
+            "scoring_s": scoring_s,
+            "generated_tokens": self.rollout.generated_tokens,
+            "eval_s": 0.0,
+        }
+        if (self.eval_every and step % self.eval_every == 0) or step == self.cfg.steps:
+            self.evaluate(step)
+            rec["eval_s"] = self.record["evals"][-1]["eval_s"]
+        self.record["steps"].append(rec)
+        print(f"peer trl: step {step}/{self.cfg.steps}  {end - begin:.1f} s", flush=True)
 
-        def __init__(self) -> None:
-            self.begin = 0.0
+    def train(self) -> None:
+        """TRL's ``GRPOTrainer`` with the project's rollout function, reward, optimizer and the spec's arguments."""
+        from datasets import Dataset
+        from transformers import TrainerCallback
+        from trl import GRPOConfig, GRPOTrainer
 
-        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            if spec.get("eval_at_start"):
-                evaluate(0)
+        run = self
 
-        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            self.begin = time.time()
-            trainer.scoring_s = 0.0
+        class PeerGRPOTrainer(GRPOTrainer):
+            """Counts the seconds of generation and scoring, the part of a step that is not the update."""
 
-        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            end = time.time()
-            step = int(state.global_step)
-            rec = {
-                "step": step,
-                "begin": self.begin,
-                "end": end,
-                "rollout_s": rollout.seconds,
-                "scoring_s": trainer.scoring_s,
-                "generated_tokens": rollout.generated_tokens,
-                "eval_s": 0.0,
-            }
-            if (eval_every and step % eval_every == 0) or step == cfg.steps:
-                evaluate(step)
-                rec["eval_s"] = record["evals"][-1]["eval_s"]
-            record["steps"].append(rec)
-            print(f"peer trl: step {step}/{cfg.steps}  {end - self.begin:.1f} s", flush=True)
+            scoring_s = 0.0
 
-    class PeerGRPOTrainer(GRPOTrainer):
-        scoring_s = 0.0
+            def _generate_and_score_completions(self, inputs: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return super()._generate_and_score_completions(inputs)
+                finally:
+                    self.scoring_s += time.perf_counter() - t0
 
-        def _generate_and_score_completions(self, inputs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return super()._generate_and_score_completions(inputs)
-            finally:
-                self.scoring_s += time.perf_counter() - t0
+        class Timing(TrainerCallback):
+            """Per step: wall-clock begin and end, the scoring's seconds, evaluation when due."""
 
-    data = Dataset.from_list([{"prompt": p.text} for p in prompts])
-    trl_args = dict(spec["trl_args"])
-    trl_args.update(output_dir=spec["output_dir"], report_to="none", disable_tqdm=True)
-    trainer = PeerGRPOTrainer(
-        model=model,
-        reward_funcs=[env_reward],
-        args=GRPOConfig(**trl_args),
-        train_dataset=data,
-        processing_class=tok,
-        callbacks=[Timing()],
-        optimizers=(optimizer, scheduler),
-        rollout_func=rollout,
-    )
-    trainer.train()
-    Path(spec["out"]).write_text(json.dumps(record, indent=2))
-    return 0
+            begin = 0.0
+
+            def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                if run.spec.get("eval_at_start"):
+                    run.evaluate(0)
+
+            def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                self.begin = time.time()
+                trainer.scoring_s = 0.0
+
+            def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                run.end_step(int(state.global_step), self.begin, trainer.scoring_s)
+
+        trl_args = dict(self.spec["trl_args"])
+        trl_args.update(output_dir=self.spec["output_dir"], report_to="none", disable_tqdm=True)
+        trainer = PeerGRPOTrainer(
+            model=self.model,
+            reward_funcs=[env_reward],
+            args=GRPOConfig(**trl_args),
+            train_dataset=Dataset.from_list([{"prompt": p.text} for p in self.prompts]),
+            processing_class=self.tok,
+            callbacks=[Timing()],
+            optimizers=self.optimizers(),
+            rollout_func=self.rollout,
+        )
+        trainer.train()
 
 
 if __name__ == "__main__":

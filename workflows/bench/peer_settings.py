@@ -1,0 +1,259 @@
+"""The same work on both sides of ``tracerl bench peer``: its config, each side's training config, the run order,
+and ``settings``, the one place where the training setup is turned into TRL's ``GRPOConfig`` arguments (its rows
+are printed into the JSON, so a reader can check both sides do the same work)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tracerl.config import TrainConfig
+from tracerl.schema import check, check_flat_keys, flattened
+
+SIDES = ("trl", "grpo", "trace")
+
+
+@check_flat_keys
+@dataclass(frozen=True)
+class BenchPeerConfig:
+    """``tracerl bench peer``: TRL's GRPO trainer and tracerl's grpo and trace side by side on one setup."""
+
+    train: TrainConfig = flattened(TrainConfig)
+    """The training setup every side runs (its keys at the top level); ``eval_every`` > 0 adds accuracy curves."""
+    sides: list[str] = field(default_factory=lambda: list(SIDES))
+    """Which of trl, grpo, trace to run (``--sides trl,grpo``)."""
+    seeds: int = 3
+    """Seeds per side (seed, seed + 1, ...); the sides' order rotates by one each seed."""
+    threads: int = 2
+    """CPUs every side may use (the first N of this process's affinity)."""
+    torch_threads: int = 1
+    """torch threads of each side's computing processes: TRL's one process and tracerl's trainer worker
+    (OMP_NUM_THREADS); tracerl's sampler actors take theirs from ``pools.rollout_cpus`` (1). More threads than free
+    cores spin against each other: on the busy 2-core machine TRL's rollouts took 1.4-10 s a call with 2 threads
+    and 0.3-0.5 s with 1 (docs/results/peer.md)."""
+    warmup_steps: int = 1
+    """Steps left out of the per-step means (the first step pays for lazy set-up)."""
+    target: float | None = None
+    """Held-out accuracy whose wall time is reported (with ``eval_every`` > 0); null: 90% of the way from the start
+    to the first side's final accuracy (``workflows.study.curves.target_accuracy``)."""
+    sample_s: float = 0.5
+    """Seconds between PSS samples of a side's process tree."""
+    peer_python: str = ".venv-peer/bin/python"
+    """The interpreter of the venv holding TRL (``make bench-peer`` builds it), relative to the repository."""
+    json_path: str | None = None
+    """Write the JSON summary here as well (``--json``)."""
+    bench_out: str = "bench_out/peer"
+    """Where results.json, the sides' configs, logs and runs go."""
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.sides if s not in SIDES]
+        check(
+            not unknown and bool(self.sides), f"sides must name some of {', '.join(SIDES)} (got {self.sides})"
+        )
+        check(self.seeds >= 1, f"seeds must be >= 1 (got {self.seeds})")
+        check(self.threads >= 1, f"threads must be >= 1 (got {self.threads})")
+        check(self.torch_threads >= 1, f"torch_threads must be >= 1 (got {self.torch_threads})")
+        check(self.warmup_steps >= 0, f"warmup_steps must be >= 0 (got {self.warmup_steps})")
+        check(
+            self.train.steps is not None and self.train.steps > self.warmup_steps,
+            f"steps ({self.train.steps}) must be set and exceed warmup_steps ({self.warmup_steps})",
+        )
+        check(self.sample_s > 0, f"sample_s must be > 0 (got {self.sample_s})")
+        check(self.train.resume is None, "bench peer starts fresh runs; resume is not allowed")
+
+
+def settings(tc: TrainConfig) -> dict[str, Any]:
+    """The training setup as both sides run it: ``rows`` (setting, tracerl's key and value, what TRL is given) and
+    ``trl_args`` (``GRPOConfig``'s keyword arguments). One place, printed into the JSON.
+
+    Raises:
+        ValueError: a setting TRL's side cannot match (naming the key and what to set).
+    """
+    check_matchable(tc)
+    args = trl_args(tc)
+    return {
+        "rows": [{"setting": a, "tracerl": k, "value": v, "trl": t} for a, k, v, t in setting_rows(tc, args)],
+        "trl_args": args,
+    }
+
+
+def check_matchable(tc: TrainConfig) -> None:
+    """Raise ValueError, naming the key to set, for a setting TRL's side cannot match."""
+    b, lo, s = tc.budget, tc.loss, tc.sampler
+    leaves, group, micro = b.num_leaves, b.group_size, lo.micro_batch_size
+    if leaves is None:
+        raise ValueError("bench peer needs budget.num_leaves (rollouts per step); got null")
+    if leaves % group:
+        raise ValueError(f"budget.num_leaves ({leaves}) must be a multiple of budget.group_size ({group})")
+    if leaves % micro:
+        raise ValueError(
+            f"budget.num_leaves ({leaves}) must be a multiple of loss.micro_batch_size ({micro})"
+        )
+    if lo.name != "ppo_clip":
+        raise ValueError(
+            f"bench peer maps loss.name=ppo_clip to TRL's clipped loss; got loss.name={lo.name!r}"
+        )
+    if lo.importance_sampling == "on" or s.backend != "hf":
+        raise ValueError(
+            "bench peer runs the hf sampler on both sides (TRL's rollout_func has no importance weight without vLLM): "
+            f"set sampler.backend=hf and loss.importance_sampling=auto or off (got {s.backend}, {lo.importance_sampling})"
+        )
+    if tc.trainer.num_workers != 1 or tc.trainer.lora_rank > 0:
+        raise ValueError(
+            "bench peer compares one trainer process with full weights: set trainer.num_workers=1, lora_rank=0"
+        )
+
+
+def trl_args(tc: TrainConfig) -> dict[str, Any]:
+    """``GRPOConfig``'s keyword arguments for ``tc`` (checked by ``check_matchable`` first)."""
+    b, o, lo, s = tc.budget, tc.optim, tc.loss, tc.sampler
+    leaves, group, micro = b.num_leaves, b.group_size, lo.micro_batch_size
+    assert leaves is not None
+    loss_type = {"token_mean": "dapo", "seq_mean_token_mean": "grpo"}[lo.aggregation]
+    args: dict[str, Any] = {
+        "max_steps": tc.steps,
+        "seed": tc.seed,
+        "num_generations": group,
+        "generation_batch_size": leaves,
+        "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": leaves // micro,
+        "learning_rate": o.lr,
+        "adam_beta1": o.betas[0],
+        "adam_beta2": o.betas[1],
+        "weight_decay": o.weight_decay,
+        "max_grad_norm": o.grad_clip,
+        "beta": lo.kl_coef,
+        "epsilon": lo.eps_low,
+        "epsilon_high": lo.eps_high,
+        "loss_type": loss_type,
+        "scale_rewards": "group" if lo.normalize_std else "none",
+        "num_iterations": lo.epochs,
+        "temperature": s.temperature if s.temperature > 0 else 1.0,
+        "max_completion_length": s.max_context_tokens,
+        "mask_truncated_completions": False,
+        "bf16": tc.model.dtype == "bfloat16",
+        "use_cpu": not tc.trainer.use_gpu,
+        "save_strategy": "steps",
+        "save_steps": tc.checkpoint_every,
+        "save_total_limit": tc.keep_checkpoints,
+        "logging_steps": 1,
+        "remove_unused_columns": False,
+        "dataloader_num_workers": 0,
+    }
+    if tc.trainer.gradient_checkpointing:  # TRL warns that the flag is deprecated, set or not: only when on
+        args["gradient_checkpointing"] = True
+    return args
+
+
+def setting_rows(tc: TrainConfig, args: dict[str, Any]) -> list[tuple[str, str, Any, str]]:
+    """(setting, tracerl's key, its value, what TRL is given) for every setting both sides share."""
+    b, o, lo, s = tc.budget, tc.optim, tc.loss, tc.sampler
+    leaves, group, micro = b.num_leaves, b.group_size, lo.micro_batch_size
+    assert leaves is not None
+    loss_type = args["loss_type"]
+    return [
+        (
+            "checkpoint",
+            "model.path",
+            tc.model.path,
+            "model (the same directory, loaded by tracerl's load_policy)",
+        ),
+        ("dtype", "model.dtype", tc.model.dtype, f"bf16={args['bf16']}"),
+        (
+            "template and stop strings",
+            "model.template",
+            tc.model.template,
+            "the project's template in rollout_func",
+        ),
+        (
+            "tasks",
+            "env",
+            f"{tc.env.name}, {len(_train_prompts(tc))} training prompts",
+            "train_dataset: the same prompts",
+        ),
+        ("tool and reward", "env.name", tc.env.name, "the project's environment in rollout_func; its reward"),
+        (
+            "episode limits",
+            "sampler.max_turns/max_turn_tokens/max_episode_tokens/max_context_tokens",
+            f"{s.max_turns}/{s.max_turn_tokens}/{s.max_episode_tokens}/{s.max_context_tokens}",
+            "the project's engine in rollout_func, the same SamplerConfig",
+        ),
+        ("temperature", "sampler.temperature", s.temperature, f"temperature={args['temperature']}"),
+        ("rollouts per step", "budget.num_leaves", leaves, f"generation_batch_size={leaves}"),
+        ("group size", "budget.group_size (grpo)", group, f"num_generations={group}"),
+        (
+            "micro-batch",
+            "loss.micro_batch_size",
+            micro,
+            f"per_device_train_batch_size={micro}, gradient_accumulation_steps={leaves // micro}",
+        ),
+        (
+            "optimizer",
+            "optim.lr/betas/weight_decay",
+            f"AdamW {o.lr}, {list(o.betas)}, {o.weight_decay}",
+            "optimizers=(torch AdamW, the same arguments)",
+        ),
+        (
+            "schedule",
+            "optim.warmup_steps/schedule/min_lr_ratio",
+            f"{o.warmup_steps}/{o.schedule}/{o.min_lr_ratio}",
+            "optimizers=(..., LambdaLR(tracerl.learner.lr_lambda))",
+        ),
+        ("grad clip", "optim.grad_clip", o.grad_clip, f"max_grad_norm={o.grad_clip}"),
+        ("KL", "loss.kl_coef", lo.kl_coef, f"beta={lo.kl_coef}"),
+        (
+            "clip",
+            "loss.eps_low/eps_high",
+            f"{lo.eps_low}/{lo.eps_high}",
+            f"epsilon={lo.eps_low}, epsilon_high={lo.eps_high}",
+        ),
+        ("loss aggregation", "loss.aggregation", lo.aggregation, f"loss_type={loss_type}"),
+        (
+            "advantage",
+            "loss.normalize_std",
+            lo.normalize_std,
+            f"group mean-centred, scale_rewards={args['scale_rewards']} (grpo side: loss.advantage=grpo)",
+        ),
+        ("epochs", "loss.epochs", lo.epochs, f"num_iterations={lo.epochs}"),
+        (
+            "tool tokens",
+            "collate: loss mask on model tokens only",
+            "masked",
+            "env_mask=0 on observation tokens",
+        ),
+        ("steps", "steps", tc.steps, f"max_steps={tc.steps}"),
+        ("checkpoints", "checkpoint_every", tc.checkpoint_every, f"save_steps={tc.checkpoint_every}"),
+    ]
+
+
+def _train_prompts(tc: TrainConfig) -> list[Any]:
+    from workflows.lm.stack import task_prompts
+
+    return task_prompts(tc.env)
+
+
+def side_config(cfg: BenchPeerConfig, side: str, seed: int, run_name: str) -> TrainConfig:
+    """The training config ``side`` runs with ``seed``: grpo with grpo advantages, trace as configured; no held-out
+    evaluation at the start (the bench evaluates the checkpoint once), outputs under ``bench_out``."""
+    tc = cfg.train
+    if side == "grpo":
+        tc = dataclasses.replace(
+            tc,
+            allocator=dataclasses.replace(tc.allocator, name="grpo"),
+            loss=dataclasses.replace(tc.loss, advantage="grpo"),
+        )
+    elif side == "trace":
+        tc = dataclasses.replace(tc, allocator=dataclasses.replace(tc.allocator, name="trace"))
+    out = Path(cfg.bench_out).resolve()
+    return dataclasses.replace(
+        tc, seed=seed, eval_at_start=False, run_name=run_name, out_dir=str(out / "runs"), log_trees_every=0
+    )
+
+
+def run_order(sides: Sequence[str], k: int) -> list[str]:
+    """The sides' order for the k-th seed: rotated by k, so each side goes first in turn."""
+    j = k % len(sides)
+    return list(sides[j:]) + list(sides[:j])

@@ -1,0 +1,218 @@
+"""Running one side of ``tracerl bench peer`` as a subprocess on the bench's CPUs, its whole process tree's PSS
+sampled, and reading its per-step records back: TRL's from the JSON its script writes, tracerl's from MLflow."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tracerl import metrics as M
+from workflows.bench.peer_settings import BenchPeerConfig, settings, side_config
+from workflows.ops.proc_memory import TreeMemory
+
+REPO = Path(__file__).resolve().parents[2]
+ROLLOUT_PHASES = ("select", "score", "allocate_roots", "rollout", "expand_prefixes")
+"""tracerl's phases that make up a step's rollout (``time/<phase>_s``)."""
+UPDATE_PHASES = ("broadcast", "update_policy")
+
+
+def _cpus(threads: int) -> list[int]:
+    have = (
+        sorted(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else list(range(os.cpu_count() or 1))
+    )
+    return have[:threads]
+
+
+def run_process(
+    cmd: Sequence[str], log: Path, threads: int, every: float, torch_threads: int = 1
+) -> dict[str, Any]:
+    """Run ``cmd`` on the first ``threads`` CPUs with OMP_NUM_THREADS=torch_threads, its output to ``log``, sampling its
+    tree's PSS. Returns launch time, exit code, wall seconds, peak PSS and process count.
+
+    Raises:
+        RuntimeError: the command failed (naming its log).
+    """
+    cpus = _cpus(threads)
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch_threads), "MKL_NUM_THREADS": str(torch_threads)}
+    # Ray starts its workers at nice 15 by default: beside a nice-0 TRL process on a busy machine that would slow
+    # tracerl's side for a reason that is not its own.
+    env.setdefault("RAY_worker_niceness", "0")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO / "platform"), str(REPO), env.get("PYTHONPATH", "")]
+    ).rstrip(os.pathsep)
+
+    def pin() -> None:
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, cpus)
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    launch = time.time()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(
+            list(cmd), stdout=f, stderr=subprocess.STDOUT, env=env, cwd=os.getcwd(), preexec_fn=pin
+        )
+        with TreeMemory(proc.pid, every) as mem:
+            rc = proc.wait()
+    out = {
+        "launch": launch,
+        "rc": rc,
+        "wall_s": time.time() - launch,
+        "peak_pss_mb": mem.peak_mb,
+        "peak_processes": mem.peak_processes,
+        "pss_samples": mem.samples,
+        "cpus": cpus,
+    }
+    if rc != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.is_file() else []
+        raise RuntimeError(
+            f"`{' '.join(Path(c).name for c in cmd[:4])}` exited {rc}; see {log}"
+            + (f": {tail[0]}" if tail else "")
+        )
+    return out
+
+
+def peer_interpreter(cfg: BenchPeerConfig) -> Path:
+    """The TRL venv's python (``peer_python``, relative to the repository).
+
+    Raises:
+        FileNotFoundError: there is none (saying how to build it).
+    """
+    py = Path(cfg.peer_python)
+    py = py if py.is_absolute() else REPO / py
+    if not py.is_file():
+        raise FileNotFoundError(
+            f"peer_python={cfg.peer_python!r}: no interpreter there; build the TRL venv with `make bench-peer` "
+            "(or point peer_python at a python with trl installed)"
+        )
+    return py
+
+
+def run_trl_side(
+    cfg: BenchPeerConfig, seed: int, tag: str, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    """TRL's side for ``seed``: the spec and config written under ``bench_out/tag``, workflows.bench.peer_trl run."""
+    from tracerl.config_loader import to_yaml
+
+    py = peer_interpreter(cfg)
+    work = Path(cfg.bench_out).resolve() / tag
+    work.mkdir(parents=True, exist_ok=True)
+    tc = side_config(cfg, "grpo", seed, tag)
+    (work / "config.yaml").write_text(to_yaml(tc))
+    spec = {
+        "config": str(work / "config.yaml"),
+        "trl_args": settings(tc)["trl_args"],
+        "threads": cfg.torch_threads,
+        "eval_every": tc.eval_every,
+        "output_dir": str(work / "trl_out"),
+        "out": str(work / "steps.json"),
+    }
+    (work / "spec.json").write_text(json.dumps(spec, indent=2))
+    progress(f"   trl: {py} -m workflows.bench.peer_trl {work / 'spec.json'}")
+    proc = run_process(
+        [str(py), "-m", "workflows.bench.peer_trl", str(work / "spec.json")],
+        work / "log.txt",
+        cfg.threads,
+        cfg.sample_s,
+        cfg.torch_threads,
+    )
+    rec = json.loads((work / "steps.json").read_text())
+    steps = [
+        {
+            "step": r["step"],
+            "begin": r["begin"],
+            "end": r["end"],
+            "eval_s": r["eval_s"],
+            "rollout_s": r["rollout_s"],
+            "update_s": max(r["end"] - r["begin"] - r["scoring_s"], 0.0),
+            "generated_tokens": r["generated_tokens"],
+        }
+        for r in rec["steps"]
+    ]
+    evals = [{"step": e["step"], "accuracy": e["accuracy"]} for e in rec["evals"]]
+    return {
+        **proc,
+        "steps": steps,
+        "evals": evals,
+        "threads": {"trl_process_torch_threads": cfg.torch_threads},
+    }
+
+
+def run_tracerl_side(
+    cfg: BenchPeerConfig, side: str, seed: int, tag: str, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    """A ``tracerl train`` side for ``seed`` (its config written under ``bench_out/tag``), read back from MLflow."""
+    from tracerl.config_loader import to_yaml
+
+    work = Path(cfg.bench_out).resolve() / tag
+    work.mkdir(parents=True, exist_ok=True)
+    tc = side_config(cfg, side, seed, tag)
+    (work / "config.yaml").write_text(to_yaml(tc))
+    progress(f"   {side}: tracerl train --config {work / 'config.yaml'}")
+    proc = run_process(
+        [sys.executable, "-m", "workflows.cli", "train", "--config", str(work / "config.yaml")],
+        work / "log.txt",
+        cfg.threads,
+        cfg.sample_s,
+        cfg.torch_threads,
+    )
+    found = sorted(Path(tc.out_dir).glob(f"{tag}-*/summary.json"))
+    if not found:
+        raise RuntimeError(
+            f"tracerl train wrote no {tc.out_dir}/{tag}-*/summary.json; see {work / 'log.txt'}"
+        )
+    summary = json.loads(found[-1].read_text())
+    steps, evals = tracerl_steps(summary["run_id"], summary["tracking_uri"])
+    threads = {
+        "trainer_OMP_NUM_THREADS": cfg.torch_threads,
+        "sampler_actor_torch_threads": max(1, int(tc.pools.rollout_cpus)),
+        "sampler_actors": tc.pools.rollout_workers,
+    }
+    return {**proc, "steps": steps, "evals": evals, "run_id": summary["run_id"], "threads": threads}
+
+
+def tracerl_steps(run_id: str, uri: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A ``tracerl train`` run's per-step records (as ``run_trl_side``'s) and held-out evaluations, from MLflow:
+    a step ends when its metrics were logged (the timestamp of ``time/step_s``), less its evaluation."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+
+    def last(key: str) -> dict[int, tuple[float, float]]:
+        out: dict[int, tuple[float, float]] = {}
+        for m in client.get_metric_history(run_id, key):
+            if m.step not in out or m.timestamp >= out[m.step][0]:
+                out[m.step] = (m.timestamp / 1000.0, m.value)
+        return out
+
+    step_t = last(M.TIME_STEP)
+    phases = {p: last(M.phase_time(p)) for p in (*ROLLOUT_PHASES, *UPDATE_PHASES, "eval")}
+    tokens = last(M.GENERATED_TOKENS)
+
+    def val(series: dict[int, tuple[float, float]], k: int) -> float:
+        return series[k][1] if k in series else 0.0
+
+    steps = []
+    for k in sorted(step_t):
+        ts, dur = step_t[k]
+        ev = val(phases["eval"], k)
+        steps.append(
+            {
+                "step": k,
+                "begin": ts - dur,
+                "end": ts - ev,
+                "eval_s": ev,
+                "rollout_s": sum(val(phases[p], k) for p in ROLLOUT_PHASES),
+                "update_s": sum(val(phases[p], k) for p in UPDATE_PHASES),
+                "generated_tokens": val(tokens, k),
+            }
+        )
+    evals = [{"step": k, "accuracy": v} for k, (_, v) in sorted(last(M.EVAL_ACCURACY).items())]
+    return steps, evals
