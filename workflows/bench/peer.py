@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.config import TrainConfig
-from workflows.bench.peer_report import KEYS, aggregate, side_stats, write_json
+from workflows.bench.peer_report import KEYS, SideRun, SideStats, aggregate, side_stats, write_json
 from workflows.bench.peer_settings import BenchPeerConfig, run_order, settings
 from workflows.bench.peer_sides import peer_interpreter, run_tracerl_side, run_trl_side
 
@@ -91,16 +91,13 @@ def run_peer_bench(cfg: BenchPeerConfig, progress: Callable[[str], None] = lambd
     return summary
 
 
-Runs = dict[str, list[dict[str, Any]]]
-
-
 def _run_sides(
     cfg: BenchPeerConfig, acc0: float | None, progress: Callable[[str], None]
-) -> tuple[Runs, Runs, list[str]]:
+) -> tuple[dict[str, list[SideRun]], dict[str, list[SideStats]], list[str]]:
     """Each seed's sides in their rotated order: (raw runs, their statistics, the order run), by side."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    raw: Runs = {s: [] for s in cfg.sides}
-    stats: Runs = {s: [] for s in cfg.sides}
+    raw: dict[str, list[SideRun]] = {s: [] for s in cfg.sides}
+    stats: dict[str, list[SideStats]] = {s: [] for s in cfg.sides}
     order = []
     for k in range(cfg.seeds):
         seed = cfg.train.seed + k
@@ -124,11 +121,14 @@ def _run_sides(
     return raw, stats, order
 
 
-def _run_record(r: dict[str, Any], st: dict[str, Any]) -> dict[str, Any]:
+def _run_record(r: SideRun, st: SideStats) -> dict[str, Any]:
     """One run as the JSON lists it: its statistics, per-step rows, threads and CPUs."""
     return {
         "seed": r["seed"],
-        **{k: st[k] for k in (*KEYS, "peak_processes", "steps_measured", "curve")},
+        **{k: st[k] for k in KEYS},
+        "peak_processes": st["peak_processes"],
+        "steps_measured": st["steps_measured"],
+        "curve": st["curve"],
         "per_step": st["per_step"],
         "threads": r["threads"],
         "cpus": r["cpus"],

@@ -8,10 +8,76 @@ import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
 
-def side_stats(run: dict[str, Any], warmup: int, acc0: float | None = None) -> dict[str, Any]:
+class StepRecord(TypedDict):
+    """One step of a side as both sides' readers give it: wall-clock begin and end (seconds since the epoch), its
+    evaluation's, rollout's and update's seconds, and its generated tokens."""
+
+    step: int
+    begin: float
+    end: float
+    eval_s: float
+    rollout_s: float
+    update_s: float
+    generated_tokens: float
+
+
+class EvalPoint(TypedDict):
+    step: int
+    accuracy: float
+
+
+class ProcessRun(TypedDict):
+    """A side's process as ``peer_sides.run_process`` measured it: launch time, exit code, wall seconds, the peak
+    PSS (MB) and process count of its tree, how many PSS samples were taken, the CPUs it ran on."""
+
+    launch: float
+    rc: int
+    wall_s: float
+    peak_pss_mb: float
+    peak_processes: int
+    pss_samples: int
+    cpus: list[int]
+
+
+class SideRun(ProcessRun):
+    """One side's run for one seed: its process, steps, held-out evaluations and thread counts."""
+
+    steps: list[StepRecord]
+    evals: list[EvalPoint]
+    threads: dict[str, int]
+    seed: NotRequired[int]
+    run_id: NotRequired[str]
+
+
+class StepRow(StepRecord):
+    """A step in ``side_stats``'s rows: its record, the seconds since the previous step's end (less that step's
+    evaluation) and the rest (that interval less rollout and update)."""
+
+    interval_s: float
+    rest_s: float
+
+
+class SideStats(TypedDict):
+    """``side_stats``: the means over the measured steps, start-up, peak PSS, the accuracy curve
+    ([wall seconds, accuracy] points) and the per-step rows (each with its interval and rest)."""
+
+    s_per_step: float
+    rollout_s: float
+    update_s: float
+    rest_s: float
+    gen_tokens_per_s: float
+    startup_s: float
+    peak_pss_mb: float
+    peak_processes: int
+    steps_measured: int
+    curve: list[list[float]]
+    per_step: list[StepRow]
+
+
+def side_stats(run: SideRun, warmup: int, acc0: float | None = None) -> SideStats:
     """One side's run: mean seconds per step (split), tokens per second, start-up, peak PSS, accuracy curve.
 
     A step's seconds run from the previous step's end (the first step: its begin) to its end, less the previous
@@ -21,19 +87,19 @@ def side_stats(run: dict[str, Any], warmup: int, acc0: float | None = None) -> d
     if not steps:
         raise ValueError("the side logged no steps")
     launch = run["launch"]
-    per = []
+    per: list[StepRow] = []
     prev_end, prev_eval, evals_before = steps[0]["begin"], 0.0, 0.0
     wall_at: dict[int, float] = {}
     for r in steps:
         interval = r["end"] - prev_end - prev_eval
         evals_before += prev_eval
         wall_at[r["step"]] = r["end"] - launch - evals_before
-        per.append({**r, "interval_s": interval, "rest_s": interval - r["rollout_s"] - r["update_s"]})
+        per.append(StepRow(**r, interval_s=interval, rest_s=interval - r["rollout_s"] - r["update_s"]))
         prev_end, prev_eval = r["end"], r["eval_s"]
     measured = per[warmup:] if len(per) > warmup else per
     total = sum(r["interval_s"] for r in measured)
     startup = steps[0]["begin"] - launch
-    curve = [] if acc0 is None else [[startup, acc0]]
+    curve: list[list[float]] = [] if acc0 is None else [[startup, acc0]]
     curve += [[wall_at[e["step"]], e["accuracy"]] for e in run["evals"] if e["step"] in wall_at]
     return {
         "s_per_step": total / len(measured),
@@ -71,10 +137,21 @@ def _mean_std(values: Sequence[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(v), "std": statistics.stdev(v) if len(v) > 1 else 0.0}
 
 
-KEYS = ("s_per_step", "rollout_s", "update_s", "rest_s", "gen_tokens_per_s", "startup_s", "peak_pss_mb")
+StatKey = Literal[
+    "s_per_step", "rollout_s", "update_s", "rest_s", "gen_tokens_per_s", "startup_s", "peak_pss_mb"
+]
+KEYS: tuple[StatKey, ...] = (
+    "s_per_step",
+    "rollout_s",
+    "update_s",
+    "rest_s",
+    "gen_tokens_per_s",
+    "startup_s",
+    "peak_pss_mb",
+)
 
 
-def aggregate(per_seed: dict[str, list[dict[str, Any]]], target: float | None) -> dict[str, Any]:
+def aggregate(per_seed: dict[str, list[SideStats]], target: float | None) -> dict[str, Any]:
     """Per side: mean and std over seeds of every ``KEYS`` entry, and the wall seconds to ``target`` of each seed's
     curve (mean over the seeds that reached it, and how many did)."""
     out: dict[str, Any] = {}

@@ -10,9 +10,9 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from tracerl import metrics as M
+from workflows.bench.peer_report import EvalPoint, ProcessRun, SideRun, StepRecord
 from workflows.bench.peer_settings import BenchPeerConfig, settings, side_config
 from workflows.ops.proc_memory import TreeMemory
 
@@ -33,7 +33,7 @@ def _cpus(threads: int) -> list[int]:
 
 def run_process(
     cmd: Sequence[str], log: Path, threads: int, every: float, torch_threads: int = 1
-) -> dict[str, Any]:
+) -> ProcessRun:
     """Run ``cmd`` on the first ``threads`` CPUs with OMP_NUM_THREADS=torch_threads, its output to ``log``, sampling its
     tree's PSS. Returns launch time, exit code, wall seconds, peak PSS and process count.
 
@@ -61,15 +61,15 @@ def run_process(
         )
         with TreeMemory(proc.pid, every) as mem:
             rc = proc.wait()
-    out = {
-        "launch": launch,
-        "rc": rc,
-        "wall_s": time.time() - launch,
-        "peak_pss_mb": mem.peak_mb,
-        "peak_processes": mem.peak_processes,
-        "pss_samples": mem.samples,
-        "cpus": cpus,
-    }
+    out = ProcessRun(
+        launch=launch,
+        rc=rc,
+        wall_s=time.time() - launch,
+        peak_pss_mb=mem.peak_mb,
+        peak_processes=mem.peak_processes,
+        pss_samples=mem.samples,
+        cpus=cpus,
+    )
     if rc != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.is_file() else []
         raise RuntimeError(
@@ -95,9 +95,7 @@ def peer_interpreter(cfg: BenchPeerConfig) -> Path:
     return py
 
 
-def run_trl_side(
-    cfg: BenchPeerConfig, seed: int, tag: str, progress: Callable[[str], None]
-) -> dict[str, Any]:
+def run_trl_side(cfg: BenchPeerConfig, seed: int, tag: str, progress: Callable[[str], None]) -> SideRun:
     """TRL's side for ``seed``: the spec and config written under ``bench_out/tag``, workflows.bench.peer_trl run."""
     from tracerl.config_loader import to_yaml
 
@@ -125,29 +123,24 @@ def run_trl_side(
     )
     rec = json.loads((work / "steps.json").read_text())
     steps = [
-        {
-            "step": r["step"],
-            "begin": r["begin"],
-            "end": r["end"],
-            "eval_s": r["eval_s"],
-            "rollout_s": r["rollout_s"],
-            "update_s": max(r["end"] - r["begin"] - r["scoring_s"], 0.0),
-            "generated_tokens": r["generated_tokens"],
-        }
+        StepRecord(
+            step=r["step"],
+            begin=r["begin"],
+            end=r["end"],
+            eval_s=r["eval_s"],
+            rollout_s=r["rollout_s"],
+            update_s=max(r["end"] - r["begin"] - r["scoring_s"], 0.0),
+            generated_tokens=r["generated_tokens"],
+        )
         for r in rec["steps"]
     ]
-    evals = [{"step": e["step"], "accuracy": e["accuracy"]} for e in rec["evals"]]
-    return {
-        **proc,
-        "steps": steps,
-        "evals": evals,
-        "threads": {"trl_process_torch_threads": cfg.torch_threads},
-    }
+    evals = [EvalPoint(step=e["step"], accuracy=e["accuracy"]) for e in rec["evals"]]
+    return SideRun(**proc, steps=steps, evals=evals, threads={"trl_process_torch_threads": cfg.torch_threads})
 
 
 def run_tracerl_side(
     cfg: BenchPeerConfig, side: str, seed: int, tag: str, progress: Callable[[str], None]
-) -> dict[str, Any]:
+) -> SideRun:
     """A ``tracerl train`` side for ``seed`` (its config written under ``bench_out/tag``), read back from MLflow."""
     from tracerl.config_loader import to_yaml
 
@@ -175,10 +168,10 @@ def run_tracerl_side(
         "sampler_actor_torch_threads": max(1, int(tc.pools.rollout_cpus)),
         "sampler_actors": tc.pools.rollout_workers,
     }
-    return {**proc, "steps": steps, "evals": evals, "run_id": summary["run_id"], "threads": threads}
+    return SideRun(**proc, steps=steps, evals=evals, run_id=summary["run_id"], threads=threads)
 
 
-def tracerl_steps(run_id: str, uri: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def tracerl_steps(run_id: str, uri: str) -> tuple[list[StepRecord], list[EvalPoint]]:
     """A ``tracerl train`` run's per-step records (as ``run_trl_side``'s) and held-out evaluations, from MLflow:
     a step ends when its metrics were logged (the timestamp of ``time/step_s``), less its evaluation."""
     import mlflow
@@ -199,20 +192,20 @@ def tracerl_steps(run_id: str, uri: str) -> tuple[list[dict[str, Any]], list[dic
     def val(series: dict[int, tuple[float, float]], k: int) -> float:
         return series[k][1] if k in series else 0.0
 
-    steps = []
+    steps: list[StepRecord] = []
     for k in sorted(step_t):
         ts, dur = step_t[k]
         ev = val(phases["eval"], k)
         steps.append(
-            {
-                "step": k,
-                "begin": ts - dur,
-                "end": ts - ev,
-                "eval_s": ev,
-                "rollout_s": sum(val(phases[p], k) for p in ROLLOUT_PHASES),
-                "update_s": sum(val(phases[p], k) for p in UPDATE_PHASES),
-                "generated_tokens": val(tokens, k),
-            }
+            StepRecord(
+                step=k,
+                begin=ts - dur,
+                end=ts - ev,
+                eval_s=ev,
+                rollout_s=sum(val(phases[p], k) for p in ROLLOUT_PHASES),
+                update_s=sum(val(phases[p], k) for p in UPDATE_PHASES),
+                generated_tokens=val(tokens, k),
+            )
         )
-    evals = [{"step": k, "accuracy": v} for k, (_, v) in sorted(last(M.EVAL_ACCURACY).items())]
+    evals = [EvalPoint(step=k, accuracy=v) for k, (_, v) in sorted(last(M.EVAL_ACCURACY).items())]
     return steps, evals
