@@ -33,26 +33,18 @@ from tracerl import metrics as M
 from tracerl.config import TrainConfig
 from tracerl.schema import check, check_flat_keys, flattened
 from workflows.bench.limit_micro import (
+    Micro,
     clock,
-    grade_costs,
-    matmul_flops,
-    model_rates,
     since,
-    tool_costs,
-    update_time,
 )
 from workflows.bench.limit_report import (
     Layout,
-    Rates,
     StepCounts,
     compose,
-    decode_flops_per_token,
     fastest_step,
-    fit_tool_cost,
     mean_split,
     real_split,
     summary_json,
-    update_flops,
     write_json,
 )
 
@@ -288,6 +280,8 @@ def cpu_per_step(steps: Sequence[dict[str, Any]], measured_steps: Sequence[dict[
 def run_limit_bench(
     cfg: BenchLimitConfig, progress: Callable[[str], None] = lambda s: None
 ) -> dict[str, Any]:
+    """The real run, the bench's own step, the microbenchmarks at the run's shapes, then the limit composed from
+    them beside the real step (``summary_json``), written to ``bench_out/results.json``."""
     import ray
     import torch
 
@@ -307,43 +301,10 @@ def run_limit_bench(
     counts_share = len(own["answers"]) / max(own["sampled_leaves"], 1)
     counts = step_counts(steps, counts_share)
     llm_calls = max(_mean(steps, M.LLM_CALLS), 1.0)
-    context = (counts.prefill_tokens + _mean(steps, M.PREFILL_REUSED)) / llm_calls
-    new_tokens = tc.sampler.max_turn_tokens
-    ctx = int(min(max(round(context), 1), tc.sampler.max_context_tokens - new_tokens))
-    suffix, rows = max(1, round(counts.prefill_tokens / llm_calls)), max(1, round(counts.occupancy))
-    stack = own["stack"]
-    progress(
-        f"== microbenchmarks: decode/prefill at B={rows}, context {ctx}, suffix {suffix}; update; tools; grades"
-    )
-    model_r = model_rates(stack.model, own["trees"], rows, ctx, suffix, new_tokens, cfg.repeats)
-    upd = update_time(tc, stack.model, stack.tokenizer, own["batch"], cfg.repeats)
-    tools = tool_costs(stack.env, own["cells"])
-    grade_wall, grade_cpu = grade_costs(stack.env, own["answers"])
-    peak = matmul_flops(cfg.repeats)
+    micro = Micro.measure(tc, cfg.repeats, own, counts, llm_calls, _mean(steps, M.PREFILL_REUSED), progress)
+    cpu_rates = micro.rates(cpu=True)
     layout = Layout(tc.pools.rollout_workers, tc.pools.env_workers, _cpus())
-
-    def rates(cpu: bool) -> Rates:
-        t_call, t_cell = fit_tool_cost([(c, x if cpu else w) for c, w, x in tools]) if tools else (0.0, 0.0)
-        per = "" if cpu else "_wall"
-        return Rates(
-            decode_tokens_per_s=model_r[f"decode_tokens_per{per}_s"],
-            prefill_tokens_per_s=model_r[f"prefill_tokens_per{per}_s"],
-            tool_call_s=t_call,
-            tool_cell_s=t_cell,
-            grade_s=grade_cpu if cpu else grade_wall,
-            update_s=upd["cpu_s" if cpu else "wall_s"],
-            update_loss_tokens=upd["loss_tokens"],
-        )
-
-    cpu_rates = rates(cpu=True)
     fast = fastest_step(steps)
-    params = sum(p.numel() for p in stack.model.parameters())
-    layers, hidden = int(stack.model.config.num_hidden_layers), int(stack.model.config.hidden_size)
-    flops_upd = update_flops(
-        params, int(upd["padded_tokens"]), layers, hidden, upd["tokens"] / upd["sequences"] / 2
-    )
-    flops_tok = decode_flops_per_token(params, layers, hidden, ctx + new_tokens / 2)
-    calls = [c for c in own["sampler_calls"] if c["rows"]]
     extra = {
         "run_id": real["run_id"],
         "tracking_uri": real["tracking_uri"],
@@ -354,40 +315,13 @@ def run_limit_bench(
             "real_s": real_split(fast),
             "limit_s": compose(step_counts([fast], counts_share), cpu_rates, layout),
         },
-        "limit_wall_clock_s": compose(counts, rates(cpu=False), layout),
+        "limit_wall_clock_s": compose(counts, micro.rates(cpu=False), layout),
         "cpu_per_step": {
             "real": cpu_per_step(real["steps"], steps),
             "limit": compose(counts, cpu_rates, Layout(1, 0, 1))["total"],
         },
-        "microbench": {
-            "model": model_r,
-            "update": upd,
-            "update_flops": flops_upd,
-            "update_flops_per_cpu_s": flops_upd / max(upd["cpu_s"], 1e-9),
-            "decode_flops_per_token": flops_tok,
-            "decode_flops_per_cpu_s": flops_tok * model_r["decode_tokens_per_s"],
-            "matmul_flops": peak,
-            "update_at_matmul_peak_s": flops_upd
-            / peak["per_cpu_s"]
-            * counts.loss_tokens
-            / upd["loss_tokens"],
-            "params": params,
-            "mean_context": context,
-            "tool_calls": [{"cells": c, "wall_s": w, "cpu_s": x} for c, w, x in tools],
-            "grades": {"answers": len(own["answers"]), "wall_s": grade_wall, "cpu_s": grade_cpu},
-            "graded_share_of_leaves": len(own["answers"]) / max(own["sampled_leaves"], 1),
-            "torch_threads": 1,
-        },
-        "own_step": {
-            "wall_s": own["wall_s"],
-            "sampler_calls": len(calls),
-            "sampler_rows_per_call": statistics.fmean(c["rows"] for c in calls) if calls else 0.0,
-            "sampler_tokens_per_cpu_s": sum(c["kept_tokens"] for c in calls)
-            / max(sum(c["cpu_s"] for c in calls), 1e-9),
-            "sampler_tokens_per_wall_s": sum(c["kept_tokens"] for c in calls)
-            / max(sum(c["seconds"] for c in calls), 1e-9),
-            **own["ledger"],
-        },
+        "microbench": micro.section(own, counts),
+        "own_step": own_step_section(own),
         "per_step": real["steps"],
         "machine": {
             "cpus": _cpus(),
@@ -398,3 +332,18 @@ def run_limit_bench(
     summary = summary_json(counts, cpu_rates, layout, mean_split(steps), extra)
     write_json(summary, Path(cfg.bench_out) / "results.json", cfg.json_path)
     return summary
+
+
+def own_step_section(own: dict[str, Any]) -> dict[str, Any]:
+    """The JSON's ``own_step``: its wall seconds, sampler calls, rows per call and tokens per second, its ledger."""
+    calls = [c for c in own["sampler_calls"] if c["rows"]]
+    return {
+        "wall_s": own["wall_s"],
+        "sampler_calls": len(calls),
+        "sampler_rows_per_call": statistics.fmean(c["rows"] for c in calls) if calls else 0.0,
+        "sampler_tokens_per_cpu_s": sum(c["kept_tokens"] for c in calls)
+        / max(sum(c["cpu_s"] for c in calls), 1e-9),
+        "sampler_tokens_per_wall_s": sum(c["kept_tokens"] for c in calls)
+        / max(sum(c["seconds"] for c in calls), 1e-9),
+        **own["ledger"],
+    }

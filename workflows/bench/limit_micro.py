@@ -14,10 +14,18 @@ import copy
 import inspect
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
+from workflows.bench.limit_report import (
+    Rates,
+    StepCounts,
+    decode_flops_per_token,
+    fit_tool_cost,
+    update_flops,
+)
 
 
 def clock(tree: bool = False) -> tuple[float, float]:
@@ -182,3 +190,114 @@ def matmul_flops(repeats: int, n: int = 512) -> dict[str, float]:
     wall, cpu = fastest(once, repeats)
     flops = 10 * 2.0 * n**3
     return {"per_cpu_s": flops / max(cpu, 1e-9), "per_wall_s": flops / max(wall, 1e-9)}
+
+
+@dataclass(frozen=True)
+class Micro:
+    """The microbenchmarks at the real run's shapes: the model's decode and prefill rates at its batch and context,
+    the update of the own step's batch, its tool calls and grades alone, and the machine's matmul rate."""
+
+    model: dict[str, float]
+    update: dict[str, float]
+    tools: list[tuple[int, float, float]]
+    grade_wall_s: float
+    grade_cpu_s: float
+    matmul: dict[str, float]
+    params: int
+    layers: int
+    hidden: int
+    context: float
+    ctx: int
+    new_tokens: int
+
+    @classmethod
+    def measure(
+        cls,
+        tc: TrainConfig,
+        repeats: int,
+        own: dict[str, Any],
+        counts: StepCounts,
+        llm_calls: float,
+        reused_per_step: float,
+        progress: Callable[[str], None],
+    ) -> Micro:
+        """Measure at the real run's mean context per sampler call (prefilled + reused tokens over its
+        ``llm_calls`` a step), its mean suffix and batch occupancy."""
+        context = (counts.prefill_tokens + reused_per_step) / llm_calls
+        new_tokens = tc.sampler.max_turn_tokens
+        ctx = int(min(max(round(context), 1), tc.sampler.max_context_tokens - new_tokens))
+        suffix, rows = max(1, round(counts.prefill_tokens / llm_calls)), max(1, round(counts.occupancy))
+        stack = own["stack"]
+        progress(
+            f"== microbenchmarks: decode/prefill at B={rows}, context {ctx}, suffix {suffix}; update; tools; grades"
+        )
+        model_r = model_rates(stack.model, own["trees"], rows, ctx, suffix, new_tokens, repeats)
+        upd = update_time(tc, stack.model, stack.tokenizer, own["batch"], repeats)
+        tools = tool_costs(stack.env, own["cells"])
+        grade_wall, grade_cpu = grade_costs(stack.env, own["answers"])
+        return cls(
+            model=model_r,
+            update=upd,
+            tools=tools,
+            grade_wall_s=grade_wall,
+            grade_cpu_s=grade_cpu,
+            matmul=matmul_flops(repeats),
+            params=sum(p.numel() for p in stack.model.parameters()),
+            layers=int(stack.model.config.num_hidden_layers),
+            hidden=int(stack.model.config.hidden_size),
+            context=context,
+            ctx=ctx,
+            new_tokens=new_tokens,
+        )
+
+    def rates(self, cpu: bool) -> Rates:
+        """The rates the limit is composed from, per CPU second (``cpu``) or per wall second."""
+        pairs = [(c, x if cpu else w) for c, w, x in self.tools]
+        t_call, t_cell = fit_tool_cost(pairs) if pairs else (0.0, 0.0)
+        per = "" if cpu else "_wall"
+        return Rates(
+            decode_tokens_per_s=self.model[f"decode_tokens_per{per}_s"],
+            prefill_tokens_per_s=self.model[f"prefill_tokens_per{per}_s"],
+            tool_call_s=t_call,
+            tool_cell_s=t_cell,
+            grade_s=self.grade_cpu_s if cpu else self.grade_wall_s,
+            update_s=self.update["cpu_s" if cpu else "wall_s"],
+            update_loss_tokens=self.update["loss_tokens"],
+        )
+
+    def section(self, own: dict[str, Any], counts: StepCounts) -> dict[str, Any]:
+        """The JSON's ``microbench``: every measurement, and the update's and decode's FLOPs against matmul's."""
+        upd, model_r = self.update, self.model
+        flops_upd = update_flops(
+            self.params,
+            int(upd["padded_tokens"]),
+            self.layers,
+            self.hidden,
+            upd["tokens"] / upd["sequences"] / 2,
+        )
+        flops_tok = decode_flops_per_token(
+            self.params, self.layers, self.hidden, self.ctx + self.new_tokens / 2
+        )
+        return {
+            "model": model_r,
+            "update": upd,
+            "update_flops": flops_upd,
+            "update_flops_per_cpu_s": flops_upd / max(upd["cpu_s"], 1e-9),
+            "decode_flops_per_token": flops_tok,
+            "decode_flops_per_cpu_s": flops_tok * model_r["decode_tokens_per_s"],
+            "matmul_flops": self.matmul,
+            "update_at_matmul_peak_s": flops_upd
+            / self.matmul["per_cpu_s"]
+            * counts.loss_tokens
+            / upd["loss_tokens"],
+            "params": self.params,
+            "mean_context": self.context,
+            "tool_calls": [{"cells": c, "wall_s": w, "cpu_s": x} for c, w, x in self.tools],
+            "grades": {
+                "answers": len(own["answers"]),
+                "wall_s": self.grade_wall_s,
+                "cpu_s": self.grade_cpu_s,
+            },
+            "graded_share_of_leaves": len(own["answers"]) / max(own["sampled_leaves"], 1),
+            "torch_threads": 1,
+        }

@@ -251,32 +251,7 @@ def run_study(
             skipped = [c.key for c in skip]
             for c in skip:
                 progress(f"cell {c.key}: finished earlier, skipped")
-            missing = sorted(
-                {
-                    c.testbed
-                    for c, _ in todo
-                    if c.budget == "tokens" and cfg.testbeds[c.testbed].get("token_budget") is None
-                }
-            )
-            if missing:
-                raise ValueError(token_budget_error(missing[0], config_path))
-            before: dict[str, float] = {}
-            if todo:
-                from workflows.tracking.runs import git_sha
-
-                if baseline_fn is None:
-                    from workflows.ops.ray_utils import init_ray
-
-                    init_ray(cfg.cluster)
-                first: dict[str, TrainConfig] = {}
-                for (
-                    c,
-                    _,
-                ) in todo:  # a testbed's first cell to run stands for all (same checkpoint, same tasks)
-                    if c.testbed not in first:
-                        first[c.testbed] = cell_config(cfg, c)
-                tags = {"mlflow.parentRunId": parent, TAG: cfg.name, "tracerl.git_sha": git_sha()}
-                before = ensure_baselines(client, exp_id, parent, first, tags, progress, baseline_fn)
+            before = _baselines(cfg, todo, config_path, client, exp_id, parent, progress, baseline_fn)
             ran = _run_cells(cfg, todo, parent, progress, train_fn, failed, before, client)
         report = (write_curves_report if is_curve_study(cfg) else write_report)(
             cfg, client, exp_id, parent, progress
@@ -300,6 +275,47 @@ def run_study(
         "report": report,
         "report_path": str(Path(cfg.out_dir) / name),
     }
+
+
+def _baselines(
+    cfg: StudyConfig,
+    todo: list[tuple[Cell, str | None]],
+    config_path: str | Path,
+    client: Any,
+    exp_id: str,
+    parent: str,
+    progress: Callable[[str], None],
+    baseline_fn: BaselineFn | None,
+) -> dict[str, float]:
+    """Each testbed's starting accuracy, evaluated once before its first cell runs (a testbed's first cell to run
+    stands for all: same checkpoint, same tasks); nothing when no cell is left.
+
+    Raises:
+        ValueError: a token-budget cell's testbed has no ``token_budget`` yet (saying how to fill it).
+    """
+    missing = sorted(
+        {
+            c.testbed
+            for c, _ in todo
+            if c.budget == "tokens" and cfg.testbeds[c.testbed].get("token_budget") is None
+        }
+    )
+    if missing:
+        raise ValueError(token_budget_error(missing[0], config_path))
+    if not todo:
+        return {}
+    from workflows.tracking.runs import git_sha
+
+    if baseline_fn is None:
+        from workflows.ops.ray_utils import init_ray
+
+        init_ray(cfg.cluster)
+    first: dict[str, TrainConfig] = {}
+    for c, _ in todo:
+        if c.testbed not in first:
+            first[c.testbed] = cell_config(cfg, c)
+    tags = {"mlflow.parentRunId": parent, TAG: cfg.name, "tracerl.git_sha": git_sha()}
+    return ensure_baselines(client, exp_id, parent, first, tags, progress, baseline_fn)
 
 
 def _run_cells(
