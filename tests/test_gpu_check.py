@@ -14,7 +14,7 @@ import torch
 from workflows.ops import gpu_check, gpu_plan
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = {"environment", "update", "memory", "lora_update", "generation", "total_s"}
+SECTIONS = {"environment", "update", "memory", "lora_update", "generation_exact", "generation", "total_s"}
 
 
 def numbers(x: Any) -> list[float]:
@@ -62,6 +62,7 @@ def test_dry_run_writes_every_section_without_ray_or_mlflow(tmp_path: Path) -> N
         "update": "ok",
         "memory": "ok: no CUDA, estimate only",
         "lora_update": "ok",
+        "generation_exact": "ok",
         "generation": "ok",
         "total_s": "ok",
     }
@@ -79,6 +80,7 @@ def test_dry_run_writes_every_section_without_ray_or_mlflow(tmp_path: Path) -> N
     assert lora["memory"]["estimate_bytes"]["adam"] == 8 * lora["trainable"]
     est = data["memory"]["estimate_bytes"]
     assert est["peak"] >= est["weights"] + est["grads"] + est["adam"] > 0
+    assert data["generation_exact"]["dtype"] == data["generation"]["dtype"] == "float32"
     gen = data["generation"]
     assert gen["max_abs_logprob_diff"] <= gen["tolerance"] == 1e-3
     assert gen["continuation"]["reused_tokens"] > 0.7 * (2 * (24 + 8 + 6))
@@ -97,6 +99,8 @@ def test_memory_estimate_of_the_gpu_plan() -> None:
     )  # 28 x 50.34 M + the tied 151936 x 2048 embedding (counted once) + final norm
     plan = gpu_plan.make_plan(dry=False, cuda=True, arch=arch)
     assert (plan.seq_len, plan.micro_batch) == (4096, 1)
+    assert (plan.sampler_dtype, plan.logprob_tol) == ("bfloat16", 0.5)
+    assert (gpu_plan.exact(plan).sampler_dtype, gpu_plan.exact(plan).logprob_tol) == ("float32", 1e-3)
     est = gpu_plan.memory_estimate(params, params, 28, 2048, 6144, 151936, plan.micro_batch, plan.seq_len)
     assert est["weights"] == 4 * params and est["adam"] == 8 * params
     assert est["checkpoints"] == 4 * 28 * 4096 * 2048
@@ -111,7 +115,7 @@ def test_a_missing_package_is_a_section_status(tmp_path: Path, monkeypatch: pyte
     """No transformers: every model section says so, nothing raises, the JSON is written."""
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers now raises ImportError
     data = gpu_check.run(tmp_path / "g.json", dry=True)
-    for name in ("update", "lora_update", "generation"):
+    for name in ("update", "lora_update", "generation_exact", "generation"):
         assert data[name] == {"status": "missing: transformers"}
     assert data["memory"] == {"status": "skipped: no update measured"}
     assert data["environment"]["transformers"] is None
@@ -136,7 +140,7 @@ def test_missing_peft_skips_only_the_lora_section(tmp_path: Path, monkeypatch: p
     data = gpu_check.run(out, dry=True)
     assert data["lora_update"] == {"status": "missing: peft"}
     assert data["update"]["status"] == "ok" and data["memory"]["estimate_bytes"]["weights"] == 4000
-    assert data["generation"] == {"status": "error: RuntimeError: sampler broke"}
+    assert data["generation_exact"] == data["generation"] == {"status": "error: RuntimeError: sampler broke"}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the real check would run")

@@ -9,7 +9,8 @@ Sections (each written to the JSON as soon as it ends; docs/gpu_check.md says ho
   gradient checkpointing, 4k-token sequences; tokens/s and the measured peak memory.
 - ``memory``: the estimate for that configuration (formula in ``workflows.ops.gpu_plan.memory_estimate``) against the measured peak.
 - ``lora_update``: the same update with peft LoRA adapters (``tracerl.models.wrap.apply_lora``).
-- ``generation``: ``tracerl.samplers.hf.HFSampler`` generates a turn, continues from the cached prefix, and the
+- ``generation_exact``, ``generation``: ``tracerl.samplers.hf.HFSampler`` (float32, then the plan's dtype) generates a
+  turn, continues from the cached prefix, and the
   continuation's log-probs are compared with a re-encode of the whole sequence; tokens/s.
 
 A missing package or no CUDA is a section status ("missing: peft"), not a failure. ``GPU_CHECK_DRY=1`` runs the
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl import metrics as M
-from workflows.ops.gpu_plan import Plan, load_arch, make_plan, memory_section
+from workflows.ops.gpu_plan import Plan, exact, load_arch, make_plan, memory_section
 
 BUDGET_S = 300.0
 """The whole check stays under 5 minutes: a section that would start after this is skipped."""
@@ -282,6 +283,7 @@ def run(json_path: Path | None, dry: bool, budget_s: float = BUDGET_S) -> dict[s
         lora is not None and lora["status"] == "ok"
     ):  # the same estimate with the adapters as the trainable part
         report.put("lora_update", {**lora, "memory": memory_section(plan, lora)})
+    section("generation_exact", lambda: run_generation(exact(plan)))
     section("generation", lambda: run_generation(plan))
     report.put("total_s", {"status": "ok", "seconds": time.perf_counter() - start})
     return report.data
