@@ -18,7 +18,7 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from tracerl.config import TrainConfig
 from tracerl.experiment_config import StudyConfig
@@ -209,15 +209,27 @@ def _run_cell(train_cfg: TrainConfig, tags: dict[str, str]) -> dict[str, Any]:
     return train(train_cfg, tags=tags)
 
 
+class StudyResult(TypedDict, total=False):
+    """What ``run_study`` did: with ``fill_tokens`` only ``filled``; else the parent run, the cells ran, skipped
+    (finished earlier) and failed (key: error), the report's JSON and the path of its markdown."""
+
+    filled: bool
+    parent_run_id: str
+    ran: list[str]
+    skipped: list[str]
+    failed: dict[str, str]
+    report: dict[str, Any]
+    report_path: str
+
+
 def run_study(
     cfg: StudyConfig,
     config_path: str | Path,
     progress: Callable[[str], None] = lambda s: None,
     train_fn: Callable[..., dict[str, Any]] | None = None,
     baseline_fn: BaselineFn | None = None,
-) -> dict[str, Any]:
-    """Run the selected cells not yet finished, then write the report; returns {parent_run_id, ran, skipped, failed,
-    report}. A failed cell does not stop the others: its run is kept and the next invocation resumes it.
+) -> StudyResult:
+    """Run the selected cells not yet finished, then write the report (a ``StudyResult``). A failed cell does not stop the others: its run is kept and the next invocation resumes it.
 
     Before its first cell runs, each testbed's starting checkpoint is evaluated once (workflows/study/baseline.py).
     ``train_fn`` and ``baseline_fn`` replace the Ray tasks running ``workflows.train.run.train`` and the baseline
@@ -239,7 +251,7 @@ def run_study(
     if cfg.fill_tokens:
         for tb, t in fill_tokens(cfg, client, exp_id, config_path, progress).items():
             progress(f"testbed {tb}: T = {t} generated tokens per step written to {config_path}")
-        return {"filled": True}
+        return StudyResult(filled=True)
     parent = _parent(client, exp_id, cfg, progress)
     ran: list[str] = []
     skipped: list[str] = []
@@ -267,14 +279,14 @@ def run_study(
     finally:
         client.set_terminated(parent, status=status)
     name = "curves.md" if is_curve_study(cfg) else "study.md"
-    return {
-        "parent_run_id": parent,
-        "ran": ran,
-        "skipped": skipped,
-        "failed": failed,
-        "report": report,
-        "report_path": str(Path(cfg.out_dir) / name),
-    }
+    return StudyResult(
+        parent_run_id=parent,
+        ran=ran,
+        skipped=skipped,
+        failed=failed,
+        report=report,
+        report_path=str(Path(cfg.out_dir) / name),
+    )
 
 
 def _baselines(
