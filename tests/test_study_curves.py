@@ -267,3 +267,42 @@ def test_grid_keeps_curves_in_mlflow_and_the_report_survives_moved_runs(tmp_path
     logged = {f.path for f in client.list_artifacts(s["parent_run_id"], "report")}
     assert "report/curves_accuracy_vs_generated_tokens.png" in logged and "report/curves.md" in logged
     assert "To reach what grpo reaches, trace needs 50 %" in (out / "curves.md").read_text()
+
+
+def test_a_study_resumes_in_a_fresh_store_from_its_archive(tmp_path: Path) -> None:
+    """The grid archives each finished cell and baseline; a fresh MLflow store (a new checkout, the next session)
+    with the same archive_dir skips every cell and rebuilds the same report from the restored runs."""
+    import mlflow
+
+    fake = FakeCurveTrain(tmp_path)
+    arch = tmp_path / "archive"
+    first = run_study(
+        _study(tmp_path, archive_dir=str(arch)),
+        tmp_path / "curves.yaml",
+        train_fn=fake,
+        baseline_fn=fake.baseline,
+    )
+    assert len(first["ran"]) == 2 and len(list(arch.glob("*.json.gz"))) == 3  # two cells and the baseline
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    shutil.rmtree(tmp_path / "runs")
+    cfg = _study(tmp_path, archive_dir=str(arch))
+    cfg = dataclasses.replace(
+        cfg, tracking=TrackingConfig(uri=f"sqlite:///{fresh}/mlruns.db", artifact_location=f"{fresh}/art")
+    )
+    lines: list[str] = []
+    again = run_study(cfg, tmp_path / "curves.yaml", lines.append, train_fn=fake, baseline_fn=fake.baseline)
+    assert again["ran"] == [] and len(again["skipped"]) == 2 and len(fake.stops) == 2
+    assert any(ln.startswith(f"restored 3 finished run(s) from {arch}") for ln in lines)
+    trace = lambda s: s["report"]["testbeds"]["math-late"]["allocators"]["trace"]["tokens"]["ratio"]  # noqa: E731
+    assert trace(again)["estimate"] == trace(first)["estimate"] == pytest.approx(0.5)
+    assert len(list(arch.glob("*.json.gz"))) == 3  # restored runs are not archived a second time
+    client = mlflow.MlflowClient(f"sqlite:///{fresh}/mlruns.db")
+    kids = client.search_runs(
+        [client.get_experiment_by_name(cfg.tracking.experiment).experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{again['parent_run_id']}'",
+    )
+    assert len(kids) == 3 and all(k.info.status == "FINISHED" for k in kids)
+    assert {k.data.params.get("stop.tokens") for k in kids if "tracerl.study.testbed" in k.data.tags} == {
+        "400"
+    }

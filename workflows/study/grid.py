@@ -253,6 +253,7 @@ def run_study(
             progress(f"testbed {tb}: T = {t} generated tokens per step written to {config_path}")
         return StudyResult(filled=True)
     parent = _parent(client, exp_id, cfg, progress)
+    archive = _archiver(cfg, client, exp_id, parent, progress)
     ran: list[str] = []
     skipped: list[str] = []
     failed: dict[str, str] = {}
@@ -264,7 +265,9 @@ def run_study(
             for c in skip:
                 progress(f"cell {c.key}: finished earlier, skipped")
             before = _baselines(cfg, todo, config_path, client, exp_id, parent, progress, baseline_fn)
-            ran = _run_cells(cfg, todo, parent, progress, train_fn, failed, before, client)
+            archive()
+            ran = _run_cells(cfg, todo, parent, progress, train_fn, failed, before, client, archive)
+        archive()
         report = (write_curves_report if is_curve_study(cfg) else write_report)(
             cfg, client, exp_id, parent, progress
         )
@@ -287,6 +290,27 @@ def run_study(
         report=report,
         report_path=str(Path(cfg.out_dir) / name),
     )
+
+
+def _archiver(
+    cfg: StudyConfig, client: Any, exp_id: str, parent: str, progress: Callable[[str], None]
+) -> Callable[[], None]:
+    """With ``archive_dir``: restore its runs into the store now (so finished cells are skipped) and return the
+    function that archives newly finished runs; a failure to archive is reported, never fatal (the run is in MLflow)."""
+    if not cfg.archive_dir:
+        return lambda: None
+    from workflows.study.archive import export_finished, import_archive
+
+    folder = Path(cfg.archive_dir)
+    import_archive(client, exp_id, parent, folder, progress)
+
+    def archive() -> None:
+        try:
+            export_finished(client, exp_id, parent, folder, progress)
+        except Exception as e:  # noqa: BLE001 - the runs stay in MLflow; the next call archives them
+            progress(f"archive {folder}: not written ({e.__class__.__name__}: {e}); the runs stay in MLflow")
+
+    return archive
 
 
 def _baselines(
@@ -339,9 +363,11 @@ def _run_cells(
     failed: dict[str, str],
     before: dict[str, float],
     client: Any = None,
+    archive: Callable[[], None] = lambda: None,
 ) -> list[str]:
     """Run the cells; a cell that raises is recorded in ``failed`` (key -> error) and the others go on. A finished
-    cell's curve file is kept as its run's artifact (``curve_cells.keep_curve``) when ``client`` is given."""
+    cell's curve file is kept as its run's artifact (``curve_cells.keep_curve``) when ``client`` is given, then
+    ``archive`` runs."""
     from workflows.tracking.runs import git_sha
 
     sha = git_sha()
@@ -372,6 +398,7 @@ def _run_cells(
                 f"held-out {before.get(c.testbed, float('nan')):.3f} -> {s.get('acc_after', float('nan')):.3f} "
                 f"in {s.get('wall_s', 0):.0f} s"
             )
+            archive()
         except Exception as e:  # noqa: BLE001 - any failure of one cell: the others go on, a rerun resumes it
             failed[c.key] = f"{e.__class__.__name__}: {e}"[:500]
             what = f"FAILED ({failed[c.key][:200]}); run the study again to resume it"
