@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,3 +71,93 @@ def test_fixed_seed_trees_are_pinned(allocator: str) -> None:
     trees = step_trees(allocator)
     assert sum(len(t.nodes) for t in trees) > len(trees)  # real rollouts, not bare roots
     assert fingerprint(trees) == PINNED[allocator]
+
+
+TRAIN_TREES = "466413098dffa4fb4d84aa72e15cb31df7eafd7aeb7c2c7ac263554431765486"
+"""sha256 of the trees.jsonl artifact of step 2 of ``tracerl train --config conf/train/smoke.yaml
+model.path=models/tiny-math allocator=grpo seed=0 steps=2 eval_at_start=false`` (recorded at 72fec73 with SQLite
+tracking): step 2's trees come after an update and a weight sync, through the sampler actors."""
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One two-step grpo run of the smoke config with tracking off and no evaluation at all; its storage."""
+    from workflows.cli.app import main
+
+    out = tmp_path_factory.mktemp("offline") / "runs"
+    args = [
+        "train",
+        "--config",
+        str(SMOKE),
+        f"model.path={TINY}",
+        "allocator=grpo",
+        "seed=0",
+        "steps=2",
+        "eval_at_start=false",
+        "eval_at_end=false",
+        "tracking=off",
+        *UNHURRIED,
+        "--out",
+        str(out),
+    ]
+    assert main(args) == 0
+    (storage,) = [p for p in out.iterdir() if p.is_dir()]
+    return storage
+
+
+def _lines(storage: Path) -> list[dict[str, float]]:
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in pairs]
+        assert len(keys) == len(set(keys)), f"a metric twice in one line: {keys}"
+        return dict(pairs)
+
+    text = (storage / "metrics.jsonl").read_text()
+    return [json.loads(x, object_pairs_hook=unique) for x in text.splitlines()]
+
+
+def test_tracking_off_writes_a_metrics_line_per_step_and_the_params(offline: Path) -> None:
+    from tracerl import metrics as M
+
+    lines = _lines(offline)
+    assert [x["step"] for x in lines] == [1, 2]  # no step-0 line: no evaluation before training
+    assert all(M.LOSS in x and M.EFFECTIVE_RATIO in x for x in lines)
+    params = json.loads((offline / "params.json").read_text())
+    assert params["allocator.name"] == "grpo" and params["eval_at_end"] == "False"
+    assert int(params["threads/trainer"]) >= 1 and params["threads/sampler"] == "1"  # rollout_cpus 0.5
+    assert json.loads((offline / "run.json").read_text())["status"] == "FINISHED"
+    assert json.loads((offline / "summary.json").read_text())["tracking_uri"] is None
+
+
+def test_eval_at_end_false_skips_the_last_evaluation(offline: Path) -> None:
+    from tracerl import metrics as M
+
+    assert not any(M.EVAL_ACCURACY in x or M.phase_time("eval") in x for x in _lines(offline))
+
+
+def test_train_step_s_every_step_and_startup_once(offline: Path) -> None:
+    from tracerl import metrics as M
+
+    lines = _lines(offline)
+    for x in lines:
+        assert 0 < x[M.TIME_TRAIN_STEP] <= x[M.TIME_STEP]
+        assert x[M.TIME_TRAIN_STEP] >= x[M.TIME_ROLLOUT] + x[M.phase_time("update_policy")]
+    assert [M.TIME_STARTUP in x for x in lines] == [True, False]
+    first = lines[0]
+    parts = [first[M.startup_phase(p)] for p in M.STARTUP_PHASES]
+    assert all(p >= 0 for p in parts) and sum(parts) <= first[M.TIME_STARTUP] + 1e-6
+
+
+def test_the_train_paths_trees_are_unchanged(offline: Path) -> None:
+    trees = offline / "artifacts" / "trees" / "step_00002" / "trees.jsonl"
+    assert hashlib.sha256(trees.read_bytes()).hexdigest() == TRAIN_TREES
+
+
+def test_thread_knobs_reach_the_actors_spec() -> None:
+    from tracerl.actors.config import PoolConfig
+    from tracerl.actors.spec import WorkerSpec
+    from tracerl.config import TrainConfig
+
+    cfg = TrainConfig()
+    spec = WorkerSpec(cfg.model, cfg.sampler, cfg.env, PoolConfig(rollout_cpus=2.5))
+    assert spec.threads == 2  # the default: the CPUs Ray reserves
+    assert WorkerSpec(cfg.model, cfg.sampler, cfg.env, PoolConfig(sampler_threads=3)).threads == 3
