@@ -161,3 +161,26 @@ def test_thread_knobs_reach_the_actors_spec() -> None:
     spec = WorkerSpec(cfg.model, cfg.sampler, cfg.env, PoolConfig(rollout_cpus=2.5))
     assert spec.threads == 2  # the default: the CPUs Ray reserves
     assert WorkerSpec(cfg.model, cfg.sampler, cfg.env, PoolConfig(sampler_threads=3)).threads == 3
+
+
+def test_local_runs_keep_one_line_per_step_and_read_back_the_last_value(tmp_path: Path) -> None:
+    from mlflow.entities import Metric, Param
+
+    from workflows.tracking.local_runs import LocalRuns, read_metrics
+    from workflows.tracking.runs import metric_series
+
+    runs = LocalRuns(tmp_path)
+    rid = runs.create_run("", "r", {"a": "b"}).info.run_id
+    runs.log_batch(rid, params=[Param("x", "1")])
+    runs.log_batch(rid, params=[Param("threads/trainer", "2")])
+    runs.log_batch(rid, metrics=[Metric("train/loss", 0.5, 10, 1), Metric("curve/accuracy", 0.1, 11, 700)])
+    assert metric_series(runs, rid, "train/loss") == {1: 0.5}
+    runs.log_batch(rid, metrics=[Metric("train/loss", 0.4, 20, 2), Metric("time/step_s", 3.0, 20, 2)])
+    runs.log_batch(rid, metrics=[Metric("train/loss", 0.3, 30, 2)])  # step 2 re-run after a restart
+    storage = LocalRuns(tmp_path).storage(rid)  # found again by its id, as the driver's workers do
+    assert [x["step"] for x in read_metrics(storage)] == [1, 2, 2]
+    assert not any("curve/accuracy" in x for x in read_metrics(storage))  # kept in curve.jsonl
+    assert metric_series(runs, rid, "train/loss") == {1: 0.5, 2: 0.3}
+    assert runs.get_run(rid).data.params == {"x": "1", "threads/trainer": "2"}
+    runs.set_terminated(rid, "FINISHED")
+    assert runs.get_run(rid).info.status == "FINISHED" and runs.get_run(rid).data.tags == {"a": "b"}

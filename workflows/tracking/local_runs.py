@@ -36,6 +36,7 @@ class LocalRuns:
     def __init__(self, out_dir: Path | str) -> None:
         self.out_dir = Path(out_dir)
         self._dirs: dict[str, Path] = {}
+        self._read: dict[str, tuple[int, list[dict[str, Any]]]] = {}  # run id -> (bytes parsed, their lines)
 
     def storage(self, run_id: str) -> Path:
         """The run's directory: ``<out_dir>/<name>-<id[:8]>`` (made by ``create_run``, found by its id after)."""
@@ -110,15 +111,25 @@ class LocalRuns:
                 os.fsync(f.fileno())
 
     def get_metric_history(self, run_id: str, key: str) -> list[Any]:
-        path = self.storage(run_id) / METRICS
-        if not path.is_file():
-            return []
-        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
         return [
             SimpleNamespace(key=key, value=r[key], step=r["step"], timestamp=r["timestamp"])
-            for r in rows
+            for r in self._rows(run_id)
             if key in r
         ]
+
+    def _rows(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's metric lines, reading only what was appended since the last call (the progress bar polls this
+        every few seconds for the whole run)."""
+        path = self.storage(run_id) / METRICS
+        offset, rows = self._read.get(run_id, (0, []))
+        if path.is_file():
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+            whole = data[: data.rfind(b"\n") + 1]  # a line being written is read next time
+            rows = rows + [json.loads(x) for x in whole.splitlines() if x.strip()]
+            self._read[run_id] = (offset + len(whole), rows)
+        return rows
 
     def log_artifact(self, run_id: str, local_path: str, artifact_path: str | None = None) -> None:
         dest = self.storage(run_id) / "artifacts" / (artifact_path or "")
