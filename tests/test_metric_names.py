@@ -63,6 +63,7 @@ def test_every_name_function_matches_its_documented_template() -> None:
         M.predictor_fit("<key>"): "predictor/fit_<key>",
         M.bench("<key>"): "bench/<key>",
         M.phase_time("<phase>"): "time/<phase>_s",
+        M.startup_phase("<phase>"): "time/startup_<phase>_s",
         M.prefix_group_depth(0).replace("0", "<t>"): "rollout/prefix_group_effective_ratio/depth_<t>",
     }
     for built, template in templates.items():

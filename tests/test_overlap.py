@@ -202,6 +202,18 @@ def test_an_overlapped_run_survives_faults_and_repeats_itself_after_a_restart(
     assert versions == {1, 2}
 
 
+def test_an_overlapped_steps_train_step_s_counts_its_own_rollout_and_update(
+    overlap_run: dict[str, Any],
+) -> None:
+    """``time/train_step_s`` is logged by every attempt of every step and stays within the step (its bare rollouts
+    ran beside the previous update, which counted them); ``time/startup_s`` once, by the first attempt."""
+    client, rid = overlap_run["client"], overlap_run["run"].info.run_id
+    train, step = _series(client, rid, M.TIME_TRAIN_STEP), _series(client, rid, M.TIME_STEP)
+    assert {s: len(v) for s, v in train.items()} == {s: len(v) for s, v in step.items()} == {1: 2, 2: 2, 3: 1}
+    assert all(0 < t <= w for s in train for t, w in zip(train[s], step[s]))
+    assert {s: len(v) for s, v in _series(client, rid, M.TIME_STARTUP).items()} == {1: 1}
+
+
 def test_a_step_ending_in_a_checkpoint_does_not_overlap_the_next() -> None:
     from tracerl.config import PipelineConfig, TrainConfig
     from workflows.train.driver import overlaps_next

@@ -57,3 +57,5 @@ def test_the_embedded_cluster_trains_without_the_placement_group_cleaner() -> No
     assert "PlacementGroupCleanerCallback" not in names("local")
     assert "BackendSetupCallback" in names("local")  # everything else kept
     assert "PlacementGroupCleanerCallback" in names("auto")
+    # no run passes Ray Datasets: no DatasetManager actor (a process importing Ray Data) on any cluster
+    assert "DatasetsCallback" not in names("local") + names("auto")

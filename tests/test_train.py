@@ -131,6 +131,18 @@ def test_run_survives_actor_and_trainer_deaths(run: dict[str, Any]) -> None:
     assert {Path(a.path).name for a in trees} == {"trees.jsonl", "trees.html"}
 
 
+def test_startup_is_logged_once_and_the_thread_counts_are_params(run: dict[str, Any]) -> None:
+    """The trainer's restart (after step 2) does not log ``time/startup_s`` again; its parts add up to it."""
+    client = _client(run["tmp"])
+    history = client.get_metric_history(run["run_id"], M.TIME_STARTUP)
+    assert [m.step for m in history] == [1]
+    parts = [client.get_metric_history(run["run_id"], M.startup_phase(p)) for p in M.STARTUP_PHASES]
+    assert all(len(h) == 1 for h in parts)
+    assert sum(h[0].value for h in parts) <= history[0].value + 1e-6
+    params = client.get_run(run["run_id"]).data.params
+    assert int(params["threads/trainer"]) >= 1 and params["threads/sampler"] == "1"
+
+
 def test_the_learning_curve_is_logged_against_tokens(run: dict[str, Any]) -> None:
     """Every evaluation (the start, the token schedule's on the subset, the last on every task) is a curve point at
     MLflow step = the run's generated tokens, with the totals reached there; the totals survive the restart."""

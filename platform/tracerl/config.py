@@ -298,6 +298,9 @@ class TrainConfig(LMRolloutFields):
     eval_every: int = 10
     """Held-out greedy accuracy every this many steps, and at the start and end (0: start and end only)."""
     eval_at_start: bool = True
+    eval_at_end: bool = True
+    """Evaluate on every held-out task after the last step; false skips that evaluation (a run timed against another
+    trainer's steps), leaving only the ``eval_every`` and token-schedule ones."""
     eval_every_tokens: int = 0
     """Also evaluate (on ``eval_subset``) after each step at which the run's generated tokens cross a multiple of
     this (0: off). Every evaluation is a point of the run's learning curve (``curve/`` metrics, step = tokens)."""

@@ -94,6 +94,18 @@ TIME_ROLLOUT = phase_time("rollout")
 TIME_LOG = phase_time("log")
 ALLOC_PREDICTOR_FRACTION = "time/alloc_predictor_fraction"
 TIME_OVERLAPPED = "time/overlapped_rollout_s"
+TRAIN_STEP_PHASES = ("select", *STEP_PHASES, "broadcast", "update_policy")
+"""The phases of ``TIME_TRAIN_STEP``: the step's rollout (select through expand_prefixes) and its update."""
+TIME_TRAIN_STEP = "time/train_step_s"
+TIME_STARTUP = "time/startup_s"
+STARTUP_PHASES = ("launch", "ray", "tracking", "trainer", "policy", "samplers", "eval")
+"""The parts of ``TIME_STARTUP``, in order (docs/metrics.md, "time/ (start-up of tracerl train)")."""
+
+
+def startup_phase(phase: str) -> str:
+    """``time/startup_<phase>_s``: wall seconds of one part of the start-up (one of ``STARTUP_PHASES``)."""
+    return f"time/startup_{phase}_s"
+
 
 # -- train/, throughput/, system/ (per step of tracerl train) ----------------------------------------------------
 LOSS = "train/loss"

@@ -31,8 +31,23 @@ def init_ray(cfg: ClusterConfig) -> None:
     end_on_signals()
 
 
+EMBEDDED_TRAIN_ENV = {
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    "RAY_TRAIN_METRICS_ENABLED": "0",
+}
+"""Ray Train helpers an embedded cluster has no use for: the preemption watcher (an actor process per run that polls
+for draining nodes; the one node here ends with the driver) and the controller's and workers' Prometheus metrics
+(nothing scrapes them without the dashboard). A value the caller set is kept."""
+
+
 def torch_trainer(cluster: ClusterConfig) -> type:
-    """Ray Train's ``TorchTrainer``; on the embedded cluster, one without the placement-group cleaner.
+    """Ray Train's ``TorchTrainer`` without the helpers a ``tracerl train`` run has no use for; on the embedded
+    cluster also without the placement-group cleaner, the preemption watcher and Train's own metrics
+    (``EMBEDDED_TRAIN_ENV``), so it needs no dashboard.
+
+    Every run: no ``DatasetsCallback``. It starts a ``DatasetManager`` actor per worker group even when the trainer
+    is given no Ray Datasets (ours never is: rank 0's samplers make the data), a process that imports Ray Data and
+    holds its memory for the whole run, and the workers wait for it before their training function starts.
 
     The cleaner is a detached actor that removes a run's placement group once the Train controller dies. It asks
     the state API, which finds its cluster by scanning the machine: with a second Ray instance on the machine it
@@ -40,22 +55,24 @@ def torch_trainer(cluster: ClusterConfig) -> type:
     cluster, find no such controller and remove this run's placement group. The embedded cluster ends with the
     driver, placement groups included, so there it has nothing to do; a cluster joined by address keeps it.
     """
-    from ray.train.torch import TorchTrainer
+    import os
 
-    if cluster.address != "local":
-        return TorchTrainer
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 
-    class EmbeddedTorchTrainer(TorchTrainer):
+    local = cluster.address == "local"
+    if local:  # read by the trainer here and by its controller (Train propagates them from this process)
+        for k, v in EMBEDDED_TRAIN_ENV.items():
+            os.environ.setdefault(k, v)
+    unused = (DatasetsCallback, PlacementGroupCleanerCallback) if local else (DatasetsCallback,)
+
+    class RunTorchTrainer(TorchTrainer):
         def _create_default_callbacks(self) -> list[Any]:  # Ray Train v2's; v1 stubs lack it
             parent: Any = super()
-            return [
-                c
-                for c in parent._create_default_callbacks()
-                if not isinstance(c, PlacementGroupCleanerCallback)
-            ]
+            return [c for c in parent._create_default_callbacks() if not isinstance(c, unused)]
 
-    return EmbeddedTorchTrainer
+    return RunTorchTrainer
 
 
 class Terminated(KeyboardInterrupt):

@@ -215,14 +215,16 @@ def metric_series(client: Any, run_id: str, key: str) -> dict[int, float]:
     return {s: v for s, (_, v) in sorted(series.items())}
 
 
-def run_summary(run_id: str, tracking: Any) -> dict[str, Any]:
-    """Held-out accuracy before/after, mean effective ratio, budget spent: from the run's metrics."""
-    import mlflow
+def run_summary(run_id: str, tracking: Any, client: Any = None) -> dict[str, Any]:
+    """Held-out accuracy before/after, mean effective ratio, budget spent: from the run's metrics (in ``client``,
+    default the MLflow store of ``tracking``)."""
+    if client is None:
+        import mlflow
 
-    from workflows.tracking import store as trk
+        from workflows.tracking import store as trk
 
-    trk.setup(tracking)
-    client = mlflow.MlflowClient()
+        trk.setup(tracking)
+        client = mlflow.MlflowClient()
     acc = metric_series(client, run_id, M.EVAL_ACCURACY)
     er = metric_series(client, run_id, M.EFFECTIVE_RATIO)
     out: dict[str, Any] = {"steps": len(er)}
@@ -247,7 +249,10 @@ def run_summary(run_id: str, tracking: Any) -> dict[str, Any]:
 
 
 def format_summary(s: dict[str, Any]) -> str:
-    rows = [("MLflow run", s.get("run_id", "")), ("steps", s.get("steps", 0))]
+    rows = [
+        ("MLflow run" if s.get("tracking_uri", "") is not None else "run", s.get("run_id", "")),
+        ("steps", s.get("steps", 0)),
+    ]
     if "acc_before" in s:
         rows += [
             ("held-out greedy accuracy before", f"{s['acc_before']:.3f}"),
@@ -272,7 +277,9 @@ def format_summary(s: dict[str, Any]) -> str:
     w = max(len(k) for k, _ in rows)
     lines = [f"{k:<{w}}  {v}" for k, v in rows]
     uri = s.get("tracking_uri", "sqlite:///mlruns.db")
-    if uri.startswith(("sqlite:", "postgresql:", "mysql:")):
+    if uri is None:  # tracking.enabled: false (workflows/tracking/local_runs.py)
+        lines.append(f"\nmetrics in {s.get('storage', '')}/metrics.jsonl (tracking off)")
+    elif uri.startswith(("sqlite:", "postgresql:", "mysql:")):
         exp = s.get("experiment", "tracerl")
         lines.append(
             f"\nopen the MLflow UI on these results:  tracerl ui --tracking-uri {uri}"

@@ -41,6 +41,8 @@ PHASES = ("rollout", "sync_weights", "eval", "save")  # what a kill can be aimed
 # ratio needs expanded prefixes (at that depth), the KV hit rate continuations (at that depth), so such a key may skip
 # steps; where it is logged it is read once. The compute stop's overshoot is logged at the last step only.
 CONDITIONAL = (M.PREFIX_GROUP_ER, M.KV_HIT_RATE, M.OVERSHOOT_TOKENS, M.OVERSHOOT_CPU_S)
+ONCE = (M.TIME_STARTUP, *(M.startup_phase(p) for p in M.STARTUP_PHASES))
+"""Logged once per launch, with its first step (not per step, and not again by a restarted attempt): not checked."""
 ACTORS = {"sampler": "RolloutWorker", "env": "EnvWorker", "trainer": "RayTrainWorker"}
 
 
@@ -267,7 +269,7 @@ def check_steps(client: Any, run_id: str, steps: int) -> list[str]:
         return [f"{M.ATTEMPT} logged at steps {sorted(completing)}, not 1..{steps}"]
     run = client.get_run(run_id)
     first = {k for k in run.data.metrics if any(m.step == 1 for m in client.get_metric_history(run_id, k))}
-    keys = sorted(k for k in first if not k.startswith(M.EVAL))
+    keys = sorted(k for k in first if not k.startswith(M.EVAL) and k not in ONCE)
     for key in keys:
         hist: dict[int, list[Any]] = {}
         for m in client.get_metric_history(run_id, key):

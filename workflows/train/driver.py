@@ -22,7 +22,6 @@ from tracerl.engine.stepper import Stepper
 from tracerl.engine.timer import PhaseTimer, process_tree_cpu_s
 from workflows.tracking.checkpoint_state import CheckpointState
 from workflows.tracking.runs import phase_marker
-from workflows.tracking.store import resolve_uri
 from workflows.train.budget import (
     Totals,
     append_point,
@@ -33,6 +32,14 @@ from workflows.train.budget import (
     stop_reason,
 )
 from workflows.train.setup import ADAPTERS, say
+from workflows.train.step_log import (
+    log_threads,
+    log_trees,
+    peak_memory_mb,
+    start_pool,
+    totals_line,
+    wait_ready,
+)
 
 
 def overlaps_next(cfg: TrainConfig, done: int) -> bool:
@@ -66,43 +73,37 @@ class Ahead:
 class Driver:
     """Rank 0's pools, predictor, allocator and candidate pools, and the run's metric log."""
 
-    def __init__(self, cfg: TrainConfig, run_id: str, storage: Path, tok: Any, model: Any, step: int) -> None:
-        """Start the sampler pool (every sampler loads ``model.path``) and build the allocator and predictor."""
-        import mlflow
+    def __init__(
+        self, cfg: TrainConfig, run_id: str, storage: Path, tok: Any, model: Any, step: int, pool: Any = None
+    ) -> None:
+        """Build the allocator and predictor over ``pool`` (``start_pool``'s, started while the trainer loaded its
+        policy; None: started here) and wait until every sampler is up; log the run's thread counts."""
         import numpy as np
 
         from envs.registry import tool_env_class
         from predictors.length import attach_lengths
-        from tracerl.actors.pools import RolloutPool
-        from tracerl.actors.spec import WorkerSpec
         from tracerl.algos.allocators import build_allocator
         from tracerl.engine.mc_scorer import with_monte_carlo
         from tracerl.engine.react import TEMPLATES
         from workflows.lm.stack import make_text_predictor, task_prompts
+        from workflows.tracking.local_runs import tracking_client
         from workflows.tracking.spool import MetricLog, next_attempt
 
         self.cfg, self.run_id, self.storage, self.tok = cfg, run_id, storage, tok
         # The HF model class and config that checkpoints are written with (a LoRA run's base model).
         self.export = model.get_base_model() if hasattr(model, "get_base_model") else model
-        mlflow.set_tracking_uri(resolve_uri(cfg.tracking.uri))
-        self.client = mlflow.MlflowClient()
+        self.client = tracking_client(cfg.tracking, storage.parent)
         self.metrics = MetricLog(self.client, run_id, storage, next_attempt(storage), say)
         self.metrics.flush()  # what an earlier attempt spooled
         self.mark = phase_marker(storage, cfg.chaos.enabled, step)
-        self.faults = Faults.from_config(cfg.faults, storage / ".faults")
-        spec = WorkerSpec(cfg.model, cfg.sampler, cfg.env, cfg.pools, faults=self.faults)
-        p = cfg.pools
-        self.pool = RolloutPool(
-            spec,
-            p.rollout_workers,
-            p.rollout_cpus,
-            p.rollout_gpus,
-            p.max_retries,
-            cfg.seed,
-            cfg.pipeline.reencode_queue,
-        )
+        self.pool = pool if pool is not None else start_pool(cfg, storage)
+        self.faults: Faults = self.pool.spec.faults
+        wait_ready(self.pool)  # every sampler up: start-up ends here, not inside the first step
         for w in self.pool.warnings():
             say(f"sandbox: {w}")
+        log_threads(self.client, run_id, self.pool.spec.threads)
+        self.startup: dict[str, float] = {}
+        """``time/startup_s`` and its parts, logged with the next step (the first this launch runs)."""
         self.allocator = build_allocator(cfg.allocator)
         attach_lengths(self.allocator)  # trace_plus: its length predictor
         template = TEMPLATES.get(cfg.model.template)(tok)
@@ -304,8 +305,9 @@ class Driver:
 
     def eval_due(self, done: int) -> str | None:
         """Which evaluation step ``done`` runs: ``"full"`` (every held-out task: every ``eval_every`` steps and the
-        last step), ``"curve"`` (the curve's tasks: its tokens crossed a multiple of ``eval_every_tokens``) or none."""
-        if bool(self.cfg.eval_every and done % self.cfg.eval_every == 0) or self.stopped_by is not None:
+        last step unless ``eval_at_end`` is false), ``"curve"`` (the curve's tasks: its tokens crossed a multiple of ``eval_every_tokens``) or none."""
+        due = bool(self.cfg.eval_every and done % self.cfg.eval_every == 0)
+        if due or (self.stopped_by is not None and self.cfg.eval_at_end):
             return "full"
         if crosses(self.tokens_before, self.spent[0], self.cfg.eval_every_tokens):
             return "curve"
@@ -389,11 +391,13 @@ class Driver:
                 for k in ("score", "allocate_roots", "expand_prefixes", "fit_predictor")
             )
             m[M.ALLOC_PREDICTOR_FRACTION] = overhead / rollout_s if rollout_s else 0.0
-            m[M.PEAK_MEMORY_MB] = _peak_memory_mb()
+            m[M.PEAK_MEMORY_MB] = peak_memory_mb()
             m[M.CPU_S] = timer.cpu()  # rank 0's process: step driver and learner
             last = self.stopped_by is not None
             if (self.cfg.log_trees_every and done % self.cfg.log_trees_every == 0) or last:
-                self._log_trees(out, done)
+                log_trees(self.metrics, out, done, self.cfg.run_name)
+            m.update(self.startup)  # the first step of this launch only
+            self.startup = {}
         m[M.TIME_LOG] = timer.seconds["log"]
         m[M.TIME_STEP] = timer.elapsed()
         m[M.TOKENS_PER_S] = m.get(M.GENERATED_TOKENS, 0.0) / max(m[M.TIME_STEP], 1e-9)
@@ -405,7 +409,7 @@ class Driver:
         self.metrics.log({**m, **key_metrics(m, self.spent[0])}, done)
         self._log_point(totals)
         if last and self.cfg.stop.enabled:
-            say(f"stopped after step {done} on {self.stopped_by}: {_totals_line(totals)}")
+            say(f"stopped after step {done} on {self.stopped_by}: {totals_line(totals)}")
         of = f"/{self.cfg.steps}" if self.cfg.steps is not None else ""
         say(
             f"step {done}{of}  ER {m[M.EFFECTIVE_RATIO]:.2f}  reward {m[M.REWARD_MEAN]:.2f}"
@@ -413,20 +417,6 @@ class Driver:
             + (f"  held-out {m[M.EVAL_ACCURACY]:.3f}" if M.EVAL_ACCURACY in m else "")
         )
         return m
-
-    def _log_trees(self, out: Any, step: int) -> None:
-        from workflows.lm.rollout import outcome_records
-        from workflows.lm.viewer import render_html
-
-        records = outcome_records(out)
-        with tempfile.TemporaryDirectory() as tmp:
-            with open(Path(tmp) / "trees.jsonl", "w") as f:
-                for r in records[:16]:
-                    f.write(json.dumps(r) + "\n")
-            (Path(tmp) / "trees.html").write_text(
-                render_html(records[:16], f"{self.cfg.run_name}: step {step}")
-            )
-            self.metrics.log_artifacts(Path(tmp), f"trees/step_{step:05d}")
 
     def save(self, path: Path, step: int, weights: dict[str, Any], adapters: dict[str, Any]) -> None:
         """Rank 0's share of a checkpoint: the merged policy (HF format), LoRA adapters, predictor, allocator
@@ -457,17 +447,3 @@ class Driver:
         self.mark("done")
         self.metrics.flush()
         self.pool.shutdown()
-
-
-def _totals_line(t: Totals) -> str:
-    return f"{t.generated_tokens:.0f} tokens, {t.leaves:.0f} leaves, {t.cpu_s:.0f} CPU s, {t.wall_s:.0f} s"
-
-
-def _peak_memory_mb() -> float:
-    import resource
-
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB

@@ -42,7 +42,9 @@ from workflows.tracking.runs import create_run, resumed_config, run_summary
 from workflows.tracking.store import resolve_uri, where
 from workflows.train.budget import Totals, stop_reason
 from workflows.train.driver import Ahead, Driver, overlaps_next
-from workflows.train.setup import Worker, quiet_train_reports, setup_worker
+from workflows.train.setup import Worker, quiet_train_reports, ranks_cpu, setup_worker
+from workflows.train.step_log import StartupClock, start_pool
+from workflows.train.summary import compute_summary, progress_bar
 
 # -- driver side ------------------------------------------------------------------------------------
 
@@ -79,16 +81,20 @@ def train(
     progress: Callable[[str], None] = lambda s: None,
     tags: dict[str, str] | None = None,
     callbacks: list[Any] | None = None,
+    launched: float | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) a training job; returns the summary (also written to <storage>/summary.json).
 
     ``tags`` go on a new MLflow run (a sweep passes its parent run and trial); ``callbacks`` are Ray Train
-    user callbacks (a sweep forwards every report to Tune).
+    user callbacks (a sweep forwards every report to Tune). ``launched``: when the command's process started
+    (seconds since the epoch; default now), where ``time/startup_s`` counts from. With ``tracking.enabled: false``
+    the run is kept in files under its storage (workflows/tracking/local_runs.py) instead of MLflow.
     """
-    if not cfg.tracking.enabled:
+    clock = StartupClock(launched if launched is not None else time.time())
+    tracked = cfg.tracking.enabled
+    if cfg.resume and not tracked:
         raise ValueError(
-            "tracerl train needs MLflow tracking (tracking.enabled=true): runs resume and register "
-            "through it; use tracking.uri=sqlite:///PATH for a local store"
+            "resume=RUN_ID continues an MLflow run: set tracking.enabled=true (and the run's tracking.uri)"
         )
     resume_ckpt: Path | None = None
     run_id = cfg.resume or ""
@@ -96,30 +102,37 @@ def train(
         cfg, storage, resume_ckpt = resumed_config(cfg.resume, cfg.tracking, overrides or [], progress)
         progress(f"resuming MLflow run {run_id} from {resume_ckpt or 'its start (no checkpoint yet)'}")
     check_data(cfg.env)  # a bad data file is the user's to fix: before Ray starts or a run exists
-    progress(where(cfg.tracking))
-    import mlflow
-
+    progress(
+        where(cfg.tracking)
+        if tracked
+        else f"tracking off: each run's metrics go to its storage under {cfg.out_dir}"
+    )
     from workflows.ops.disk import DiskFull, no_space
     from workflows.ops.progress import bar
     from workflows.ops.ray_utils import check_resources, init_ray
     from workflows.tracking import store as trk
+    from workflows.tracking.local_runs import tracking_client
     from workflows.tracking.run_info import train_tags
     from workflows.tracking.runs import end_run, failing_run
-    from workflows.tracking.spool import PendingStatus, replay_statuses
+    from workflows.tracking.spool import ATTEMPTS, PendingStatus, replay_statuses
 
     cfg = resolve_paths(cfg)
     check_model(cfg)
     # Quiet workers: no per-load progress bars (the workers inherit these when this process starts Ray).
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    trk.check_reachable(
-        resolve_uri(cfg.tracking.uri)
-    )  # before Ray starts: a dead server is one line, at once
+    if tracked:
+        trk.check_reachable(
+            resolve_uri(cfg.tracking.uri)
+        )  # before Ray starts: a dead server is one line, at once
+    clock.mark("launch")
     init_ray(cfg.cluster)  # before the run exists: a job that cannot fit leaves no empty run behind
     check_resources(resource_demand(cfg), cfg.cluster, RESOURCE_KNOBS, progress)
-    exp_id = trk.setup(cfg.tracking)
-    client = mlflow.MlflowClient()
-    replay_statuses(client, Path(cfg.out_dir), progress)  # what earlier runs could not tell a full store
+    clock.mark("ray")
+    exp_id = trk.setup(cfg.tracking) if tracked else ""
+    client = tracking_client(cfg.tracking, cfg.out_dir)
+    if tracked:
+        replay_statuses(client, Path(cfg.out_dir), progress)  # what earlier runs could not tell a full store
     if not cfg.resume:
         run_id, storage, cfg = create_run(client, exp_id, cfg, {**train_tags(cfg), **(tags or {})})
     else:
@@ -127,8 +140,14 @@ def train(
         with failing_run(client, run_id):
             PendingStatus(storage).reserve()
             (storage / "config.yaml").write_text(to_yaml(dataclasses.replace(cfg, resume=None)))
-    progress(f"MLflow run {run_id} ({cfg.tracking.uri}); checkpoints in {storage}")
-    trainer = ray_trainer(cfg, run_id, storage, resume_ckpt, callbacks)
+    progress(
+        f"MLflow run {run_id} ({cfg.tracking.uri}); checkpoints in {storage}"
+        if tracked
+        else f"run {run_id}: metrics, params and checkpoints in {storage}"
+    )
+    clock.mark("tracking")
+    first = len(list((storage / ATTEMPTS).iterdir())) + 1 if (storage / ATTEMPTS).is_dir() else 1
+    trainer = ray_trainer(cfg, run_id, storage, resume_ckpt, callbacks, (clock, first))
     t0 = time.perf_counter()
     status = "FAILED"
     state = CheckpointState.read(resume_ckpt) if resume_ckpt is not None else CheckpointState(0)
@@ -151,12 +170,12 @@ def train(
         )
     if full is not None or stuck is not None:
         raise DiskFull(full or stuck or str(storage))
-    summary = run_summary(run_id, cfg.tracking)
+    summary = run_summary(run_id, cfg.tracking, client)
     summary.update(
         run_id=run_id,
         storage=str(storage),
         wall_s=time.perf_counter() - t0,
-        tracking_uri=cfg.tracking.uri,
+        tracking_uri=cfg.tracking.uri if tracked else None,
         experiment=cfg.tracking.experiment,
         **compute_summary(client, run_id, cfg),
     )
@@ -165,10 +184,16 @@ def train(
 
 
 def ray_trainer(
-    cfg: TrainConfig, run_id: str, storage: Path, resume_ckpt: Path | None, callbacks: list[Any] | None
+    cfg: TrainConfig,
+    run_id: str,
+    storage: Path,
+    resume_ckpt: Path | None,
+    callbacks: list[Any] | None,
+    startup: tuple[StartupClock, int] | None = None,
 ) -> Any:
     """The Ray Train trainer of a run: ``guarded_loop`` on ``trainer.num_workers`` ranks, restarted from the newest
-    intact checkpoint up to ``max_failures`` times (never on a full disk), the last ``keep_checkpoints`` kept."""
+    intact checkpoint up to ``max_failures`` times (never on a full disk), the last ``keep_checkpoints`` kept.
+    ``startup``: the launch's start-up clock and the attempt number whose first step logs it."""
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
 
     from workflows.ops.disk_callback import StopOnDiskFull
@@ -181,7 +206,13 @@ def ray_trainer(
     run_callbacks: list[Any] = [StopOnDiskFull(), *(callbacks or [])]  # a full disk is not retried
     return torch_trainer(cfg.cluster)(
         guarded_loop,
-        train_loop_config={"cfg": cfg, "run_id": run_id, "storage": str(storage), "reported": reported},
+        train_loop_config={
+            "cfg": cfg,
+            "run_id": run_id,
+            "storage": str(storage),
+            "reported": reported,
+            "startup": startup,
+        },
         scaling_config=ScalingConfig(
             num_workers=t.num_workers,
             use_gpu=t.use_gpu,
@@ -196,57 +227,6 @@ def ray_trainer(
             callbacks=run_callbacks,
         ),
     )
-
-
-def compute_summary(client: Any, run_id: str, cfg: TrainConfig) -> dict[str, Any]:
-    """The run's compute at its last step (``total/``), what stopped it (``stopped_by``: tokens, cpu_s, steps;
-    null if it ended otherwise) and the overshoot past its compute limits."""
-    from workflows.tracking.runs import metric_series
-    from workflows.train.budget import overshoot
-
-    last = {
-        k: metric_series(client, run_id, k) for k in (M.TOTAL_GENERATED_TOKENS, M.TOTAL_LEAVES, M.TOTAL_CPU_S)
-    }
-    tokens = last[M.TOTAL_GENERATED_TOKENS]
-    if not tokens:
-        return {"stopped_by": None}
-    step = max(tokens)
-    totals = Totals(
-        tokens[step],
-        last[M.TOTAL_LEAVES].get(step, 0.0),
-        step,
-        last[M.TOTAL_CPU_S].get(step, 0.0),
-    )
-    return {
-        "stopped_by": stop_reason(cfg.stop, cfg.steps, totals),
-        "total_cpu_s": totals.cpu_s,
-        **{k.split("/")[1]: v for k, v in overshoot(cfg.stop, totals).items()},
-    }
-
-
-def progress_bar(
-    cfg: TrainConfig, client: Any, run_id: str, state: CheckpointState, open_bar: Callable[..., Any]
-) -> Any:
-    """The run's progress bar: steps logged out of ``steps``, or with a compute stop the running total of its first
-    limit (tokens, else CPU seconds) out of that limit."""
-    name = f"train {cfg.run_name or run_id[:8]}"
-    if cfg.stop.enabled:
-        key, limit, unit, start = (
-            (M.TOTAL_GENERATED_TOKENS, cfg.stop.tokens, "token", state.spent[0])
-            if cfg.stop.tokens is not None
-            else (M.TOTAL_CPU_S, cfg.stop.cpu_s, "CPU second", state.cpu_s)
-        )
-        b = open_bar(int(limit or 0), name, unit, int(start))
-
-        def read() -> int:
-            hist = client.get_metric_history(run_id, key)
-            return int(max(hist, key=lambda m: m.step).value) if hist else int(start)
-
-        b.follow(read)
-        return b
-    b = open_bar(cfg.num_steps, name, "step", state.step)
-    b.follow(lambda: max((m.step for m in client.get_metric_history(run_id, M.LOSS)), default=0))
-    return b
 
 
 def check_model(cfg: TrainConfig) -> None:
@@ -314,9 +294,19 @@ def guarded_loop(config: dict[str, Any]) -> None:
 def train_loop(config: dict[str, Any]) -> None:
     """The Ray Train worker function (every rank): set up and restore, then ``train_step`` until a limit (``steps``,
     ``stop.tokens``, ``stop.cpu_s``) ends the run."""
+    import ray.train
+    import torch
+
     cfg: TrainConfig = config["cfg"]
     run_id, storage = config["run_id"], Path(config["storage"])
+    clock, first_attempt = config.get("startup") or (None, 0)
+    if clock is not None:
+        clock.mark("trainer")
+    if cfg.trainer.torch_threads is not None:
+        torch.set_num_threads(cfg.trainer.torch_threads)
     quiet_train_reports()
+    # Rank 0's samplers load their policy copies in their own processes while this one loads the trainer's.
+    pool = start_pool(cfg, storage) if ray.train.get_context().get_world_rank() == 0 else None
     worker = setup_worker(cfg, storage, config.get("reported", ()))
     # A restored policy is pushed to the samplers; a fresh run's samplers loaded these very weights from model.path,
     # so nothing is gathered for them (under FSDP a gather is a full-model collective).
@@ -326,11 +316,20 @@ def train_loop(config: dict[str, Any]) -> None:
     if worker.rank == 0:
         from tracerl.models.wrap import unwrap
 
-        driver = Driver(cfg, run_id, storage, worker.tok, unwrap(worker.model), start)
+        if clock is not None:
+            clock.mark("policy")
+        driver = Driver(cfg, run_id, storage, worker.tok, unwrap(worker.model), start, pool)
         if worker.ckpt_dir is not None and restored is not None:
             driver.restore(worker.ckpt_dir, worker.state, restored)
+        if clock is not None:
+            clock.mark("samplers")
         if start == 0 and cfg.eval_at_start:
             driver.evaluate(0)
+        if (
+            clock is not None and driver.metrics.attempt == first_attempt
+        ):  # not after a restart of the workers
+            clock.mark("eval")
+            driver.startup = clock.metrics()
     cpu = ranks_cpu(worker)  # compute is counted from here (set-up and the first evaluation are not)
     if driver is not None:
         driver.start_meter(cpu)
@@ -342,20 +341,6 @@ def train_loop(config: dict[str, Any]) -> None:
         step += 1
     if driver is not None:
         driver.close()
-
-
-def ranks_cpu(w: Worker) -> float:
-    """On rank 0: the CPU seconds of every trainer rank's process (and its children) so far; a collective."""
-    import torch
-
-    from tracerl.engine.timer import process_tree_cpu_s
-
-    mine = process_tree_cpu_s()
-    if w.world == 1:
-        return mine
-    every: list[Any] = [None] * w.world
-    torch.distributed.all_gather_object(every, mine)
-    return float(sum(every))
 
 
 def train_step(
@@ -379,10 +364,13 @@ def train_step(
     timer.restart()
     batch = out = nxt = None
     m: dict[str, float] = {}
+    rollout_s = 0.0
     if d is not None:
         d.mark("rollout", done)
+        t0 = time.perf_counter()
         # select, score, allocate_roots, rollout, expand_prefixes (tracerl/engine/step.py)
         out, budget = d.roll_out(step, timer) if ahead is None else d.finish_ahead(ahead)
+        rollout_s = time.perf_counter() - t0
         m = d.rollout_metrics(out, budget)  # calibration of this step's scores, before the fit
         with timer("fit_predictor"):
             m.update(d.fit(out))
@@ -392,13 +380,16 @@ def train_step(
         nxt = (
             d.start_ahead(done) if overlaps_next(cfg, done) and not d.reached(done) else None
         )  # beside the update, on the current weights
+    t0 = time.perf_counter()
     with timer("broadcast"):
         batch = w.broadcast(batch)
     with timer("update_policy"):
         stats = w.learner.update(batch.shard(w.rank, w.world), denominator(batch, cfg.loss.aggregation))
+    update_s = time.perf_counter() - t0
     weights, adapters = w.gather()  # a collective under FSDP
     if d is not None:
         m.update(stats)
+        m[M.TIME_TRAIN_STEP] = rollout_s + update_s  # the step's own rollout and update, nothing around them
         if cfg.pipeline.overlap:
             with timer("wait_rollouts"):
                 d.wait_ahead(nxt)

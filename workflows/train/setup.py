@@ -228,3 +228,17 @@ def quiet_train_reports() -> None:
     except ImportError:  # pragma: no cover - another Ray layout: leave its logging alone
         return
     logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
+def ranks_cpu(w: Worker) -> float:
+    """On rank 0: the CPU seconds of every trainer rank's process (and its children) so far; a collective."""
+    import torch
+
+    from tracerl.engine.timer import process_tree_cpu_s
+
+    mine = process_tree_cpu_s()
+    if w.world == 1:
+        return mine
+    every: list[Any] = [None] * w.world
+    torch.distributed.all_gather_object(every, mine)
+    return float(sum(every))

@@ -14,7 +14,8 @@ class TrackingConfig:
     """Where runs are logged (MLflow)."""
 
     enabled: bool = True
-    """Log to MLflow at all."""
+    """Log to MLflow at all. ``tracerl train`` with false logs to files under the run's storage instead
+    (``metrics.jsonl``, one line per step; ``params.json``; ``artifacts/``) and cannot be resumed or registered."""
     uri: str | None = None
     """MLflow tracking URI (a SQLite file, a server URL, a file store); null: $MLFLOW_TRACKING_URI, else sqlite:///mlruns.db."""
     artifact_location: str = "mlartifacts"
@@ -61,6 +62,9 @@ class TrainerConfig:
     (FSDP2's MixedPrecisionPolicy, autocast under DDP): an update smaller than about |w|/256, which bfloat16
     weights round away (most of them at an 8B model's lr of 1e-6), still lands. Set it to model.dtype for pure
     low-precision training (half the trainer memory, at that cost)."""
+    torch_threads: int | None = None
+    """torch intra-op threads of each trainer worker; null: what Ray gives the worker (its OMP_NUM_THREADS: the
+    CPUs it reserves, rounded down, at least 1). Logged as the run's param ``threads/trainer``."""
     lora_rank: int = 0
     """> 0 trains LoRA adapters of this rank through peft instead of all weights (base frozen); samplers and
     checkpoints get the merged weights, and a checkpoint also keeps the adapters (lora_adapters.pt) for resume."""
@@ -73,6 +77,10 @@ class TrainerConfig:
         check_choices(self, "trainer")
         check(self.num_workers >= 1, f"trainer.num_workers must be >= 1 (got {self.num_workers})")
         check(self.cpus_per_worker > 0, "trainer.cpus_per_worker must be > 0")
+        check(
+            self.torch_threads is None or self.torch_threads >= 1,
+            f"trainer.torch_threads must be >= 1 or null (got {self.torch_threads})",
+        )
         check(self.lora_rank >= 0, "trainer.lora_rank must be >= 0")
         check(
             self.lora_rank == 0 or (self.lora_alpha > 0 and len(self.lora_targets) > 0),
@@ -88,6 +96,9 @@ class PoolConfig:
     """Sampler actors; each rolls out a share of the step's prompts (and their continuations)."""
     rollout_cpus: float = 0.5
     rollout_gpus: float = 0.0
+    sampler_threads: int | None = None
+    """torch intra-op threads of each sampler actor; null: ``rollout_cpus`` rounded down, at least 1. Logged as the
+    run's param ``threads/sampler``."""
     env_workers: int = 2
     """Tool-environment actors serving every sampler's tool calls (0: samplers run tools in-process)."""
     env_cpus: float = 0.25
@@ -99,6 +110,10 @@ class PoolConfig:
         check(
             self.env_workers >= 0 and self.max_retries >= 0,
             "pools.env_workers and pools.max_retries must be >= 0",
+        )
+        check(
+            self.sampler_threads is None or self.sampler_threads >= 1,
+            f"pools.sampler_threads must be >= 1 or null (got {self.sampler_threads})",
         )
         check(
             self.rollout_cpus > 0 and self.env_cpus > 0, "pools.rollout_cpus and pools.env_cpus must be > 0"

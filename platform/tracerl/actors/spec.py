@@ -27,5 +27,5 @@ class WorkerSpec:
 
     @property
     def threads(self) -> int:
-        """torch threads of the worker: the CPUs Ray reserves for it (at least one)."""
-        return max(1, int(self.pools.rollout_cpus))
+        """torch threads of the worker: ``pools.sampler_threads``, else the CPUs Ray reserves for it (at least one)."""
+        return self.pools.sampler_threads or max(1, int(self.pools.rollout_cpus))

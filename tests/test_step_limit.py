@@ -1,0 +1,186 @@
+"""Issue 28.2 ("the step at its limit"): cutting a step's overhead must not change what a run learns.
+
+``test_fixed_seed_trees_are_pinned`` pins one step's rollout trees of the embedded default's training path (the
+smoke config, the committed tiny policy, seed 0) for ``grpo`` and ``trace``: a fingerprint of every node's token
+ids, parent, depth, status and reward, recorded at the commit before the step's overhead was cut. A change to the
+engine, the samplers' threads or the actor layout that alters a tree fails here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, UNHURRIED
+from tracerl.tree import RolloutTree
+
+SMOKE = ROOT / "conf" / "train" / "smoke.yaml"
+TINY = ROOT / "models" / "tiny-math"
+
+PINNED = {
+    "grpo": "ea38b318db28cb2a806fa0856b12f6f5e6c7c01c00599ff9f4b187d4a48d0b6e",
+    "trace": "1a55c5183688f798a7890ab995d593bf6363035e54502b19fb919bacb24f9ac5",
+}
+"""sha256 of ``fingerprint`` of step 0's sampled trees, seed 0 (recorded at 72fec73, before issue 28.2's changes)."""
+
+
+def fingerprint(trees: Sequence[RolloutTree]) -> str:
+    """sha256 of the trees' prompts and every node's token ids, parent, depth, status and reward, in order."""
+    rows = [
+        [
+            t.prompt.prompt_id,
+            [[n.parent, n.depth, n.status.value, n.reward, list(n.token_ids)] for n in t.nodes],
+        ]
+        for t in trees
+    ]
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+
+
+def step_trees(allocator: str, seed: int = 0) -> list[RolloutTree]:
+    """Step 0's sampled trees of ``tracerl train --config conf/train/smoke.yaml`` (as the driver builds the step:
+    its allocator, text predictor and stepper), rolled out in this process on the committed tiny policy."""
+    import numpy as np
+
+    from predictors.length import attach_lengths
+    from tracerl.algos.allocators import build_allocator
+    from tracerl.config import TrainConfig
+    from tracerl.config_loader import compose
+    from tracerl.engine.stepper import Stepper
+    from workflows.lm.stack import build_stack, build_text_predictor, task_prompts
+
+    cfg = compose(
+        TrainConfig, SMOKE, [f"model.path={TINY}", f"allocator={allocator}", f"seed={seed}", *UNHURRIED]
+    )
+    stack = build_stack(cfg.model, cfg.sampler, cfg.env, cfg.seed)
+    alloc = build_allocator(cfg.allocator)
+    attach_lengths(alloc)
+    pred = build_text_predictor(cfg.predictor, stack, cfg.seed, name=alloc.predictor, targets=alloc.targets)
+    stepper = Stepper(
+        task_prompts(cfg.env), alloc, pred, stack.engine, np.random.default_rng(cfg.seed), cfg.pipeline.mode
+    )
+    return stepper.run(0, cfg.budget).sampled_trees
+
+
+@pytest.mark.parametrize("allocator", ["grpo", "trace"])
+def test_fixed_seed_trees_are_pinned(allocator: str) -> None:
+    trees = step_trees(allocator)
+    assert sum(len(t.nodes) for t in trees) > len(trees)  # real rollouts, not bare roots
+    assert fingerprint(trees) == PINNED[allocator]
+
+
+TRAIN_TREES = "466413098dffa4fb4d84aa72e15cb31df7eafd7aeb7c2c7ac263554431765486"
+"""sha256 of the trees.jsonl artifact of step 2 of ``tracerl train --config conf/train/smoke.yaml
+model.path=models/tiny-math allocator=grpo seed=0 steps=2 eval_at_start=false`` (recorded at 72fec73 with SQLite
+tracking): step 2's trees come after an update and a weight sync, through the sampler actors."""
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One two-step grpo run of the smoke config with tracking off and no evaluation at all; its storage."""
+    from workflows.cli.app import main
+
+    out = tmp_path_factory.mktemp("offline") / "runs"
+    args = [
+        "train",
+        "--config",
+        str(SMOKE),
+        f"model.path={TINY}",
+        "allocator=grpo",
+        "seed=0",
+        "steps=2",
+        "eval_at_start=false",
+        "eval_at_end=false",
+        "tracking=off",
+        *UNHURRIED,
+        "--out",
+        str(out),
+    ]
+    assert main(args) == 0
+    (storage,) = [p for p in out.iterdir() if p.is_dir()]
+    return storage
+
+
+def _lines(storage: Path) -> list[dict[str, float]]:
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in pairs]
+        assert len(keys) == len(set(keys)), f"a metric twice in one line: {keys}"
+        return dict(pairs)
+
+    text = (storage / "metrics.jsonl").read_text()
+    return [json.loads(x, object_pairs_hook=unique) for x in text.splitlines()]
+
+
+def test_tracking_off_writes_a_metrics_line_per_step_and_the_params(offline: Path) -> None:
+    from tracerl import metrics as M
+
+    lines = _lines(offline)
+    assert [x["step"] for x in lines] == [1, 2]  # no step-0 line: no evaluation before training
+    assert all(M.LOSS in x and M.EFFECTIVE_RATIO in x for x in lines)
+    params = json.loads((offline / "params.json").read_text())
+    assert params["allocator.name"] == "grpo" and params["eval_at_end"] == "False"
+    assert int(params["threads/trainer"]) >= 1 and params["threads/sampler"] == "1"  # rollout_cpus 0.5
+    assert json.loads((offline / "run.json").read_text())["status"] == "FINISHED"
+    assert json.loads((offline / "summary.json").read_text())["tracking_uri"] is None
+
+
+def test_eval_at_end_false_skips_the_last_evaluation(offline: Path) -> None:
+    from tracerl import metrics as M
+
+    assert not any(M.EVAL_ACCURACY in x or M.phase_time("eval") in x for x in _lines(offline))
+
+
+def test_train_step_s_every_step_and_startup_once(offline: Path) -> None:
+    from tracerl import metrics as M
+
+    lines = _lines(offline)
+    for x in lines:
+        assert 0 < x[M.TIME_TRAIN_STEP] <= x[M.TIME_STEP]
+        assert x[M.TIME_TRAIN_STEP] >= x[M.TIME_ROLLOUT] + x[M.phase_time("update_policy")]
+    assert [M.TIME_STARTUP in x for x in lines] == [True, False]
+    first = lines[0]
+    parts = [first[M.startup_phase(p)] for p in M.STARTUP_PHASES]
+    assert all(p >= 0 for p in parts) and sum(parts) <= first[M.TIME_STARTUP] + 1e-6
+
+
+def test_the_train_paths_trees_are_unchanged(offline: Path) -> None:
+    trees = offline / "artifacts" / "trees" / "step_00002" / "trees.jsonl"
+    assert hashlib.sha256(trees.read_bytes()).hexdigest() == TRAIN_TREES
+
+
+def test_thread_knobs_reach_the_actors_spec() -> None:
+    from tracerl.actors.config import PoolConfig
+    from tracerl.actors.spec import WorkerSpec
+    from tracerl.config import TrainConfig
+
+    cfg = TrainConfig()
+    spec = WorkerSpec(cfg.model, cfg.sampler, cfg.env, PoolConfig(rollout_cpus=2.5))
+    assert spec.threads == 2  # the default: the CPUs Ray reserves
+    assert WorkerSpec(cfg.model, cfg.sampler, cfg.env, PoolConfig(sampler_threads=3)).threads == 3
+
+
+def test_local_runs_keep_one_line_per_step_and_read_back_the_last_value(tmp_path: Path) -> None:
+    from mlflow.entities import Metric, Param
+
+    from workflows.tracking.local_runs import LocalRuns, read_metrics
+    from workflows.tracking.runs import metric_series
+
+    runs = LocalRuns(tmp_path)
+    rid = runs.create_run("", "r", {"a": "b"}).info.run_id
+    runs.log_batch(rid, params=[Param("x", "1")])
+    runs.log_batch(rid, params=[Param("threads/trainer", "2")])
+    runs.log_batch(rid, metrics=[Metric("train/loss", 0.5, 10, 1), Metric("curve/accuracy", 0.1, 11, 700)])
+    assert metric_series(runs, rid, "train/loss") == {1: 0.5}
+    runs.log_batch(rid, metrics=[Metric("train/loss", 0.4, 20, 2), Metric("time/step_s", 3.0, 20, 2)])
+    runs.log_batch(rid, metrics=[Metric("train/loss", 0.3, 30, 2)])  # step 2 re-run after a restart
+    storage = LocalRuns(tmp_path).storage(rid)  # found again by its id, as the driver's workers do
+    assert [x["step"] for x in read_metrics(storage)] == [1, 2, 2]
+    assert not any("curve/accuracy" in x for x in read_metrics(storage))  # kept in curve.jsonl
+    assert metric_series(runs, rid, "train/loss") == {1: 0.5, 2: 0.3}
+    assert runs.get_run(rid).data.params == {"x": "1", "threads/trainer": "2"}
+    runs.set_terminated(rid, "FINISHED")
+    assert runs.get_run(rid).info.status == "FINISHED" and runs.get_run(rid).data.tags == {"a": "b"}
