@@ -7,8 +7,9 @@ each one's whole process tree (Ray's raylet, workers and environment actors incl
 its summed PSS sampled every ``sample_s`` seconds (the peak is reported), and its per-step times. Seeds run in
 turn, the sides' order rotating by one each seed; every side runs with the same CPUs (the first ``threads`` of
 this process's affinity), ``OMP_NUM_THREADS=torch_threads`` and Ray's workers at nice 0; TRL's single process sets
-``torch.set_num_threads(torch_threads)``, tracerl's trainer worker takes OMP_NUM_THREADS and its sampler actors
-keep their own one thread each (``pools.rollout_cpus``), as recorded in the JSON.
+``torch.set_num_threads(torch_threads)``, tracerl's trainer worker ``trainer.torch_threads=torch_threads`` and its
+sampler actors ``pools.sampler_threads=1`` each (the run's params ``threads/trainer``, ``threads/sampler``), as
+recorded in the JSON.
 
 ``settings`` (workflows/bench/peer_settings.py) is the one place where the training setup is turned into TRL's
 arguments; its rows are printed into the JSON, so a reader can check both sides do the same work. Running a side

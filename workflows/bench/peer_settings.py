@@ -31,7 +31,7 @@ class BenchPeerConfig:
     """CPUs every side may use (the first N of this process's affinity)."""
     torch_threads: int = 1
     """torch threads of each side's computing processes: TRL's one process and tracerl's trainer worker
-    (OMP_NUM_THREADS); tracerl's sampler actors take theirs from ``pools.rollout_cpus`` (1). More threads than free
+    (OMP_NUM_THREADS and ``trainer.torch_threads``); tracerl's sampler actors run one each (``pools.sampler_threads``). More threads than free
     cores spin against each other: on the busy 2-core machine TRL's rollouts took 1.4-10 s a call with 2 threads
     and 0.3-0.5 s with 1 (docs/results/peer.md)."""
     warmup_steps: int = 1
@@ -249,7 +249,14 @@ def side_config(cfg: BenchPeerConfig, side: str, seed: int, run_name: str) -> Tr
         tc = dataclasses.replace(tc, allocator=dataclasses.replace(tc.allocator, name="trace"))
     out = Path(cfg.bench_out).resolve()
     return dataclasses.replace(
-        tc, seed=seed, eval_at_start=False, run_name=run_name, out_dir=str(out / "runs"), log_trees_every=0
+        tc,
+        seed=seed,
+        eval_at_start=False,
+        run_name=run_name,
+        out_dir=str(out / "runs"),
+        log_trees_every=0,
+        trainer=dataclasses.replace(tc.trainer, torch_threads=cfg.torch_threads),
+        pools=dataclasses.replace(tc.pools, sampler_threads=1),
     )
 
 

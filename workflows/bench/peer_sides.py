@@ -164,8 +164,8 @@ def run_tracerl_side(
     summary = json.loads(found[-1].read_text())
     steps, evals = tracerl_steps(summary["run_id"], summary["tracking_uri"])
     threads = {
-        "trainer_OMP_NUM_THREADS": cfg.torch_threads,
-        "sampler_actor_torch_threads": max(1, int(tc.pools.rollout_cpus)),
+        "trainer_torch_threads": tc.trainer.torch_threads or cfg.torch_threads,
+        "sampler_actor_torch_threads": tc.pools.sampler_threads or 1,
         "sampler_actors": tc.pools.rollout_workers,
     }
     return SideRun(**proc, steps=steps, evals=evals, run_id=summary["run_id"], threads=threads)
