@@ -18,6 +18,7 @@ from typing import Any
 from tracerl.config import TrainConfig
 from tracerl.experiment_config import BenchTrainConfig
 from workflows.ops.progress import bar
+from workflows.tracking.runs import RunSummary
 from workflows.tracking.store import resolve_uri
 
 
@@ -44,7 +45,7 @@ def run_train_bench(
 ) -> dict[str, Any]:
     from workflows.train.run import train
 
-    per: dict[str, list[dict[str, Any]]] = {}
+    per: dict[str, list[RunSummary]] = {}
     configs = run_configs(cfg)
     runs_bar = bar(progress, len(configs), "bench train", "run")
     for name, seed, tc in configs:

@@ -24,6 +24,7 @@ from tracerl.config import TrainConfig
 from tracerl.experiment_config import StudyConfig
 from workflows.study.baseline import BaselineFn, ensure_baselines
 from workflows.study.curve_cells import check_curve_study, curve_overrides, is_curve_study, keep_curve
+from workflows.tracking.runs import RunSummary
 
 COORDS = ("testbed", "budget", "allocator", "seed")
 TAG = "tracerl.study"
@@ -203,7 +204,7 @@ def _result(ref: Any) -> dict[str, Any]:
     return dict(ray.get(ref))
 
 
-def _run_cell(train_cfg: TrainConfig, tags: dict[str, str]) -> dict[str, Any]:
+def _run_cell(train_cfg: TrainConfig, tags: dict[str, str]) -> RunSummary:
     from workflows.train.run import train
 
     return train(train_cfg, tags=tags)

@@ -13,7 +13,7 @@ import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
@@ -215,7 +215,34 @@ def metric_series(client: Any, run_id: str, key: str) -> dict[int, float]:
     return {s: v for s, (_, v) in sorted(series.items())}
 
 
-def run_summary(run_id: str, tracking: Any, client: Any = None) -> dict[str, Any]:
+class RunSummary(TypedDict, total=False):
+    """``tracerl train``'s summary, also ``<storage>/summary.json``: the run, its held-out accuracy before and after
+    (when evaluated), mean effective ratio, what it spent, what stopped it and how far past its compute limits
+    (``overshoot_*``, with a compute stop); ``chaos``: the drill's report, on a drill run."""
+
+    run_id: str
+    storage: str
+    wall_s: float
+    tracking_uri: str | None
+    experiment: str
+    steps: int
+    acc_before: float
+    acc_after: float
+    accuracy_by_step: dict[int, float]
+    effective_ratio: float
+    leaves: int
+    generated_tokens: int
+    tool_calls: int
+    retried: int
+    alloc_predictor_fraction_of_rollout: float
+    stopped_by: str | None
+    total_cpu_s: float
+    overshoot_tokens: float
+    overshoot_cpu_s: float
+    chaos: dict[str, Any]
+
+
+def run_summary(run_id: str, tracking: Any, client: Any = None) -> RunSummary:
     """Held-out accuracy before/after, mean effective ratio, budget spent: from the run's metrics (in ``client``,
     default the MLflow store of ``tracking``)."""
     if client is None:
@@ -225,21 +252,22 @@ def run_summary(run_id: str, tracking: Any, client: Any = None) -> dict[str, Any
 
         trk.setup(tracking)
         client = mlflow.MlflowClient()
+
+    def total(key: str) -> int:
+        return int(sum(metric_series(client, run_id, key).values()))
+
     acc = metric_series(client, run_id, M.EVAL_ACCURACY)
     er = metric_series(client, run_id, M.EFFECTIVE_RATIO)
-    out: dict[str, Any] = {"steps": len(er)}
+    out = RunSummary(steps=len(er))
     if acc:
         out["acc_before"] = acc[min(acc)]
         out["acc_after"] = acc[max(acc)]
         out["accuracy_by_step"] = acc
     out["effective_ratio"] = sum(er.values()) / len(er) if er else float("nan")
-    for key, name in (
-        (M.LEAVES, "leaves"),
-        (M.GENERATED_TOKENS, "generated_tokens"),
-        (M.TOOL_CALLS, "tool_calls"),
-        (M.RETRIED, "retried"),
-    ):
-        out[name] = int(sum(metric_series(client, run_id, key).values()))
+    out["leaves"] = total(M.LEAVES)
+    out["generated_tokens"] = total(M.GENERATED_TOKENS)
+    out["tool_calls"] = total(M.TOOL_CALLS)
+    out["retried"] = total(M.RETRIED)
     rollout = sum(metric_series(client, run_id, M.TIME_ROLLOUT).values())
     overhead = sum(
         sum(metric_series(client, run_id, M.phase_time(k)).values()) for k in M.ALLOC_PREDICTOR_PHASES
@@ -248,7 +276,7 @@ def run_summary(run_id: str, tracking: Any, client: Any = None) -> dict[str, Any
     return out
 
 
-def format_summary(s: dict[str, Any]) -> str:
+def format_summary(s: RunSummary) -> str:
     rows = [
         ("MLflow run" if s.get("tracking_uri", "") is not None else "run", s.get("run_id", "")),
         ("steps", s.get("steps", 0)),

@@ -33,7 +33,7 @@ import numpy as np
 
 from tracerl import metrics as M
 from tracerl.config import ChaosConfig, TrainConfig
-from workflows.tracking.runs import PHASE, read_phase
+from workflows.tracking.runs import PHASE, RunSummary, read_phase
 from workflows.tracking.spool import SPOOL
 
 PHASES = ("rollout", "sync_weights", "eval", "save")  # what a kill can be aimed at
@@ -291,7 +291,7 @@ def check_steps(client: Any, run_id: str, steps: int) -> list[str]:
     return problems
 
 
-def run_drill(cfg: TrainConfig, overrides: list[str], progress: Callable[[str], None]) -> dict[str, Any]:
+def run_drill(cfg: TrainConfig, overrides: list[str], progress: Callable[[str], None]) -> RunSummary:
     """The drill around ``workflows.train.run.train``; returns the run's summary with the drill's report under 'chaos'."""
     import mlflow
 

@@ -38,7 +38,7 @@ from tracerl.config import TrainConfig
 from tracerl.config_loader import to_yaml
 from tracerl.engine.timer import PhaseTimer
 from workflows.tracking.checkpoint_state import CheckpointState
-from workflows.tracking.runs import create_run, resumed_config, run_summary
+from workflows.tracking.runs import RunSummary, create_run, resumed_config, run_summary
 from workflows.tracking.store import resolve_uri, where
 from workflows.train.budget import Totals, stop_reason
 from workflows.train.driver import Ahead, Driver, overlaps_next
@@ -82,7 +82,7 @@ def train(
     tags: dict[str, str] | None = None,
     callbacks: list[Any] | None = None,
     launched: float | None = None,
-) -> dict[str, Any]:
+) -> RunSummary:
     """Run (or resume) a training job; returns the summary (also written to <storage>/summary.json).
 
     ``tags`` go on a new MLflow run (a sweep passes its parent run and trial); ``callbacks`` are Ray Train
@@ -172,13 +172,15 @@ def train(
         raise DiskFull(full or stuck or str(storage))
     summary = run_summary(run_id, cfg.tracking, client)
     summary.update(
-        run_id=run_id,
-        storage=str(storage),
-        wall_s=time.perf_counter() - t0,
-        tracking_uri=cfg.tracking.uri if tracked else None,
-        experiment=cfg.tracking.experiment,
-        **compute_summary(client, run_id, cfg),
+        RunSummary(
+            run_id=run_id,
+            storage=str(storage),
+            wall_s=time.perf_counter() - t0,
+            tracking_uri=cfg.tracking.uri if tracked else None,
+            experiment=cfg.tracking.experiment,
+        )
     )
+    summary.update(compute_summary(client, run_id, cfg))
     (storage / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 

@@ -9,10 +9,11 @@ from typing import Any
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
 from workflows.tracking.checkpoint_state import CheckpointState
+from workflows.tracking.runs import RunSummary
 from workflows.train.budget import Totals, stop_reason
 
 
-def compute_summary(client: Any, run_id: str, cfg: TrainConfig) -> dict[str, Any]:
+def compute_summary(client: Any, run_id: str, cfg: TrainConfig) -> RunSummary:
     """The run's compute at its last step (``total/``), what stopped it (``stopped_by``: tokens, cpu_s, steps;
     null if it ended otherwise) and the overshoot past its compute limits."""
     from workflows.tracking.runs import metric_series
@@ -23,7 +24,7 @@ def compute_summary(client: Any, run_id: str, cfg: TrainConfig) -> dict[str, Any
     }
     tokens = last[M.TOTAL_GENERATED_TOKENS]
     if not tokens:
-        return {"stopped_by": None}
+        return RunSummary(stopped_by=None)
     step = max(tokens)
     totals = Totals(
         tokens[step],
@@ -31,11 +32,13 @@ def compute_summary(client: Any, run_id: str, cfg: TrainConfig) -> dict[str, Any
         step,
         last[M.TOTAL_CPU_S].get(step, 0.0),
     )
-    return {
-        "stopped_by": stop_reason(cfg.stop, cfg.steps, totals),
-        "total_cpu_s": totals.cpu_s,
-        **{k.split("/")[1]: v for k, v in overshoot(cfg.stop, totals).items()},
-    }
+    out = RunSummary(stopped_by=stop_reason(cfg.stop, cfg.steps, totals), total_cpu_s=totals.cpu_s)
+    over = overshoot(cfg.stop, totals)
+    if M.OVERSHOOT_TOKENS in over:
+        out["overshoot_tokens"] = over[M.OVERSHOOT_TOKENS]
+    if M.OVERSHOOT_CPU_S in over:
+        out["overshoot_cpu_s"] = over[M.OVERSHOOT_CPU_S]
+    return out
 
 
 def progress_bar(
