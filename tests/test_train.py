@@ -332,7 +332,7 @@ def test_lora_on_two_fsdp_ranks_trains_adapters_and_resumes(tmp_path: Path) -> N
 
     habit = (
         ROOT / "models" / "tiny-math-habit"
-    )  # with SIGNAL_SEED its first step already has a mixed group (a signal)
+    )  # succeeds often enough for mixed groups (a signal) in 2 steps
     common = [
         *_common(habit, tmp_path),
         "trainer.num_workers=2",
@@ -348,8 +348,7 @@ def test_lora_on_two_fsdp_ranks_trains_adapters_and_resumes(tmp_path: Path) -> N
         "trainer.gradient_checkpointing=true",
         "loss.kl_coef=0.05",
     ]  # a reference model, sharded like the policy
-    # one step, then one resumed step: an update, a checkpoint and a resume are what the claims need
-    assert main(["train", "--config", SMOKE, *common, "--steps", "1"]) == 0
+    assert main(["train", "--config", SMOKE, *common, "--steps", "2"]) == 0
     client = _client(tmp_path)
     run_id = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])[0].info.run_id
     assert client.get_run(run_id).data.params["trainer.strategy"] == "fsdp"
@@ -369,15 +368,15 @@ def test_lora_on_two_fsdp_ranks_trains_adapters_and_resumes(tmp_path: Path) -> N
     assert len(adapters) == 8 * layers  # A and B of q, k, v, o in every layer
     assert all(torch.equal(trained[k], base[k]) for k in base if ".mlp." in k)  # no adapters there: untouched
     skipped = metric_series(client, run_id, M.UPDATE_SKIPPED)
-    assert sorted(metric_series(client, run_id, "train/kl_ref")) == [1]
+    assert sorted(metric_series(client, run_id, "train/kl_ref")) == [1, 2]
     assert min(skipped.values()) == 0.0, f"every update was skipped (no mixed group): {skipped}"
     # B starts at zero and moves with the first real update; the merged attention weights move with it
     assert any(bool(v.abs().sum() > 0) for k, v in adapters.items() if ".lora_B." in k), "LoRA B never moved"
     assert any(not torch.equal(trained[k], base[k]) for k in base if "self_attn" in k)
 
-    assert main(["train", *_common(habit, tmp_path), f"resume={run_id}", "--steps", "2"]) == 0
+    assert main(["train", *_common(habit, tmp_path), f"resume={run_id}", "--steps", "3"]) == 0
     after = latest_checkpoint(storage)
-    assert after is not None and json.loads((after / "state.json").read_text())["step"] == 2
+    assert after is not None and json.loads((after / "state.json").read_text())["step"] == 3
     resumed = torch.load(after / "lora_adapters.pt", weights_only=True)
     # one more small step from the saved adapters; re-initialised A matrices would differ by far more
     assert max(float((resumed[k] - v).abs().max()) for k, v in adapters.items()) < 1e-2
