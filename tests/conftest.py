@@ -40,6 +40,11 @@ settings.load_profile("tracerl")
 # 60 s) can take longer, and Train then fails or retries the start.
 os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "600")
 os.environ.setdefault("RAY_worker_register_timeout_seconds", "600")
+# Ray Train's controller polls its workers every 2 s (Train V2's health-check interval) and only then sees a run's
+# loop return or a rank die: up to 2 s idle at the end of each of the suite's ~15 Train attempts. A poll that does not
+# answer in time is a missed check, retried, not a failure (a worker is declared dead after
+# RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S, 600 s), so a shorter interval costs a few cheap calls, never a restart.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
 # Ray starts its worker processes at nice 15 (its `worker_niceness`), below the pytest process that waits for them: on
 # a machine with other CPU-bound work at nice 0 the workers got a few per cent of a core and a suite that takes
 # ~20 min idle took hours. The suite's workers run at the priority of the suite (what Ray Jobs does for a job).

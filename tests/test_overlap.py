@@ -147,6 +147,9 @@ def overlap_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         *UNHURRIED,
         "steps=3",
         "checkpoint_every=3",
+        # no start evaluation and a 2-task last one (the smoke config's are on 24): nothing here reads them
+        "eval_at_start=false",
+        "env.math.eval_tasks=2",
         "pipeline.overlap=true",
         "faults.kill_rollout_worker_at_step=1",
         "faults.kill_trainer_at_step=1",

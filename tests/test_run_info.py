@@ -241,3 +241,58 @@ def test_terminating_tracerl_ui_ends_the_mlflow_server(tmp_path: Path) -> None:
     while servers() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert servers() == []
+
+
+FAKE_UI = """
+import http.server, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer((sys.argv[1], int(sys.argv[2])), Health).serve_forever()
+"""
+"""A fake for the `mlflow ui` process (the unit under test is ``tracerl ui --check``): it answers /health."""
+
+
+def test_ui_check_waits_for_the_server_prints_the_runs_page_and_stops_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tracerl ui --check` on a store with a tracerl experiment: it waits until the server answers, prints the
+    experiment's runs page and ends the server. The real `mlflow ui` starting and ending is the test above's;
+    this one replaced test_train.py's `ui --check` on the train run's store (23 s of `mlflow ui` start-up there)."""
+    import os
+    import socket
+    import sys
+
+    import mlflow
+
+    from workflows.cli.app import main
+
+    uri = f"sqlite:///{tmp_path}/mlruns.db"
+    exp = mlflow.MlflowClient(tracking_uri=uri).create_experiment(
+        "tracerl", artifact_location=(tmp_path / "art").as_uri()
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    marker = str(tmp_path / "fake-ui")  # names the fake's process in /proc
+    monkeypatch.setattr(
+        "workflows.tracking.compare.ui_command",
+        lambda uri, host, port: [sys.executable, "-c", FAKE_UI, host, str(port), marker],
+    )
+    assert main(["ui", "--check", "--port", str(port), "--tracking-uri", uri]) == 0
+    out = capsys.readouterr().out
+    assert f"MLflow UI on {uri}: http://127.0.0.1:{port}/#/experiments/{exp}/runs?" in out
+
+    def alive() -> bool:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+                    return True
+            except OSError:
+                continue
+        return False
+
+    assert not alive()  # ended (and reaped) before the command returned
