@@ -163,7 +163,7 @@ def drill(tiny_policy: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
             "eval_every=1",
             "checkpoint_every=1",
             "log_trees_every=0",
-            "env.math.eval_tasks=2",  # an evaluation to aim a kill at; its size is not what the drill tests
+            "env.math.eval_tasks=4",
             "chaos.actor_kills=4",
             "chaos.min_gap_s=0.2",
             "chaos.max_gap_s=1.5",

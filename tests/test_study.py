@@ -17,8 +17,10 @@ from tests.conftest import ROOT
 from tracerl.config import TrackingConfig
 from tracerl.config_loader import compose
 from tracerl.experiment_config import StudyConfig
-from workflows.study.grid import Cell, Child, enumerate_cells, plan, run_study, select, write_token_budget
+from workflows.study.cells import Cell, Child, enumerate_cells, plan, select
+from workflows.study.grid import run_study
 from workflows.study.report import hierarchical_bootstrap, verdict
+from workflows.study.token_budget import write_token_budget
 
 MAIN = ROOT / "conf" / "study" / "main.yaml"
 SMOKE = ROOT / "conf" / "study" / "smoke.yaml"

@@ -17,10 +17,11 @@ from tests.conftest import ROOT
 from tracerl.config import TrackingConfig
 from tracerl.config_loader import compose
 from tracerl.experiment_config import StudyConfig
+from workflows.study.cells import enumerate_cells
 from workflows.study.curve_cells import check_curve_study, eval_points
 from workflows.study.curves_doc import markdown
 from workflows.study.curves_report import cell_record, per_testbed_stats
-from workflows.study.grid import cell_config, enumerate_cells, run_study
+from workflows.study.grid import cell_config, run_study
 from workflows.train.budget import Totals, append_point, curve_point, read_curve
 
 CURVES = ROOT / "conf" / "study" / "curves.yaml"

@@ -324,9 +324,7 @@ class StudyConfig:
     runs_dir: str = "runs/study"
     """Checkpoint storage of the cells' training runs."""
     archive_dir: str | None = None
-    """A folder that keeps every finished cell and baseline run as a file (workflows/study/archive.py): written as
-    each finishes, read back into the MLflow store at the start, so the study resumes in a fresh store (another
-    checkout, machine or session); null: none."""
+    """Every finished cell and baseline run kept as a file here, restored into a fresh store (null: none)."""
     json_path: str | None = None
     """Write study.json here as well (``--json``)."""
     only: str | None = None

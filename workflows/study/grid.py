@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,103 +22,10 @@ from typing import Any, TypedDict
 from tracerl.config import TrainConfig
 from tracerl.experiment_config import StudyConfig
 from workflows.study.baseline import BaselineFn, ensure_baselines
+from workflows.study.cells import TAG, Cell, Child, enumerate_cells, plan, select
 from workflows.study.curve_cells import check_curve_study, curve_overrides, is_curve_study, keep_curve
+from workflows.study.token_budget import fill_tokens, token_budget_error
 from workflows.tracking.runs import RunSummary
-
-COORDS = ("testbed", "budget", "allocator", "seed")
-TAG = "tracerl.study"
-
-
-@dataclasses.dataclass(frozen=True)
-class Cell:
-    testbed: str
-    budget: str
-    allocator: str
-    seed: int
-
-    @property
-    def key(self) -> str:
-        return f"{self.testbed}/{self.budget}/{self.allocator}/s{self.seed}"
-
-    def tags(self) -> dict[str, str]:
-        return {f"{TAG}.{k}": str(getattr(self, k)) for k in COORDS}
-
-
-def enumerate_cells(cfg: StudyConfig) -> list[Cell]:
-    """Every cell of the grid groups, in config order, each once."""
-    seen: dict[str, Cell] = {}
-    for g in cfg.groups:
-        for tb in g["testbeds"]:
-            for b in g["budgets"]:
-                for a in g["allocators"]:
-                    for s in g["seeds"]:
-                        c = Cell(str(tb), str(b), str(a), int(s))
-                        seen.setdefault(c.key, c)
-    return list(seen.values())
-
-
-def parse_only(only: str | None) -> dict[str, set[str]]:
-    """'testbed=a,allocator=grpo,allocator=trace' -> {testbed: {a}, allocator: {grpo, trace}}."""
-    out: dict[str, set[str]] = {}
-    for item in (only or "").split(","):
-        if not item.strip():
-            continue
-        k, sep, v = item.partition("=")
-        k = k.strip()
-        if not sep or k not in COORDS or not v.strip():
-            raise ValueError(
-                f"--only takes k=v items with k one of {', '.join(COORDS)} (got {item!r}), "
-                "e.g. --only testbed=math-habit,allocator=grpo"
-            )
-        out.setdefault(k, set()).add(v.strip())
-    return out
-
-
-def select(cells: list[Cell], only: str | None) -> list[Cell]:
-    """The cells matching every key of ``only`` (any of its values per key)."""
-    want = parse_only(only)
-    picked = [c for c in cells if all(str(getattr(c, k)) in vs for k, vs in want.items())]
-    if want and not picked:
-        raise ValueError(f"--only {only} selects no cell of the grid")
-    return picked
-
-
-@dataclasses.dataclass(frozen=True)
-class Child:
-    """A cell's earlier child run, as read from MLflow."""
-
-    run_id: str
-    status: str
-    resumable: bool  # its storage holds a saved config: train can resume it
-    start_time: int = 0
-
-
-def plan(
-    cells: list[Cell], children: dict[str, list[Child]], fresh: bool
-) -> tuple[list[tuple[Cell, str | None]], list[Cell]]:
-    """(to run with the run id to resume or None, skipped): a FINISHED cell is skipped unless ``fresh``; the newest
-    unfinished resumable run of a cell is resumed."""
-    todo: list[tuple[Cell, str | None]] = []
-    skipped: list[Cell] = []
-    for c in cells:
-        runs = sorted(children.get(c.key, []), key=lambda r: r.start_time, reverse=True)
-        if fresh:
-            todo.append((c, None))
-        elif any(r.status == "FINISHED" for r in runs):
-            skipped.append(c)
-        else:
-            cut = next((r for r in runs if r.resumable), None)
-            todo.append((c, cut.run_id if cut else None))
-    return todo, skipped
-
-
-def token_budget_error(testbed: str, config_path: str | Path) -> str:
-    return (
-        f"token cells of testbed {testbed} need its T (testbeds.{testbed}.token_budget, null in {config_path}): "
-        "T is the mean generated tokens per step over all steps of the testbed's leaves-mode grpo cells. Run "
-        f"them first (--only testbed={testbed},budget=leaves,allocator=grpo), then write T into the config with "
-        f"`tracerl study --config {config_path} --fill-tokens`"
-    )
 
 
 def cell_config(
@@ -430,71 +336,3 @@ def _run_cells(
         c = pending.pop(ready[0])
         finished(c, functools.partial(_result, ready[0]))
     return [c.key for c, _, _ in jobs if c.key not in failed]
-
-
-def write_token_budget(config_path: str | Path, testbed: str, tokens: int) -> None:
-    """Set ``testbeds.<testbed>.token_budget`` in the YAML file, keeping its comments and layout."""
-    path = Path(config_path)
-    lines = path.read_text().splitlines(keepends=True)
-    start = next((i for i, ln in enumerate(lines) if re.match(rf"^\s+{re.escape(testbed)}:\s*$", ln)), None)
-    if start is None:
-        raise ValueError(f"{path} has no testbeds.{testbed} block to write token_budget into")
-    indent = len(lines[start]) - len(lines[start].lstrip())
-    for i in range(start + 1, len(lines)):
-        ln = lines[i]
-        if ln.strip() and len(ln) - len(ln.lstrip()) <= indent:
-            break
-        m = re.match(r"^(\s+token_budget:)\s*[^#\n]*(#.*)?$", ln.rstrip("\n"))
-        if m:
-            lines[i] = f"{m.group(1)} {tokens}" + (f"   {m.group(2)}" if m.group(2) else "") + "\n"
-            path.write_text("".join(lines))
-            return
-    raise ValueError(f"{path}: testbeds.{testbed} has no token_budget line (add `token_budget: null`)")
-
-
-def fill_tokens(
-    cfg: StudyConfig,
-    client: Any,
-    exp_id: str,
-    config_path: str | Path,
-    progress: Callable[[str], None] = lambda s: None,
-) -> dict[str, int]:
-    """T per testbed: mean generated tokens per step over all steps of its leaves-mode grpo cells, written into the
-    config file once every one of those cells has finished (a testbed with some unfinished is left as it is)."""
-    from workflows.study.report import collect
-
-    parents = client.search_runs(
-        [exp_id], filter_string=f"tags.`tracerl.command` = 'study' and tags.`{TAG}` = '{cfg.name}'"
-    )
-    if not parents:
-        raise ValueError(f"no study {cfg.name!r} in MLflow yet: run its leaves-mode grpo cells first")
-    cells = [
-        c
-        for p in parents
-        for c in collect(client, exp_id, p.info.run_id, cfg.tracking)
-        if c["budget"] == "leaves" and c["allocator"] == "grpo"
-    ]
-    want = {
-        tb: {
-            c.seed
-            for c in enumerate_cells(cfg)
-            if (c.testbed, c.budget, c.allocator) == (tb, "leaves", "grpo")
-        }
-        for tb in cfg.testbeds
-    }
-    filled = {}
-    for tb in cfg.testbeds:
-        cs = [c for c in cells if c["testbed"] == tb and c["steps"]]
-        missing = sorted(want[tb] - {c["seed"] for c in cs})
-        if not cs or missing:  # T is the mean over all of them: a partial mean would fix another T
-            if cs:
-                progress(
-                    f"testbed {tb}: T not written, its leaves-mode grpo seeds {missing} have not finished"
-                )
-            continue
-        t = round(sum(c["generated_tokens"] for c in cs) / sum(c["steps"] for c in cs))
-        write_token_budget(config_path, tb, t)
-        filled[tb] = t
-    if not filled:
-        raise ValueError(f"study {cfg.name!r} has no finished leaves-mode grpo cell to compute T from")
-    return filled
