@@ -295,8 +295,7 @@ STUDY_BUDGETS = ("leaves", "tokens")
 
 @dataclass(frozen=True)
 class StudyConfig:
-    """``tracerl study``: a grid of ``train`` runs (testbed x budget mode x allocator x seed) under one MLflow parent
-    run, resumable by ``name``; its report compares every allocator with grpo (workflows/study/grid.py)."""
+    """``tracerl study``: a grid of ``train`` runs under one MLflow parent run, resumable (workflows/study/grid.py)."""
 
     name: str = "study"
     """The study's MLflow parent run name; running again with the same name resumes it."""
