@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -296,3 +297,33 @@ def test_ui_check_waits_for_the_server_prints_the_runs_page_and_stops_it(
         return False
 
     assert not alive()  # ended (and reaped) before the command returned
+
+
+def test_ui_that_never_answers_is_an_error_not_a_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A UI process that runs but never answers /health: no URL is printed, the exit code is 2 with a line saying
+    so, and the process is ended."""
+    import subprocess
+    import sys
+
+    from workflows.tracking import ui
+
+    started: list[subprocess.Popen[bytes]] = []
+    real_popen = subprocess.Popen
+
+    def popen(*a: Any, **kw: Any) -> subprocess.Popen[bytes]:
+        started.append(real_popen(*a, **kw))
+        return started[-1]
+
+    monkeypatch.setattr(ui, "READY_S", 1.0)
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    monkeypatch.setattr(
+        "workflows.tracking.compare.ui_command",
+        lambda uri, host, port: [sys.executable, "-c", "import time; time.sleep(60)"],
+    )
+    assert ui.serve(f"sqlite:///{tmp_path}/m.db", "127.0.0.1", 9, "tracerl", check=True) == 2
+    out, err = capsys.readouterr()
+    assert "MLflow UI on" not in out
+    assert "the MLflow UI did not answer http://127.0.0.1:9/health within 1 s; it was stopped" in err
+    assert started and started[0].poll() is not None

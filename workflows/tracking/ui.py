@@ -57,6 +57,10 @@ def stop_group(proc: Any) -> None:
             continue
 
 
+READY_S = 60.0
+"""How long ``serve`` waits for the MLflow UI to answer /health before it gives up."""
+
+
 def serve(uri: str, host: str, port: int, experiment: str, check: bool = False) -> int:
     """Start the MLflow UI on ``uri``, print the runs page of ``experiment`` once it answers, and serve until
     interrupted (``check``: stop right away); returns the exit code."""
@@ -74,7 +78,7 @@ def serve(uri: str, host: str, port: int, experiment: str, check: bool = False) 
     main_thread = threading.current_thread() is threading.main_thread()
     old_term = signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)) if main_thread else None
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + READY_S
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 print(
@@ -88,6 +92,13 @@ def serve(uri: str, host: str, port: int, experiment: str, check: bool = False) 
                         break
             except OSError:
                 time.sleep(0.5)
+        else:
+            print(
+                f"tracerl: the MLflow UI did not answer {url}/health within {READY_S:.0f} s; it was stopped "
+                "(try again, or run `mlflow ui` yourself to see why)",
+                file=sys.stderr,
+            )
+            return 2
         print(f"MLflow UI on {uri}: {experiment_url(uri, experiment, url)}", flush=True)
         if not check:
             proc.wait()
