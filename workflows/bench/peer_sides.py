@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tracerl import metrics as M
+from tracerl.actors.spec import WorkerSpec
 from workflows.bench.peer_report import EvalPoint, ProcessRun, SideRun, StepRecord
 from workflows.bench.peer_settings import BenchPeerConfig, settings, side_config
 from workflows.ops.proc_memory import TreeMemory
@@ -165,7 +166,7 @@ def run_tracerl_side(
     steps, evals = tracerl_steps(summary["run_id"], summary["tracking_uri"])
     threads = {
         "trainer_torch_threads": tc.trainer.torch_threads or cfg.torch_threads,
-        "sampler_actor_torch_threads": tc.pools.sampler_threads or 1,
+        "sampler_actor_torch_threads": WorkerSpec(tc.model, tc.sampler, tc.env, tc.pools).threads,
         "sampler_actors": tc.pools.rollout_workers,
     }
     return SideRun(**proc, steps=steps, evals=evals, run_id=summary["run_id"], threads=threads)
