@@ -15,11 +15,11 @@ FAST_TESTS := advantages allocators bench_peer checkpoint_files checkpoint_state
 
 .PHONY: install demo test test-fast lint typecheck unit bench bench-peer bench-limit clean test-vllm smollm2 test-bfcl-slow test-ui gpu-check
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml infra/constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q "$(TORCH_GPU)"; \
 	else $(PY) -m pip install -q "$(TORCH_CPU)"; fi
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -c infra/constraints.txt -e ".[dev]"
 	@# BFCL v4 (tasks, API backends, checker) without its dependency set, which pulls CUDA torch and pins numpy.
 	$(PY) -m pip install -q --no-deps $(BFCL)
 	@# bubblewrap gives the Python tool's sandbox a read-only filesystem and PID/network namespaces.
@@ -44,10 +44,12 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-## tests/test_submit.py starts its own Ray head: it runs in a pytest process that holds no in-process Ray.
+## The suite in LANES parallel pytest processes (pytest-xdist), each taking whole files, the end-to-end files first
+## (tests/conftest.py HEAVY_FIRST): their process start-ups (Ray, Train ranks, samplers) leave a core idle that the
+## other lane uses. LANES=0 runs it in one process.
+LANES ?= 2
 unit: install
-	$(VENV)/bin/pytest -q --ignore=tests/test_submit.py
-	$(VENV)/bin/pytest -q tests/test_submit.py
+	$(VENV)/bin/pytest -q -n $(LANES) --dist loadfile --no-loadscope-reorder
 
 ## The inner loop (about a minute): the pure core and the config, no Ray, no model, no server.
 test-fast: install

@@ -10,8 +10,9 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 # One OpenMP / BLAS thread (set before numpy and torch load, so the Ray workers and subprocesses the tests start
@@ -101,16 +102,57 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+HEAVY_FIRST = (
+    "test_chaos.py",
+    "test_train.py",
+    "test_sweep.py",
+    "test_study.py",
+    "test_submit.py",
+    "test_overlap.py",
+    "test_learner.py",
+    "test_study_curves.py",
+    "test_step_limit.py",
+)
+"""Files with end-to-end runs (a Ray Train run, a sweep, a study, a cluster), longest first. ``make test`` runs the
+suite in two lanes (pytest-xdist, whole files per lane): handed out first, they run beside each other and the many
+short files fill the gaps, so neither lane is left with a long file at the end while the other idles."""
+
+
+def heavy_first(items: list[pytest.Item]) -> None:
+    """Reorder ``items`` in place: the ``HEAVY_FIRST`` files in that order, then the rest as collected."""
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda it: rank.get(it.path.name, len(rank)))  # stable: a file's own order is kept
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` skip cleanly on machines without CUDA."""
+    """Heavy files first (``heavy_first``); tests marked ``gpu`` skip cleanly on machines without CUDA."""
     import torch
 
+    heavy_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def file_keeps_its_tracking_uri() -> Iterator[None]:
+    """Each test file ends with the MLflow tracking URI it started with. ``mlflow.set_tracking_uri`` also sets
+    ``$MLFLOW_TRACKING_URI`` (so that subprocesses inherit it): a file that points MLflow at its own server would
+    otherwise send the next file of its lane, whose order differs from run to run, and the jobs that file starts,
+    to a server that is gone."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if "mlflow" in sys.modules:
+        import mlflow
+
+        mlflow.set_tracking_uri(before)  # None unsets both the global and the variable
+    elif before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
 
 
 def require_bfcl() -> None:

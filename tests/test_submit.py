@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import zipfile
@@ -34,8 +35,14 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`ray start --head --block` in the foreground, from a temporary directory: terminating it stops exactly this
     cluster (not `ray stop`, which would stop every Ray on the machine, the test session's own included)."""
     gcs, dash = _free_port(), _free_port()
+    log = tmp_path_factory.mktemp("headlog") / "ray-start.log"
+    # A short temp dir of its own: Ray's socket paths under it must fit AF_UNIX's 107 bytes, which pytest's own
+    # temp dirs do not leave room for in a parallel lane (/tmp/pytest-of-root/pytest-N/popen-gw1/...).
+    temp = tempfile.mkdtemp(prefix="rayhead-", dir="/tmp")
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "PYTHONPATH"},
+        **{
+            k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_")) and k != "PYTHONPATH"
+        },
         "RAY_AUTH_MODE": "token",
     }
     ray_bin = str(Path(sys.executable).parent / "ray")
@@ -55,12 +62,12 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             f"--dashboard-agent-grpc-port={_free_port()}",
             f"--runtime-env-agent-port={_free_port()}",
             f"--metrics-export-port={_free_port()}",
-            f"--temp-dir={tmp_path_factory.mktemp('rayhead')}",
+            f"--temp-dir={temp}",
         ],
         cwd=tmp_path_factory.mktemp("headcwd"),
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{dash}"
@@ -72,16 +79,21 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except urllib.error.HTTPError:
             break  # answering (401 without a token): up
         except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, "ray head did not come up"
+            assert proc.poll() is None and time.monotonic() < deadline, (
+                f"ray head did not come up (exit {proc.poll()}); its output ends:\n{log.read_text()[-3000:]}"
+            )
             time.sleep(1)
     yield url
     stop_process(proc, group=True)
+    shutil.rmtree(temp, ignore_errors=True)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     """`tracerl ...` in a fresh process from the repository root, as from a new shell (the test session may hold
     its own Ray)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") or k == "RAY_AUTH_MODE"}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_")) or k == "RAY_AUTH_MODE"
+    }  # as from a new shell: no Ray or MLflow server that an earlier test of this lane pointed at
     return subprocess.run(
         [sys.executable, "-m", "workflows.cli.app", *args],
         cwd=ROOT,
