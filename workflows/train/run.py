@@ -242,6 +242,10 @@ def ray_trainer(
     )
 
 
+class TrainingFailed(RuntimeError):
+    """The in-process loop failed on its last attempt (``max_failures`` restarts spent); the cause is chained."""
+
+
 def reported(storage: Path, resume_ckpt: Path | None) -> list[str]:
     """Checkpoints newer than the one a resume starts from: the driver said which of them were damaged already."""
     return [p.name for p in storage.glob("checkpoint_*") if resume_ckpt is None or p.name > resume_ckpt.name]
@@ -256,8 +260,9 @@ def run_in_process(
     progress: Callable[[str], None],
 ) -> None:
     """The run's loop in this process (``cluster.address=inprocess``): ``guarded_loop`` as rank 0 of 1, restarted
-    from the newest intact checkpoint up to ``max_failures`` times, as Ray Train restarts its workers (never on a full
-    disk or a signal). Each attempt is a new ``system/attempt``; the last failure propagates (the run ends FAILED)."""
+    from the newest intact checkpoint up to ``max_failures`` times, as Ray Train restarts its workers (never on a
+    full disk or a signal). Each attempt is a new ``system/attempt``; the last failure is raised as
+    ``TrainingFailed`` (the run ends FAILED)."""
     from workflows.ops.disk import DiskFull
     from workflows.train.context import InProcessContext
 
@@ -276,8 +281,9 @@ def run_in_process(
         except DiskFull:
             raise
         except Exception as exc:
-            if failures == cfg.max_failures:
-                raise
+            if failures == cfg.max_failures:  # a bug keeps its traceback, as with Ray's TrainingFailedError
+                msg = f"the training loop failed after {failures + 1} attempt(s): {exc}"
+                raise TrainingFailed(msg) from exc
             progress(
                 f"the training loop failed ({type(exc).__name__}: {exc}); restarting from the newest intact "
                 f"checkpoint ({failures + 1} of max_failures={cfg.max_failures})"
