@@ -311,7 +311,8 @@ class TrainConfig(LMRolloutFields):
     """Checkpoint (policy, optimizer, predictor, data position, RNG) every this many steps and at the end."""
     keep_checkpoints: int = 3
     max_failures: int = 1
-    """Times Ray Train restarts the workers from the last checkpoint after a failure."""
+    """Times Ray Train restarts the workers from the last checkpoint after a failure (in-process: the loop, in the
+    same process)."""
     log_trees_every: int = 10
     """Log a sample of trees with their HTML view as artifacts every this many steps (0: only the last step)."""
     out_dir: str = "runs"

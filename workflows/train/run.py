@@ -1,9 +1,11 @@
-"""``tracerl train``: TRACE (or any baseline allocator) end to end on Ray Train, tracked in MLflow.
+"""``tracerl train``: TRACE (or any baseline allocator) end to end on Ray Train or in-process, tracked in MLflow.
 
 Topology (docs/design.md): ``TorchTrainer`` workers hold the policy (DDP; gloo on CPU, NCCL on GPU;
 FSDP as an option). The RL loop runs inside the worker function: rank 0 owns the sampler/environment
 actor pools, the predictor and the allocator, drives the step, and broadcasts the collated batch;
-every rank updates on its shard. After each update rank 0 pushes the weights to the samplers.
+every rank updates on its shard. After each update rank 0 pushes the weights to the samplers. With
+``cluster.address=inprocess`` the same loop runs in this process as rank 0 of 1 with one in-process sampler and no
+Ray (``run_in_process``; what differs is behind workflows/train/context.py).
 
 One step is ``train_step``, top to bottom, each phase timed by one ``PhaseTimer``: select (candidate pool),
 score / allocate_roots / rollout / expand_prefixes (tracerl/engine/step.py, the allocator's plan), fit_predictor,
