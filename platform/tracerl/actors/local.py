@@ -23,7 +23,7 @@ from typing import Any
 
 from tracerl.actors.sharded import ShardedPool
 from tracerl.actors.spec import WorkerSpec
-from tracerl.actors.worker import RolloutWorker, strip_caches
+from tracerl.actors.worker import RolloutWorker
 from tracerl.engine.stream import OnBare
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt
@@ -69,14 +69,11 @@ class LocalPool(ShardedPool):
         """A streaming step (``pipeline.mode=streaming``) on the one engine, as ``tracerl rollout`` streams
         (engine/stream.py): every tree in one run of rounds, its expansion joining as soon as ``on_bare`` decides it."""
         self._phase += 1
-        w = self.worker
-        w._drop_stream()
-        w._begin(self.step, self.seed, fault=False)
-        trees = w.engine.stream(prompts, counts, on_bare)
-        self._merge([w.engine.ledger])
+        trees, ledger = self.worker.stream_whole(self.step, self.seed, prompts, counts, on_bare)
+        self._merge([ledger])
         for t, p in zip(trees, prompts):
-            t.prompt = p
-        return [strip_caches(t) for t in trees]
+            t.prompt = p  # the caller's prompt objects (identity matters to the step driver)
+        return trees
 
     def cpu_s(self) -> float:
         """0: the worker runs in the trainer's process, whose CPU the trainer's own reading counts already."""
@@ -84,5 +81,4 @@ class LocalPool(ShardedPool):
 
     def shutdown(self) -> None:
         """Drop the worker's trees and streaming state (the policy copy goes with the pool)."""
-        self.worker.trees.clear()
-        self.worker._drop_stream()
+        self.worker.close()

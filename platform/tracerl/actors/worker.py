@@ -10,6 +10,7 @@ asked for.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -17,6 +18,7 @@ from tracerl.actors.spec import WorkerSpec
 from tracerl.algos.allocators import Expansion
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.protocol import ToolEnv
+from tracerl.engine.stream import OnBare
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt
 
@@ -171,6 +173,21 @@ class RolloutWorker:
             active,
             ledger,
         )
+
+    def stream_whole(
+        self, step: int, seed: int, prompts: Sequence[Prompt], counts: Sequence[int], on_bare: OnBare
+    ) -> tuple[list[RolloutTree], BudgetLedger]:
+        """A whole streaming step on this worker's engine, ``on_bare`` called in this process (the in-process pool:
+        engine/stream.py, as ``tracerl rollout`` streams); the trees without caches and the step's counts."""
+        self._drop_stream()
+        self._begin(step, seed, fault=False)
+        trees = self.engine.stream(prompts, counts, on_bare)
+        return [strip_caches(t) for t in trees], self.engine.ledger
+
+    def close(self) -> None:
+        """Drop the trees kept for expansion and any streaming step's share (its tasks and threads stop)."""
+        self.trees.clear()
+        self._drop_stream()
 
     def _drop_stream(self) -> None:
         """Forget the last streaming step's share (a per-path run's tasks and threads stop)."""
