@@ -23,7 +23,7 @@ from tracerl.config_loader import ConfigError, compose, to_yaml
 from tracerl.engine.react import PlainTemplate
 from workflows.bench.env import gold_engine
 from workflows.bench.peer_report import aggregate, format_table, side_stats, wall_to_target, write_json
-from workflows.bench.peer_settings import BenchPeerConfig, run_order, settings, side_config
+from workflows.bench.peer_settings import BenchPeerConfig, run_order, settings, side_config, side_mode
 from workflows.bench.peer_sides import run_process
 from workflows.bench.peer_trl import PeerRollout, env_reward, group_runs, rollout_outputs
 from workflows.ops.proc_memory import TreeMemory, tree_pss_mb
@@ -85,7 +85,7 @@ def test_settings_refuse_what_trl_cannot_match(override: str, says: str) -> None
 
 
 def test_bad_sides_and_a_missing_peer_venv_are_one_line(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="sides must name some of trl, grpo, trace"):
+    with pytest.raises(ConfigError, match="sides must name some of trl, grpo, trace, grpo-ray, trace-ray"):
         compose(BenchPeerConfig, PEER, ["sides=[trl,ppo]"])
     from workflows.cli.app import main
 
@@ -117,6 +117,11 @@ def test_side_configs_and_alternating_order(tmp_path: Path) -> None:
     from tracerl.config import TrainConfig
 
     assert compose(TrainConfig, tmp_path / "g.yaml") == g
+    # grpo and trace run in-process, their -ray twins on Ray, with the same training setup otherwise
+    r = side_config(cfg, "grpo-ray", 3, "peer-grpo-ray")
+    assert (g.cluster.address, t.cluster.address, r.cluster.address) == ("inprocess", "inprocess", "local")
+    assert dataclasses.replace(r, cluster=g.cluster, run_name=g.run_name) == g
+    assert [side_mode(s) for s in ("trl", "grpo", "trace-ray")] == ["trl", "inprocess", "ray"]
     assert [run_order(["trl", "grpo", "trace"], k) for k in range(3)] == [
         ["trl", "grpo", "trace"],
         ["grpo", "trace", "trl"],

@@ -111,10 +111,12 @@ def test_a_fault_exits_its_process_once_per_run(tmp_path: Path) -> None:
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 7  # fired already
 
 
-def _pool_step(workers: int) -> dict[str, list[tuple[object, ...]]]:
+def _pool_step(workers: int, local: bool = False) -> dict[str, list[tuple[object, ...]]]:
     """One step (rollout, then expansion) on a real RolloutPool of ``workers`` sampler actors running the
-    FakeSeededSampler; every tree's nodes as records."""
+    FakeSeededSampler (``local``: the in-process LocalPool running ``workers`` shards); every tree's nodes as
+    records."""
     from tests.fake_seeded import FakeSeededSampler
+    from tracerl.actors.local import LocalPool
     from tracerl.actors.pools import RolloutPool
     from tracerl.actors.spec import WorkerSpec
     from tracerl.algos.allocators import Expansion
@@ -127,7 +129,7 @@ def _pool_step(workers: int) -> dict[str, list[tuple[object, ...]]]:
         backend=f"tests.fake_seeded:{FakeSeededSampler.__name__}", max_turns=3, batch_size=4
     )
     spec = WorkerSpec(model=ModelConfig(), sampler=sampler, env=env, pools=pools)
-    pool = RolloutPool(spec, workers, 0.05, 0.0, max_retries=0, seed=11)
+    pool = LocalPool(spec, workers, seed=11) if local else RolloutPool(spec, workers, 0.05, 0.0, 0, seed=11)
     try:
         assert pool.cpu_s() == 0.0  # the first read sets where the counts start
         pool.begin_step(4)
@@ -139,7 +141,9 @@ def _pool_step(workers: int) -> dict[str, list[tuple[object, ...]]]:
                 Expansion(np.array(pre, dtype=np.int64), np.array([2] * len(pre)), extra_bare=1)
             )
         pool.expand(trees, expansions)
-        assert pool.cpu_s() > 0  # the step's CPU seconds on the sampler actors (tools run in their processes)
+        # The step's CPU seconds on the sampler actors (tools run in their processes); in-process the trainer's
+        # own reading counts them.
+        assert pool.cpu_s() > 0 if not local else pool.cpu_s() == 0.0
         return {
             t.prompt.prompt_id: [
                 (n.node_id, n.parent, n.path_id, n.token_ids, n.logprobs, n.status, n.reward) for n in t.nodes
@@ -157,3 +161,11 @@ def test_one_and_three_rollout_workers_give_identical_trees(ray_local: Any) -> N
     assert one == three
     assert len(one) == 5 and sum(len(nodes) for nodes in one.values()) > 5 * 3
     assert any(nodes[-1][2] >= 3 for nodes in one.values())  # continuations ran (path ids past the bare ones)
+
+
+def test_the_in_process_pool_gives_the_actors_trees(ray_local: Any) -> None:
+    """The in-process pool (no actors: one worker running the shards in turn, calls copied as across processes)
+    gives the trees of the actor pool, on one shard and on three."""
+    actors = _pool_step(3)
+    assert _pool_step(1, local=True) == _pool_step(3, local=True) == actors
+    assert sum(len(nodes) for nodes in actors.values()) > 5 * 3

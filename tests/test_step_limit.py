@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -152,6 +154,67 @@ def test_train_step_s_every_step_and_startup_once(offline: Path) -> None:
 def test_the_train_paths_trees_are_unchanged(offline: Path) -> None:
     trees = offline / "artifacts" / "trees" / "step_00002" / "trees.jsonl"
     assert hashlib.sha256(trees.read_bytes()).hexdigest() == TRAIN_TREES
+
+
+IN_PROCESS_RUN = """
+import json, sys
+from workflows.cli.app import main
+rc = main(json.loads(sys.argv[1]))
+print(json.dumps({"rc": rc, "ray": sorted(m for m in sys.modules if m == "ray" or m.startswith("ray."))}))
+"""
+"""The in-process run in a fresh interpreter: its exit code and every Ray module it imported."""
+
+NOT_COMPARED = (
+    "time/",
+    "system/",
+    "throughput/",
+    "timestamp",
+    "total/cpu_s",
+    "total/wall_s",
+    "train/tokens_per_s",
+    "budget/sampler_busy_s",
+)
+"""Metrics of a run's speed and process layout, not of what it learned (they differ between the modes)."""
+
+
+def test_the_in_process_mode_trains_the_same_trees(offline: Path, tmp_path: Path) -> None:
+    """``cluster=inprocess`` on the offline run's config and seed, in a fresh interpreter that never imports Ray:
+    step 2's trees byte for byte as the Ray mode's (after an update and a weight push), and every metric of what a
+    step did and learned (leaves, tokens, tool calls, rewards, loss, grad norm, predictor fit) equal, step by step.
+    Tracking is off in both: the in-process run keeps its metrics, params and status in files too."""
+    args = [
+        "train",
+        "--config",
+        str(SMOKE),
+        f"model.path={TINY}",
+        "allocator=grpo",
+        "seed=0",
+        "steps=2",
+        "eval_at_start=false",
+        "eval_at_end=false",
+        "tracking=off",
+        "cluster=inprocess",
+        *UNHURRIED,
+        "--out",
+        str(tmp_path),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", IN_PROCESS_RUN, json.dumps(args)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"rc": 0, "ray": []}
+    (storage,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    step2 = Path("artifacts") / "trees" / "step_00002" / "trees.jsonl"
+    assert (storage / step2).read_bytes() == (offline / step2).read_bytes()
+    mine, ray = _lines(storage), _lines(offline)
+    assert [x["step"] for x in mine] == [x["step"] for x in ray] == [1, 2]
+    for a, b in zip(mine, ray):
+        same = {k: v for k, v in b.items() if not k.startswith(NOT_COMPARED)}
+        assert {k: a.get(k) for k in same} == same
+    assert json.loads((storage / "run.json").read_text())["status"] == "FINISHED"
+    kept = [sorted(p.name for p in d.glob("checkpoint_*") if p.is_dir()) for d in (storage, offline)]
+    assert kept[0] == kept[1] == ["checkpoint_000002"]
 
 
 def test_thread_knobs_reach_the_actors_spec() -> None:

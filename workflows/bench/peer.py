@@ -2,14 +2,16 @@
 
 Sides: ``trl`` (TRL's trainer, the project's environment inside its ``rollout_func``: workflows/bench/peer_trl.py, run
 with the peer venv's interpreter), ``grpo`` (``tracerl train`` with ``allocator=grpo`` and grpo advantages) and
-``trace`` (``tracerl train`` as configured: ``allocator=trace``). Every side is a subprocess started from here, so
+``trace`` (``tracerl train`` as configured: ``allocator=trace``), both in-process (``cluster.address=inprocess``: one
+process, no Ray), and ``grpo-ray`` and ``trace-ray``, the same on an embedded Ray (the JSON's ``modes`` and each
+run's ``mode`` say which). Every side is a subprocess started from here, so
 each one's whole process tree (Ray's raylet, workers and environment actors included) is measured the same way:
 its summed PSS sampled every ``sample_s`` seconds (the peak is reported), and its per-step times. Seeds run in
 turn, the sides' order rotating by one each seed; every side runs with the same CPUs (the first ``threads`` of
 this process's affinity), ``OMP_NUM_THREADS=torch_threads`` and Ray's workers at nice 0; TRL's single process sets
 ``torch.set_num_threads(torch_threads)``, tracerl's trainer worker ``trainer.torch_threads=torch_threads`` and its
-sampler actors ``pools.sampler_threads=1`` each (the run's params ``threads/trainer``, ``threads/sampler``), as
-recorded in the JSON.
+sampler actors ``pools.sampler_threads=1`` each (the run's params ``threads/trainer``, ``threads/sampler``; an
+in-process side's one process runs ``torch_threads`` for both), as recorded in the JSON.
 
 ``settings`` (workflows/bench/peer_settings.py) is the one place where the training setup is turned into TRL's
 arguments; its rows are printed into the JSON, so a reader can check both sides do the same work. Running a side
@@ -35,7 +37,7 @@ from typing import Any
 
 from tracerl.config import TrainConfig
 from workflows.bench.peer_report import KEYS, SideRun, SideStats, aggregate, side_stats, write_json
-from workflows.bench.peer_settings import BenchPeerConfig, run_order, settings
+from workflows.bench.peer_settings import BenchPeerConfig, run_order, settings, side_mode
 from workflows.bench.peer_sides import peer_interpreter, run_tracerl_side, run_trl_side
 
 __all__ = ["BenchPeerConfig", "checkpoint_accuracy", "run_peer_bench"]
@@ -77,6 +79,7 @@ def run_peer_bench(cfg: BenchPeerConfig, progress: Callable[[str], None] = lambd
         "sides": aggregate(stats, target if curves else None),
         "runs": {s: [_run_record(r, st) for r, st in zip(raw[s], stats[s])] for s in cfg.sides},
         "order": order,
+        "modes": {s: side_mode(s) for s in cfg.sides},
         "settings": mapping,
         "steps": cfg.train.steps,
         "seeds": cfg.seeds,
@@ -131,6 +134,7 @@ def _run_record(r: SideRun, st: SideStats) -> dict[str, Any]:
         "steps_measured": st["steps_measured"],
         "curve": st["curve"],
         "per_step": st["per_step"],
+        "mode": r.get("mode"),
         "threads": r["threads"],
         "cpus": r["cpus"],
         **({"run_id": r["run_id"]} if "run_id" in r else {}),

@@ -48,6 +48,8 @@ class SideRun(ProcessRun):
     steps: list[StepRecord]
     evals: list[EvalPoint]
     threads: dict[str, int]
+    mode: NotRequired[str]
+    """``trl``, or how ``tracerl train`` ran: ``inprocess`` or ``ray`` (``peer_settings.side_mode``)."""
     seed: NotRequired[int]
     run_id: NotRequired[str]
 
@@ -184,7 +186,7 @@ def write_json(summary: dict[str, Any], out: Path, extra: str | None = None) -> 
 def format_table(summary: dict[str, Any]) -> str:
     """Per side: s/step (rollout, update, rest), generated tokens/s, start-up, peak PSS, and time to target."""
     head = (
-        f"{'side':<6} {'s/step':>13} {'rollout':>8} {'update':>7} {'rest':>6} {'gen tok/s':>10} "
+        f"{'side':<9} {'s/step':>13} {'rollout':>8} {'update':>7} {'rest':>6} {'gen tok/s':>10} "
         f"{'start-up s':>10} {'peak PSS MB':>12}"
     )
     target = summary.get("target")
@@ -197,7 +199,7 @@ def format_table(summary: dict[str, Any]) -> str:
     ]
     for side, s in summary["sides"].items():
         row = (
-            f"{side:<6} {s['s_per_step']['mean']:>7.2f} ±{s['s_per_step']['std']:<4.2f} {s['rollout_s']['mean']:>8.2f} "
+            f"{side:<9} {s['s_per_step']['mean']:>7.2f} ±{s['s_per_step']['std']:<4.2f} {s['rollout_s']['mean']:>8.2f} "
             f"{s['update_s']['mean']:>7.2f} {s['rest_s']['mean']:>6.2f} {s['gen_tokens_per_s']['mean']:>10.1f} "
             f"{s['startup_s']['mean']:>10.1f} {s['peak_pss_mb']['mean']:>12.0f}"
         )

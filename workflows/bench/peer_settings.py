@@ -10,10 +10,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracerl.actors.config import IN_PROCESS
 from tracerl.config import TrainConfig
 from tracerl.schema import check, check_flat_keys, flattened
 
-SIDES = ("trl", "grpo", "trace")
+SIDES = ("trl", "grpo", "trace", "grpo-ray", "trace-ray")
+RAY_SUFFIX = "-ray"
+"""A tracerl side named ``<allocator>-ray`` runs ``tracerl train`` on Ray (an embedded Ray: Ray Train's worker, the
+sampler and environment actors); ``grpo`` and ``trace`` run it in-process (``cluster.address=inprocess``, no Ray).
+Both train the same trees (the in-process side runs the configured ``pools.rollout_workers`` as shards)."""
+
+
+def side_mode(side: str) -> str:
+    """How a side runs: ``trl`` (TRL's trainer), ``ray`` or ``inprocess`` (``tracerl train``'s two modes)."""
+    if side == "trl":
+        return "trl"
+    return "ray" if side.endswith(RAY_SUFFIX) else "inprocess"
 
 
 @check_flat_keys
@@ -23,8 +35,9 @@ class BenchPeerConfig:
 
     train: TrainConfig = flattened(TrainConfig)
     """The training setup every side runs (its keys at the top level); ``eval_every`` > 0 adds accuracy curves."""
-    sides: list[str] = field(default_factory=lambda: list(SIDES))
-    """Which of trl, grpo, trace to run (``--sides trl,grpo``)."""
+    sides: list[str] = field(default_factory=lambda: list(SIDES[:3]))
+    """Which of trl, grpo, trace, grpo-ray, trace-ray to run (``--sides trl,grpo``): grpo and trace run
+    ``tracerl train`` in-process, their ``-ray`` twins on an embedded Ray (``side_mode``)."""
     seeds: int = 3
     """Seeds per side (seed, seed + 1, ...); the sides' order rotates by one each seed."""
     threads: int = 2
@@ -236,9 +249,16 @@ def _train_prompts(tc: TrainConfig) -> list[Any]:
 
 
 def side_config(cfg: BenchPeerConfig, side: str, seed: int, run_name: str) -> TrainConfig:
-    """The training config ``side`` runs with ``seed``: grpo with grpo advantages, trace as configured; no held-out
-    evaluation at the start (the bench evaluates the checkpoint once), outputs under ``bench_out``."""
+    """The training config ``side`` runs with ``seed``: grpo with grpo advantages, trace as configured, in-process or
+    (``-ray``) on Ray; no held-out evaluation at the start (the bench evaluates the checkpoint once), outputs under
+    ``bench_out``."""
     tc = cfg.train
+    mode = side_mode(side)
+    side = side.removesuffix(RAY_SUFFIX)
+    if mode == "inprocess":
+        tc = dataclasses.replace(tc, cluster=dataclasses.replace(tc.cluster, address=IN_PROCESS))
+    elif tc.cluster.in_process:  # a -ray side of a bench configured in-process
+        tc = dataclasses.replace(tc, cluster=dataclasses.replace(tc.cluster, address="local"))
     if side == "grpo":
         tc = dataclasses.replace(
             tc,

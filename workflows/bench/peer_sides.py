@@ -14,7 +14,7 @@ from pathlib import Path
 from tracerl import metrics as M
 from tracerl.actors.spec import WorkerSpec
 from workflows.bench.peer_report import EvalPoint, ProcessRun, SideRun, StepRecord
-from workflows.bench.peer_settings import BenchPeerConfig, settings, side_config
+from workflows.bench.peer_settings import BenchPeerConfig, settings, side_config, side_mode
 from workflows.ops.proc_memory import TreeMemory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -136,13 +136,20 @@ def run_trl_side(cfg: BenchPeerConfig, seed: int, tag: str, progress: Callable[[
         for r in rec["steps"]
     ]
     evals = [EvalPoint(step=e["step"], accuracy=e["accuracy"]) for e in rec["evals"]]
-    return SideRun(**proc, steps=steps, evals=evals, threads={"trl_process_torch_threads": cfg.torch_threads})
+    return SideRun(
+        **proc,
+        steps=steps,
+        evals=evals,
+        threads={"trl_process_torch_threads": cfg.torch_threads},
+        mode="trl",
+    )
 
 
 def run_tracerl_side(
     cfg: BenchPeerConfig, side: str, seed: int, tag: str, progress: Callable[[str], None]
 ) -> SideRun:
-    """A ``tracerl train`` side for ``seed`` (its config written under ``bench_out/tag``), read back from MLflow."""
+    """A ``tracerl train`` side for ``seed`` (its config written under ``bench_out/tag``; in-process or on Ray, as
+    ``side_mode`` says), read back from MLflow."""
     from tracerl.config_loader import to_yaml
 
     work = Path(cfg.bench_out).resolve() / tag
@@ -164,12 +171,25 @@ def run_tracerl_side(
         )
     summary = json.loads(found[-1].read_text())
     steps, evals = tracerl_steps(summary["run_id"], summary["tracking_uri"])
-    threads = {
-        "trainer_torch_threads": tc.trainer.torch_threads or cfg.torch_threads,
-        "sampler_actor_torch_threads": WorkerSpec(tc.model, tc.sampler, tc.env, tc.pools).threads,
-        "sampler_actors": tc.pools.rollout_workers,
-    }
-    return SideRun(**proc, steps=steps, evals=evals, run_id=summary["run_id"], threads=threads)
+    if tc.cluster.in_process:  # one process: the trainer's threads run the sampler's shards too
+        threads = {
+            "process_torch_threads": tc.trainer.torch_threads or cfg.torch_threads,
+            "sampler_shards": tc.pools.rollout_workers,
+        }
+    else:
+        threads = {
+            "trainer_torch_threads": tc.trainer.torch_threads or cfg.torch_threads,
+            "sampler_actor_torch_threads": WorkerSpec(tc.model, tc.sampler, tc.env, tc.pools).threads,
+            "sampler_actors": tc.pools.rollout_workers,
+        }
+    return SideRun(
+        **proc,
+        steps=steps,
+        evals=evals,
+        run_id=summary["run_id"],
+        threads=threads,
+        mode=side_mode(side),
+    )
 
 
 def tracerl_steps(run_id: str, uri: str) -> tuple[list[StepRecord], list[EvalPoint]]:

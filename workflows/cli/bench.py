@@ -85,7 +85,12 @@ BENCH_PEER_FLAGS = (
     Shorthand("--seeds", ("seeds",), "seeds per side (the sides' order rotates each seed)"),
     Shorthand("--threads", ("threads",), "CPUs of every side (the first N of the affinity)"),
     Shorthand("--torch-threads", ("torch_threads",), "torch threads of TRL's process and tracerl's trainer"),
-    Shorthand("--sides", ("sides",), "sides to run, comma-separated: trl, grpo, trace", lambda s: f"[{s}]"),
+    Shorthand(
+        "--sides",
+        ("sides",),
+        "sides to run, comma-separated: trl, grpo, trace (in-process), grpo-ray, trace-ray (on Ray)",
+        lambda s: f"[{s}]",
+    ),
     Shorthand("--model", ("model.path",), "the policy checkpoint every side starts from", str),
     Shorthand("--eval-every", ("eval_every",), "held-out accuracy every N steps (0: none; curves need it)"),
     Shorthand("--out", ("bench_out",), "output directory", str),

@@ -11,9 +11,21 @@ from tracerl.config import ClusterConfig
 
 
 def init_ray(cfg: ClusterConfig) -> None:
-    """Join ``cfg.address`` or start an embedded Ray; a no-op if Ray is already up."""
+    """Join ``cfg.address`` or start an embedded Ray; a no-op if Ray is already up.
+
+    Raises:
+        SetupError: ``cluster.address=inprocess``, ``tracerl train``'s mode without Ray, asked of a command that runs
+            on Ray (a sweep, a study's cells, the benches that start actors).
+    """
     import ray
 
+    if cfg.in_process:
+        from tracerl.models.hf import SetupError
+
+        raise SetupError(
+            "cluster.address=inprocess runs `tracerl train` without Ray; this command runs on Ray: "
+            "set cluster.address=local (or a cluster's address)"
+        )
     if ray.is_initialized():
         return
     if cfg.address == "local":

@@ -250,3 +250,23 @@ def newest_good(storage: Path) -> Choice:
             return Choice(d, CheckpointState.read(d).step, tuple(skipped))
         skipped.append((d, why))
     return Choice(None, 0, tuple(skipped))
+
+
+def prune(storage: Path, keep: int) -> list[Path]:
+    """Remove all but the newest ``keep`` checkpoints under ``storage`` (by step, as ``newest_good`` orders them),
+    as Ray Train's ``CheckpointConfig(num_to_keep)`` does for a run it drives (the in-process mode has no Ray);
+    returns those removed. A checkpoint is renamed aside before it is deleted, so a crash mid-delete leaves no
+    half-deleted ``checkpoint_*`` directory that looks like one."""
+    found = sorted(
+        (d for d in storage.glob("checkpoint_*") if d.is_dir()),
+        key=lambda d: (_step_key(d), d.name),
+        reverse=True,
+    )
+    gone = found[keep:]
+    for d in gone:
+        aside = storage / STAGING / f"{d.name}.pruned"
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(d, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+    return gone

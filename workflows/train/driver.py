@@ -1,4 +1,4 @@
-"""Rank 0's part of ``tracerl train``: the sampler actor pool, the predictor, the allocator, the candidate-pool RNG,
+"""Rank 0's part of ``tracerl train``: the sampler pool (Ray actors, or in-process), the predictor, the allocator, the candidate-pool RNG,
 held-out evaluation, the weight sync, checkpoints of its own state and the step's metrics. The step itself, which
 calls these in order, is ``workflows.train.run.train_step``."""
 
@@ -38,7 +38,6 @@ from workflows.train.step_log import (
     peak_memory_mb,
     start_pool,
     totals_line,
-    wait_ready,
 )
 
 
@@ -98,10 +97,10 @@ class Driver:
         self.mark = phase_marker(storage, cfg.chaos.enabled, step)
         self.pool = pool if pool is not None else start_pool(cfg, storage)
         self.faults: Faults = self.pool.spec.faults
-        wait_ready(self.pool)  # every sampler up: start-up ends here, not inside the first step
+        self.pool.wait_ready()  # every sampler up: start-up ends here, not inside the first step
         for w in self.pool.warnings():
             say(f"sandbox: {w}")
-        log_threads(self.client, run_id, self.pool.spec.threads)
+        log_threads(self.client, run_id, self.pool.threads)
         self.startup: dict[str, float] = {}
         """``time/startup_s`` and its parts, logged with the next step (the first this launch runs)."""
         self.allocator = build_allocator(cfg.allocator)

@@ -1,9 +1,11 @@
-"""``tracerl train``: TRACE (or any baseline allocator) end to end on Ray Train, tracked in MLflow.
+"""``tracerl train``: TRACE (or any baseline allocator) end to end on Ray Train or in-process, tracked in MLflow.
 
 Topology (docs/design.md): ``TorchTrainer`` workers hold the policy (DDP; gloo on CPU, NCCL on GPU;
 FSDP as an option). The RL loop runs inside the worker function: rank 0 owns the sampler/environment
 actor pools, the predictor and the allocator, drives the step, and broadcasts the collated batch;
-every rank updates on its shard. After each update rank 0 pushes the weights to the samplers.
+every rank updates on its shard. After each update rank 0 pushes the weights to the samplers. With
+``cluster.address=inprocess`` the same loop runs in this process as rank 0 of 1 with one in-process sampler and no
+Ray (``run_in_process``; what differs is behind workflows/train/context.py).
 
 One step is ``train_step``, top to bottom, each phase timed by one ``PhaseTimer``: select (candidate pool),
 score / allocate_roots / rollout / expand_prefixes (tracerl/engine/step.py, the allocator's plan), fit_predictor,
@@ -23,7 +25,9 @@ sent when it is back (workflows/tracking/spool.py); ``chaos.enabled`` runs the f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import json
 import os
 import tempfile
@@ -109,7 +113,7 @@ def train(
     )
     from workflows.ops.disk import DiskFull, no_space
     from workflows.ops.progress import bar
-    from workflows.ops.ray_utils import check_resources, init_ray
+    from workflows.ops.ray_utils import check_resources, end_on_signals, init_ray
     from workflows.tracking import store as trk
     from workflows.tracking.local_runs import tracking_client
     from workflows.tracking.run_info import train_tags
@@ -126,8 +130,15 @@ def train(
             resolve_uri(cfg.tracking.uri)
         )  # before Ray starts: a dead server is one line, at once
     clock.mark("launch")
-    init_ray(cfg.cluster)  # before the run exists: a job that cannot fit leaves no empty run behind
-    check_resources(resource_demand(cfg), cfg.cluster, RESOURCE_KNOBS, progress)
+    if cfg.cluster.in_process:  # no Ray: the run's loop runs in this process (run_in_process)
+        if callbacks:
+            raise ValueError(
+                "cluster.address=inprocess has no Ray Train to report to: a sweep's trials need cluster.address=local"
+            )
+        end_on_signals()
+    else:
+        init_ray(cfg.cluster)  # before the run exists: a job that cannot fit leaves no empty run behind
+        check_resources(resource_demand(cfg), cfg.cluster, RESOURCE_KNOBS, progress)
     clock.mark("ray")
     exp_id = trk.setup(cfg.tracking) if tracked else ""
     client = tracking_client(cfg.tracking, cfg.out_dir)
@@ -147,14 +158,19 @@ def train(
     )
     clock.mark("tracking")
     first = len(list((storage / ATTEMPTS).iterdir())) + 1 if (storage / ATTEMPTS).is_dir() else 1
-    trainer = ray_trainer(cfg, run_id, storage, resume_ckpt, callbacks, (clock, first))
+    startup = (clock, first)
+    fit = (
+        functools.partial(run_in_process, cfg, run_id, storage, resume_ckpt, startup, progress)
+        if cfg.cluster.in_process
+        else ray_trainer(cfg, run_id, storage, resume_ckpt, callbacks, startup).fit
+    )
     t0 = time.perf_counter()
     status = "FAILED"
     state = CheckpointState.read(resume_ckpt) if resume_ckpt is not None else CheckpointState(0)
     steps_bar = progress_bar(cfg, client, run_id, state, lambda n, s, u, i: bar(progress, n, s, u, i))
     full = stuck = None
     try:
-        trainer.fit()
+        fit()
         status = "FINISHED"
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM / SIGHUP (workflows.ops.ray_utils.Terminated)
         status = "KILLED"
@@ -202,9 +218,6 @@ def ray_trainer(
     from workflows.ops.ray_utils import torch_trainer
 
     t = cfg.trainer
-    reported = [
-        p.name for p in storage.glob("checkpoint_*") if resume_ckpt is None or p.name > resume_ckpt.name
-    ]
     run_callbacks: list[Any] = [StopOnDiskFull(), *(callbacks or [])]  # a full disk is not retried
     return torch_trainer(cfg.cluster)(
         guarded_loop,
@@ -212,7 +225,7 @@ def ray_trainer(
             "cfg": cfg,
             "run_id": run_id,
             "storage": str(storage),
-            "reported": reported,
+            "reported": reported(storage, resume_ckpt),
             "startup": startup,
         },
         scaling_config=ScalingConfig(
@@ -229,6 +242,54 @@ def ray_trainer(
             callbacks=run_callbacks,
         ),
     )
+
+
+class TrainingFailed(RuntimeError):
+    """The in-process loop failed on its last attempt (``max_failures`` restarts spent); the cause is chained."""
+
+
+def reported(storage: Path, resume_ckpt: Path | None) -> list[str]:
+    """Checkpoints newer than the one a resume starts from: the driver said which of them were damaged already."""
+    return [p.name for p in storage.glob("checkpoint_*") if resume_ckpt is None or p.name > resume_ckpt.name]
+
+
+def run_in_process(
+    cfg: TrainConfig,
+    run_id: str,
+    storage: Path,
+    resume_ckpt: Path | None,
+    startup: tuple[StartupClock, int],
+    progress: Callable[[str], None],
+) -> None:
+    """The run's loop in this process (``cluster.address=inprocess``): ``guarded_loop`` as rank 0 of 1, restarted
+    from the newest intact checkpoint up to ``max_failures`` times, as Ray Train restarts its workers (never on a
+    full disk or a signal). Each attempt is a new ``system/attempt``; the last failure is raised as
+    ``TrainingFailed`` (the run ends FAILED)."""
+    from workflows.ops.disk import DiskFull
+    from workflows.train.context import InProcessContext
+
+    config: dict[str, Any] = {
+        "cfg": cfg,
+        "run_id": run_id,
+        "storage": str(storage),
+        "reported": reported(storage, resume_ckpt),
+        "startup": startup,
+        "context": InProcessContext(storage, cfg.keep_checkpoints),
+    }
+    for failures in range(cfg.max_failures + 1):
+        try:
+            guarded_loop(config)
+            return
+        except DiskFull:
+            raise
+        except Exception as exc:
+            if failures == cfg.max_failures:  # a bug keeps its traceback, as with Ray's TrainingFailedError
+                msg = f"the training loop failed after {failures + 1} attempt(s): {exc}"
+                raise TrainingFailed(msg) from exc
+            progress(
+                f"the training loop failed ({type(exc).__name__}: {exc}); restarting from the newest intact "
+                f"checkpoint ({failures + 1} of max_failures={cfg.max_failures})"
+            )
 
 
 def check_model(cfg: TrainConfig) -> None:
@@ -294,22 +355,42 @@ def guarded_loop(config: dict[str, Any]) -> None:
 
 
 def train_loop(config: dict[str, Any]) -> None:
-    """The Ray Train worker function (every rank): set up and restore, then ``train_step`` until a limit (``steps``,
-    ``stop.tokens``, ``stop.cpu_s``) ends the run."""
-    import ray.train
+    """The loop of every rank (a Ray Train worker function, or the command's own process with ``config["context"]``,
+    an ``InProcessContext``): set up and restore, then ``train_step`` until a limit (``steps``, ``stop.tokens``,
+    ``stop.cpu_s``) ends the run. A failure shuts rank 0's samplers down before it propagates (in-process, a restart
+    builds new ones)."""
     import torch
 
     cfg: TrainConfig = config["cfg"]
-    run_id, storage = config["run_id"], Path(config["storage"])
-    clock, first_attempt = config.get("startup") or (None, 0)
+    storage = Path(config["storage"])
+    clock = (config.get("startup") or (None, 0))[0]
+    ctx = config.get("context")
+    if ctx is None:
+        from workflows.train.context import RayTrainContext
+
+        ctx = RayTrainContext()
+        quiet_train_reports()
     if clock is not None:
         clock.mark("trainer")
     if cfg.trainer.torch_threads is not None:
         torch.set_num_threads(cfg.trainer.torch_threads)
-    quiet_train_reports()
     # Rank 0's samplers load their policy copies in their own processes while this one loads the trainer's.
-    pool = start_pool(cfg, storage) if ray.train.get_context().get_world_rank() == 0 else None
-    worker = setup_worker(cfg, storage, config.get("reported", ()))
+    pool = start_pool(cfg, storage) if ctx.rank == 0 else None
+    try:
+        run_steps(config, ctx, pool)
+    except BaseException:
+        if pool is not None:
+            with contextlib.suppress(Exception):  # the failure is what the caller needs to see
+                pool.shutdown()
+        raise
+
+
+def run_steps(config: dict[str, Any], ctx: Any, pool: Any) -> None:
+    """``train_loop`` after the samplers started: this rank's worker, rank 0's driver, the steps."""
+    cfg: TrainConfig = config["cfg"]
+    run_id, storage = config["run_id"], Path(config["storage"])
+    clock, first_attempt = config.get("startup") or (None, 0)
+    worker = setup_worker(cfg, storage, ctx, config.get("reported", ()))
     # A restored policy is pushed to the samplers; a fresh run's samplers loaded these very weights from model.path,
     # so nothing is gathered for them (under FSDP a gather is a full-model collective).
     restored = worker.gather()[0] if worker.ckpt_dir is not None else None
@@ -422,28 +503,26 @@ def report(
     adapters: Any,
     last: bool = False,
 ) -> None:
-    """Every step reports its metrics to Ray Train (a sweep's scheduler sees the curve); every
+    """Every step reports its metrics to where it runs (Ray Train: a sweep's scheduler sees the curve); every
     ``checkpoint_every`` steps and at the end (``last``) with a checkpoint (each rank's learner state, rank 0's
     share), written whole or not at all (``workflows.tracking.checkpoint_files.publish``: staged, manifest last,
-    renamed into place).
+    renamed into place), the last ``keep_checkpoints`` kept (workflows/train/context.py).
     """
-    import ray.train
     import torch
 
     from workflows.tracking.checkpoint_files import publish
+    from workflows.train.context import checkpoint_name
 
     if done % w.cfg.checkpoint_every and not last:
-        ray.train.report({"step": done, **metrics})
+        w.ctx.report({"step": done, **metrics})
         return
+    name = checkpoint_name(done)
     with tempfile.TemporaryDirectory() as tmp:
         torch.save(w.learner.state_dict(), Path(tmp) / f"trainer_rank{w.rank}.pt")
         if d is not None:
             d.save(Path(tmp), done, weights, adapters)
-        ray.train.report(
+        w.ctx.report(
             {"step": done, **metrics},
-            checkpoint=ray.train.Checkpoint.from_directory(tmp),
-            checkpoint_dir_name=f"checkpoint_{done:06d}",
-            checkpoint_upload_fn=lambda ckpt, name: ray.train.Checkpoint.from_directory(
-                publish(Path(ckpt.path), w.storage, name, w.rank, w.world, w.barrier)
-            ),
+            Path(tmp),
+            lambda staged: publish(staged, w.storage, name, w.rank, w.world, w.barrier),
         )

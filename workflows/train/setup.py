@@ -1,6 +1,7 @@
-"""Set-up and restore of a ``tracerl train`` Ray Train worker (every rank): the policy (restored from the newest
-checkpoint, LoRA adapters, gradient checkpointing, placed by DDP or FSDP2), the frozen reference model, the
-learner, and what rank 0 needs to continue (the checkpoint's state). workflows/train/run.py runs the steps."""
+"""Set-up and restore of a ``tracerl train`` rank (a Ray Train worker, or the command's own process in the in-process
+mode: workflows/train/context.py): the policy (restored from the newest checkpoint, LoRA adapters, gradient
+checkpointing, placed by DDP or FSDP2), the frozen reference model, the learner, and what rank 0 needs to continue
+(the checkpoint's state). workflows/train/run.py runs the steps."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 from tracerl.config import TrainConfig
 from workflows.tracking.checkpoint_files import damaged, newest_good, problem
 from workflows.tracking.checkpoint_state import CheckpointState
+from workflows.train.context import TrainContext
 
 ADAPTERS = "lora_adapters.pt"  # a LoRA run's checkpoint: its adapters (peft names) beside the merged policy
 
@@ -29,7 +31,7 @@ def say(msg: str) -> None:
 
 @dataclass
 class Worker:
-    """One Ray Train rank: its policy (placed), learner and the checkpoint it started from."""
+    """One rank: its policy (placed), learner and the checkpoint it started from."""
 
     cfg: TrainConfig
     rank: int
@@ -45,6 +47,8 @@ class Worker:
     """That checkpoint's state (step, candidate-pool RNG, tokens spent); step 0 for a fresh run."""
     storage: Path
     """The run's storage directory (checkpoints are written there)."""
+    ctx: TrainContext
+    """Where it runs (a Ray Train worker or the command's process): reports and checkpoints go through it."""
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
@@ -78,19 +82,17 @@ class Worker:
         return hf_weights(state, self.cfg.trainer), adapter_weights(state)
 
 
-def setup_worker(cfg: TrainConfig, storage: Path, reported: Iterable[str] = ()) -> Worker:
+def setup_worker(cfg: TrainConfig, storage: Path, ctx: TrainContext, reported: Iterable[str] = ()) -> Worker:
     """This rank's policy, reference model and learner, restored from the newest complete checkpoint if there is
     one (rank 0 chooses, saying which damaged ones it passed over, except those ``reported`` by the driver)."""
-    import ray.train
     import torch
 
     from tracerl.learner import PolicyLearner
     from tracerl.models.wrap import fully_shard_model, is_fsdp
 
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    rank, world = ctx.rank, ctx.world
     torch.manual_seed(cfg.seed + rank)
-    ckpt_dir = restore_dir(ray.train.get_checkpoint(), storage, say, reported) if rank == 0 else None
+    ckpt_dir = restore_dir(ctx.checkpoint(), storage, say, reported) if rank == 0 else None
     if world > 1:  # every rank restores the checkpoint rank 0 chose
         box = [ckpt_dir]
         torch.distributed.broadcast_object_list(box, src=0)
@@ -107,7 +109,7 @@ def setup_worker(cfg: TrainConfig, storage: Path, reported: Iterable[str] = ()) 
 
         _, ref_model = load_policy(cfg.model)  # the initial policy
         ref_model.requires_grad_(False)
-    model = parallelize(model, cfg, world)
+    model = ctx.place(model, cfg)
     if ref_model is not None:  # sharded like the policy under FSDP (a full frozen replica per GPU otherwise)
         ref_model = ref_model.to(next(model.parameters()).device)
         ref_model = fully_shard_model(ref_model) if is_fsdp(model) else ref_model
@@ -134,7 +136,7 @@ def setup_worker(cfg: TrainConfig, storage: Path, reported: Iterable[str] = ()) 
         learner.load_state_dict(
             torch.load(own if own.exists() else Path(ckpt_dir) / "trainer_rank0.pt", weights_only=False)
         )
-    return Worker(cfg, rank, world, tok, model, learner, ckpt_dir, state, storage)
+    return Worker(cfg, rank, world, tok, model, learner, ckpt_dir, state, storage, ctx)
 
 
 def load_model(cfg: TrainConfig, ckpt_dir: str | None) -> tuple[Any, Any]:
@@ -172,24 +174,6 @@ def load_model(cfg: TrainConfig, ckpt_dir: str | None) -> tuple[Any, Any]:
             )
         model.load_state_dict(saved, strict=False)
     return tok, model
-
-
-def parallelize(model: Any, cfg: TrainConfig, world: int) -> Any:
-    """Place the policy on this rank's device: plain (one worker), DDP, or FSDP2 (``trainer.strategy``)."""
-    import ray.train.torch
-
-    if world == 1 or cfg.trainer.strategy == "ddp":
-        kwargs = {"broadcast_buffers": False} if world > 1 else None
-        return ray.train.torch.prepare_model(
-            model, parallel_strategy="ddp" if world > 1 else None, parallel_strategy_kwargs=kwargs
-        )
-    import torch
-
-    from tracerl.models.wrap import fully_shard_model
-
-    return fully_shard_model(
-        model.to(ray.train.torch.get_device()), compute_dtype=getattr(torch, cfg.model.dtype)
-    )
 
 
 def restore_dir(

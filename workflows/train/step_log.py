@@ -19,7 +19,8 @@ from workflows.train.setup import say
 THREADS_TRAINER = "threads/trainer"
 """Param: torch intra-op threads of each trainer worker (``trainer.torch_threads``, else what Ray gave it)."""
 THREADS_SAMPLER = "threads/sampler"
-"""Param: torch intra-op threads of each sampler actor (``pools.sampler_threads``, else ``pools.rollout_cpus``)."""
+"""Param: torch intra-op threads of each sampler actor (``pools.sampler_threads``, else ``pools.rollout_cpus``); in
+the in-process mode the trainer's own (one process runs both)."""
 
 
 @dataclass
@@ -46,15 +47,22 @@ class StartupClock:
 
 
 def start_pool(cfg: TrainConfig, storage: Path) -> Any:
-    """The run's sampler actors (each with its environment actors), started without waiting for them: every actor
-    loads ``model.path`` in its own process while the caller goes on."""
+    """The run's samplers. Ray mode: the sampler actors (each with its environment actors), started without waiting
+    for them: every actor loads ``model.path`` in its own process while the caller goes on. In-process
+    (``cluster.address=inprocess``): one sampler in this process (``tracerl.actors.local``), loaded before this
+    returns, running the work of ``pools.rollout_workers`` actors one shard after another (the same trees)."""
     from tracerl.actors.faults import Faults
-    from tracerl.actors.pools import RolloutPool
     from tracerl.actors.spec import WorkerSpec
 
     faults = Faults.from_config(cfg.faults, storage / ".faults")
     spec = WorkerSpec(cfg.model, cfg.sampler, cfg.env, cfg.pools, faults=faults)
     p = cfg.pools
+    if cfg.cluster.in_process:
+        from tracerl.actors.local import LocalPool
+
+        return LocalPool(spec, p.rollout_workers, cfg.seed)
+    from tracerl.actors.pools import RolloutPool
+
     return RolloutPool(
         spec,
         p.rollout_workers,
@@ -64,13 +72,6 @@ def start_pool(cfg: TrainConfig, storage: Path) -> Any:
         cfg.seed,
         cfg.pipeline.reencode_queue,
     )
-
-
-def wait_ready(pool: Any) -> None:
-    """Block until every sampler actor of ``pool`` has finished its constructor (loaded its policy)."""
-    import ray
-
-    ray.get([w.warnings.remote() for w in pool.workers])
 
 
 def log_threads(client: Any, run_id: str, sampler_threads: int) -> None:

@@ -24,12 +24,23 @@ class TrackingConfig:
     """Experiment name."""
 
 
+IN_PROCESS = "inprocess"
+"""``cluster.address`` of the in-process mode: no Ray at all."""
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
-    """How Ray is reached."""
+    """How Ray is reached, or that it is not used at all (``tracerl train`` in-process)."""
 
     address: str = "local"
-    """'local' starts an embedded Ray; 'auto' or 'ray://host:10001' joins a cluster."""
+    """'local' starts an embedded Ray; 'auto' or 'ray://host:10001' joins a cluster; 'inprocess' (``tracerl train``
+    only) runs the trainer, one sampler and its environment inside the command's process with no Ray: one rank on the
+    CPU, the sampler's own policy copy, tools and grading in this process's subprocesses. It trains the same trees as
+    the Ray mode with the same ``pools.rollout_workers`` (run one shard after another; 1: one batch, fewer
+    forwards); ``pools.rollout_cpus``, ``env_workers``, ``env_cpus``, ``max_retries`` and the rest of this section
+    are unused, and torch runs ``trainer.torch_threads`` threads for both (null: torch's default, one per core).
+    It refuses what needs more than one process: trainer.num_workers > 1, GPUs, sampler.backend=vllm, faults and
+    the chaos drill. ``max_failures`` restarts the loop in-process from the newest intact checkpoint."""
     num_cpus: int | None = None
     """CPUs for an embedded Ray (null: all)."""
     object_store_memory_mb: int = 512
@@ -40,6 +51,11 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         check(self.num_cpus is None or self.num_cpus >= 1, "cluster.num_cpus must be >= 1 or null")
         check(self.object_store_memory_mb >= 64, "cluster.object_store_memory_mb must be >= 64")
+
+    @property
+    def in_process(self) -> bool:
+        """No Ray: ``tracerl train`` runs everything in its own process (``address: inprocess``)."""
+        return self.address == IN_PROCESS
 
 
 @dataclass(frozen=True)
