@@ -86,7 +86,7 @@ def _client(tmp: Path) -> Any:
 
 def _fail_once_at(monkeypatch: pytest.MonkeyPatch, at: int) -> list[int]:
     """``train_step`` raises once, as step ``at`` (0-based) begins; returns the steps begun (the record)."""
-    from workflows.train import run as run_module
+    from workflows.train import loop as run_module
 
     real, begun = run_module.train_step, []
 

@@ -311,8 +311,7 @@ class TrainConfig(LMRolloutFields):
     """Checkpoint (policy, optimizer, predictor, data position, RNG) every this many steps and at the end."""
     keep_checkpoints: int = 3
     max_failures: int = 1
-    """Times Ray Train restarts the workers from the last checkpoint after a failure (in-process: the loop, in the
-    same process)."""
+    """Restarts from the newest intact checkpoint after a failure (Ray Train's workers; in-process, the loop)."""
     log_trees_every: int = 10
     """Log a sample of trees with their HTML view as artifacts every this many steps (0: only the last step)."""
     out_dir: str = "runs"
@@ -386,36 +385,20 @@ class TrainConfig(LMRolloutFields):
 
     def _check_in_process(self) -> None:
         """What ``cluster.address=inprocess`` (one process, no Ray) cannot run, each with the key to change."""
-        ray_mode = "or use cluster.address=local (Ray)"
-        asks = [
-            (self.trainer.num_workers > 1, f"trainer.num_workers={self.trainer.num_workers}: set it to 1"),
-            (self.trainer.use_gpu, "trainer.use_gpu=true: it runs on the CPU; set trainer.use_gpu=false"),
-            (
-                self.pools.rollout_gpus > 0,
-                "pools.rollout_gpus > 0: it runs on the CPU; set pools.rollout_gpus=0",
-            ),
-            (
-                self.sampler.backend == "vllm",
-                "sampler.backend=vllm: its engine runs in a sampler actor; set sampler=hf",
-            ),
-            (
-                self.chaos.enabled,
-                "chaos.enabled=true: the drill kills actor processes; set chaos.enabled=false",
-            ),
-            (
-                max(
-                    self.faults.kill_rollout_worker_at_step,
-                    self.faults.kill_env_worker_at_step,
-                    self.faults.kill_trainer_at_step,
-                )
-                >= 0,
-                "faults.kill_*_at_step: a killed process is the whole run here; set them to -1",
-            ),
-        ]
-        for bad, what in asks:
-            check(
-                not bad, f"cluster.address=inprocess runs in one process, so it cannot run {what} {ray_mode}"
-            )
+        t, f = self.trainer, self.faults
+        gpus, vllm = self.pools.rollout_gpus > 0, self.sampler.backend == "vllm"
+        kills = max(f.kill_rollout_worker_at_step, f.kill_env_worker_at_step, f.kill_trainer_at_step)
+        asks = {
+            f"trainer.num_workers={t.num_workers}: set it to 1": t.num_workers > 1,
+            "trainer.use_gpu=true: it runs on the CPU; set trainer.use_gpu=false": t.use_gpu,
+            "pools.rollout_gpus > 0: it runs on the CPU; set pools.rollout_gpus=0": gpus,
+            "sampler.backend=vllm: its engine runs in a sampler actor; set sampler=hf": vllm,
+            "chaos.enabled=true: the drill kills actor processes; set chaos.enabled=false": self.chaos.enabled,
+            "faults.kill_*_at_step: a killed process is the whole run here; set them to -1": kills >= 0,
+        }
+        why = "cluster.address=inprocess runs in one process, so it cannot run"
+        for what, bad in asks.items():
+            check(not bad, f"{why} {what} or use cluster.address=local (Ray)")
 
     @property
     def num_steps(self) -> int:

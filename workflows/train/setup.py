@@ -1,7 +1,7 @@
 """Set-up and restore of a ``tracerl train`` rank (a Ray Train worker, or the command's own process in the in-process
 mode: workflows/train/context.py): the policy (restored from the newest checkpoint, LoRA adapters, gradient
 checkpointing, placed by DDP or FSDP2), the frozen reference model, the learner, and what rank 0 needs to continue
-(the checkpoint's state). workflows/train/run.py runs the steps."""
+(the checkpoint's state). workflows/train/loop.py runs the steps."""
 
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ class LocalPool(ShardedPool):
 
         return int(torch.get_num_threads())
 
-    def _call_all(self, calls: list[tuple[int, str, tuple]]) -> list[Any]:  # type: ignore[type-arg]
+    def _call_all(self, calls: list[tuple[int, str, tuple[Any, ...]]]) -> list[Any]:
         """The calls one after another on the one worker, arguments and results copied as a Ray call copies them."""
         return [copy.deepcopy(getattr(self.worker, m)(*copy.deepcopy(args))) for _, m, args in calls]
 

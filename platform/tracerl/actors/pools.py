@@ -96,7 +96,7 @@ class RolloutPool(ShardedPool):
                     raise
                 self.ledger.retried += 1
 
-    def _call_all(self, calls: list[tuple[int, str, tuple]]) -> list[Any]:  # type: ignore[type-arg]
+    def _call_all(self, calls: list[tuple[int, str, tuple[Any, ...]]]) -> list[Any]:
         """Run ``(worker, method, args)`` calls in parallel; a call whose worker died is retried on a fresh one."""
 
         def on_dead(i: int) -> None:

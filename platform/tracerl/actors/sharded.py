@@ -51,7 +51,7 @@ class ShardedPool:
         """torch intra-op threads of each worker (``WorkerSpec.threads``)."""
         return self.spec.threads
 
-    def _call_all(self, calls: list[tuple[int, str, tuple]]) -> list[Any]:  # type: ignore[type-arg]
+    def _call_all(self, calls: list[tuple[int, str, tuple[Any, ...]]]) -> list[Any]:
         """The results of ``(worker, method, args)`` calls, in order."""
         raise NotImplementedError
 

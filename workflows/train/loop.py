@@ -1,0 +1,211 @@
+"""The loop every rank of a ``tracerl train`` run runs (a Ray Train worker function, or the command's own process in
+the in-process mode): set up and restore (workflows/train/setup.py), then ``train_step`` until a limit ends the run,
+each step reported (metrics, and a checkpoint when due). ``workflows.train.run.train`` launches it in either mode
+(workflows/train/context.py says what differs between them); rank 0's pools, predictor, evaluation and logging are
+in workflows/train/driver.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tracerl import metrics as M
+from tracerl.config import TrainConfig
+from tracerl.engine.timer import PhaseTimer
+from workflows.train.budget import Totals, stop_reason
+from workflows.train.driver import Ahead, Driver, overlaps_next
+from workflows.train.setup import Worker, quiet_train_reports, ranks_cpu, setup_worker
+from workflows.train.step_log import start_pool
+
+
+def guarded_loop(config: dict[str, Any]) -> None:
+    """``train_loop``, a full disk re-raised as ``DiskFull`` (one line, which the controller does not retry and the
+    driver reports; workflows/ops/disk.py)."""
+    from workflows.ops.disk import DiskFull, no_space, quiet_disk_full
+
+    quiet_disk_full("ray.train.v2._internal.util")  # it logs the error's traceback from every rank
+    try:
+        train_loop(config)
+    except Exception as exc:
+        full = no_space(exc)
+        if full is None:
+            raise
+        raise DiskFull(full or config["storage"]) from None
+
+
+def train_loop(config: dict[str, Any]) -> None:
+    """The loop of every rank (a Ray Train worker function, or the command's own process with ``config["context"]``,
+    an ``InProcessContext``): set up and restore, then ``train_step`` until a limit (``steps``, ``stop.tokens``,
+    ``stop.cpu_s``) ends the run. A failure shuts rank 0's samplers down before it propagates (in-process, a restart
+    builds new ones)."""
+    import torch
+
+    cfg: TrainConfig = config["cfg"]
+    storage = Path(config["storage"])
+    clock = (config.get("startup") or (None, 0))[0]
+    ctx = config.get("context")
+    if ctx is None:
+        from workflows.train.context import RayTrainContext
+
+        ctx = RayTrainContext()
+        quiet_train_reports()
+    if clock is not None:
+        clock.mark("trainer")
+    if cfg.trainer.torch_threads is not None:
+        torch.set_num_threads(cfg.trainer.torch_threads)
+    # Rank 0's samplers load their policy copies in their own processes while this one loads the trainer's.
+    pool = start_pool(cfg, storage) if ctx.rank == 0 else None
+    try:
+        run_steps(config, ctx, pool)
+    except BaseException:
+        if pool is not None:
+            with contextlib.suppress(Exception):  # the failure is what the caller needs to see
+                pool.shutdown()
+        raise
+
+
+def run_steps(config: dict[str, Any], ctx: Any, pool: Any) -> None:
+    """``train_loop`` after the samplers started: this rank's worker, rank 0's driver, the steps."""
+    cfg: TrainConfig = config["cfg"]
+    run_id, storage = config["run_id"], Path(config["storage"])
+    clock, first_attempt = config.get("startup") or (None, 0)
+    worker = setup_worker(cfg, storage, ctx, config.get("reported", ()))
+    # A restored policy is pushed to the samplers; a fresh run's samplers loaded these very weights from model.path,
+    # so nothing is gathered for them (under FSDP a gather is a full-model collective).
+    restored = worker.gather()[0] if worker.ckpt_dir is not None else None
+    start = worker.state.step
+    driver = None
+    if worker.rank == 0:
+        from tracerl.models.wrap import unwrap
+
+        if clock is not None:
+            clock.mark("policy")
+        driver = Driver(cfg, run_id, storage, worker.tok, unwrap(worker.model), start, pool)
+        if worker.ckpt_dir is not None and restored is not None:
+            driver.restore(worker.ckpt_dir, worker.state, restored)
+        if clock is not None:
+            clock.mark("samplers")
+        if start == 0 and cfg.eval_at_start:
+            driver.evaluate(0)
+        if (
+            clock is not None and driver.metrics.attempt == first_attempt
+        ):  # not after a restart of the workers
+            clock.mark("eval")
+            driver.startup = clock.metrics()
+    cpu = ranks_cpu(worker)  # compute is counted from here (set-up and the first evaluation are not)
+    if driver is not None:
+        driver.start_meter(cpu)
+    st = worker.state  # a resumed run that already reached a limit runs no step
+    so_far = Totals(st.spent[0], st.spent[1], st.step, st.cpu_s, st.wall_s)
+    ahead, step, last = None, start, stop_reason(cfg.stop, cfg.steps, so_far) is not None
+    while not last:
+        ahead, last = train_step(step, worker, driver, ahead)
+        step += 1
+    if driver is not None:
+        driver.close()
+
+
+def train_step(
+    step: int, w: Worker, d: Driver | None, ahead: Ahead | None = None
+) -> tuple[Ahead | None, bool]:
+    """One RL step on every rank; ``d`` (rank 0's driver) is None on the others, which only update on their shard.
+
+    Rank 0 selects the candidate pool, scores it, allocates roots, rolls out, expands prefixes (run_step), fits
+    the predictor and collates; the batch is broadcast and every rank updates; rank 0 pushes the new weights to the
+    samplers, evaluates when due and logs; a checkpoint every ``checkpoint_every`` steps. One timer times each phase.
+    With ``pipeline.overlap`` the next step's Stage 1 and bare rollouts start before the update (``ahead``, which
+    this step returns and the next finishes on the new weights). After the update rank 0 checks the run's limits
+    (``Driver.check_stop``) and every rank learns whether this step is the last (returned with ``ahead``); the last
+    evaluates on every held-out task and checkpoints.
+    """
+    from tracerl.algos.batch import collate
+    from tracerl.learner import denominator
+
+    cfg, done = w.cfg, step + 1
+    timer = ahead.timer if ahead is not None else PhaseTimer()
+    timer.restart()
+    batch = out = nxt = None
+    m: dict[str, float] = {}
+    rollout_s = 0.0
+    if d is not None:
+        d.mark("rollout", done)
+        t0 = time.perf_counter()
+        # select, score, allocate_roots, rollout, expand_prefixes (tracerl/engine/step.py)
+        out, budget = d.roll_out(step, timer) if ahead is None else d.finish_ahead(ahead)
+        rollout_s = time.perf_counter() - t0
+        m = d.rollout_metrics(out, budget)  # calibration of this step's scores, before the fit
+        with timer("fit_predictor"):
+            m.update(d.fit(out))
+        with timer("collate"):
+            batch = collate(out.trees, cfg.loss.advantage, cfg.loss.normalize_std, cfg.loss.debiased_values)
+        m.update(d.batch_metrics(batch, out))
+        nxt = (
+            d.start_ahead(done) if overlaps_next(cfg, done) and not d.reached(done) else None
+        )  # beside the update, on the current weights
+    t0 = time.perf_counter()
+    with timer("broadcast"):
+        batch = w.broadcast(batch)
+    with timer("update_policy"):
+        stats = w.learner.update(batch.shard(w.rank, w.world), denominator(batch, cfg.loss.aggregation))
+    update_s = time.perf_counter() - t0
+    weights, adapters = w.gather()  # a collective under FSDP
+    if d is not None:
+        m.update(stats)
+        m[M.TIME_TRAIN_STEP] = rollout_s + update_s  # the step's own rollout and update, nothing around them
+        if cfg.pipeline.overlap:
+            with timer("wait_rollouts"):
+                d.wait_ahead(nxt)
+    cpu = ranks_cpu(w)  # after the wait: a sampler answers once its rollouts end
+    last = bool(w.broadcast(d.check_stop(done, cpu) if d is not None else None))
+    if d is not None:
+        if last:
+            nxt = None  # a step started early past the run's end: its rollouts are dropped
+        with timer("sync_weights"):
+            d.sync(weights, done)
+        due = d.eval_due(done)
+        if due is not None:
+            with timer("eval"):
+                m.update(d.evaluate(done, full=due == "full"))
+        m = d.close_step(m, done, out, timer)  # the last metrics, then the log
+    report(w, d, done, m, weights, adapters, last)
+    if d is not None:
+        d.faults.trainer(step)
+    return nxt, last
+
+
+def report(
+    w: Worker,
+    d: Driver | None,
+    done: int,
+    metrics: dict[str, float],
+    weights: Any,
+    adapters: Any,
+    last: bool = False,
+) -> None:
+    """Every step reports its metrics to where it runs (Ray Train: a sweep's scheduler sees the curve); every
+    ``checkpoint_every`` steps and at the end (``last``) with a checkpoint (each rank's learner state, rank 0's
+    share), written whole or not at all (``workflows.tracking.checkpoint_files.publish``: staged, manifest last,
+    renamed into place), the last ``keep_checkpoints`` kept (workflows/train/context.py).
+    """
+    import torch
+
+    from workflows.tracking.checkpoint_files import publish
+    from workflows.train.context import checkpoint_name
+
+    if done % w.cfg.checkpoint_every and not last:
+        w.ctx.report({"step": done, **metrics})
+        return
+    name = checkpoint_name(done)
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.save(w.learner.state_dict(), Path(tmp) / f"trainer_rank{w.rank}.pt")
+        if d is not None:
+            d.save(Path(tmp), done, weights, adapters)
+        w.ctx.report(
+            {"step": done, **metrics},
+            Path(tmp),
+            lambda staged: publish(staged, w.storage, name, w.rank, w.world, w.barrier),
+        )
