@@ -51,6 +51,15 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
 # ~20 min idle took hours. The suite's workers run at the priority of the suite (what Ray Jobs does for a job).
 os.environ.setdefault("RAY_worker_niceness", "0")
 
+FRESH_CLI = """
+import json, sys
+from workflows.cli.app import main
+rc = main(json.loads(sys.argv[1]))
+print(json.dumps({"rc": rc, "ray": sorted(m for m in sys.modules if m == "ray" or m.startswith("ray."))}))
+"""
+"""``python -c FRESH_CLI '[args]'``: a ``tracerl`` command in a fresh interpreter; its last line holds the exit code and
+every Ray module the command imported (an in-process run imports none)."""
+
 WAIT_LIMIT_S = 300.0
 """How long a test waits for a condition (a server up, a process gone) before it fails: generous, since a loaded
 machine is slow, and only reached when something is really wrong."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, UNHURRIED
+from tests.conftest import FRESH_CLI, ROOT, UNHURRIED
 from tracerl import metrics as M
 from workflows.cli.app import main
 
@@ -163,3 +163,51 @@ def test_a_restart_in_process_repeats_the_resumed_step(
     assert metric_series(client, rid, M.ATTEMPT) == {1: 1.0, 2: 2.0, 3: 2.0}
     for key in (M.LEAVES, M.GENERATED_TOKENS, M.LOSS):
         assert metric_series(client, rid, key) == failed["after"][key], key
+
+
+STUDY = str(ROOT / "conf" / "study" / "smoke.yaml")
+
+
+def test_a_study_runs_its_baseline_and_cells_in_process(tmp_path: Path) -> None:
+    """``tracerl study cluster=inprocess``: the testbed's baseline evaluation and a 1-step cell in the command's own
+    process, one after another, no Ray imported; the cell is a FINISHED child of the study's run and starts from
+    the baseline's accuracy."""
+    import subprocess
+    import sys
+
+    args = [
+        "study",
+        "--config",
+        STUDY,
+        "--out",
+        str(tmp_path / "report"),
+        f"tracking.uri=sqlite:///{tmp_path}/mlruns.db",
+        f"tracking.artifact_location={tmp_path}/art",
+        f"runs_dir={tmp_path}/runs",
+        "cluster=inprocess",
+        "steps=1",
+        "eval_tasks=2",
+        "only=allocator=grpo",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH_CLI, json.dumps(args)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"rc": 0, "ray": []}
+    assert "ran 1 cells, skipped 0, failed 0" in proc.stdout
+    client = _client(tmp_path)
+    exp = client.get_experiment_by_name("tracerl").experiment_id
+    [parent] = client.search_runs([exp], filter_string="tags.`tracerl.command` = 'study'")
+    [base] = client.search_runs([exp], filter_string="tags.`tracerl.study.baseline` = 'math-habit'")
+    [cell] = client.search_runs([exp], filter_string="tags.`tracerl.study.allocator` = 'grpo'")
+    assert parent.info.status == base.info.status == cell.info.status == "FINISHED"
+    assert cell.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert cell.data.params["cluster.address"] == "inprocess" and cell.data.metrics[M.LEAVES] > 0
+
+
+def test_a_study_in_process_runs_one_cell_at_a_time(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["study", "--config", STUDY, "cluster=inprocess", "parallel_cells=2"]) == 2
+    assert (
+        "cluster.address=inprocess runs the cells one after another in this process: set parallel_cells=1"
+        in (capsys.readouterr().err)
+    )

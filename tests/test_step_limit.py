@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, UNHURRIED
+from tests.conftest import FRESH_CLI, ROOT, UNHURRIED
 from tracerl.tree import RolloutTree
 
 SMOKE = ROOT / "conf" / "train" / "smoke.yaml"
@@ -156,14 +156,6 @@ def test_the_train_paths_trees_are_unchanged(offline: Path) -> None:
     assert hashlib.sha256(trees.read_bytes()).hexdigest() == TRAIN_TREES
 
 
-IN_PROCESS_RUN = """
-import json, sys
-from workflows.cli.app import main
-rc = main(json.loads(sys.argv[1]))
-print(json.dumps({"rc": rc, "ray": sorted(m for m in sys.modules if m == "ray" or m.startswith("ray."))}))
-"""
-"""The in-process run in a fresh interpreter: its exit code and every Ray module it imported."""
-
 NOT_COMPARED = (
     "time/",
     "system/",
@@ -199,7 +191,7 @@ def test_the_in_process_mode_trains_the_same_trees(offline: Path, tmp_path: Path
         str(tmp_path),
     ]
     proc = subprocess.run(
-        [sys.executable, "-c", IN_PROCESS_RUN, json.dumps(args)], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-c", FRESH_CLI, json.dumps(args)], cwd=ROOT, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

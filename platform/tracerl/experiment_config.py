@@ -313,7 +313,7 @@ class StudyConfig:
     hypotheses: list[dict[str, Any]] = field(default_factory=list)
     """A curve study's hypotheses, {claim, allocator, vs, testbeds, expect: win/loss/tie}, checked by its report."""
     parallel_cells: int = 1
-    """Cells running at once (each a Ray task); 1 on the embedded Ray."""
+    """Cells running at once (each a Ray task); 1 on the embedded Ray and with cluster.address=inprocess."""
     cell_cpus: float = 0.05
     """CPUs a cell's driver task holds (its Train workers and actor pools reserve their own)."""
     bootstrap_samples: int = 2000

@@ -116,6 +116,11 @@ def _run_cell(train_cfg: TrainConfig, tags: dict[str, str]) -> RunSummary:
     return train(train_cfg, tags=tags)
 
 
+def _cell_here(train_cfg: TrainConfig, tags: dict[str, str]) -> dict[str, Any]:
+    """A cell in this process (``cluster.address=inprocess``): its summary as the Ray task's result reads."""
+    return dict(_run_cell(train_cfg, tags))
+
+
 class StudyResult(TypedDict, total=False):
     """What ``run_study`` did: with ``fill_tokens`` only ``filled``; else the parent run, the cells ran, skipped
     (finished earlier) and failed (key: error), the report's JSON and the path of its markdown."""
@@ -140,7 +145,8 @@ def run_study(
 
     Before its first cell runs, each testbed's starting checkpoint is evaluated once (workflows/study/baseline.py).
     ``train_fn`` and ``baseline_fn`` replace the Ray tasks running ``workflows.train.run.train`` and the baseline
-    evaluation (a unit test passes fakes that record calls).
+    evaluation (a unit test passes fakes that record calls). With ``cluster.address=inprocess`` both run in this
+    process, one cell after another, each a ``tracerl train`` in-process (no Ray at all).
     """
     import mlflow
 
@@ -150,6 +156,11 @@ def run_study(
 
     if not cfg.tracking.enabled:
         raise ValueError("tracerl study needs MLflow tracking (tracking.enabled=true)")
+    if cfg.cluster.in_process and cfg.parallel_cells > 1:
+        raise ValueError(
+            f"cluster.address=inprocess runs the cells one after another in this process: set parallel_cells=1 "
+            f"(got {cfg.parallel_cells}) or cluster.address=local"
+        )
     check_curve_study(cfg, config_path)
     cells = select(enumerate_cells(cfg), cfg.only)
     progress(trk.where(cfg.tracking))
@@ -249,7 +260,11 @@ def _baselines(
         return {}
     from workflows.tracking.runs import git_sha
 
-    if baseline_fn is None:
+    if baseline_fn is None and cfg.cluster.in_process:
+        from workflows.study.baseline import evaluate_start
+
+        baseline_fn = evaluate_start  # in this process, as the cells
+    elif baseline_fn is None:
         from workflows.ops.ray_utils import init_ray
 
         init_ray(cfg.cluster)
@@ -316,6 +331,8 @@ def _run_cells(
 
     if not jobs:
         return []
+    if train_fn is None and cfg.cluster.in_process:
+        train_fn = _cell_here  # one after another in this process, each cell `tracerl train` in-process
     if train_fn is not None:
         for c, tcfg, tags in jobs:
             finished(c, functools.partial(train_fn, tcfg, tags=tags))

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypedDict
@@ -22,6 +23,10 @@ from workflows.tracking.spool import PendingStatus
 from workflows.tracking.store import resolve_uri
 
 PHASE = ".phase"
+PENDING = ".chaos_pending"
+"""Present while the chaos controller still has kills to make (workflows/train/chaos.py)."""
+HOLD = "hold"
+"""The phase of a run whose last step waits for the controller's ``PENDING`` kills."""
 
 
 def git_sha() -> str:
@@ -318,19 +323,31 @@ def format_summary(s: RunSummary) -> str:
     return "\n".join(lines)
 
 
-def phase_marker(storage: Path, enabled: bool, step: int = 0) -> Callable[..., None]:
+def phase_marker(
+    storage: Path, enabled: bool, step: int = 0, hold_at: int | None = None, hold_s: float = 600.0
+) -> Callable[..., None]:
     """``mark(phase, step=None)`` writes rank 0's current phase and the step it works on (the step it will be
-    logged at; ``step`` until a phase names one) for the controller."""
+    logged at; ``step`` until a phase names one) for the controller. Step ``hold_at`` (the run's last) waits in
+    phase ``HOLD``, before its rollout, while the controller's ``PENDING`` file exists (at most ``hold_s`` seconds):
+    every planned kill lands before the run ends, however fast the machine runs it."""
     if not enabled:
         return lambda name, step=None: None
     path, last = storage / PHASE, [step]
 
-    def mark(name: str, step: int | None = None) -> None:
-        if step is not None:
-            last[0] = step
+    def write(name: str) -> None:
         tmp = path.with_name(f"{PHASE}.{os.getpid()}.tmp")
         tmp.write_text(f"{name} {last[0]}")
         os.replace(tmp, path)
+
+    def mark(name: str, step: int | None = None) -> None:
+        if step is not None:
+            last[0] = step
+        if name == "rollout" and last[0] == hold_at and (storage / PENDING).exists():
+            write(HOLD)  # the controller aims what is left of its plan at this phase
+            deadline = time.monotonic() + hold_s
+            while (storage / PENDING).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        write(name)
 
     return mark
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from tracerl import metrics as M
 from tracerl.config import ChaosConfig, TrainConfig
-from workflows.tracking.runs import PHASE, RunSummary, read_phase
+from workflows.tracking.runs import HOLD, PENDING, PHASE, RunSummary, read_phase
 from workflows.tracking.spool import SPOOL
 
 PHASES = ("rollout", "sync_weights", "eval", "save")  # what a kill can be aimed at
@@ -173,14 +173,21 @@ class Controller(threading.Thread):
         if found is None:
             return
         self.storage = storage = found.parent
-        self._wait(lambda: read_phase(storage)[0] in PHASES, 1e9)  # the first step is under way
-        for kind, phase in self.plan:
-            if self.stop.wait(float(self.rng.uniform(self.chaos.min_gap_s, self.chaos.max_gap_s))):
-                return
-            try:
-                self._do(kind, phase, storage)
-            except Exception as e:  # noqa: BLE001 - a drill step that could not be done is recorded, not fatal
-                self.events.append({"kind": kind, "aimed_at": phase, "error": f"{e.__class__.__name__}: {e}"})
+        pending = storage / PENDING  # the run's last step waits for the plan (tracking.runs.phase_marker)
+        pending.touch()
+        try:
+            self._wait(lambda: read_phase(storage)[0] in PHASES, 1e9)  # the first step is under way
+            for kind, phase in self.plan:
+                if self.stop.wait(float(self.rng.uniform(self.chaos.min_gap_s, self.chaos.max_gap_s))):
+                    return
+                try:
+                    self._do(kind, phase, storage)
+                except Exception as e:  # noqa: BLE001 - a drill step that could not be done is recorded, not fatal
+                    self.events.append(
+                        {"kind": kind, "aimed_at": phase, "error": f"{e.__class__.__name__}: {e}"}
+                    )
+        finally:
+            pending.unlink(missing_ok=True)
 
     def _restart_server(self, storage: Path) -> None:
         t0 = time.monotonic()
@@ -218,13 +225,17 @@ class Controller(threading.Thread):
         ):  # down and up again beside the other kills (a start takes a while on a busy machine)
             # aimed at a rollout before the last step, so the run spools metrics and still needs the server after
             self._wait(
-                lambda: read_phase(storage)[0] == "rollout" and 0 < read_phase(storage)[1] < self.steps,
+                lambda: (
+                    read_phase(storage)[0] == HOLD
+                    or (read_phase(storage)[0] == "rollout" and 0 < read_phase(storage)[1] < self.steps)
+                ),
                 self.chaos.phase_wait_s,
             )
             self.server_thread = threading.Thread(target=self._restart_server, args=(storage,), daemon=True)
             self.server_thread.start()
             return
-        self._wait(lambda: read_phase(storage)[0] == phase, self.chaos.phase_wait_s)
+        # the aimed-at phase, or the last step's hold (the run waits there for what is left of the plan)
+        self._wait(lambda: read_phase(storage)[0] in (phase, HOLD), self.chaos.phase_wait_s)
         actors = self._wait(lambda: _alive(ACTORS[kind]), 600.0)
         if not actors:
             return

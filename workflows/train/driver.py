@@ -94,7 +94,7 @@ class Driver:
         self.client = tracking_client(cfg.tracking, storage.parent)
         self.metrics = MetricLog(self.client, run_id, storage, next_attempt(storage), say)
         self.metrics.flush()  # what an earlier attempt spooled
-        self.mark = phase_marker(storage, cfg.chaos.enabled, step)
+        self.mark = phase_marker(storage, cfg.chaos.enabled, step, cfg.steps, cfg.chaos.phase_wait_s)
         self.pool = pool if pool is not None else start_pool(cfg, storage)
         self.faults: Faults = self.pool.spec.faults
         self.pool.wait_ready()  # every sampler up: start-up ends here, not inside the first step
