@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 # One OpenMP / BLAS thread (set before numpy and torch load, so the Ray workers and subprocesses the tests start
 # inherit it): the tests' tensors are tiny, and on 2 cores shared with other work torch's intra-op threads spin
@@ -163,6 +164,14 @@ def file_keeps_its_tracking_uri() -> Iterator[None]:
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     else:
         os.environ["MLFLOW_TRACKING_URI"] = before
+
+
+def sqlite_client(tmp: Path) -> Any:
+    """An MLflow client on the SQLite store ``<tmp>/mlruns.db`` that a test's runs wrote (MLflow pointed there too)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp}/mlruns.db")
+    return mlflow.MlflowClient()
 
 
 def require_bfcl() -> None:

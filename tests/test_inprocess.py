@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FRESH_CLI, ROOT, UNHURRIED
+from tests.conftest import FRESH_CLI, ROOT, UNHURRIED, sqlite_client
 from tracerl import metrics as M
 from workflows.cli.app import main
 
@@ -77,13 +77,6 @@ def _args(tmp: Path, *extra: str) -> list[str]:
     ]
 
 
-def _client(tmp: Path) -> Any:
-    import mlflow
-
-    mlflow.set_tracking_uri(f"sqlite:///{tmp}/mlruns.db")
-    return mlflow.MlflowClient()
-
-
 def _fail_once_at(monkeypatch: pytest.MonkeyPatch, at: int) -> list[int]:
     """``train_step`` raises once, as step ``at`` (0-based) begins; returns the steps begun (the record)."""
     from workflows.train import loop as run_module
@@ -115,7 +108,7 @@ def failed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ):
         _fail_once_at(mp, 1)
         main(_args(tmp, "max_failures=0"))  # a bug, not a user error: it keeps its traceback
-    client = _client(tmp)
+    client = sqlite_client(tmp)
     (r,) = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])
     rid = r.info.run_id
     storage = run_storage(rid, TrackingConfig(uri=f"sqlite:///{tmp}/mlruns.db"))
@@ -156,7 +149,7 @@ def test_a_restart_in_process_repeats_the_resumed_step(
     begun = _fail_once_at(monkeypatch, 1)
     assert main(_args(tmp_path, "max_failures=1")) == 0
     assert begun == [0, 1, 1, 2]
-    client = _client(tmp_path)
+    client = sqlite_client(tmp_path)
     (r,) = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])
     assert r.info.status == "FINISHED"
     rid = r.info.run_id
@@ -195,7 +188,7 @@ def test_a_study_runs_its_baseline_and_cells_in_process(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"rc": 0, "ray": []}
     assert "ran 1 cells, skipped 0, failed 0" in proc.stdout
-    client = _client(tmp_path)
+    client = sqlite_client(tmp_path)
     exp = client.get_experiment_by_name("tracerl").experiment_id
     [parent] = client.search_runs([exp], filter_string="tags.`tracerl.command` = 'study'")
     [base] = client.search_runs([exp], filter_string="tags.`tracerl.study.baseline` = 'math-habit'")

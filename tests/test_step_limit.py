@@ -83,13 +83,9 @@ through the sampler actors. An update's numerics depend on the installed package
 2026-12-03's packages) differs from today's install at the same commit, so the pins hold for that file's set."""
 
 
-@pytest.fixture(scope="module")
-def offline(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One two-step grpo run of the smoke config with tracking off and no evaluation at all; its storage."""
-    from workflows.cli.app import main
-
-    out = tmp_path_factory.mktemp("offline") / "runs"
-    args = [
+def _offline_args(out: Path, *extra: str) -> list[str]:
+    """The offline run: two grpo steps of the smoke config on seed 0, tracking off, no evaluation; ``extra`` added."""
+    return [
         "train",
         "--config",
         str(SMOKE),
@@ -100,11 +96,20 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "eval_at_start=false",
         "eval_at_end=false",
         "tracking=off",
+        *extra,
         *UNHURRIED,
         "--out",
         str(out),
     ]
-    assert main(args) == 0
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One two-step grpo run of the smoke config with tracking off and no evaluation at all; its storage."""
+    from workflows.cli.app import main
+
+    out = tmp_path_factory.mktemp("offline") / "runs"
+    assert main(_offline_args(out)) == 0
     (storage,) = [p for p in out.iterdir() if p.is_dir()]
     return storage
 
@@ -174,22 +179,7 @@ def test_the_in_process_mode_trains_the_same_trees(offline: Path, tmp_path: Path
     step 2's trees byte for byte as the Ray mode's (after an update and a weight push), and every metric of what a
     step did and learned (leaves, tokens, tool calls, rewards, loss, grad norm, predictor fit) equal, step by step.
     Tracking is off in both: the in-process run keeps its metrics, params and status in files too."""
-    args = [
-        "train",
-        "--config",
-        str(SMOKE),
-        f"model.path={TINY}",
-        "allocator=grpo",
-        "seed=0",
-        "steps=2",
-        "eval_at_start=false",
-        "eval_at_end=false",
-        "tracking=off",
-        "cluster=inprocess",
-        *UNHURRIED,
-        "--out",
-        str(tmp_path),
-    ]
+    args = _offline_args(tmp_path, "cluster=inprocess")
     proc = subprocess.run(
         [sys.executable, "-c", FRESH_CLI, json.dumps(args)], cwd=ROOT, capture_output=True, text=True
     )

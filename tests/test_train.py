@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, UNHURRIED
+from tests.conftest import ROOT, UNHURRIED, sqlite_client
 from tracerl import metrics as M
 from workflows.cli.app import main
 
@@ -30,13 +30,6 @@ def _common(tiny: Path, tmp: Path) -> list[str]:
         "--out",
         str(tmp / "runs"),
     ]
-
-
-def _client(tmp: Path) -> Any:
-    import mlflow
-
-    mlflow.set_tracking_uri(f"sqlite:///{tmp}/mlruns.db")
-    return mlflow.MlflowClient()
 
 
 HABIT = ROOT / "models" / "tiny-math-habit"
@@ -74,7 +67,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         f"eval_subset={EVAL_SUBSET}",
     ]  # one restart is the drill; spare ones absorb a health check lost to a loaded machine
     assert main(args) == 0
-    client = _client(tmp)
+    client = sqlite_client(tmp)
     exp = client.get_experiment_by_name("tracerl")
     runs = client.search_runs([exp.experiment_id])
     assert len(runs) == 1  # the restart after the trainer's death continued the same MLflow run
@@ -84,7 +77,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_run_survives_actor_and_trainer_deaths(run: dict[str, Any]) -> None:
     from workflows.tracking.runs import metric_series
 
-    client = _client(run["tmp"])
+    client = sqlite_client(run["tmp"])
     r = client.get_run(run["run_id"])
     assert r.info.status == "FINISHED"
     er = metric_series(client, run["run_id"], "rollout/effective_ratio")
@@ -137,7 +130,7 @@ def test_run_survives_actor_and_trainer_deaths(run: dict[str, Any]) -> None:
 
 def test_startup_is_logged_once_and_the_thread_counts_are_params(run: dict[str, Any]) -> None:
     """The trainer's restart (after step 2) does not log ``time/startup_s`` again; its parts add up to it."""
-    client = _client(run["tmp"])
+    client = sqlite_client(run["tmp"])
     history = client.get_metric_history(run["run_id"], M.TIME_STARTUP)
     assert [m.step for m in history] == [1]
     parts = [client.get_metric_history(run["run_id"], M.startup_phase(p)) for p in M.STARTUP_PHASES]
@@ -154,7 +147,7 @@ def test_the_learning_curve_is_logged_against_tokens(run: dict[str, Any]) -> Non
     from workflows.tracking.runs import metric_series, run_storage
     from workflows.train.budget import read_curve, token_eval_steps
 
-    client, rid = _client(run["tmp"]), run["run_id"]
+    client, rid = sqlite_client(run["tmp"]), run["run_id"]
     per_step = metric_series(client, rid, M.GENERATED_TOKENS)
     total = metric_series(client, rid, M.TOTAL_GENERATED_TOKENS)
     assert sorted(total) == [1, 2, 3] and total[1] == per_step[1]
@@ -200,7 +193,7 @@ def test_checkpoints_hold_a_changed_policy(run: dict[str, Any]) -> None:
     trained = AutoModelForCausalLM.from_pretrained(ckpt / "policy")
     assert all(torch.isfinite(p).all() for p in trained.parameters())
     # The policy moved: some step had a training signal and the saved weights differ from the start's.
-    client = _client(run["tmp"])
+    client = sqlite_client(run["tmp"])
     skipped = metric_series(client, run["run_id"], M.UPDATE_SKIPPED)
     assert sorted(skipped) == [1, 2, 3] and min(skipped.values()) == 0.0, (
         f"every update was skipped: {skipped}"
@@ -231,7 +224,7 @@ def test_resume_continues_the_same_run(run: dict[str, Any], capsys: pytest.Captu
     with open(weights, "r+b") as f:
         f.truncate(size // 2)
     capsys.readouterr()
-    client = _client(tmp)
+    client = sqlite_client(tmp)
     budget = int(metric_series(client, rid, M.TOTAL_GENERATED_TOKENS)[3]) + 1
     args = ["train", *_common(run["tiny"], tmp), f"resume={rid}", "steps=null", f"stop.tokens={budget}"]
     assert main(args) == 0
@@ -263,7 +256,7 @@ def test_register_and_load_back(run: dict[str, Any]) -> None:
 
     uri = f"sqlite:///{run['tmp']}/mlruns.db"
     v = register(run["run_id"], "tiny-math-rl", "champion", uri)
-    client = _client(run["tmp"])
+    client = sqlite_client(run["tmp"])
     mv = client.get_model_version_by_alias("tiny-math-rl", "champion")
     assert int(mv.version) == v["version"]
     assert {
@@ -323,7 +316,7 @@ def test_compare_ranks_runs_and_logs_the_report(
         "budget_shape_heatmap.png",
         "learning_curve.png",  # the run evaluates on a token schedule
     } <= {p.name for p in tmp_path.iterdir()}
-    client = _client(tmp)
+    client = sqlite_client(tmp)
     exp = client.get_experiment_by_name("tracerl")
     cmp = [
         r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("tracerl.command") == "compare"
@@ -361,7 +354,7 @@ def test_lora_on_two_fsdp_ranks_trains_adapters_and_resumes(tmp_path: Path) -> N
         "loss.kl_coef=0.05",
     ]  # a reference model, sharded like the policy
     assert main(["train", "--config", SMOKE, *common, "--steps", "2"]) == 0
-    client = _client(tmp_path)
+    client = sqlite_client(tmp_path)
     run_id = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])[0].info.run_id
     assert client.get_run(run_id).data.params["trainer.strategy"] == "fsdp"
     storage = run_storage(run_id, TrackingConfig(uri=f"sqlite:///{tmp_path}/mlruns.db"))

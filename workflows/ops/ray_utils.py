@@ -15,7 +15,7 @@ def init_ray(cfg: ClusterConfig) -> None:
 
     Raises:
         SetupError: ``cluster.address=inprocess``, ``tracerl train``'s mode without Ray, asked of a command that runs
-            on Ray (a sweep, a study's cells, the benches that start actors).
+            on Ray (a sweep, the benches that start actors; a study runs its cells in-process instead).
     """
     import ray
 

@@ -1,6 +1,6 @@
-"""Rank 0's part of ``tracerl train``: the sampler pool (Ray actors, or in-process), the predictor, the allocator, the candidate-pool RNG,
-held-out evaluation, the weight sync, checkpoints of its own state and the step's metrics. The step itself, which
-calls these in order, is ``workflows.train.loop.train_step``."""
+"""Rank 0's part of ``tracerl train``: the sampler pool (Ray actors, or in-process), the predictor, the allocator,
+the candidate-pool RNG, held-out evaluation, the weight sync, checkpoints of its own state and the step's metrics.
+The step itself, which calls these in order, is ``workflows.train.loop.train_step``."""
 
 from __future__ import annotations
 

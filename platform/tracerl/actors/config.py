@@ -34,7 +34,7 @@ class ClusterConfig:
 
     address: str = "local"
     """'local' starts an embedded Ray; 'auto' or 'ray://host:10001' joins a cluster; 'inprocess' (``tracerl train``
-    only) runs the trainer, one sampler and its environment inside the command's process with no Ray: one rank on the
+    and the cells of ``tracerl study``) runs the trainer, one sampler and its environment inside the command's process with no Ray: one rank on the
     CPU, the sampler's own policy copy, tools and grading in this process's subprocesses. It trains the same trees as
     the Ray mode with the same ``pools.rollout_workers`` (run one shard after another; 1: one batch, fewer
     forwards); ``pools.rollout_cpus``, ``env_workers``, ``env_cpus``, ``max_retries`` and the rest of this section
