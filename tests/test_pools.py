@@ -12,6 +12,7 @@ from tracerl.actors.envpool import EnvPool
 from tracerl.actors.faults import Faults
 from tracerl.actors.pools import RolloutPool, balanced_shards
 from tracerl.engine.ledger import BudgetLedger
+from tracerl.engine.protocol import ToolEnv, ToolResult
 from tracerl.engine.react import Action, ActionKind
 from tracerl.types import Prompt
 
@@ -131,6 +132,8 @@ def _pool_step(workers: int, local: bool = False) -> dict[str, list[tuple[object
     spec = WorkerSpec(model=ModelConfig(), sampler=sampler, env=env, pools=pools)
     pool = LocalPool(spec, workers, seed=11) if local else RolloutPool(spec, workers, 0.05, 0.0, 0, seed=11)
     try:
+        if isinstance(pool, LocalPool):  # tool calls on as many threads as the actor pool has samplers
+            assert getattr(pool.worker.env, "workers", 1) == workers
         assert pool.cpu_s() == 0.0  # the first read sets where the counts start
         pool.begin_step(4)
         trees = pool.rollout(task_prompts(env)[:5], [2, 1, 3, 2, 1])
@@ -169,3 +172,39 @@ def test_the_in_process_pool_gives_the_actors_trees(ray_local: Any) -> None:
     actors = _pool_step(3)
     assert _pool_step(1, local=True) == _pool_step(3, local=True) == actors
     assert sum(len(nodes) for nodes in actors.values()) > 5 * 3
+
+
+class _FakeBarrierEnv(ToolEnv):
+    """A fake environment (for ConcurrentEnv) whose every tool call waits at a barrier of ``parties`` calls."""
+
+    def __init__(self, parties: int) -> None:
+        import threading
+
+        self.barrier = threading.Barrier(parties, timeout=120)
+        self.threads: list[int] = []
+
+    def execute(self, prompt: Prompt, state: Any, action: Action) -> ToolResult:
+        import threading
+
+        self.threads.append(threading.get_ident())
+        self.barrier.wait()  # breaks (BrokenBarrierError) unless all parties run at once
+        return ToolResult(observation=f"obs {state}", state=state)
+
+
+def test_concurrent_env_runs_a_rounds_calls_at_once_and_keeps_their_order() -> None:
+    """The in-process pool's tool threads (engine/concurrent_env.py): a round of 3 calls on 3 threads all reach the
+    barrier together (one by one they could not), and the results come back in call order."""
+    import threading
+
+    from tracerl.engine.concurrent_env import ConcurrentEnv
+
+    fake = _FakeBarrierEnv(3)
+    env = ConcurrentEnv(fake, 3)
+    prompt = Prompt(prompt_id="p", text="q")
+    calls = [(prompt, i, Action(ActionKind.TOOL, "")) for i in range(3)]
+    assert [r.observation for r in env.execute_batch(calls)] == ["obs 0", "obs 1", "obs 2"]
+    assert len(set(fake.threads)) == 3 and threading.get_ident() not in fake.threads
+    # One thread: the wrapped environment's own (one by one) path, in the caller's thread.
+    one = _FakeBarrierEnv(1)
+    assert [r.state for r in ConcurrentEnv(one, 1).execute_batch(calls)] == [0, 1, 2]
+    assert set(one.threads) == {threading.get_ident()}

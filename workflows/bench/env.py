@@ -18,57 +18,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from envs.registry import tool_env_class
-from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult
-from tracerl.engine.react import TEMPLATES, Action, ToolSpec
+from tracerl.engine.concurrent_env import ConcurrentEnv
+from tracerl.engine.protocol import ToolEnv
+from tracerl.engine.react import TEMPLATES
 from tracerl.engine.rollout import TreeRolloutEngine
 from tracerl.experiment_config import BenchEnvConfig
 from tracerl.samplers.scripted import ByteTokenizer, ScriptedSampler
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt
-
-
-class ConcurrentEnv(ToolEnv):
-    """An environment whose round of tool calls runs in a thread pool; every other hook is the wrapped one's."""
-
-    def __init__(self, env: ToolEnv, workers: int) -> None:
-        self.env, self.workers = env, workers
-        self.tools, self.fork_mode = env.tools, env.fork_mode
-
-    def initial_state(self, prompt: Prompt) -> Any:
-        return self.env.initial_state(prompt)
-
-    def execute(self, prompt: Prompt, state: Any, action: Action) -> ToolResult:
-        return self.env.execute(prompt, state, action)
-
-    def reward(self, prompt: Prompt, answer: str | None) -> float:
-        return self.env.reward(prompt, answer)
-
-    def tools_for(self, prompt: Prompt, state: Any) -> Sequence[ToolSpec]:
-        return self.env.tools_for(prompt, state)
-
-    def on_answer(self, prompt: Prompt, state: Any, action: Action) -> AnswerResult | None:
-        return self.env.on_answer(prompt, state, action)
-
-    def scores(self, prompt: Prompt, answer: str | None) -> dict[str, float]:
-        return self.env.scores(prompt, answer)
-
-    def gold_turns(self, prompt: Prompt, template: Any) -> list[str]:
-        return self.env.gold_turns(prompt, template)
-
-    @property
-    def warnings(self) -> list[str]:
-        return self.env.warnings
-
-    def execute_batch(self, calls: Sequence[tuple[Prompt, Any, Action]]) -> list[ToolResult]:
-        if self.workers <= 1 or len(calls) <= 1:
-            return [self.env.execute(p, s, a) for p, s, a in calls]
-        with ThreadPoolExecutor(min(self.workers, len(calls))) as pool:
-            return list(pool.map(lambda c: self.env.execute(*c), calls))
 
 
 def _prompt_text(env: ToolEnv, template: Any, prompt: Prompt) -> str:

@@ -150,7 +150,7 @@ def env_reward(prompts: list[Any], completions: list[Any], env_reward: list[floa
 def concurrent_env(cfg: Any) -> Any:
     """The configured environment, its rounds of tool calls on as many threads as ``tracerl train`` runs
     environment actors (``pools.rollout_workers * pools.env_workers``)."""
-    from workflows.bench.env import ConcurrentEnv
+    from tracerl.engine.concurrent_env import ConcurrentEnv
     from workflows.lm.stack import make_env
 
     return ConcurrentEnv(make_env(cfg.env), max(1, cfg.pools.rollout_workers * cfg.pools.env_workers))

@@ -1,7 +1,7 @@
 """The sampler pool in the trainer's own process (``cluster.address=inprocess``): no Ray, no actors.
 
 ``LocalPool`` holds one ``RolloutWorker`` (actors/worker.py: its own copy of the policy, the sampler, the engine and
-the environment, whose tools run in this process; the sandbox and grading subprocesses stay as they are). It shards
+the environment, whose tool calls run on threads of this process; the sandbox and grading subprocesses stay as they are). It shards
 a step's work exactly as the Ray pool does over ``pools.rollout_workers`` workers (actors/sharded.py), and runs the
 shards one after another on that one worker: every sampler call then holds the paths it would hold on the Ray
 mode's actors, so the batches, their padding and so the floats of every turn are the same, and the same seed gives
@@ -36,12 +36,14 @@ class LocalPool(ShardedPool):
 
     def __init__(self, spec: WorkerSpec, shards: int, seed: int) -> None:
         """Load the policy copy now (the caller's process sets torch's threads: the worker leaves them alone);
-        environment actors and shared service actors are never started: ``pools.env_workers`` is taken as 0."""
+        environment actors and shared service actors are never started: a round's tool calls run on as many threads
+        of this process as the Ray mode has environment actors (``shards * pools.env_workers``, at least ``shards``)."""
         if shards < 1:
             raise ValueError(f"pools.rollout_workers must be >= 1 (got {shards})")
+        tool_threads = shards * max(1, spec.pools.env_workers)
         spec = replace(spec, pools=replace(spec.pools, env_workers=0), services={})
         super().__init__(spec, seed)
-        self.worker = RolloutWorker(spec, own_threads=False)
+        self.worker = RolloutWorker(spec, own_threads=False, tool_threads=tool_threads)
         self.workers = [self.worker] * shards
 
     @property

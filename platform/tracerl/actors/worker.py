@@ -36,9 +36,11 @@ def strip_caches(tree: RolloutTree) -> RolloutTree:
 class RolloutWorker:
     """A sampler actor: policy copy, sampler, engine, and the trees of the current step (with caches)."""
 
-    def __init__(self, spec: WorkerSpec, own_threads: bool = True) -> None:
+    def __init__(self, spec: WorkerSpec, own_threads: bool = True, tool_threads: int = 1) -> None:
         """Load the policy and build the sampler, engine and environment of ``spec``. ``own_threads``: set torch's
-        threads to ``spec.threads`` (an actor's own process); false in the trainer's process, which sets them."""
+        threads to ``spec.threads`` (an actor's own process); false in the trainer's process, which sets them.
+        ``tool_threads``: without environment actors (``pools.env_workers`` 0), a round's tool calls run on this
+        many threads of this process (``tracerl.engine.concurrent_env``)."""
         import torch
 
         from tracerl.engine.react import TEMPLATES
@@ -70,6 +72,10 @@ class RolloutWorker:
                 pools.max_retries,
                 self.faults,
             )
+        elif tool_threads > 1:
+            from tracerl.engine.concurrent_env import ConcurrentEnv
+
+            env = ConcurrentEnv(env_factory(), tool_threads)
         else:
             env = env_factory()
         self.env = env
