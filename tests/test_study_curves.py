@@ -154,6 +154,8 @@ def test_the_answer_and_hypotheses_read_off_the_rule(tmp_path: Path) -> None:
     cfg = dataclasses.replace(compose(StudyConfig, CURVES), hypotheses=hyps)
     got = hypothesis_verdicts(cfg, st, cells, 200)
     assert [h["state"] for h in got] == ["held", "failed", "held", "not measured"]
+    for i, c in enumerate(cells):  # a grid resumed across sessions: cells from two commits
+        c["git_sha"] = "c1" if i == 0 else "c0"
     doc = {
         "sha": "abc",
         "decision_rule": "r",
@@ -163,6 +165,10 @@ def test_the_answer_and_hypotheses_read_off_the_rule(tmp_path: Path) -> None:
         "hypotheses": got,
     }
     text = markdown(doc, [])
+    assert (
+        f"Cells ran at commit `c0` ({len(cells) - 1}), `c1` (1); this report at `abc`; {len(cells)} cells."
+        in text
+    )
     assert (
         "To reach what grpo reaches, trace needs 50 % (50 to 50 %) of its tokens and 100 % (100 to 100 %) of its CPU time on tb"
         in text

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,13 @@ def answer(doc: Mapping[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _commits(cells: Sequence[Mapping[str, Any]], report_sha: str) -> str:
+    """Which commits the cells ran at (a grid resumed across sessions may span several) and the report's."""
+    runs = Counter(str(c.get("git_sha", "unknown")) for c in cells)
+    at = ", ".join(f"`{sha}` ({n})" for sha, n in sorted(runs.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"Cells ran at commit {at or '-'}; this report at `{report_sha}`"
+
+
 def markdown(doc: Mapping[str, Any], plots: Sequence[str]) -> str:
     cells = doc["cells"]
     flagged = [c for c in cells if c["budget_flag"]]
@@ -194,7 +202,7 @@ def markdown(doc: Mapping[str, Any], plots: Sequence[str]) -> str:
     lines = [
         "# Compute-matched learning curves",
         "",
-        f"Commit `{doc['sha']}`; {len(cells)} cells. Held-out greedy accuracy on each cell's fixed subset of the "
+        f"{_commits(cells, doc['sha'])}; {len(cells)} cells. Held-out greedy accuracy on each cell's fixed subset of the "
         "held-out tasks (the seed's `eval_subset`) against generated tokens and CPU seconds of training (evaluation "
         "not counted); the final accuracy is on the full held-out set. Target: "
         f"{doc['target']}. Decision rule, stated in advance: {doc['decision_rule']}. Intervals: 95 %, hierarchical "

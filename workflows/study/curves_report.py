@@ -133,6 +133,7 @@ def collect_cells(cfg: StudyConfig, client: Any, exp_id: str, parent: str) -> li
             rec = cell_record(key, run.info.run_id, points, budget, starts.get(key[0]), source)
         except ValueError as e:
             rec = {**cell_record(key, run.info.run_id, [], budget, None), "error": str(e)}
+        rec["git_sha"] = run.data.tags.get("tracerl.git_sha", "unknown")  # archived cells keep their own
         out.append(rec)
     return out
 
