@@ -13,8 +13,8 @@ import ray
 
 from tracerl.actors.faults import NO_FAULTS, Faults
 from tracerl.actors.retry import DEAD, OWN, call_with_retries
-from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult
-from tracerl.engine.react import Action, ToolSpec
+from tracerl.engine.protocol import ToolEnv, ToolResult, WrappedEnv
+from tracerl.engine.react import Action
 from tracerl.types import Prompt
 
 
@@ -36,7 +36,7 @@ class EnvWorker:
         return process_tree_cpu_s()
 
 
-class EnvPool(ToolEnv):
+class EnvPool(WrappedEnv):
     """A ``ToolEnv`` whose tool calls run on env actors; rewards and states are computed locally."""
 
     def __init__(
@@ -47,8 +47,7 @@ class EnvPool(ToolEnv):
         max_retries: int,
         faults: Faults = NO_FAULTS,
     ) -> None:
-        self.local = env_factory()
-        self.tools, self.fork_mode = self.local.tools, self.local.fork_mode
+        super().__init__(env_factory())
         self._new = lambda: (
             ray.remote(num_cpus=cpus)(EnvWorker).options(scheduling_strategy=OWN).remote(env_factory, faults)
         )
@@ -56,33 +55,6 @@ class EnvPool(ToolEnv):
         self.max_retries = max_retries
         self.step = -1
         self._next = 0
-
-    def initial_state(self, prompt: Prompt) -> Any:
-        return self.local.initial_state(prompt)
-
-    def reward(self, prompt: Prompt, answer: str | None) -> float:
-        return float(self.local.reward(prompt, answer))
-
-    def tools_for(self, prompt: Prompt, state: Any) -> Sequence[ToolSpec]:
-        """The local environment's per-task tools."""
-        return self.local.tools_for(prompt, state)
-
-    def on_answer(self, prompt: Prompt, state: Any, action: Action) -> AnswerResult | None:
-        """The local environment's multi-turn hook (next user message or final reward), run here."""
-        return self.local.on_answer(prompt, state, action)
-
-    def scores(self, prompt: Prompt, answer: str | None) -> dict[str, float]:
-        """The local environment's answer metrics, run here like the reward."""
-        return self.local.scores(prompt, answer)
-
-    def gold_turns(self, prompt: Prompt, template: Any) -> list[str]:
-        """The local environment's reference turns."""
-        return self.local.gold_turns(prompt, template)
-
-    @property
-    def warnings(self) -> list[str]:
-        """The local environment's warnings (the actors run the same class on the same machine kind)."""
-        return self.local.warnings
 
     def cpu_s(self) -> float:
         """The env actors' CPU seconds since each started (an actor that cannot answer counts 0)."""

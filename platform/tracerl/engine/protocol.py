@@ -168,3 +168,38 @@ class ToolEnv(Env):
     def execute_batch(self, calls: Sequence[tuple[Prompt, Any, Action]]) -> list[ToolResult]:
         """Run a round's tool calls; results in call order. Default: one by one (a pool runs them in parallel)."""
         return [self.execute(p, s, a) for p, s, a in calls]
+
+
+class WrappedEnv(ToolEnv):
+    """An environment around ``local``: every hook is ``local``'s; a subclass changes where the tool calls run
+    (``tracerl.actors.envpool.EnvPool`` on Ray actors, ``tracerl.engine.concurrent_env.ConcurrentEnv`` on threads)."""
+
+    def __init__(self, local: ToolEnv) -> None:
+        self.local = local
+        self.tools, self.fork_mode = local.tools, local.fork_mode
+
+    def initial_state(self, prompt: Prompt) -> Any:
+        return self.local.initial_state(prompt)
+
+    def execute(self, prompt: Prompt, state: Any, action: Action) -> ToolResult:
+        return self.local.execute(prompt, state, action)
+
+    def reward(self, prompt: Prompt, answer: str | None) -> float:
+        return float(self.local.reward(prompt, answer))
+
+    def tools_for(self, prompt: Prompt, state: Any) -> Sequence[ToolSpec]:
+        return self.local.tools_for(prompt, state)
+
+    def on_answer(self, prompt: Prompt, state: Any, action: Action) -> AnswerResult | None:
+        """The wrapped environment's multi-turn hook (next user message or final reward), run here."""
+        return self.local.on_answer(prompt, state, action)
+
+    def scores(self, prompt: Prompt, answer: str | None) -> dict[str, float]:
+        return self.local.scores(prompt, answer)
+
+    def gold_turns(self, prompt: Prompt, template: Any) -> list[str]:
+        return self.local.gold_turns(prompt, template)
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.local.warnings
