@@ -200,6 +200,24 @@ def test_a_cell_more_than_5_percent_off_its_budget_is_flagged(tmp_path: Path) ->
     assert "more than 5 % off: pcl/s2 (+5.2 %), trace/s1 (-7.5 %)" in text
 
 
+def test_evaluations_past_a_wall_clock_limit_are_named(tmp_path: Path) -> None:
+    cells = _cells(tmp_path)
+    assert {c["eval_timeouts"] for c in cells} == {None}  # points from before the counts were recorded
+    start = {t: START for t in TASKS}
+    pts = read_curve(tmp_path / "trace-1")
+    for p in pts:
+        p["eval"] |= {"tool_timeouts": 0.0, "grade_timeouts": 0.0}
+    clean = cell_record(("tb", "leaves", "pcl", 0), "r-clean", pts, 400.0, start)
+    pts[2]["eval"] |= {"tool_timeouts": 2.0, "grade_timeouts": 1.0}
+    timed = cell_record(("tb", "leaves", "trace", 1), "r-timed", pts, 400.0, start)
+    assert (clean["eval_timeouts"], timed["eval_timeouts"]) == (0, 3)
+    keep = [c for c in cells if (c["allocator"], c["seed"]) not in {("pcl", 0), ("trace", 1)}]
+    cells = [*keep, clean, timed]
+    doc = {"sha": "x", "decision_rule": "r", "target": "t", "cells": cells, "hypotheses": []}
+    text = markdown({**doc, "testbeds": {"tb": per_testbed_stats(cells, 400.0, samples=50)}}, [])
+    assert "- Evaluations that hit a wall-clock limit" in text and "): trace/s1 (3)." in text
+
+
 # -- the grid and the report on a real MLflow store ------------------------------------------------------------
 
 

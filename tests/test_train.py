@@ -167,6 +167,8 @@ def test_the_learning_curve_is_logged_against_tokens(run: dict[str, Any]) -> Non
     assert metric_series(client, rid, M.CURVE_TASKS) == dict.fromkeys(updates, float(EVAL_SUBSET))
     eval_tokens = metric_series(client, rid, M.EVAL_GENERATED_TOKENS)
     assert sorted(eval_tokens) == evaluated and all(v > 0 for v in eval_tokens.values())
+    timeouts = {k: metric_series(client, rid, k) for k in (M.EVAL_TOOL_TIMEOUTS, M.EVAL_GRADE_TIMEOUTS)}
+    assert all(sorted(v) == evaluated for v in timeouts.values())  # counted at every evaluation, 0 or more
     # the curve file: the same points, each with its per-task outcomes on the same subset of tasks
     storage = run_storage(rid, TrackingConfig(uri=f"sqlite:///{run['tmp']}/mlruns.db"))
     points = read_curve(storage)
@@ -174,6 +176,9 @@ def test_the_learning_curve_is_logged_against_tokens(run: dict[str, Any]) -> Non
     assert [p["full"] for p in points] == [s in (0, 3) for s in evaluated]
     assert all(len(p["tasks"]) == EVAL_SUBSET and set(p["tasks"]) <= set(p["outcomes"]) for p in points)
     assert len(points[-1]["outcomes"]) == EVAL_TASKS  # the last evaluation ran every held-out task
+    assert [p["eval"]["tool_timeouts"] for p in points] == [
+        timeouts[M.EVAL_TOOL_TIMEOUTS][s] for s in evaluated
+    ]
 
 
 def test_checkpoints_hold_a_changed_policy(run: dict[str, Any]) -> None:

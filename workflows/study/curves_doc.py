@@ -144,6 +144,14 @@ def testbed_section(tb: str, st: Mapping[str, Any], cells: Sequence[Mapping[str,
                 else ", every cell within 5 %."
             )
         )
+    timed = [c for c in here if c.get("eval_timeouts")]
+    if timed:
+        lines.append(
+            "- Evaluations that hit a wall-clock limit (tool calls or gradings past their timeout; those points may "
+            "not reproduce on a re-run): "
+            + ", ".join(f"{c['allocator']}/s{c['seed']} ({c['eval_timeouts']})" for c in timed)
+            + "."
+        )
     return lines + [""]
 
 

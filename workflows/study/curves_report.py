@@ -68,6 +68,15 @@ def read_cell_curve(client: Any, run: Any) -> tuple[list[dict[str, Any]], str]:
     )
 
 
+def _eval_timeouts(evals: Sequence[Mapping[str, Any]]) -> int | None:
+    """Tool calls and gradings past their wall-clock limit over a cell's evaluations (None: its points predate
+    their recording): a point where one fired may not reproduce on a re-run."""
+    seen = [e for e in evals if "tool_timeouts" in e or "grade_timeouts" in e]
+    if not seen:
+        return None
+    return int(sum(e.get("tool_timeouts", 0.0) + e.get("grade_timeouts", 0.0) for e in seen))
+
+
 def cell_record(
     key: tuple[str, str, str, int],
     run_id: str,
@@ -109,6 +118,7 @@ def cell_record(
         "wall_s": float(last.get("wall_s", 0.0)),
         "eval_tokens": float(sum(e.get("generated_tokens", 0.0) for e in evals)),
         "eval_wall_s": float(sum(e.get("wall_s", 0.0) for e in evals)),
+        "eval_timeouts": _eval_timeouts(evals),
         "final_accuracy": float(np.mean(list(final.values()))) if final else math.nan,
         "final_outcomes": {str(k): float(v) for k, v in final.items()},
         "tasks": tasks,

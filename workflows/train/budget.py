@@ -116,7 +116,8 @@ class CurvePoint:
     full: bool
     """Whether this evaluation ran the whole held-out set (the start, ``eval_every`` and the last)."""
     eval_cost: dict[str, float] = field(default_factory=dict)
-    """The evaluation's own compute: ``generated_tokens``, ``wall_s``, ``cpu_s`` (not in ``totals``)."""
+    """The evaluation's own compute: ``generated_tokens``, ``wall_s``, ``cpu_s`` (not in ``totals``), and the
+    wall-clock limits that fired in it: ``tool_timeouts``, ``grade_timeouts``."""
     attempt: int = 1
     """The attempt of the run that took it (``system/attempt``)."""
 

@@ -321,11 +321,11 @@ class Driver:
 
         self.mark("eval", step)
         self._sampler_cpu += self.pool.cpu_s()  # the samplers' training CPU up to here
-        t0, c0, tokens = time.perf_counter(), process_tree_cpu_s(), []
+        t0, c0, ledgers = time.perf_counter(), process_tree_cpu_s(), []
 
         def run(*args: Any) -> Any:
             trees, led = self.pool.evaluate(*args)
-            tokens.append(led.generated_tokens)
+            ledgers.append(led)
             return trees, led
 
         prompts = self.eval_prompts if full else self.curve_prompts
@@ -333,13 +333,18 @@ class Driver:
         outcomes = task_outcomes(traces)
         rank0 = process_tree_cpu_s() - c0
         self._eval_cpu += rank0
-        cost = {"generated_tokens": float(sum(tokens)), "wall_s": time.perf_counter() - t0}
-        cost["cpu_s"] = rank0 + self.pool.cpu_s()
+        cost = {"generated_tokens": float(sum(x.generated_tokens for x in ledgers))}
+        cost["wall_s"], cost["cpu_s"] = time.perf_counter() - t0, rank0 + self.pool.cpu_s()
+        # Wall-clock limits that fired (a load-dependent outcome: the one way a re-run's greedy point can differ)
+        cost["tool_timeouts"] = float(sum(x.tool_timeouts for x in ledgers))
+        cost["grade_timeouts"] = float(sum(x.grade_timeouts for x in ledgers))
         self._point = (outcomes, full, cost)
         out = {
             M.EVAL_GENERATED_TOKENS: cost["generated_tokens"],
             M.EVAL_WALL_S: cost["wall_s"],
             M.EVAL_CPU_S: cost["cpu_s"],
+            M.EVAL_TOOL_TIMEOUTS: cost["tool_timeouts"],
+            M.EVAL_GRADE_TIMEOUTS: cost["grade_timeouts"],
         }
         if full:
             with (

@@ -151,6 +151,7 @@ class ShardedPool:
                 "llm_calls",
                 "tool_calls",
                 "invalid_actions",
+                "tool_timeouts",
                 "grade_timeouts",
                 "retried",
             ):
