@@ -19,7 +19,7 @@ from tracerl.config_loader import compose
 from tracerl.experiment_config import StudyConfig
 from workflows.study.cells import enumerate_cells
 from workflows.study.curve_cells import check_curve_study, eval_points
-from workflows.study.curves_doc import markdown
+from workflows.study.curves_doc import _iv, _resolution, markdown
 from workflows.study.curves_report import cell_record, per_testbed_stats
 from workflows.study.grid import cell_config, run_study
 from workflows.train.budget import Totals, append_point, curve_point, read_curve
@@ -216,6 +216,16 @@ def test_evaluations_past_a_wall_clock_limit_are_named(tmp_path: Path) -> None:
     doc = {"sha": "x", "decision_rule": "r", "target": "t", "cells": cells, "hypotheses": []}
     text = markdown({**doc, "testbeds": {"tb": per_testbed_stats(cells, 400.0, samples=50)}}, [])
     assert "- Evaluations that hit a wall-clock limit" in text and "): trace/s1 (3)." in text
+
+
+def test_a_target_reached_before_the_first_point_is_called_out_and_never_reads_plainly() -> None:
+    assert _iv({"estimate": None, "low": 0.16, "high": None}, pct=True) == "never (16 to inf %)"
+    assert _iv({"estimate": 0.85, "low": 0.0, "high": 1.1}, pct=True) == "85 % (0 to 110 %)"
+    cells = [{"points": [{"generated_tokens": 0.0}, {"generated_tokens": x}]} for x in (17100.0, 17400.0)]
+    stats = lambda t: {"allocators": {"grpo": {"tokens": {"tokens_to_target": {"estimate": t}}}}}  # noqa: E731
+    (line,) = _resolution(stats(14250.0), cells)
+    assert "grpo reaches the target at 14250 tokens, before the first evaluation point (17100 tokens)" in line
+    assert _resolution(stats(20000.0), cells) == [] and _resolution(stats(None), cells) == []
 
 
 # -- the grid and the report on a real MLflow store ------------------------------------------------------------

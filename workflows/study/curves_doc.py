@@ -48,7 +48,8 @@ def _iv(i: Mapping[str, Any] | None, pct: bool = False, spec: str = ".0f") -> st
     def f(v: Any, inf: str) -> str:
         return inf if v is None else format(v * scale, spec if pct else spec)
 
-    return f"{f(i['estimate'], 'never')}{unit} ({f(i['low'], 'never')} to {f(i['high'], 'inf')}{unit})"
+    est = "never" if i["estimate"] is None else f(i["estimate"], "never") + unit
+    return f"{est} ({f(i['low'], 'never')} to {f(i['high'], 'inf')}{unit})"
 
 
 def _ratio(e: Mapping[str, Any] | None) -> str:
@@ -68,6 +69,25 @@ def _tokens_line(alloc: str, tb: str, e: Mapping[str, Any]) -> str:
         f"- {alloc} on {tb}: tokens-to-target ratio {_ratio(t)} of grpo's, "
         f"{RULE_WORDS[t['verdict']]} by the rule; CPU-seconds ratio {_ratio(c)}."
     )
+
+
+def _resolution(st: Mapping[str, Any], cells: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A warning where grpo's mean curve reaches the target before any cell's first evaluation point: tokens to
+    target are then read off the straight line from the start to that point, so a ratio there says little."""
+    firsts = [
+        min(float(p["generated_tokens"]) for p in c["points"] if float(p["generated_tokens"]) > 0)
+        for c in cells
+        if any(float(p["generated_tokens"]) > 0 for p in c["points"])
+    ]
+    grpo = ((st["allocators"].get("grpo") or {}).get("tokens") or {}).get("tokens_to_target") or {}
+    t = grpo.get("estimate")
+    if not firsts or t is None or t > min(firsts):
+        return []
+    return [
+        f"- Resolution: grpo reaches the target at {t:.0f} tokens, before the first evaluation point "
+        f"({min(firsts):.0f} tokens): tokens to target here are interpolated between the start and that point, so "
+        "the ratios mostly compare the first points' accuracies."
+    ]
 
 
 def testbed_section(tb: str, st: Mapping[str, Any], cells: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -108,6 +128,7 @@ def testbed_section(tb: str, st: Mapping[str, Any], cells: Sequence[Mapping[str,
         if poor
         else "- Sigmoid fit: identified with R^2 >= 0.8 for every allocator."
     )
+    lines += _resolution(st, [c for c in cells if c["testbed"] == tb])
     h = st.get("headroom")
     if h and h.get("tokens"):
         r = h["tokens"]["ratio"]
@@ -173,7 +194,12 @@ def answer(doc: Mapping[str, Any]) -> list[str]:
                 undecided.append(tb)
                 continue
             t, c = e["tokens"]["ratio"], (e.get("cpu_s") or {}).get("ratio")
-            parts.append(f"{_iv(t, pct=True)} of its tokens and {_iv(c, pct=True)} of its CPU time on {tb}")
+            parts.append(
+                f"on {tb} does not reach it within the budget (its mean curve stays below the target; tokens "
+                f"ratio {_iv(t, pct=True)})"
+                if t["estimate"] is None
+                else f"{_iv(t, pct=True)} of its tokens and {_iv(c, pct=True)} of its CPU time on {tb}"
+            )
             (wins if e["tokens"]["verdict"] == "win" else others).append(tb)
         if parts:
             lines.append(
