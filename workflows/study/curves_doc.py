@@ -321,7 +321,9 @@ def write_curves_report(
         for tb in sorted({c["testbed"] for c in cells})
     }
     hyps = hypothesis_verdicts(cfg, stats, cells, cfg.bootstrap_samples)
-    sha = client.get_run(parent).data.tags.get("tracerl.git_sha", "unknown")
+    from workflows.tracking.runs import git_sha
+
+    sha = git_sha()  # the code that writes this report (the cells name their own commits: a later report may not)
     doc = {
         "sha": sha,
         "decision_rule": "more compute-efficient than grpo when the 95 % interval of the tokens-to-target ratio "
