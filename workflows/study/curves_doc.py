@@ -323,8 +323,8 @@ def write_curves_report(
     hyps = hypothesis_verdicts(cfg, stats, cells, cfg.bootstrap_samples)
     from workflows.tracking.runs import git_sha
 
-    sha = git_sha()  # the code that writes this report (the cells name their own commits: a later report may not)
-    doc = {
+    sha = git_sha()  # the code writing this report (the cells name their own commits)
+    doc: dict[str, Any] = {
         "sha": sha,
         "decision_rule": "more compute-efficient than grpo when the 95 % interval of the tokens-to-target ratio "
         "lies below 1 (win), less when above 1 (loss), else neither (tie)",
