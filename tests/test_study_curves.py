@@ -19,7 +19,7 @@ from tracerl.config_loader import compose
 from tracerl.experiment_config import StudyConfig
 from workflows.study.cells import enumerate_cells
 from workflows.study.curve_cells import check_curve_study, eval_points
-from workflows.study.curves_doc import _iv, _resolution, markdown
+from workflows.study.curves_doc import _iv, _resolution, answer, markdown
 from workflows.study.curves_report import cell_record, per_testbed_stats
 from workflows.study.grid import cell_config, run_study
 from workflows.train.budget import Totals, append_point, curve_point, read_curve
@@ -170,8 +170,8 @@ def test_the_answer_and_hypotheses_read_off_the_rule(tmp_path: Path) -> None:
         in text
     )
     assert (
-        "To reach what grpo reaches, trace needs 50 % (50 to 50 %) of its tokens and 100 % (100 to 100 %) of its CPU time on tb"
-        in text
+        "- trace, to reach what grpo reaches: on tb it needs 50 % (50 to 50 %) of grpo's tokens and 100 % (100 to 100 %) "
+        "of its CPU time." in text
     )
     assert "More compute-efficient than grpo by the rule on tb." in text
     assert "- trace wins (expect win of trace against grpo): **held**" in text
@@ -219,6 +219,13 @@ def test_evaluations_past_a_wall_clock_limit_are_named(tmp_path: Path) -> None:
 
 
 def test_a_target_reached_before_the_first_point_is_called_out_and_never_reads_plainly() -> None:
+    never = {"estimate": None, "low": 0.16, "high": None}
+    st = {"allocators": {"pcl": {"tokens": {"verdict": "tie", "ratio": never}, "cpu_s": {"ratio": never}}}}
+    (line,) = [x for x in answer({"testbeds": {"tb": st}, "hypotheses": []}) if x.startswith("- pcl")]
+    assert line.startswith(
+        "- pcl, to reach what grpo reaches: on tb it does not reach the target within the budget (its mean curve "
+        "stays below it; tokens ratio never (16 to inf %))."
+    )
     assert _iv({"estimate": None, "low": 0.16, "high": None}, pct=True) == "never (16 to inf %)"
     assert _iv({"estimate": 0.85, "low": 0.0, "high": 1.1}, pct=True) == "85 % (0 to 110 %)"
     cells = [{"points": [{"generated_tokens": 0.0}, {"generated_tokens": x}]} for x in (17100.0, 17400.0)]
@@ -305,7 +312,7 @@ def test_grid_keeps_curves_in_mlflow_and_the_report_survives_moved_runs(tmp_path
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlruns.db")
     logged = {f.path for f in client.list_artifacts(s["parent_run_id"], "report")}
     assert "report/curves_accuracy_vs_generated_tokens.png" in logged and "report/curves.md" in logged
-    assert "To reach what grpo reaches, trace needs 50 %" in (out / "curves.md").read_text()
+    assert "trace, to reach what grpo reaches: on math-late it needs 50 %" in (out / "curves.md").read_text()
 
 
 def test_a_study_resumes_in_a_fresh_store_from_its_archive(tmp_path: Path) -> None:

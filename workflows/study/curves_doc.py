@@ -195,15 +195,15 @@ def answer(doc: Mapping[str, Any]) -> list[str]:
                 continue
             t, c = e["tokens"]["ratio"], (e.get("cpu_s") or {}).get("ratio")
             parts.append(
-                f"on {tb} does not reach it within the budget (its mean curve stays below the target; tokens "
+                f"on {tb} it does not reach the target within the budget (its mean curve stays below it; tokens "
                 f"ratio {_iv(t, pct=True)})"
                 if t["estimate"] is None
-                else f"{_iv(t, pct=True)} of its tokens and {_iv(c, pct=True)} of its CPU time on {tb}"
+                else f"on {tb} it needs {_iv(t, pct=True)} of grpo's tokens and {_iv(c, pct=True)} of its CPU time"
             )
             (wins if e["tokens"]["verdict"] == "win" else others).append(tb)
         if parts:
             lines.append(
-                f"- To reach what grpo reaches, {a} needs " + "; ".join(parts) + ". More compute-efficient "
+                f"- {a}, to reach what grpo reaches: " + "; ".join(parts) + ". More compute-efficient "
                 f"than grpo by the rule {'on ' + ', '.join(wins) if wins else 'nowhere'}"
                 + (f", not on {', '.join(others)}" if others else "")
                 + "."
