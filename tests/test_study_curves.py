@@ -19,7 +19,7 @@ from tracerl.config_loader import compose
 from tracerl.experiment_config import StudyConfig
 from workflows.study.cells import enumerate_cells
 from workflows.study.curve_cells import check_curve_study, eval_points
-from workflows.study.curves_doc import _iv, _resolution, answer, markdown
+from workflows.study.curves_doc import _iv, _ratio, _resolution, answer, markdown
 from workflows.study.curves_report import cell_record, per_testbed_stats
 from workflows.study.grid import cell_config, run_study
 from workflows.train.budget import Totals, append_point, curve_point, read_curve
@@ -219,6 +219,9 @@ def test_evaluations_past_a_wall_clock_limit_are_named(tmp_path: Path) -> None:
 
 
 def test_a_target_reached_before_the_first_point_is_called_out_and_never_reads_plainly() -> None:
+    only = {"verdict": "win", "ratio": {"estimate": 0.0, "low": 0.0, "high": 0.83}}
+    only |= {"tokens_to_target": {"estimate": 102221.8}, "vs_tokens_to_target": {"estimate": None}}
+    assert _ratio(only) == "0 %: only it reaches the target (0 % (0 to 83 %))"  # the baseline never does
     never = {"estimate": None, "low": 0.16, "high": None}
     st = {"allocators": {"pcl": {"tokens": {"verdict": "tie", "ratio": never}, "cpu_s": {"ratio": never}}}}
     (line,) = [x for x in answer({"testbeds": {"tb": st}, "hypotheses": []}) if x.startswith("- pcl")]

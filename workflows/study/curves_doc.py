@@ -56,6 +56,10 @@ def _ratio(e: Mapping[str, Any] | None) -> str:
     """A comparison's ratio as a share of grpo's, 'n/a' where the rule has no target."""
     if not e or e.get("verdict") == "n/a":
         return "n/a"
+    if (e.get("vs_tokens_to_target") or {}).get("estimate", 0.0) is None and (
+        e.get("tokens_to_target") or {}
+    ).get("estimate") is not None:  # x / never = 0 by convention: say so, a bare "0 %" reads as free
+        return f"0 %: only it reaches the target ({_iv(e['ratio'], pct=True)})"
     return _iv(e["ratio"], pct=True)
 
 
@@ -133,10 +137,12 @@ def testbed_section(tb: str, st: Mapping[str, Any], cells: Sequence[Mapping[str,
     if h and h.get("tokens"):
         r = h["tokens"]["ratio"]
         saved = None if r["estimate"] is None else 1 - r["estimate"]
+        if (h["tokens"].get("vs_tokens_to_target") or {}).get("estimate", 0.0) is None:
+            saved = None  # trace never reaches the target: no share of its tokens to save
         fd = h.get("final_difference")
         lines.append(
             f"- Headroom ({st.get('ceiling', 'trace_mc')}, the Monte-Carlo ceiling, against trace): it needs "
-            f"{_iv(r, pct=True)} of trace's tokens to the target"
+            f"{_ratio(h['tokens'])} of trace's tokens to the target"
             + (
                 f" (Monte-Carlo scores in place of the predictor save {100 * saved:.0f} % of trace's tokens)"
                 if saved is not None
