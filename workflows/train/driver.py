@@ -40,6 +40,8 @@ from workflows.train.step_log import (
     totals_line,
 )
 
+TIMEOUTS = ("tool_timeouts", "grade_timeouts")  # wall-clock limits an evaluation logs as eval/<name>
+
 
 def overlaps_next(cfg: TrainConfig, done: int) -> bool:
     """Whether the step after step ``done`` (1-based) starts beside this one's update: with ``pipeline.overlap``,
@@ -333,19 +335,10 @@ class Driver:
         outcomes = task_outcomes(traces)
         rank0 = process_tree_cpu_s() - c0
         self._eval_cpu += rank0
-        cost = {"generated_tokens": float(sum(x.generated_tokens for x in ledgers))}
+        cost = {k: float(sum(getattr(x, k) for x in ledgers)) for k in ("generated_tokens", *TIMEOUTS)}
         cost["wall_s"], cost["cpu_s"] = time.perf_counter() - t0, rank0 + self.pool.cpu_s()
-        # Wall-clock limits that fired (a load-dependent outcome: the one way a re-run's greedy point can differ)
-        cost["tool_timeouts"] = float(sum(x.tool_timeouts for x in ledgers))
-        cost["grade_timeouts"] = float(sum(x.grade_timeouts for x in ledgers))
         self._point = (outcomes, full, cost)
-        out = {
-            M.EVAL_GENERATED_TOKENS: cost["generated_tokens"],
-            M.EVAL_WALL_S: cost["wall_s"],
-            M.EVAL_CPU_S: cost["cpu_s"],
-            M.EVAL_TOOL_TIMEOUTS: cost["tool_timeouts"],
-            M.EVAL_GRADE_TIMEOUTS: cost["grade_timeouts"],
-        }
+        out = {M.EVAL + k: v for k, v in cost.items()}  # eval/generated_tokens, wall_s, cpu_s, the timeouts
         if full:
             with (
                 tempfile.TemporaryDirectory() as tmp
