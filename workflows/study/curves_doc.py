@@ -46,19 +46,23 @@ def _iv(i: Mapping[str, Any] | None, pct: bool = False, spec: str = ".0f") -> st
     scale, unit = (100.0, " %") if pct else (1.0, "")
 
     def f(v: Any, inf: str) -> str:
-        return inf if v is None else format(v * scale, spec if pct else spec)
+        return inf if v is None else format(v * scale, spec)
 
     est = "never" if i["estimate"] is None else f(i["estimate"], "never") + unit
     return f"{est} ({f(i['low'], 'never')} to {f(i['high'], 'inf')}{unit})"
+
+
+def _only_it_reaches(e: Mapping[str, Any]) -> bool:
+    """Whether a comparison's ratio is 0 only because its baseline's mean curve never reaches the target."""
+    never = (e.get("vs_tokens_to_target") or {}).get("estimate", 0.0) is None
+    return never and (e.get("tokens_to_target") or {}).get("estimate") is not None
 
 
 def _ratio(e: Mapping[str, Any] | None) -> str:
     """A comparison's ratio as a share of grpo's, 'n/a' where the rule has no target."""
     if not e or e.get("verdict") == "n/a":
         return "n/a"
-    if (e.get("vs_tokens_to_target") or {}).get("estimate", 0.0) is None and (
-        e.get("tokens_to_target") or {}
-    ).get("estimate") is not None:  # x / never = 0 by convention: say so, a bare "0 %" reads as free
+    if _only_it_reaches(e):  # x / never = 0 by convention: say so, a bare "0 %" reads as free
         return f"0 %: only it reaches the target ({_iv(e['ratio'], pct=True)})"
     return _iv(e["ratio"], pct=True)
 
@@ -78,18 +82,15 @@ def _tokens_line(alloc: str, tb: str, e: Mapping[str, Any]) -> str:
 def _resolution(st: Mapping[str, Any], cells: Sequence[Mapping[str, Any]]) -> list[str]:
     """A warning where grpo's mean curve reaches the target before any cell's first evaluation point: tokens to
     target are then read off the straight line from the start to that point, so a ratio there says little."""
-    firsts = [
-        min(float(p["generated_tokens"]) for p in c["points"] if float(p["generated_tokens"]) > 0)
-        for c in cells
-        if any(float(p["generated_tokens"]) > 0 for p in c["points"])
-    ]
+    xs = [float(p["generated_tokens"]) for c in cells for p in c["points"]]
+    first = min((x for x in xs if x > 0), default=None)
     grpo = ((st["allocators"].get("grpo") or {}).get("tokens") or {}).get("tokens_to_target") or {}
     t = grpo.get("estimate")
-    if not firsts or t is None or t > min(firsts):
+    if first is None or t is None or t > first:
         return []
     return [
         f"- Resolution: grpo reaches the target at {t:.0f} tokens, before the first evaluation point "
-        f"({min(firsts):.0f} tokens): tokens to target here are interpolated between the start and that point, so "
+        f"({first:.0f} tokens): tokens to target here are interpolated between the start and that point, so "
         "the ratios mostly compare the first points' accuracies."
     ]
 
@@ -132,13 +133,13 @@ def testbed_section(tb: str, st: Mapping[str, Any], cells: Sequence[Mapping[str,
         if poor
         else "- Sigmoid fit: identified with R^2 >= 0.8 for every allocator."
     )
-    lines += _resolution(st, [c for c in cells if c["testbed"] == tb])
+    here = [c for c in cells if c["testbed"] == tb]
+    lines += _resolution(st, here)
     h = st.get("headroom")
     if h and h.get("tokens"):
         r = h["tokens"]["ratio"]
-        saved = None if r["estimate"] is None else 1 - r["estimate"]
-        if (h["tokens"].get("vs_tokens_to_target") or {}).get("estimate", 0.0) is None:
-            saved = None  # trace never reaches the target: no share of its tokens to save
+        # none where trace never reaches the target: no share of its tokens to save
+        saved = None if r["estimate"] is None or _only_it_reaches(h["tokens"]) else 1 - r["estimate"]
         fd = h.get("final_difference")
         lines.append(
             f"- Headroom ({st.get('ceiling', 'trace_mc')}, the Monte-Carlo ceiling, against trace): it needs "
@@ -156,7 +157,6 @@ def testbed_section(tb: str, st: Mapping[str, Any], cells: Sequence[Mapping[str,
             )
             + "."
         )
-    here = [c for c in cells if c["testbed"] == tb]
     off = [c for c in here if c["budget_flag"]]
     gaps = [c["budget_off"] for c in here if c["points"]]
     if gaps:
