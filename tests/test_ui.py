@@ -83,6 +83,7 @@ def _ui(uri: str, cwd: Path) -> tuple[subprocess.Popen[str], str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}"}
+    err = (cwd / "ui.stderr").open("w")  # MLflow's log and tracerl's one-line reason, shown if it fails
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -97,7 +98,7 @@ def _ui(uri: str, cwd: Path) -> tuple[subprocess.Popen[str], str]:
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=err,
         text=True,
     )
     assert proc.stdout is not None
@@ -106,7 +107,9 @@ def _ui(uri: str, cwd: Path) -> tuple[subprocess.Popen[str], str]:
         if m:
             return proc, m.group(1)
     proc.kill()
-    raise AssertionError(f"tracerl ui exited ({proc.wait()}) without printing its URL")
+    code = proc.wait()
+    tail = (cwd / "ui.stderr").read_text().splitlines()[-15:]
+    raise AssertionError(f"tracerl ui exited ({code}) without printing its URL:\n" + "\n".join(tail))
 
 
 @pytest.fixture(scope="module")

@@ -332,7 +332,8 @@ def compare(
 
 
 def ui_command(uri: str, host: str, port: int) -> list[str]:
-    """The `mlflow ui` command for a tracking store (a database URI or a file store)."""
+    """The `mlflow ui` command for a tracking store (a database URI or a file store): one worker process (one
+    person browses it; MLflow's default of four took over a minute to answer on a busy 2-core machine)."""
     import sys
 
     return [
@@ -346,4 +347,6 @@ def ui_command(uri: str, host: str, port: int) -> list[str]:
         host,
         "--port",
         str(port),
+        "--workers",
+        "1",
     ]

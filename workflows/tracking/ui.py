@@ -57,8 +57,9 @@ def stop_group(proc: Any) -> None:
             continue
 
 
-READY_S = 60.0
-"""How long ``serve`` waits for the MLflow UI to answer /health before it gives up."""
+READY_S = 180.0
+"""How long ``serve`` waits for the MLflow UI to answer /health before it gives up (a busy machine's start-up
+of MLflow's server, measured over 60 s with four workers on 2 loaded cores)."""
 
 
 def serve(uri: str, host: str, port: int, experiment: str, check: bool = False) -> int:
