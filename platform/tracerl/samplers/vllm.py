@@ -22,7 +22,7 @@ from typing import Any
 
 from tracerl.config import ModelConfig, SamplerConfig
 from tracerl.samplers.aio import run as on_loop
-from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop
+from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop, end_ids, stop_token_ids
 
 
 def engine_kwargs(cfg: SamplerConfig, gpus: float = 1.0) -> dict[str, Any]:
@@ -51,6 +51,8 @@ class VLLMSampler:
         self.engine_kwargs = engine_kwargs or {}
         self.counter = counter or DecodeCounter()
         self._ids = itertools.count()
+        self.ends = end_ids(tokenizer, _generation_config(path))
+        """Every token that ends a turn (the tokenizer's EOS and the checkpoint's generation config's list)."""
 
     @classmethod
     def from_config(
@@ -135,9 +137,12 @@ class VLLMSampler:
             temperature=temperature,
             max_tokens=max_new_tokens,
             stop=list(stop) or None,
+            # Special tokens stay in the text so that stop strings made of them match; every end token and every
+            # one-token special stop string also stops by id.
+            stop_token_ids=stop_token_ids(self.tokenizer, stop, self.ends) or None,
             logprobs=0,
             seed=int(seed),
-            skip_special_tokens=True,
+            skip_special_tokens=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
         out = None
@@ -148,9 +153,9 @@ class VLLMSampler:
         o = out.outputs[0]
         # vLLM cuts the text at a stop string but returns the tokens that spell it: the next turn's context is built
         # from tokens, so they are cut as the hf backend cuts them.
-        ids, text, finish = cut_at_stop(self.tokenizer, list(o.token_ids), stop)
+        ids, text, finish = cut_at_stop(self.tokenizer, list(o.token_ids), stop, self.ends)
         if finish == "length" and o.finish_reason == "stop":  # stopped on a token it did not return
-            finish = "stop" if isinstance(o.stop_reason, str) else "eos"
+            finish = "eos" if o.stop_reason is None or o.stop_reason in self.ends else "stop"
         lps = [float(step[t].logprob) for step, t in zip(o.logprobs or [], ids)]
         cached = int(getattr(out, "num_cached_tokens", 0) or 0)
         return Generation(ids, lps, text, finish, prefill_tokens=len(context) - cached, reused_tokens=cached)
@@ -205,6 +210,22 @@ class VLLMSampler:
         del self.engine
         gc.collect()
         self.engine = on_loop(_start_engine({**self.engine_kwargs, "model": str(new)}, self.counter))
+
+
+def _generation_config(path: str | None) -> Any:
+    """An object whose ``generation_config`` is the checkpoint directory's (its end tokens), or None without one."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    if path is None or not (Path(path) / "generation_config.json").is_file():
+        return None
+
+    from transformers import GenerationConfig
+
+    try:
+        return SimpleNamespace(generation_config=GenerationConfig.from_pretrained(path))
+    except (OSError, ValueError):  # an unreadable generation config: the tokenizer's EOS alone
+        return None
 
 
 def _load_into(items: list[tuple[str, Any]], model: Any) -> None:
