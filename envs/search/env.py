@@ -29,7 +29,7 @@ from envs.search.world import TEMPLATES, Question, World, build_world, generate,
 from tracerl.engine.gold import answer_turn_text, tool_turn_text
 from tracerl.engine.protocol import ToolEnv, ToolResult
 from tracerl.engine.react import Action, ToolSpec
-from tracerl.grading import GradeError, Grader
+from tracerl.grading import GradeError, Grader, stated_answer
 from tracerl.types import Prompt
 
 SEARCH = ToolSpec("search", "Search the corpus (BM25) and return the best-matching passages.", ("query",))
@@ -173,6 +173,7 @@ class SearchEnv(ToolEnv):
         Raises:
             GradeTimeout: scoring a long answer ran past the limit.
         """
+        answer = stated_answer(answer) if answer is not None else None  # the answer stated, not restated text
         key = (prompt.prompt_id, prompt.answer, answer)
         if self._last is not None and self._last[0] == key:
             return dict(self._last[1])
