@@ -259,3 +259,25 @@ def learner_gap(
                 rows += 1
     assert rows == len(batch) and turns >= rows and padded_rows > 0
     return worst, turns
+
+
+def test_every_end_token_ends_a_turn_and_only_the_eos_is_kept(smollm2_tokenizer: Any) -> None:
+    """``cut_at_stop`` with Qwen3-style end tokens: ``<|im_end|>`` (the EOS) is kept as the turn's last model token,
+    ``<|endoftext|>`` ends the turn without being kept, ``<|im_start|>`` is a stop string; a text-matching backend
+    (vLLM) also stops on all three by id."""
+    from tracerl.samplers.base import cut_at_stop, stop_token_ids
+
+    tok = smollm2_tokenizer
+    eos, eot, start = (tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>", "<|im_start|>"))
+    body = tok("hello <tool_call>x</tool_call>", add_special_tokens=False)["input_ids"]
+    text = "hello <tool_call>x</tool_call>"
+    assert cut_at_stop(tok, [*body, eos, eos], ChatTemplate.stop, [eos, eot]) == ([*body, eos], text, "eos")
+    assert cut_at_stop(tok, [*body, eot, 55], ChatTemplate.stop, [eos, eot]) == (body, text, "eos")
+    assert cut_at_stop(tok, [*body, start, 55], ChatTemplate.stop, [eos, eot]) == (body, text, "stop")
+    # not among the end tokens, <|endoftext|> is just text and the turn runs on to its cap
+    assert cut_at_stop(tok, [*body, eot], ChatTemplate.stop, [eos]) == (
+        [*body, eot],
+        text + "<|endoftext|>",
+        "length",
+    )
+    assert stop_token_ids(tok, ChatTemplate.stop, [eos, eot]) == [eos, eot, start]
