@@ -20,7 +20,7 @@ class Generation:
     """Sampling log-probability of each kept token."""
     text: str
     finish: str
-    """'stop' (a stop string), 'eos', or 'length' (hit max_new_tokens: a runaway turn)."""
+    """'stop' (a stop string), 'eos' (an end token, ``end_ids``), or 'length' (hit max_new_tokens: a runaway turn)."""
     prefill_tokens: int = 0
     """Context tokens the backend had to encode for this call."""
     reused_tokens: int = 0
