@@ -72,6 +72,7 @@ class MetricLog:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
         self.client, self.run_id, self.storage, self.attempt, self.say = client, run_id, storage, attempt, say
         self.spool, self.sent, self.clock = storage / SPOOL, storage / SENT, storage / CLOCK
+        self.last_error: Exception | None = None  # why the last flush failed
         try:
             self.last_ts = int(self.clock.read_text() or 0)
         except (FileNotFoundError, ValueError):
@@ -125,6 +126,14 @@ class MetricLog:
             self.storage / ARTIFACTS
         ).is_dir()
 
+    def unsent(self) -> int:
+        """How many spooled metrics the store has not taken yet."""
+        if not self.spool.is_file():
+            return 0
+        with open(self.spool, "rb") as f:
+            f.seek(self._offset())
+            return f.read().count(b"\n")
+
     def _offset(self) -> int:
         try:
             return int(self.sent.read_text() or 0)
@@ -166,7 +175,8 @@ class MetricLog:
                     self.client.log_artifacts(self.run_id, str(d), str(d.relative_to(kept)))
                 shutil.rmtree(kept)
             return True
-        except Exception:  # noqa: BLE001 - still unreachable: try again later
+        except Exception as e:  # noqa: BLE001 - still unreachable: try again later
+            self.last_error = e
             return False
 
 
@@ -222,13 +232,20 @@ class PendingStatus:
 
 
 def replay_statuses(client: Any, out_dir: Path, say: Callable[[str], None]) -> None:
-    """Send every run status kept under ``out_dir`` (one run storage a directory) that the store can now take."""
+    """Send every run status kept under ``out_dir`` (one run storage a directory) that the store can now take (a
+    full store, or a server away at the run's end), after the metrics that run spooled: never a final status
+    before its run's metrics (workflows/tracking/sync.py)."""
     for path in sorted(out_dir.glob(f"*/{STATUS}")):
+        kept = PendingStatus(path.parent).pending()
+        if kept is None:
+            continue
         try:
+            if not MetricLog(client, kept[1], path.parent, 0, say).flush():
+                continue
             run_id = PendingStatus(path.parent).replay(client)
         except Exception:  # noqa: BLE001 - the store still cannot take it: a later command tries again
             continue
         if run_id:
             say(
-                f"MLflow run {run_id}: its final status, kept in {path} when the store was full, is now recorded"
+                f"MLflow run {run_id}: its final status, kept in {path}, is now recorded (its metrics before it)"
             )

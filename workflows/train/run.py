@@ -116,6 +116,7 @@ def train(
     from workflows.tracking.run_info import train_tags
     from workflows.tracking.runs import end_run, failing_run
     from workflows.tracking.spool import ATTEMPTS, PendingStatus, replay_statuses
+    from workflows.tracking.sync import MetricsPending
 
     cfg = resolve_paths(cfg)
     check_model(cfg)
@@ -181,15 +182,22 @@ def train(
             raise
     finally:
         steps_bar.close()
-        stuck = end_run(
-            client,
-            run_id,
-            storage,
-            status,
-            progress,
-            resolve_uri(cfg.tracking.uri),
-            failed_note=full is None and failed is None,
-        )
+        try:
+            stuck = end_run(
+                client,
+                run_id,
+                storage,
+                status,
+                progress,
+                resolve_uri(cfg.tracking.uri),
+                failed_note=full is None and failed is None,
+                flush_timeout_s=cfg.tracking.flush_timeout_s,
+            )
+        except MetricsPending as pending:
+            if status == "FINISHED":  # the command's outcome: exit 75 (workflows/tracking/sync.py)
+                raise
+            progress(str(pending))  # the run's own error, propagating, is the command's outcome
+
     if full is not None or stuck is not None:
         raise DiskFull(full or stuck or str(storage))
     summary = run_summary(run_id, cfg.tracking, client)
