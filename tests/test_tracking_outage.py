@@ -97,3 +97,22 @@ def test_metrics_spooled_past_the_end_of_a_run_reach_the_store_once_by_sync(
         assert len(client.get_metric_history(run_id, M.LOSS)) == STEPS
     finally:
         server.kill()
+
+
+def test_a_full_store_is_not_called_an_unreachable_server(tmp_path: Path) -> None:
+    """Artifacts the store refuses for lack of space are kept, and the line says the store is full."""
+    import errno
+
+    from workflows.tracking.spool import ARTIFACTS, MetricLog
+
+    class FakeFullStore:  # a fake MLflow client whose artifact store is out of space
+        def log_artifacts(self, run_id: str, local_dir: str, artifact_path: str) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device", "/art/x")
+
+    said: list[str] = []
+    src = tmp_path / "eval"
+    src.mkdir()
+    (src / "a.json").write_text("{}")
+    MetricLog(FakeFullStore(), "r", tmp_path, 1, said.append).log_artifacts(src, "eval")
+    assert said == ["tracking store full (OSError): artifacts eval kept for later"]
+    assert (tmp_path / ARTIFACTS / "eval" / "a.json").read_text() == "{}"

@@ -17,6 +17,7 @@ every step's metrics to show which one it was. Timestamps increase strictly acro
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -45,6 +46,16 @@ def next_attempt(storage: Path) -> int:
             n += 1
 
 
+def fail_fast_http() -> None:
+    """In this process, MLflow's HTTP calls give up after one retry, not after its default of minutes of back-off
+    (7 retries, 120 s each): a run spools, and its end waits ``tracking.flush_timeout_s``, instead of hanging in a
+    call (the driver's progress bar and end of run, rank 0's logging). urllib3's line per retried connection is
+    kept out of the terminal: the spool says once what happened."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+
+
 def spooled_records(storage: Path) -> list[dict[str, Any]]:
     """Every record ever spooled for the run at ``storage`` (sent or not)."""
     path = storage / SPOOL
@@ -65,11 +76,8 @@ class MetricLog:
         say: Callable[[str], None] = lambda s: None,
         fail_fast: bool = True,
     ) -> None:
-        if (
-            fail_fast
-        ):  # spool after one retry, not after MLflow's default of minutes of back-off (this process only)
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+        if fail_fast:
+            fail_fast_http()
         self.client, self.run_id, self.storage, self.attempt, self.say = client, run_id, storage, attempt, say
         self.spool, self.sent, self.clock = storage / SPOOL, storage / SENT, storage / CLOCK
         self.last_error: Exception | None = None  # why the last flush failed
@@ -116,10 +124,11 @@ class MetricLog:
         try:
             self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
         except Exception as e:  # noqa: BLE001
+            from workflows.ops.disk import no_space
+
             shutil.copytree(local_dir, self.storage / ARTIFACTS / artifact_path, dirs_exist_ok=True)
-            self.say(
-                f"tracking unreachable ({e.__class__.__name__}): artifacts {artifact_path} kept for later"
-            )
+            why = "tracking store full" if no_space(e) is not None else "tracking unreachable"
+            self.say(f"{why} ({e.__class__.__name__}): artifacts {artifact_path} kept for later")
 
     def _pending(self) -> bool:
         return (self.spool.is_file() and self.spool.stat().st_size > self._offset()) or (

@@ -115,7 +115,7 @@ def train(
     from workflows.tracking.local_runs import tracking_client
     from workflows.tracking.run_info import train_tags
     from workflows.tracking.runs import end_run, failing_run
-    from workflows.tracking.spool import ATTEMPTS, PendingStatus, replay_statuses
+    from workflows.tracking.spool import ATTEMPTS, PendingStatus, fail_fast_http, replay_statuses
     from workflows.tracking.sync import MetricsPending
 
     cfg = resolve_paths(cfg)
@@ -124,6 +124,7 @@ def train(
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if tracked:
+        fail_fast_http()  # the driver's calls (progress bar, end of run) too: a server away is waited for in bounds
         trk.check_reachable(
             resolve_uri(cfg.tracking.uri)
         )  # before Ray starts: a dead server is one line, at once
