@@ -333,6 +333,6 @@ def test_a_store_too_full_for_the_final_status_keeps_it_for_later(tiny_disk: Pat
     replay_statuses(client, tiny_disk / "runs", said.append)
     assert client.get_run(run_id).info.status == "FAILED" and PendingStatus(storage).pending() is None
     assert said == [
-        f"MLflow run {run_id}: its final status, kept in {storage}/status.pending when the store was full, "
-        "is now recorded"
+        f"MLflow run {run_id}: its final status, kept in {storage}/status.pending, is now recorded (its metrics "
+        "before it)"
     ]

@@ -211,7 +211,11 @@ def test_cli_writes_the_sim_part_and_validates(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [(b"a: [1,\n", "is not valid YAML"), (b"\xff\xfe", "is not UTF-8 text"), (b"- 1\n", "is a YAML mapping")],
+    [
+        (b"a: [1,\n", "not valid YAML: this '[' is not closed"),
+        (b"\xff\xfe", "is not UTF-8 text"),
+        (b"- 1\n", "is a YAML mapping"),
+    ],
 )
 def test_a_bad_profile_file_is_one_line_naming_it_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, message: str

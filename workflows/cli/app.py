@@ -250,9 +250,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_code(exc)
     except Exception as exc:  # noqa: BLE001 - user errors are one line; anything else keeps its traceback
         from workflows.ops.disk import EXIT_CODE, DiskFull, no_space
+        from workflows.tracking.sync import EXIT_CODE as PENDING_EXIT_CODE
+        from workflows.tracking.sync import MetricsPending
 
         if os.environ.get(DEBUG_ENV):
             raise
+        if isinstance(exc, MetricsPending):  # the run is done, its metrics wait for the server: exit 75
+            print(f"tracerl: {exc}", file=sys.stderr)
+            return PENDING_EXIT_CODE
         full = no_space(
             exc
         )  # a full disk or quota, however wrapped (Ray's, MLflow's errors): its own exit code

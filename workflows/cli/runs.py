@@ -1,4 +1,4 @@
-"""``tracerl register``, ``compare``, ``submit`` and ``ui``: commands on runs already tracked in MLflow, and on a
+"""``tracerl register``, ``compare``, ``submit``, ``sync`` and ``ui``: commands on runs already tracked in MLflow, and on a
 Ray cluster; they take plain flags, not a job config."""
 
 from __future__ import annotations
@@ -61,6 +61,15 @@ def _submit(args: argparse.Namespace) -> int:
     return 0 if state in ("SUCCEEDED", "PENDING") else 1
 
 
+def _sync(args: argparse.Namespace) -> int:
+    from workflows.tracking.sync import sync_run
+
+    sent, status = sync_run(args.run_id, args.tracking_uri, say=progress)
+    done = f"status {status} recorded" if status else "no final status was waiting"
+    print(f"MLflow run {args.run_id}: {sent} spooled metrics sent, {done}")
+    return 0
+
+
 def _ui(args: argparse.Namespace) -> int:
     from workflows.tracking.ui import serve
 
@@ -100,6 +109,13 @@ def add_parsers(sub: Any) -> None:
     cmp.add_argument("--tracking-uri", help=URI_HELP)
     cmp.add_argument("--out", default="bench_out/compare", help="output directory (default: %(default)s)")
     cmp.add_argument("--no-log", action="store_true", help="do not log the report to MLflow")
+    syn = sub.add_parser(
+        "sync", help="send a run's spooled metrics and final status to the tracking store (no training)"
+    )
+    syn.add_argument(
+        "run_id", help="MLflow run id of a `tracerl train` run that ended with its metrics spooled"
+    )
+    syn.add_argument("--tracking-uri", help=URI_HELP)
     ui = sub.add_parser("ui", help="start the MLflow UI on the tracking store and print its URL")
     ui.add_argument("--tracking-uri", help=URI_HELP)
     ui.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
@@ -112,4 +128,4 @@ def add_parsers(sub: Any) -> None:
     )
 
 
-HANDLERS = {"register": _register, "compare": _compare, "submit": _submit, "ui": _ui}
+HANDLERS = {"register": _register, "compare": _compare, "submit": _submit, "sync": _sync, "ui": _ui}

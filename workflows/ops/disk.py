@@ -40,7 +40,7 @@ class DiskFull(OSError):
         return (DiskFull, (self.path,))
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
+def error_chain(exc: BaseException) -> Iterator[BaseException]:
     """``exc`` and everything it wraps: causes, contexts, Ray Train's per-worker and controller errors, SQLAlchemy's
     original DB-API error."""
     todo: list[Any] = [exc]
@@ -61,7 +61,7 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 def no_space(exc: BaseException) -> str | None:
     """The path a full disk or quota was met at ("" if no path is known), or None when ``exc`` is no such error."""
     found: str | None = None
-    for e in _chain(exc):
+    for e in error_chain(exc):
         if isinstance(e, DiskFull):
             return e.path
         hit = isinstance(e, OSError) and e.errno in NO_SPACE_ERRNOS

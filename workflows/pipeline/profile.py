@@ -19,6 +19,8 @@ from typing import Any, Literal
 import numpy as np
 import yaml
 
+from tracerl.config_yaml import syntax_message
+
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "conf" / "bench" / "pipeline_profiles"
 BATCHING = ("rounds", "continuous")
 
@@ -271,9 +273,12 @@ def load_profile(path: Path) -> Profile:
         ValueError: not UTF-8, not YAML, or not a profile; the message names the file.
     """
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        text = Path(path).read_text()
+        raw = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        raise ValueError(syntax_message(path, text, exc)) from None
     except yaml.YAMLError as exc:
-        raise ValueError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise ValueError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
     except UnicodeDecodeError:
         raise ValueError(f"{path} is not UTF-8 text") from None
     if not isinstance(raw, dict):

@@ -179,22 +179,31 @@ def end_run(
     progress: Callable[[str], None],
     store: str,
     failed_note: bool = True,
+    flush_timeout_s: float = 120.0,
 ) -> str | None:
     """Close a training run: send what rank 0 spooled, set its final status (KILLED when a sweep's scheduler stopped
     it), say how to resume one that did not finish. A store too full to take the status keeps it under the storage
     (``workflows.tracking.spool.PendingStatus``, sent by a later command); returns where the disk was full (``store``, the
     tracking URI, when the error does not say; None: it was not full).
+
+    Raises:
+        workflows.tracking.sync.MetricsPending: the server did not take the spooled metrics within
+            ``flush_timeout_s``; the status is kept with them and nothing of the end was sent (the run stays RUNNING).
     """
     from workflows.ops.disk import no_space, store_path
     from workflows.tracking.spool import MetricLog, PendingStatus
+    from workflows.tracking.sync import MetricsPending, flush_within
 
     try:
+        log = MetricLog(client, run_id, storage, 0, progress)  # fail fast: the wait below is the bound
+        if not flush_within(log, flush_timeout_s, progress):
+            if not PendingStatus(storage).record(run_id, status):
+                raise OSError(f"cannot keep the run's status in {storage}")
+            raise MetricsPending(run_id, storage, store, log.unsent(), flush_timeout_s, status)
         if status == "FAILED" and "tracerl.stopped_early" in client.get_run(run_id).data.tags:
             status = (
                 "KILLED"  # a sweep's scheduler stopped this trial (and said so) before its Train run ended
             )
-        if not MetricLog(client, run_id, storage, 0, progress, fail_fast=False).flush():
-            progress(f"metrics still spooled in {storage}: the tracking server is unreachable")
         client.set_terminated(run_id, status=status)
     except Exception as exc:  # noqa: BLE001 - the stores raise their own types; only a full disk is handled
         full = no_space(exc)

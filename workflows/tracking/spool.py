@@ -17,6 +17,7 @@ every step's metrics to show which one it was. Timestamps increase strictly acro
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -45,6 +46,16 @@ def next_attempt(storage: Path) -> int:
             n += 1
 
 
+def fail_fast_http() -> None:
+    """In this process, MLflow's HTTP calls give up after one retry, not after its default of minutes of back-off
+    (7 retries, 120 s each): a run spools, and its end waits ``tracking.flush_timeout_s``, instead of hanging in a
+    call (the driver's progress bar and end of run, rank 0's logging). urllib3's line per retried connection is
+    kept out of the terminal: the spool says once what happened."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+
+
 def spooled_records(storage: Path) -> list[dict[str, Any]]:
     """Every record ever spooled for the run at ``storage`` (sent or not)."""
     path = storage / SPOOL
@@ -65,13 +76,11 @@ class MetricLog:
         say: Callable[[str], None] = lambda s: None,
         fail_fast: bool = True,
     ) -> None:
-        if (
-            fail_fast
-        ):  # spool after one retry, not after MLflow's default of minutes of back-off (this process only)
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+        if fail_fast:
+            fail_fast_http()
         self.client, self.run_id, self.storage, self.attempt, self.say = client, run_id, storage, attempt, say
         self.spool, self.sent, self.clock = storage / SPOOL, storage / SENT, storage / CLOCK
+        self.last_error: Exception | None = None  # why the last flush failed
         try:
             self.last_ts = int(self.clock.read_text() or 0)
         except (FileNotFoundError, ValueError):
@@ -115,15 +124,24 @@ class MetricLog:
         try:
             self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
         except Exception as e:  # noqa: BLE001
+            from workflows.ops.disk import no_space
+
             shutil.copytree(local_dir, self.storage / ARTIFACTS / artifact_path, dirs_exist_ok=True)
-            self.say(
-                f"tracking unreachable ({e.__class__.__name__}): artifacts {artifact_path} kept for later"
-            )
+            why = "tracking store full" if no_space(e) is not None else "tracking unreachable"
+            self.say(f"{why} ({e.__class__.__name__}): artifacts {artifact_path} kept for later")
 
     def _pending(self) -> bool:
         return (self.spool.is_file() and self.spool.stat().st_size > self._offset()) or (
             self.storage / ARTIFACTS
         ).is_dir()
+
+    def unsent(self) -> int:
+        """How many spooled metrics the store has not taken yet."""
+        if not self.spool.is_file():
+            return 0
+        with open(self.spool, "rb") as f:
+            f.seek(self._offset())
+            return f.read().count(b"\n")
 
     def _offset(self) -> int:
         try:
@@ -166,7 +184,8 @@ class MetricLog:
                     self.client.log_artifacts(self.run_id, str(d), str(d.relative_to(kept)))
                 shutil.rmtree(kept)
             return True
-        except Exception:  # noqa: BLE001 - still unreachable: try again later
+        except Exception as e:  # noqa: BLE001 - still unreachable: try again later
+            self.last_error = e
             return False
 
 
@@ -222,13 +241,20 @@ class PendingStatus:
 
 
 def replay_statuses(client: Any, out_dir: Path, say: Callable[[str], None]) -> None:
-    """Send every run status kept under ``out_dir`` (one run storage a directory) that the store can now take."""
+    """Send every run status kept under ``out_dir`` (one run storage a directory) that the store can now take (a
+    full store, or a server away at the run's end), after the metrics that run spooled: never a final status
+    before its run's metrics (workflows/tracking/sync.py)."""
     for path in sorted(out_dir.glob(f"*/{STATUS}")):
+        kept = PendingStatus(path.parent).pending()
+        if kept is None:
+            continue
         try:
+            if not MetricLog(client, kept[1], path.parent, 0, say).flush():
+                continue
             run_id = PendingStatus(path.parent).replay(client)
         except Exception:  # noqa: BLE001 - the store still cannot take it: a later command tries again
             continue
         if run_id:
             say(
-                f"MLflow run {run_id}: its final status, kept in {path} when the store was full, is now recorded"
+                f"MLflow run {run_id}: its final status, kept in {path}, is now recorded (its metrics before it)"
             )

@@ -23,18 +23,23 @@ from workflows.train.step_log import start_pool
 
 
 def guarded_loop(config: dict[str, Any]) -> None:
-    """``train_loop``, a full disk re-raised as ``DiskFull`` (one line, which the controller does not retry and the
-    driver reports; workflows/ops/disk.py)."""
+    """``train_loop``, a full disk re-raised as ``DiskFull`` and a bad value or unknown name as ``LoopFailed`` (one
+    line each, which the controller does not retry and the driver reports; workflows/ops/disk.py, no_retry.py)."""
     from workflows.ops.disk import DiskFull, no_space, quiet_disk_full
+    from workflows.ops.no_retry import as_permanent, quiet_loop_failed
 
     quiet_disk_full("ray.train.v2._internal.util")  # it logs the error's traceback from every rank
+    quiet_loop_failed("ray.train.v2._internal.util")
     try:
         train_loop(config)
     except Exception as exc:
         full = no_space(exc)
-        if full is None:
+        if full is not None:
+            raise DiskFull(full or config["storage"]) from None
+        failed = as_permanent(exc)
+        if failed is None or failed is exc:
             raise
-        raise DiskFull(full or config["storage"]) from None
+        raise failed from exc
 
 
 def train_loop(config: dict[str, Any]) -> None:

@@ -41,6 +41,7 @@ from workflows.tracking.checkpoint_state import CheckpointState
 from workflows.tracking.runs import RunSummary, create_run, resumed_config, run_summary
 from workflows.tracking.store import resolve_uri, where
 from workflows.train.loop import guarded_loop
+from workflows.train.preflight import check_budget, training_tasks
 from workflows.train.step_log import StartupClock
 from workflows.train.summary import compute_summary, progress_bar
 
@@ -100,19 +101,22 @@ def train(
         cfg, storage, resume_ckpt = resumed_config(cfg.resume, cfg.tracking, overrides or [], progress)
         progress(f"resuming MLflow run {run_id} from {resume_ckpt or 'its start (no checkpoint yet)'}")
     check_data(cfg.env)  # a bad data file is the user's to fix: before Ray starts or a run exists
+    check_budget(cfg, training_tasks(cfg))  # a step the task set cannot hold: refused now, not at step 1
     progress(
         where(cfg.tracking)
         if tracked
         else f"tracking off: each run's metrics go to its storage under {cfg.out_dir}"
     )
     from workflows.ops.disk import DiskFull, no_space
+    from workflows.ops.no_retry import loop_failed
     from workflows.ops.progress import bar
     from workflows.ops.ray_utils import check_resources, end_on_signals, init_ray
     from workflows.tracking import store as trk
     from workflows.tracking.local_runs import tracking_client
     from workflows.tracking.run_info import train_tags
     from workflows.tracking.runs import end_run, failing_run
-    from workflows.tracking.spool import ATTEMPTS, PendingStatus, replay_statuses
+    from workflows.tracking.spool import ATTEMPTS, PendingStatus, fail_fast_http, replay_statuses
+    from workflows.tracking.sync import MetricsPending
 
     cfg = resolve_paths(cfg)
     check_model(cfg)
@@ -120,6 +124,7 @@ def train(
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if tracked:
+        fail_fast_http()  # the driver's calls (progress bar, end of run) too: a server away is waited for in bounds
         trk.check_reachable(
             resolve_uri(cfg.tracking.uri)
         )  # before Ray starts: a dead server is one line, at once
@@ -162,7 +167,7 @@ def train(
     status = "FAILED"
     state = CheckpointState.read(resume_ckpt) if resume_ckpt is not None else CheckpointState(0)
     steps_bar = progress_bar(cfg, client, run_id, state, lambda n, s, u, i: bar(progress, n, s, u, i))
-    full = stuck = None
+    full = stuck = failed = None
     try:
         fit()
         status = "FINISHED"
@@ -171,13 +176,29 @@ def train(
         raise
     except Exception as exc:  # noqa: BLE001 - a full disk, however Ray wrapped it, is one line (workflows/ops/disk.py)
         full = no_space(exc)
+        failed = loop_failed(exc) if full is None else None
+        if failed is not None and failed is not exc:  # a bad value or unknown name: one line (no_retry.py)
+            raise failed from None
         if full is None:
             raise
     finally:
         steps_bar.close()
-        stuck = end_run(
-            client, run_id, storage, status, progress, resolve_uri(cfg.tracking.uri), failed_note=full is None
-        )
+        try:
+            stuck = end_run(
+                client,
+                run_id,
+                storage,
+                status,
+                progress,
+                resolve_uri(cfg.tracking.uri),
+                failed_note=full is None and failed is None,
+                flush_timeout_s=cfg.tracking.flush_timeout_s,
+            )
+        except MetricsPending as pending:
+            if status == "FINISHED":  # the command's outcome: exit 75 (workflows/tracking/sync.py)
+                raise
+            progress(str(pending))  # the run's own error, propagating, is the command's outcome
+
     if full is not None or stuck is not None:
         raise DiskFull(full or stuck or str(storage))
     summary = run_summary(run_id, cfg.tracking, client)
@@ -260,6 +281,7 @@ def run_in_process(
     full disk or a signal). Each attempt is a new ``system/attempt``; the last failure is raised as
     ``TrainingFailed`` (the run ends FAILED)."""
     from workflows.ops.disk import DiskFull
+    from workflows.ops.no_retry import LoopFailed
     from workflows.train.context import InProcessContext
 
     config: dict[str, Any] = {
@@ -274,7 +296,7 @@ def run_in_process(
         try:
             guarded_loop(config)
             return
-        except DiskFull:
+        except (DiskFull, LoopFailed):  # a restart cannot get past either
             raise
         except Exception as exc:
             if failures == cfg.max_failures:  # a bug keeps its traceback, as with Ray's TrainingFailedError

@@ -22,6 +22,15 @@ class TrackingConfig:
     """Artifact root for experiments created here (a local directory or an object-store URI)."""
     experiment: str = "tracerl"
     """Experiment name."""
+    flush_timeout_s: float = 120.0
+    """At the end of ``tracerl train``, how long to wait for an unreachable tracking server to take the metrics
+    spooled during an outage before giving up: the run is then left RUNNING in the store, its final status kept
+    with the spool, and ``tracerl sync RUN`` sends both once the server is back (docs/reliability.md)."""
+
+    def __post_init__(self) -> None:
+        check(
+            self.flush_timeout_s >= 0, f"tracking.flush_timeout_s must be >= 0 (got {self.flush_timeout_s})"
+        )
 
 
 IN_PROCESS = "inprocess"
