@@ -287,8 +287,9 @@ def run_in_process(
 
 
 def check_model(cfg: TrainConfig) -> None:
-    """The policy checkpoint exists and its weights files are whole, its context window fits the sampler's, and LoRA
-    targets name its layers: checked before any run is created (these are the user's to fix)."""
+    """The policy checkpoint exists and its weights files are whole, its context window fits the sampler's, LoRA
+    targets name its layers, and the update's largest micro-batch fits ``trainer.gpu_memory_gb`` by the memory
+    estimate: checked before any run is created (these are the user's to fix)."""
     from tracerl.models.hf import check_weights, check_window
     from workflows.lm.stack import SetupError
 
@@ -303,6 +304,13 @@ def check_model(cfg: TrainConfig) -> None:
         from tracerl.models.wrap import check_lora
 
         check_lora(cfg.model.path, cfg.trainer)
+    if cfg.trainer.use_gpu and cfg.trainer.gpu_memory_gb is not None:
+        from transformers import AutoConfig
+
+        from workflows.train.memory_check import check_update_memory, update_shape
+
+        arch = AutoConfig.from_pretrained(cfg.model.path, local_files_only=True)
+        check_update_memory(update_shape(arch, cfg.trainer), cfg.trainer, cfg.loss, cfg.sampler)
 
 
 RESOURCE_KNOBS = (

@@ -88,6 +88,12 @@ class TrainerConfig:
     """LoRA scaling numerator: the update is (lora_alpha / lora_rank) * B A."""
     lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     """Names of the linear layers that get adapters (checked against the model at start)."""
+    gpu_memory_gb: float | None = None
+    """Memory of one trainer GPU in GB (1e9 bytes), e.g. 80 for an H100/A100 80GB. Set with ``use_gpu``, a run is
+    refused before it starts when the update's largest micro-batch (``loss.micro_tokens``, or
+    ``loss.micro_batch_size`` sequences, and never less than ``sampler.max_context_tokens``) does not fit 90 % of it
+    by the memory estimate (workflows/ops/gpu_plan.py); the message gives the largest budget that fits. null: no
+    check."""
 
     def __post_init__(self) -> None:
         check_choices(self, "trainer")
@@ -98,6 +104,10 @@ class TrainerConfig:
             f"trainer.torch_threads must be >= 1 or null (got {self.torch_threads})",
         )
         check(self.lora_rank >= 0, "trainer.lora_rank must be >= 0")
+        check(
+            self.gpu_memory_gb is None or self.gpu_memory_gb > 0,
+            f"trainer.gpu_memory_gb must be > 0 or null (got {self.gpu_memory_gb})",
+        )
         check(
             self.lora_rank == 0 or (self.lora_alpha > 0 and len(self.lora_targets) > 0),
             "trainer.lora_alpha must be > 0 and trainer.lora_targets non-empty when trainer.lora_rank > 0",
