@@ -33,11 +33,17 @@ def _chunk_scores(
     temperature: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of ``targets`` and the entropy at each row of ``hidden`` (rows, hidden): both (rows,), float32."""
-    z = torch.nn.functional.linear(hidden, weight, bias).float() / temperature
-    logp_all = torch.log_softmax(z, dim=-1)  # the full-logits path's operations, row for row
+    # The full-logits path's operations, row for row (dividing by 1.0 is exact, so it is skipped). Each chunk-sized
+    # tensor is let go as soon as it is used: log-softmax keeps only its output for backward.
+    z = torch.nn.functional.linear(hidden, weight, bias).float()
+    if temperature != 1.0:
+        z = z / temperature
+    logp_all = torch.log_softmax(z, dim=-1)
+    del z
     lp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
     with torch.no_grad():
-        ent = -(logp_all.exp() * logp_all).sum(-1)
+        p = logp_all.exp()
+        ent = -p.mul_(logp_all).sum(-1)
     return lp, ent
 
 
