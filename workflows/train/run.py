@@ -207,6 +207,7 @@ def ray_trainer(
     intact checkpoint up to ``max_failures`` times (never on a full disk), the last ``keep_checkpoints`` kept.
     ``startup``: the launch's start-up clock and the attempt number whose first step logs it."""
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig
 
     from workflows.ops.disk_callback import StopOnDiskFull
     from workflows.ops.ray_utils import torch_trainer
@@ -222,6 +223,9 @@ def ray_trainer(
             "reported": reported(storage, resume_ckpt),
             "startup": startup,
         },
+        # The process group's timeout must outlast rank 0's rollout phase, which ranks 1..n wait through in a
+        # broadcast (Ray's default is 1800 s).
+        torch_config=TorchConfig(timeout_s=t.collective_timeout_s),
         scaling_config=ScalingConfig(
             num_workers=t.num_workers,
             use_gpu=t.use_gpu,
