@@ -1,4 +1,5 @@
-"""``tracerl bench ...``: the benchmark subcommands (allocation, targets, rollout, train, env, testbeds, peer, limit), each a configured
+"""``tracerl bench ...``: the benchmark subcommands (allocation, targets, rollout, train, env, testbeds, peer, limit,
+update), each a configured
 job that prints a table and writes JSON."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tracerl.experiment_config import (
 from workflows.bench.limit import BenchLimitConfig
 from workflows.bench.peer import BenchPeerConfig
 from workflows.bench.testbeds import BenchTestbedsConfig
+from workflows.bench.update import BenchUpdateConfig
 from workflows.cli.args import Command, Shorthand, add_job_args, progress
 from workflows.tracking.store import resolve_uri, where
 
@@ -101,6 +103,23 @@ BENCH_LIMIT_FLAGS = (
     Shorthand("--repeats", ("repeats",), "timed repeats of each microbenchmark"),
     Shorthand("--out", ("bench_out",), "output directory", str),
 )
+BENCH_UPDATE_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--vocab", ("vocab",), "vocabulary size"),
+    Shorthand("--hidden", ("hidden",), "hidden size (a multiple of 32)"),
+    Shorthand("--layers", ("layers",), "decoder layers"),
+    Shorthand("--tokens", ("tokens",), "tokens of the update's batch"),
+    Shorthand("--micro-tokens", ("micro_tokens",), "token budget of a micro-batch (0: the whole batch)"),
+    Shorthand("--dtype", ("dtype",), "compute dtype: float32 or bfloat16 (autocast)", str),
+    Shorthand(
+        "--chunks",
+        ("logit_chunks",),
+        "loss.logit_chunk of each case, comma-separated (0: unchunked)",
+        lambda s: f"[{s}]",
+    ),
+    Shorthand("--max-gb", ("max_gb",), "address-space cap of each case's subprocess, GB (0: none)", float),
+    Shorthand("--out", ("bench_out",), "output directory", str),
+)
 BENCH_ENV_FLAGS = (
     Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
     Shorthand("--tasks", ("tasks",), "held-out tasks to run"),
@@ -179,7 +198,9 @@ def _bench_rollout(cfg: BenchRolloutConfig) -> int:
 
 
 def _lm_bench(
-    cfg: BenchTrainConfig | BenchPipelineConfig | BenchLimitConfig, run: Any, format_table: Any
+    cfg: BenchTrainConfig | BenchPipelineConfig | BenchLimitConfig | BenchUpdateConfig,
+    run: Any,
+    format_table: Any,
 ) -> int:
     """A benchmark of training steps on the LM stack: run, print its table, say where its JSON went."""
 
@@ -226,6 +247,12 @@ def _bench_limit(cfg: BenchLimitConfig) -> int:
     return _lm_bench(cfg, run_limit_bench, format_table)
 
 
+def _bench_update(cfg: BenchUpdateConfig) -> int:
+    from workflows.bench.update import format_table, run_update_bench
+
+    return _lm_bench(cfg, run_update_bench, format_table)
+
+
 def _bench_testbeds(cfg: BenchTestbedsConfig) -> int:
     from workflows.bench.probes import run_testbeds_bench
     from workflows.bench.testbeds import format_table
@@ -254,6 +281,7 @@ BENCH_COMMANDS: dict[str, Command] = {
     ),
     "bench peer": Command(BenchPeerConfig, "bench/peer.yaml", BENCH_PEER_FLAGS, _bench_peer),
     "bench limit": Command(BenchLimitConfig, "bench/limit.yaml", BENCH_LIMIT_FLAGS, _bench_limit),
+    "bench update": Command(BenchUpdateConfig, "bench/update.yaml", BENCH_UPDATE_FLAGS, _bench_update),
 }
 BENCH_HELP = {
     "allocation": "every allocator at equal leaf budget on the simulator",
@@ -264,6 +292,7 @@ BENCH_HELP = {
     "testbeds": "acceptance of the study's testbeds: accuracy, depth profile, habit choices",
     "peer": "TRL's GRPOTrainer vs tracerl grpo and trace on the same work (needs `make bench-peer`'s venv)",
     "limit": "the embedded default's step at the limit this machine allows, next to a real step (per phase)",
+    "update": "one learner update of a chosen shape: seconds, tokens/s, peak memory and the estimate",
     "env": "an environment's gold replay (--gold) or tiny policy pass@1: "
     "bench env [math|search|bfcl] [--gold] [--json PATH]",
 }

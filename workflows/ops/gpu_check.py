@@ -121,7 +121,7 @@ def run_update(plan: Plan, lora: bool) -> dict[str, Any]:
     learner = PolicyLearner(
         model,
         OptimConfig(lr=1e-6, warmup_steps=0),
-        LossConfig(micro_batch_size=plan.micro_batch),
+        LossConfig(micro_batch_size=plan.micro_batch, logit_chunk=plan.logit_chunk),
         total_steps=plan.steps,
         pad_id=0,
         autocast=torch.bfloat16,

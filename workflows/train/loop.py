@@ -155,7 +155,9 @@ def train_step(
     with timer("broadcast"):
         batch = w.broadcast(batch)
     with timer("update_policy"):
-        stats = w.learner.update(batch.shard(w.rank, w.world), denominator(batch, cfg.loss.aggregation))
+        # A token budget shares the batch balanced by length; otherwise contiguous shards.
+        shard = (batch.balanced_shard if cfg.loss.micro_tokens > 0 else batch.shard)(w.rank, w.world)
+        stats = w.learner.update(shard, denominator(batch, cfg.loss.aggregation))
     update_s = time.perf_counter() - t0
     weights, adapters = w.gather()  # a collective under FSDP
     if d is not None:

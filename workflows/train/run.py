@@ -228,6 +228,7 @@ def ray_trainer(
     intact checkpoint up to ``max_failures`` times (never on a full disk), the last ``keep_checkpoints`` kept.
     ``startup``: the launch's start-up clock and the attempt number whose first step logs it."""
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig
 
     from workflows.ops.disk_callback import StopOnDiskFull
     from workflows.ops.ray_utils import torch_trainer
@@ -243,6 +244,9 @@ def ray_trainer(
             "reported": reported(storage, resume_ckpt),
             "startup": startup,
         },
+        # The process group's timeout must outlast rank 0's rollout phase, which ranks 1..n wait through in a
+        # broadcast (Ray's default is 1800 s).
+        torch_config=TorchConfig(timeout_s=t.collective_timeout_s),
         scaling_config=ScalingConfig(
             num_workers=t.num_workers,
             use_gpu=t.use_gpu,
@@ -309,8 +313,9 @@ def run_in_process(
 
 
 def check_model(cfg: TrainConfig) -> None:
-    """The policy checkpoint exists and its weights files are whole, its context window fits the sampler's, and LoRA
-    targets name its layers: checked before any run is created (these are the user's to fix)."""
+    """The policy checkpoint exists and its weights files are whole, its context window fits the sampler's, LoRA
+    targets name its layers, and the update's largest micro-batch fits ``trainer.gpu_memory_gb`` by the memory
+    estimate: checked before any run is created (these are the user's to fix)."""
     from tracerl.models.hf import check_weights, check_window
     from workflows.lm.stack import SetupError
 
@@ -325,6 +330,13 @@ def check_model(cfg: TrainConfig) -> None:
         from tracerl.models.wrap import check_lora
 
         check_lora(cfg.model.path, cfg.trainer)
+    if cfg.trainer.use_gpu and cfg.trainer.gpu_memory_gb is not None:
+        from transformers import AutoConfig
+
+        from workflows.train.memory_check import check_update_memory, update_shape
+
+        arch = AutoConfig.from_pretrained(cfg.model.path, local_files_only=True)
+        check_update_memory(update_shape(arch, cfg.trainer), cfg.trainer, cfg.loss, cfg.sampler)
 
 
 RESOURCE_KNOBS = (

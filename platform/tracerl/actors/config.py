@@ -97,6 +97,16 @@ class TrainerConfig:
     """LoRA scaling numerator: the update is (lora_alpha / lora_rank) * B A."""
     lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     """Names of the linear layers that get adapters (checked against the model at start)."""
+    collective_timeout_s: int = 86400
+    """Timeout of the trainer ranks' process group (Ray Train's ``TorchConfig.timeout_s``, whose default is 1800 s):
+    ranks 1..n wait in a broadcast while rank 0 rolls out, scores and collates, so it must exceed the longest rollout
+    phase. The default, a day, is past any step's rollouts; a lower value ends a hung collective sooner."""
+    gpu_memory_gb: float | None = None
+    """Memory of one trainer GPU in GB (1e9 bytes), e.g. 80 for an H100/A100 80GB. Set with ``use_gpu``, a run is
+    refused before it starts when the update's largest micro-batch (``loss.micro_tokens``, or
+    ``loss.micro_batch_size`` sequences, and never less than ``sampler.max_context_tokens``) does not fit 90 % of it
+    by the memory estimate (workflows/ops/gpu_plan.py); the message gives the largest budget that fits. null: no
+    check."""
 
     def __post_init__(self) -> None:
         check_choices(self, "trainer")
@@ -107,6 +117,14 @@ class TrainerConfig:
             f"trainer.torch_threads must be >= 1 or null (got {self.torch_threads})",
         )
         check(self.lora_rank >= 0, "trainer.lora_rank must be >= 0")
+        check(
+            self.collective_timeout_s >= 1,
+            f"trainer.collective_timeout_s must be >= 1 (got {self.collective_timeout_s})",
+        )
+        check(
+            self.gpu_memory_gb is None or self.gpu_memory_gb > 0,
+            f"trainer.gpu_memory_gb must be > 0 or null (got {self.gpu_memory_gb})",
+        )
         check(
             self.lora_rank == 0 or (self.lora_alpha > 0 and len(self.lora_targets) > 0),
             "trainer.lora_alpha must be > 0 and trainer.lora_targets non-empty when trainer.lora_rank > 0",
