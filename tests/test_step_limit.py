@@ -3,13 +3,18 @@
 ``test_fixed_seed_trees_are_pinned`` pins one step's rollout trees of the embedded default's training path (the
 smoke config, the committed tiny policy, seed 0) for ``grpo`` and ``trace``: a fingerprint of every node's token
 ids, parent, depth, status and reward, recorded at the commit before the step's overhead was cut. A change to the
-engine, the samplers' threads or the actor layout that alters a tree fails here.
+engine, the samplers' threads or the actor layout that alters a tree fails here. Those trees come before any update,
+so they hold under any processor's own kernels.
+
+``test_the_train_paths_trees_are_unchanged`` pins step 2's trees, which come after an update: that run pins the float
+kernels (``PINNED_KERNELS``) so the hash holds on any x86-64 processor (issue 39).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -75,16 +80,28 @@ def test_fixed_seed_trees_are_pinned(allocator: str) -> None:
     assert fingerprint(trees) == PINNED[allocator]
 
 
-TRAIN_TREES = "0d8bfec7d68c3f535f0b6cbb5037261349f3e526edeb1b54662d192544f8192b"
-"""sha256 of the trees.jsonl artifact of step 2 of ``tracerl train --config conf/train/smoke.yaml
-model.path=models/tiny-math allocator=grpo seed=0 steps=2 eval_at_start=false`` (recorded at 72fec73 with SQLite
-tracking, in the environment of infra/constraints.txt): step 2's trees come after an update and a weight sync,
-through the sampler actors. An update's numerics depend on the installed packages: the first record (466413...,
-2026-12-03's packages) differs from today's install at the same commit, so the pins hold for that file's set."""
+PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"}
+"""The float kernels of the offline runs below, pinned for every process of the run (the CLI, Ray's workers inherit
+its environment): ATen's own kernels in their scalar build, MKL in its conditional-numerical-reproducibility mode
+COMPATIBLE (MKL's documented promise: the same results on any x86-64 processor at the same thread count) and oneDNN
+limited to SSE4.1; the trainer runs one torch thread (``trainer.torch_threads=1``), since a reduction's order also
+follows the thread count. Step 2's trees come after an update and a weight push, and an update's floats follow the
+kernels the processor selects: the first record of this hash, taken with the machine's own kernels, failed on a
+processor with AVX-512 (issue 39). With ``ATEN_CPU_CAPABILITY=default`` alone that AVX-512 machine and an
+AVX2-only one gave the same hash; MKL and oneDNN are pinned as well for processors (Intel's) where MKL picks
+kernels by ISA. The machine's own kernels are what users run: the step-0 pins above (before any update) use them."""
+
+TRAIN_TREES = "35f23e869235b7b7587cba3701f85fb9b4e4f24d4b9cad9ca37a4c1b18a7e837"
+"""sha256 of the trees.jsonl artifact of step 2 of ``tracerl train --config
+conf/train/smoke.yaml model.path=models/tiny-math allocator=grpo seed=0 steps=2 eval_at_start=false
+trainer.torch_threads=1`` under ``PINNED_KERNELS`` (recorded at the commit that added them, with SQLite tracking, in
+the environment of infra/constraints.txt; an update's numerics also depend on the installed packages, so the pin
+holds for that file's set)."""
 
 
 def _offline_args(out: Path, *extra: str) -> list[str]:
-    """The offline run: two grpo steps of the smoke config on seed 0, tracking off, no evaluation; ``extra`` added."""
+    """The offline run: two grpo steps of the smoke config on seed 0, tracking off, no evaluation, one trainer
+    thread; ``extra`` added."""
     return [
         "train",
         "--config",
@@ -96,6 +113,7 @@ def _offline_args(out: Path, *extra: str) -> list[str]:
         "eval_at_start=false",
         "eval_at_end=false",
         "tracking=off",
+        "trainer.torch_threads=1",
         *extra,
         *UNHURRIED,
         "--out",
@@ -103,13 +121,28 @@ def _offline_args(out: Path, *extra: str) -> list[str]:
     ]
 
 
+def _run_pinned(out: Path, *extra: str) -> dict[str, Any]:
+    """``tracerl train`` with ``_offline_args`` in a fresh interpreter under ``PINNED_KERNELS`` (torch reads them
+    when it is imported, so the test's own process cannot switch); the command's last line as a dict."""
+    env = {**os.environ, **PINNED_KERNELS}
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH_CLI, json.dumps(_offline_args(out, *extra))],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
 @pytest.fixture(scope="module")
 def offline(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One two-step grpo run of the smoke config with tracking off and no evaluation at all; its storage."""
-    from workflows.cli.app import main
-
+    """One two-step grpo run of the smoke config with tracking off and no evaluation at all, on Ray, under
+    ``PINNED_KERNELS``; its storage."""
     out = tmp_path_factory.mktemp("offline") / "runs"
-    assert main(_offline_args(out)) == 0
+    assert _run_pinned(out)["rc"] == 0
     (storage,) = [p for p in out.iterdir() if p.is_dir()]
     return storage
 
@@ -157,6 +190,8 @@ def test_train_step_s_every_step_and_startup_once(offline: Path) -> None:
 
 
 def test_the_train_paths_trees_are_unchanged(offline: Path) -> None:
+    """Step 2 (after an update and a weight push) under pinned kernels gives the recorded trees on any x86-64
+    processor: see ``PINNED_KERNELS`` for why the machine's own kernels cannot hold a recorded hash."""
     trees = offline / "artifacts" / "trees" / "step_00002" / "trees.jsonl"
     assert hashlib.sha256(trees.read_bytes()).hexdigest() == TRAIN_TREES
 
@@ -179,13 +214,7 @@ def test_the_in_process_mode_trains_the_same_trees(offline: Path, tmp_path: Path
     step 2's trees byte for byte as the Ray mode's (after an update and a weight push), and every metric of what a
     step did and learned (leaves, tokens, tool calls, rewards, loss, grad norm, predictor fit) equal, step by step.
     Tracking is off in both: the in-process run keeps its metrics, params and status in files too."""
-    args = _offline_args(tmp_path, "cluster=inprocess")
-    proc = subprocess.run(
-        [sys.executable, "-c", FRESH_CLI, json.dumps(args)], cwd=ROOT, capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result == {"rc": 0, "ray": []}
+    assert _run_pinned(tmp_path, "cluster=inprocess") == {"rc": 0, "ray": []}
     (storage,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     step2 = Path("artifacts") / "trees" / "step_00002" / "trees.jsonl"
     assert (storage / step2).read_bytes() == (offline / step2).read_bytes()

@@ -180,7 +180,12 @@ def test_compare_report_has_the_ranking_and_plots(sweep: dict[str, Any], browser
     assert len(rows) == 3 and rows[0].split("\t")[:3] == ["rank", "run", "allocator"]
     assert [r.split("\t")[0] for r in rows[1:]] == ["1", "2"]
     sizes = browser.eval("[...document.images].map(i => [i.alt, i.naturalWidth])")
-    assert [a for a, _ in sizes] == ["effective_ratio_per_step", "accuracy_vs_budget", "budget_shape_heatmap"]
+    assert [a for a, _ in sizes] == [
+        "effective_ratio_per_step",
+        "accuracy_vs_budget",
+        "learning_curve",
+        "budget_shape_heatmap",
+    ]
     assert all(w > 300 for _, w in sizes)  # every plot decoded
     browser.screenshot(ARTIFACTS / "compare_report.png")
 
