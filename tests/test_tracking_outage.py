@@ -9,6 +9,7 @@ Ray run, and the step at which the server dies is exact.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,145 @@ def test_metrics_spooled_past_the_end_of_a_run_reach_the_store_once_by_sync(
         assert len(client.get_metric_history(run_id, M.LOSS)) == STEPS
     finally:
         server.kill()
+
+
+def _argv(server: MlflowServer, tmp_path: Path, flush_timeout_s: float) -> list[str]:
+    return [
+        "train",
+        "--config",
+        SMOKE,
+        f"model.path={HABIT}",
+        "cluster=inprocess",
+        f"steps={STEPS}",
+        "checkpoint_every=1",
+        "keep_checkpoints=1",
+        "eval_at_start=false",
+        "eval_at_end=false",
+        f"tracking.uri={server.uri}",
+        f"tracking.flush_timeout_s={flush_timeout_s:g}",
+        f"out_dir={tmp_path}/runs",
+        *UNHURRIED,
+    ]
+
+
+def _kill_after_probe(
+    server: MlflowServer, monkeypatch: pytest.MonkeyPatch, back_after_s: float | None
+) -> None:
+    """The server passes the start-up probe, then dies before the experiment is looked up (and, with
+    ``back_after_s``, starts again that many seconds later, on the same port and store)."""
+    from workflows.tracking import store
+
+    real = store.check_reachable
+
+    def check_reachable(uri: str) -> None:
+        real(uri)
+        if server.proc is not None and not getattr(server, "killed_once", False):
+            server.killed_once = True  # type: ignore[attr-defined]
+            server.kill()
+            if back_after_s is not None:
+                threading.Timer(back_after_s, server.start).start()
+
+    monkeypatch.setattr(store, "check_reachable", check_reachable)
+
+
+def test_a_server_restarting_as_the_run_starts_is_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Killed right after the probe and back a few seconds later: the run waits (one line), then runs whole."""
+    from mlflow import MlflowClient
+
+    server = MlflowServer(tmp_path / "server")
+    server.start()
+    _kill_after_probe(server, monkeypatch, back_after_s=3)
+    try:
+        assert main(_argv(server, tmp_path, 600)) == 0
+        out = capsys.readouterr()
+        said = (out.out + out.err).splitlines()
+        waits = [ln for ln in said if "stopped answering (the experiment): waiting up to 600 s" in ln]
+        assert len(waits) == 1 and sum("answers again (the experiment)" in ln for ln in said) == 1
+        assert not any(ln.startswith("tracerl: ") for ln in said)
+        client = MlflowClient(server.uri)
+        (run,) = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])
+        assert run.info.status == "FINISHED"
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, M.LOSS)) == [1, 2, 3]
+    finally:
+        server.kill()
+
+
+def test_a_server_gone_for_good_at_start_up_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Killed right after the probe and not back within tracking.flush_timeout_s: one line, exit 2, no run."""
+    server = MlflowServer(tmp_path / "server")
+    server.start()
+    _kill_after_probe(server, monkeypatch, back_after_s=None)
+    assert main(_argv(server, tmp_path, 2)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and "stopped answering (the experiment): waiting up to 2 s" in err[1]  # [0]: where
+    assert err[-1].startswith(f"tracerl: tracking server {server.uri}: no answer for ")
+    assert "(the experiment; tracking.flush_timeout_s=2); start it again or raise" in err[-1]
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_a_server_gone_from_the_run_s_creation_past_its_end_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An outage covering the whole run (from just after the run exists until after the command ended): every step
+    spooled, exit 75 with the sync command, and after `tracerl sync` every step's metrics once, then FINISHED."""
+    from mlflow import MlflowClient
+
+    from workflows.train import run as run_module
+
+    server = MlflowServer(tmp_path / "server")
+    server.start()
+    real = run_module.create_run
+
+    def create_run(*args: Any, **kwargs: Any) -> Any:
+        made = real(*args, **kwargs)
+        server.kill()
+        return made
+
+    monkeypatch.setattr(run_module, "create_run", create_run)
+    try:
+        assert main(_argv(server, tmp_path, 2)) == 75
+        out = capsys.readouterr()
+        last = out.err.strip().splitlines()[-1]
+        assert last.startswith("tracerl: ") and last.endswith(f"--tracking-uri {server.uri}` sends them")
+        assert not [ln for ln in out.err.splitlines() if "Traceback" in ln]
+        run_id = last.split("metrics of MLflow run ")[1].split()[0]
+        server.start()
+        client = MlflowClient(server.uri)
+        assert client.get_run(run_id).info.status == "RUNNING"
+        assert client.get_metric_history(run_id, M.LOSS) == []
+        assert main(["sync", run_id, "--tracking-uri", server.uri]) == 0
+        assert capsys.readouterr().out.strip().endswith(" spooled metrics sent, status FINISHED recorded")
+        assert sorted(m.step for m in client.get_metric_history(run_id, M.LOSS)) == [1, 2, 3]
+        assert client.get_run(run_id).info.status == "FINISHED"
+    finally:
+        server.kill()
+
+
+def test_unreachable_is_an_absent_server_only() -> None:
+    """A refused connection through MLflow's real REST client is an absent server; an answer that refuses the
+    request, and a full disk, are not."""
+    import errno
+    import socket
+
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from workflows.tracking.outage import unreachable
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        with pytest.raises(MlflowException) as refused:
+            MlflowClient(f"http://127.0.0.1:{port}").get_experiment("0")
+    assert unreachable(refused.value)
+    assert not unreachable(MlflowException("API request to endpoint /x failed with error code 404 != 200"))
+    assert not unreachable(OSError(errno.ENOSPC, "No space left on device", "/m.db"))
 
 
 def test_a_full_store_is_not_called_an_unreachable_server(tmp_path: Path) -> None:

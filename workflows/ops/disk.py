@@ -26,18 +26,18 @@ _PATH = re.compile(r"""(?:: |file |to |at )['"]?(/[^'"\s:]+)""")
 class DiskFull(OSError):
     """A write found no space (ENOSPC) or no quota (EDQUOT) left at ``path``; the message says what to do."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, note: str = "") -> None:
         super().__init__(errno.ENOSPC, "No space left on device")
-        self.path = path
+        self.path, self.note = path, note
 
     def __str__(self) -> str:
         return (
             f"no space left on device at {self.path or 'the run storage'}: free space or point "
-            "out_dir/tracking.uri elsewhere"
+            "out_dir/tracking.uri elsewhere" + (f"; {self.note}" if self.note else "")
         )
 
-    def __reduce__(self) -> tuple[Any, tuple[str]]:  # crosses Ray's process boundaries intact
-        return (DiskFull, (self.path,))
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:  # crosses Ray's process boundaries intact
+        return (DiskFull, (self.path, self.note))
 
 
 def error_chain(exc: BaseException) -> Iterator[BaseException]:

@@ -124,7 +124,7 @@ def create_run(
     run_id = run.info.run_id
     storage = Path(cfg.out_dir) / f"{name}-{run_id[:8]}"
     cfg = dataclasses.replace(cfg, run_name=name)
-    with failing_run(client, run_id):
+    with failing_run(client, run_id, storage):
         storage.mkdir(parents=True, exist_ok=True)
         PendingStatus(storage).reserve()
         (storage / "config.yaml").write_text(to_yaml(cfg))
@@ -144,14 +144,19 @@ def create_run(
 
 
 @contextlib.contextmanager
-def failing_run(client: Any, run_id: str) -> Iterator[None]:
-    """A run whose set-up fails (a full disk at its storage) is marked FAILED, not left RUNNING (best effort: the
-    store may be what is full), and the error goes on."""
+def failing_run(client: Any, run_id: str, storage: Path | None = None) -> Iterator[None]:
+    """A run whose set-up fails (a full disk at its storage, a server that stopped answering) is marked FAILED, not
+    left RUNNING, and the error goes on. When the store cannot take that status either, it is kept in the run's
+    ``status.pending`` (where that can be written), which the next ``tracerl train`` with the same ``out_dir`` or
+    ``tracerl sync RUN`` sends."""
     try:
         yield
     except BaseException:
-        with contextlib.suppress(Exception):
+        try:
             client.set_terminated(run_id, status="FAILED")
+        except Exception:  # noqa: BLE001 - the store may be what is full or away
+            if storage is not None and storage.is_dir():
+                PendingStatus(storage).record(run_id, "FAILED")
         raise
 
 
@@ -191,28 +196,36 @@ def end_run(
             ``flush_timeout_s``; the status is kept with them and nothing of the end was sent (the run stays RUNNING).
     """
     from workflows.ops.disk import no_space, store_path
+    from workflows.tracking.outage import PatientClient
     from workflows.tracking.spool import MetricLog, PendingStatus
+    from workflows.tracking.store import TrackingUnreachable
     from workflows.tracking.sync import MetricsPending, flush_within
+
+    def pending(unsent: int) -> MetricsPending:
+        if not PendingStatus(storage).record(run_id, status):
+            raise OSError(f"cannot keep the run's status in {storage}")
+        return MetricsPending(run_id, storage, store, unsent, flush_timeout_s, status)
 
     try:
         log = MetricLog(client, run_id, storage, 0, progress)  # fail fast: the wait below is the bound
         if not flush_within(log, flush_timeout_s, progress):
-            if not PendingStatus(storage).record(run_id, status):
-                raise OSError(f"cannot keep the run's status in {storage}")
-            raise MetricsPending(run_id, storage, store, log.unsent(), flush_timeout_s, status)
-        if status == "FAILED" and "tracerl.stopped_early" in client.get_run(run_id).data.tags:
-            status = (
-                "KILLED"  # a sweep's scheduler stopped this trial (and said so) before its Train run ended
-            )
-        client.set_terminated(run_id, status=status)
+            raise pending(log.unsent())
+        # The server took the metrics; should it stop answering now, the status waits for it in the same bounds.
+        patient = PatientClient(client, store, flush_timeout_s, progress)
+        try:
+            if status == "FAILED" and "tracerl.stopped_early" in patient.get_run(run_id).data.tags:
+                status = (
+                    "KILLED"  # a sweep's scheduler stopped this trial (said so) before its Train run ended
+                )
+            patient.set_terminated(run_id, status=status)
+        except TrackingUnreachable:
+            raise pending(0) from None
     except Exception as exc:  # noqa: BLE001 - the stores raise their own types; only a full disk is handled
         full = no_space(exc)
         if full is None:
             raise
-        kept = PendingStatus(storage).record(run_id, status)
-        return (full or store_path(store)) + (
-            "" if kept else f" (and {storage} cannot keep the run's status)"
-        )
+        PendingStatus(storage).record(run_id, status)  # the caller's line says whether it was kept
+        return full or store_path(store)
     if status in ("FAILED", "KILLED") and failed_note:
         what = "training failed" if status == "FAILED" else "training stopped"
         progress(f"{what}; the run and its checkpoints are kept: `tracerl train resume={run_id}`")

@@ -88,11 +88,14 @@ class Driver:
         from tracerl.engine.react import TEMPLATES
         from workflows.lm.stack import make_text_predictor, task_prompts
         from workflows.tracking.local_runs import tracking_client
+        from workflows.tracking.log_file import tracking_logs_to
         from workflows.tracking.spool import MetricLog, next_attempt
 
         self.cfg, self.run_id, self.storage, self.tok = cfg, run_id, storage, tok
         # The HF model class and config that checkpoints are written with (a LoRA run's base model).
         self.export = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if cfg.tracking.enabled:
+            tracking_logs_to(storage)  # MLflow's and SQLAlchemy's own lines (rank 0's process)
         self.client = tracking_client(cfg.tracking, storage.parent)
         self.metrics = MetricLog(self.client, run_id, storage, next_attempt(storage), say)
         self.metrics.flush()  # what an earlier attempt spooled

@@ -113,6 +113,8 @@ def train(
     from workflows.ops.ray_utils import check_resources, end_on_signals, init_ray
     from workflows.tracking import store as trk
     from workflows.tracking.local_runs import tracking_client
+    from workflows.tracking.log_file import tracking_logs_to
+    from workflows.tracking.outage import PatientClient
     from workflows.tracking.run_info import train_tags
     from workflows.tracking.runs import end_run, failing_run
     from workflows.tracking.spool import ATTEMPTS, PendingStatus, fail_fast_http, replay_statuses
@@ -125,6 +127,8 @@ def train(
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if tracked:
         fail_fast_http()  # the driver's calls (progress bar, end of run) too: a server away is waited for in bounds
+        Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
+        tracking_logs_to(cfg.out_dir)  # MLflow's and SQLAlchemy's own lines: a file, not the terminal
         trk.check_reachable(
             resolve_uri(cfg.tracking.uri)
         )  # before Ray starts: a dead server is one line, at once
@@ -139,17 +143,23 @@ def train(
         init_ray(cfg.cluster)  # before the run exists: a job that cannot fit leaves no empty run behind
         check_resources(resource_demand(cfg), cfg.cluster, RESOURCE_KNOBS, progress)
     clock.mark("ray")
-    exp_id = trk.setup(cfg.tracking) if tracked else ""
     client = tracking_client(cfg.tracking, cfg.out_dir)
+    # Set-up and end wait up to tracking.flush_timeout_s for a server that stops answering (outage.py).
+    patient = PatientClient(client, cfg.tracking.uri or "", cfg.tracking.flush_timeout_s, progress)
+    exp_id = patient.call("the experiment", trk.setup, cfg.tracking) if tracked else ""
     if tracked:
         replay_statuses(client, Path(cfg.out_dir), progress)  # what earlier runs could not tell a full store
     if not cfg.resume:
-        run_id, storage, cfg = create_run(client, exp_id, cfg, {**train_tags(cfg), **(tags or {})})
+        run_id, storage, cfg = create_run(
+            patient if tracked else client, exp_id, cfg, {**train_tags(cfg), **(tags or {})}
+        )
     else:
-        client.update_run(run_id, status="RUNNING")
-        with failing_run(client, run_id):
+        patient.update_run(run_id, status="RUNNING")
+        with failing_run(patient, run_id, storage):
             PendingStatus(storage).reserve()
             (storage / "config.yaml").write_text(to_yaml(dataclasses.replace(cfg, resume=None)))
+    if tracked:
+        tracking_logs_to(storage)
     progress(
         f"MLflow run {run_id} ({cfg.tracking.uri}); checkpoints in {storage}"
         if tracked
@@ -200,8 +210,8 @@ def train(
             progress(str(pending))  # the run's own error, propagating, is the command's outcome
 
     if full is not None or stuck is not None:
-        raise DiskFull(full or stuck or str(storage))
-    summary = run_summary(run_id, cfg.tracking, client)
+        raise DiskFull(full or stuck or str(storage), kept_note(run_id, storage, cfg) if stuck else "")
+    summary = read_summary(run_id, cfg, patient if tracked else client, progress)
     summary.update(
         RunSummary(
             run_id=run_id,
@@ -211,8 +221,35 @@ def train(
             experiment=cfg.tracking.experiment,
         )
     )
-    summary.update(compute_summary(client, run_id, cfg))
     (storage / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def kept_note(run_id: str, storage: Path, cfg: TrainConfig) -> str:
+    """What the full-disk line adds when the store could not take the run's final status (kept beside it)."""
+    from workflows.tracking.spool import STATUS, PendingStatus
+
+    kept = PendingStatus(storage).pending()
+    if kept is None:
+        return f"the store could not take the run's final status, and {storage} could not keep it"
+    return (
+        f"run {run_id} stays RUNNING in the store, its status {kept[0]} kept in {storage / STATUS}: once there is "
+        f"space, `tracerl sync {run_id} --tracking-uri {cfg.tracking.uri}` records it"
+    )
+
+
+def read_summary(run_id: str, cfg: TrainConfig, client: Any, say: Callable[[str], None]) -> RunSummary:
+    """The finished run's summary read back from its store; when the server stops answering for good here, the run
+    is complete in the store already (its status was the last thing sent), so one line says so and the summary is
+    left empty rather than failing the command."""
+    from workflows.tracking.store import TrackingUnreachable
+
+    try:
+        summary = run_summary(run_id, cfg.tracking, client)
+        summary.update(compute_summary(client, run_id, cfg))
+    except TrackingUnreachable as exc:
+        say(f"the run is complete in the store, but its summary could not be read back: {exc}")
+        return RunSummary()
     return summary
 
 

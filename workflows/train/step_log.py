@@ -82,8 +82,13 @@ def log_threads(client: Any, run_id: str, sampler_threads: int) -> None:
     params = {THREADS_TRAINER: torch.get_num_threads(), THREADS_SAMPLER: sampler_threads}
     try:
         client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
-    except Exception:  # noqa: BLE001 - MLflow refuses to change a param: a resume with other threads keeps the first
-        say(f"run {run_id} keeps the thread counts it started with; this attempt runs {params}")
+    except Exception as exc:  # noqa: BLE001 - MLflow refuses to change a param: a resume keeps the first counts
+        from workflows.tracking.outage import unreachable
+
+        if unreachable(exc):  # not a refusal: the server is away (the step metrics are spooled)
+            say(f"tracking unreachable ({type(exc).__name__}): thread counts {params} not logged as params")
+        else:
+            say(f"run {run_id} keeps the thread counts it started with; this attempt runs {params}")
 
 
 def log_trees(metrics: Any, out: Any, step: int, run_name: str | None) -> None:
