@@ -125,3 +125,26 @@ def test_an_unknown_loss_ends_the_run_in_one_line_without_a_restart(
     client = sqlite_client(tmp_path)
     (run,) = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])
     assert run.info.status == "FAILED"
+
+
+def test_a_context_too_short_for_the_longest_prompt_is_refused_with_the_smallest_that_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """sampler.max_context_tokens at or below the longest prompt's tokens would end every episode of it at once with
+    nothing generated: refused before Ray or MLflow start, naming the smallest limit that runs, which passes."""
+    from workflows.train.preflight import check_context, longest_prompt
+
+    cfg = _smoke(f"model.path={HABIT}")
+    tokens, task = longest_prompt(cfg)
+    assert 0 < tokens < cfg.sampler.max_context_tokens and task
+    check_context(cfg, (tokens, task))
+    check_context(_smoke(f"model.path={HABIT}", f"sampler.max_context_tokens={tokens + 1}"), (tokens, task))
+    argv = ["train", "--config", str(SMOKE), f"model.path={HABIT}", f"sampler.max_context_tokens={tokens}"]
+    assert main([*argv, f"out_dir={tmp_path}/runs", f"tracking.uri=sqlite:///{tmp_path}/m.db"]) == 2
+    where, err = capsys.readouterr().err.split("\n", 1)  # the line saying where runs go, then the error
+    assert where.startswith("MLflow tracking at ") and err == (
+        f"tracerl: sampler.max_context_tokens={tokens} leaves no room for a turn after the longest prompt (task "
+        f"{task}: {tokens} tokens in model.template=plain): set sampler.max_context_tokens to at least {tokens + 1} "
+        f"({tokens + 48} for a whole turn of sampler.max_turn_tokens=48), or shorten the prompts\n"
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -63,3 +63,45 @@ def check_budget(cfg: TrainConfig, tasks: int) -> None:
         f"{b.pool_factor} x L={b.leaves} / budget.group_size={b.group_size}) but the training task set has {tasks}: "
         + ", or ".join(fixes)
     )
+
+
+def longest_prompt(cfg: TrainConfig) -> tuple[int, str]:
+    """(tokens, task id) of the longest training or held-out prompt as the sampler first sees it: the question in
+    the model's template with the environment's documented tools, tokenized by the policy's tokenizer (read from
+    ``model.path``; loads no weights)."""
+    from transformers import AutoTokenizer
+
+    from envs.registry import tool_env_class
+    from tracerl.engine.react import TEMPLATES
+    from tracerl.engine.untrusted import encodable
+
+    tok = AutoTokenizer.from_pretrained(cfg.model.path, local_files_only=True)
+    template = TEMPLATES.get(cfg.model.template)(tok)
+    tools = list(tool_env_class(cfg.env.name).tools)
+    cls = env_class(cfg.env.name)
+    longest = (0, "")
+    for held_out in (False, True):
+        for p in cls.prompts(cfg.env, held_out):
+            ids = tok(encodable(template.prompt(p.text, tools)), add_special_tokens=False)["input_ids"]
+            longest = max(longest, (len(ids), str(p.prompt_id)))
+    return longest
+
+
+def check_context(cfg: TrainConfig, longest: tuple[int, str]) -> None:
+    """Refuse a context limit that leaves no room for a first turn after the longest prompt: every episode of such a
+    task would end at once (``context_overflow``) with no token generated, training on nothing.
+
+    Raises:
+        ValueError: names ``sampler.max_context_tokens``, the prompt, and the smallest limit that runs (and the one
+            that leaves a whole turn of ``sampler.max_turn_tokens``).
+    """
+    s = cfg.sampler
+    tokens, task = longest
+    if tokens < s.max_context_tokens:
+        return
+    raise ValueError(
+        f"sampler.max_context_tokens={s.max_context_tokens} leaves no room for a turn after the longest prompt "
+        f"(task {task}: {tokens} tokens in model.template={cfg.model.template}): set sampler.max_context_tokens to "
+        f"at least {tokens + 1} ({tokens + s.max_turn_tokens} for a whole turn of sampler.max_turn_tokens="
+        f"{s.max_turn_tokens}), or shorten the prompts"
+    )

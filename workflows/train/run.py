@@ -41,7 +41,7 @@ from workflows.tracking.checkpoint_state import CheckpointState
 from workflows.tracking.runs import RunSummary, create_run, resumed_config, run_summary
 from workflows.tracking.store import resolve_uri, where
 from workflows.train.loop import guarded_loop
-from workflows.train.preflight import check_budget, training_tasks
+from workflows.train.preflight import check_budget, check_context, longest_prompt, training_tasks
 from workflows.train.step_log import StartupClock
 from workflows.train.summary import compute_summary, progress_bar
 
@@ -122,6 +122,7 @@ def train(
 
     cfg = resolve_paths(cfg)
     check_model(cfg)
+    check_context(cfg, longest_prompt(cfg))  # a prompt the context cannot hold: refused before Ray starts
     # Quiet workers: no per-load progress bars (the workers inherit these when this process starts Ray).
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
