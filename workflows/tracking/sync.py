@@ -75,12 +75,16 @@ def sync_run(run_id: str, uri: str, say: Callable[[str], None] = lambda s: None)
     from mlflow import MlflowClient
 
     from tracerl.config import TrackingConfig
+    from workflows.tracking.log_file import tracking_logs_to
     from workflows.tracking.runs import run_storage
     from workflows.tracking.spool import MetricLog, PendingStatus
     from workflows.tracking.store import check_reachable
 
     check_reachable(uri)
     storage = run_storage(run_id, TrackingConfig(uri=uri))
+    tracking_logs_to(
+        storage
+    )  # MLflow's own lines ("View run ...", a SQL store's errors): the run's tracking.log
     client = MlflowClient(uri)
     log = MetricLog(client, run_id, storage, 0, say)
     unsent = log.unsent()
