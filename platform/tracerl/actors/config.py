@@ -23,9 +23,10 @@ class TrackingConfig:
     experiment: str = "tracerl"
     """Experiment name."""
     flush_timeout_s: float = 120.0
-    """At the end of ``tracerl train``, how long to wait for an unreachable tracking server to take the metrics
-    spooled during an outage before giving up: the run is then left RUNNING in the store, its final status kept
-    with the spool, and ``tracerl sync RUN`` sends both once the server is back (docs/reliability.md)."""
+    """How long ``tracerl train`` waits for a tracking server that stops answering where it cannot spool: while it
+    sets the run up (experiment, run, params; then one line and exit 2) and at the end, for the metrics spooled
+    during an outage and the final status (then the run is left RUNNING in the store, its final status kept with
+    the spool, exit 75, and ``tracerl sync RUN`` sends both once the server is back; docs/reliability.md)."""
 
     def __post_init__(self) -> None:
         check(
