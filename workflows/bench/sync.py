@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tracerl.actors.pools import RolloutPool, RolloutWorker
 from tracerl.schema import check
 
 
@@ -96,30 +95,6 @@ def rss_bytes() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status (tracerl bench sync reads Linux's /proc)")
 
 
-class SyncBenchWorker(RolloutWorker):
-    """A sampler actor that samples its own RSS during a push and reports a sample of its weights."""
-
-    _rss: RssPeak | None = None
-
-    def rss_start(self, interval_s: float) -> int:
-        self._rss = RssPeak(interval_s)
-        return self._rss.base
-
-    def rss_stop(self) -> dict[str, int]:
-        assert self._rss is not None
-        out, self._rss = self._rss.stop(), None
-        return out
-
-    def probe(self) -> list[float]:
-        """The first few values of a few weights (the test's check that the push landed)."""
-        state = self.model.state_dict()
-        return [float(x) for k in PROBES for x in state[k].flatten()[:4]]
-
-
-class SyncBenchPool(RolloutPool):
-    worker_class = SyncBenchWorker
-
-
 PROBES = ("model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight", "lm_head.weight")
 
 
@@ -163,6 +138,7 @@ def run_sync_bench(cfg: BenchSyncConfig, progress: Any = lambda s: None) -> dict
 
     from tracerl.actors.spec import WorkerSpec
     from tracerl.config import ClusterConfig, EnvConfig, ModelConfig, PoolConfig, SamplerConfig, TrainerConfig
+    from workflows.bench.sync_actors import SyncBenchPool  # Ray: imported when the bench runs, not by the CLI
     from workflows.ops.ray_utils import init_ray
     from workflows.train.push import push_policy
 
@@ -187,7 +163,7 @@ def run_sync_bench(cfg: BenchSyncConfig, progress: Any = lambda s: None) -> dict
         pools=pools,
     )
     pool = SyncBenchPool(spec, cfg.samplers, 0.5, 0.0, 0, cfg.seed)
-    trainer = TrainerConfig()
+    trainer = TrainerConfig(push_bucket_mb=cfg.bucket_mb)
     rows = []
     try:
         pool.wait_ready()
