@@ -129,3 +129,55 @@ def test_a_replaced_sampler_copies_a_live_peers_pushed_weights(ray_local: Any) -
         assert all(torch.equal(got[k], v) for k, v in want.items())
     finally:
         pool.shutdown()
+
+
+class FakeEngine:
+    """A fake vLLM engine (test double): refuses in-place loads after ``takes`` of them, as the CPU build refuses
+    every one; counts the calls."""
+
+    def __init__(self, takes: int) -> None:
+        self.takes, self.calls = takes, 0
+
+    async def collective_rpc(self, *args: Any, **kwargs: Any) -> None:
+        self.calls += 1
+        if self.calls > self.takes:
+            raise NotImplementedError("repacked linear weights")
+
+    async def reset_prefix_cache(self) -> None:
+        return None
+
+
+def _vllm_sampler(engine: FakeEngine, restarts: list[list[str]]) -> Any:
+    from transformers import AutoTokenizer
+
+    from tracerl.samplers.vllm import VLLMSampler
+
+    s = VLLMSampler(engine, AutoTokenizer.from_pretrained(TINY), path=str(TINY))
+    s._restart_with = lambda items: restarts.append([n for n, _ in items])  # type: ignore[method-assign]
+    return s
+
+
+def test_a_vllm_engine_that_cannot_reload_in_place_restarts_once_per_push_on_every_bucket() -> None:
+    restarts: list[list[str]] = []
+    engine = FakeEngine(takes=0)
+    s = _vllm_sampler(engine, restarts)
+    buckets = list(pack(iter(_tensors()), torch.bfloat16, 256))
+    for push in range(2):
+        for b in buckets:
+            s.load_bucket(b)
+        assert restarts == [["t0", "t1", "t2", "t3", "t4", "steps"]] * push  # nothing until the push ends
+        s.end_push()
+    assert restarts == [["t0", "t1", "t2", "t3", "t4", "steps"]] * 2 and not s.in_place
+    assert engine.calls == 1  # once refused, later pushes go straight to the restart
+
+
+def test_a_vllm_engine_that_refuses_part_of_a_push_says_its_weights_are_mixed() -> None:
+    restarts: list[list[str]] = []
+    s = _vllm_sampler(FakeEngine(takes=1), restarts)
+    b0, b1, _ = pack(iter(_tensors()), torch.bfloat16, 256)
+    s.load_bucket(b0)
+    with pytest.raises(
+        RuntimeError, match="refused part of a weight push after taking the rest.*its weights are mixed"
+    ):
+        s.load_bucket(b1)
+    assert restarts == [] and s.in_place

@@ -67,6 +67,7 @@ class LocalPool(ShardedPool):
         """A weight push (``tracerl.models.buckets``) into the worker's own policy copy, bucket by bucket."""
         for bucket in buckets:
             self.worker.load_bucket(bucket)
+        self.worker.end_push()
 
     def stream(self, prompts: Sequence[Prompt], counts: Sequence[int], on_bare: OnBare) -> list[RolloutTree]:
         """A streaming step (``pipeline.mode=streaming``) on the one engine, as ``tracerl rollout`` streams

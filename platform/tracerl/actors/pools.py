@@ -104,6 +104,7 @@ class RolloutPool(ShardedPool):
                 del ref, calls  # the store frees the bucket once every sampler loaded it
             if loading is not None:
                 loading.result()
+        self._call_all([(w, "end_push", ()) for w in range(len(self.workers))])
         self._pushed = True
 
     @property
@@ -119,11 +120,13 @@ class RolloutPool(ShardedPool):
         if self._keep:
             for ref in self._kept:
                 ray.get(new.load_bucket.remote(ref))
+            ray.get(new.end_push.remote())
             return
         peer = self.workers[(w + 1) % len(self.workers)]
         for index in itertools.count():
             ref = peer.export_bucket.remote(index, self._bucket_bytes)
             if ray.get(ref) is None:
+                ray.get(new.end_push.remote())
                 return
             ray.get(new.load_bucket.remote(ref))
 

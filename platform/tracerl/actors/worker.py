@@ -104,6 +104,11 @@ class RolloutWorker:
         self.trees.clear()  # caches of trees from the old weights must not be re-used
         self._drop_stream()
 
+    def end_push(self) -> None:
+        """The last bucket of a push arrived (an engine sampler that restarts on the pushed weights does it now)."""
+        if hasattr(self.sampler, "end_push"):
+            self.sampler.end_push()
+
     def export_bucket(self, index: int, bucket_bytes: int) -> Any:
         """Bucket ``index`` of this sampler's current weights (None past the last): what a replaced peer loads."""
         from tracerl.models.buckets import export
