@@ -232,6 +232,10 @@ class VLLMSampler:
         await self.engine.collective_rpc("apply_model", args=(functools.partial(_load_into, items),))
         await self.engine.reset_prefix_cache()  # cached prefixes were computed with the old weights
 
+    def _remove_weights_dir(self) -> None:
+        if self._weights_dir is not None:
+            shutil.rmtree(self._weights_dir, ignore_errors=True)
+
     def _restart_with(self, items: list[tuple[str, Any]]) -> None:
         """Fallback: write the weights as a checkpoint next to the original files and restart the engine on it."""
         import gc
@@ -266,8 +270,7 @@ class VLLMSampler:
         del self.engine
         gc.collect()
         self.engine = on_loop(_start_engine({**self.engine_kwargs, "model": str(new)}, self.counter))
-        if self._weights_dir is not None:
-            shutil.rmtree(self._weights_dir, ignore_errors=True)  # the engine runs on ``new`` now
+        self._remove_weights_dir()  # the engine runs on ``new`` now
         self._weights_dir = str(new)
 
 
