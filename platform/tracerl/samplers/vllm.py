@@ -247,9 +247,7 @@ class VLLMSampler:
         assert self.path is not None
         new = Path(tempfile.mkdtemp(prefix="tracerl-vllm-weights-"))
         if self._weights_dir is None:
-            atexit.register(
-                lambda: self._weights_dir and shutil.rmtree(self._weights_dir, ignore_errors=True)
-            )
+            atexit.register(self._remove_weights_dir)
         for f in Path(self.path).iterdir():
             if (
                 f.is_file()
