@@ -1,5 +1,5 @@
 """``tracerl bench ...``: the benchmark subcommands (allocation, targets, rollout, train, env, testbeds, peer, limit,
-update), each a configured
+update, sync), each a configured
 job that prints a table and writes JSON."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from tracerl.experiment_config import (
 )
 from workflows.bench.limit import BenchLimitConfig
 from workflows.bench.peer import BenchPeerConfig
+from workflows.bench.sync import BenchSyncConfig
 from workflows.bench.testbeds import BenchTestbedsConfig
 from workflows.bench.update import BenchUpdateConfig
 from workflows.cli.args import Command, Shorthand, add_job_args, progress
@@ -120,6 +121,16 @@ BENCH_UPDATE_FLAGS = (
     Shorthand("--max-gb", ("max_gb",), "address-space cap of each case's subprocess, GB (0: none)", float),
     Shorthand("--out", ("bench_out",), "output directory", str),
 )
+BENCH_SYNC_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--vocab", ("vocab",), "vocabulary size"),
+    Shorthand("--hidden", ("hidden",), "hidden size (a multiple of 64)"),
+    Shorthand("--layers", ("layers",), "decoder layers"),
+    Shorthand("--samplers", ("samplers",), "hf sampler actors to push to"),
+    Shorthand("--bucket-mb", ("bucket_mb",), "trainer.push_bucket_mb of the push"),
+    Shorthand("--pushes", ("pushes",), "pushes (the first is a warm-up)"),
+    Shorthand("--out", ("bench_out",), "output directory", str),
+)
 BENCH_ENV_FLAGS = (
     Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
     Shorthand("--tasks", ("tasks",), "held-out tasks to run"),
@@ -198,7 +209,7 @@ def _bench_rollout(cfg: BenchRolloutConfig) -> int:
 
 
 def _lm_bench(
-    cfg: BenchTrainConfig | BenchPipelineConfig | BenchLimitConfig | BenchUpdateConfig,
+    cfg: BenchTrainConfig | BenchPipelineConfig | BenchLimitConfig | BenchUpdateConfig | BenchSyncConfig,
     run: Any,
     format_table: Any,
 ) -> int:
@@ -253,6 +264,12 @@ def _bench_update(cfg: BenchUpdateConfig) -> int:
     return _lm_bench(cfg, run_update_bench, format_table)
 
 
+def _bench_sync(cfg: BenchSyncConfig) -> int:
+    from workflows.bench.sync import format_table, run_sync_bench
+
+    return _lm_bench(cfg, run_sync_bench, format_table)
+
+
 def _bench_testbeds(cfg: BenchTestbedsConfig) -> int:
     from workflows.bench.probes import run_testbeds_bench
     from workflows.bench.testbeds import format_table
@@ -282,6 +299,7 @@ BENCH_COMMANDS: dict[str, Command] = {
     "bench peer": Command(BenchPeerConfig, "bench/peer.yaml", BENCH_PEER_FLAGS, _bench_peer),
     "bench limit": Command(BenchLimitConfig, "bench/limit.yaml", BENCH_LIMIT_FLAGS, _bench_limit),
     "bench update": Command(BenchUpdateConfig, "bench/update.yaml", BENCH_UPDATE_FLAGS, _bench_update),
+    "bench sync": Command(BenchSyncConfig, "bench/sync.yaml", BENCH_SYNC_FLAGS, _bench_sync),
 }
 BENCH_HELP = {
     "allocation": "every allocator at equal leaf budget on the simulator",
@@ -293,6 +311,7 @@ BENCH_HELP = {
     "peer": "TRL's GRPOTrainer vs tracerl grpo and trace on the same work (needs `make bench-peer`'s venv)",
     "limit": "the embedded default's step at the limit this machine allows, next to a real step (per phase)",
     "update": "one learner update of a chosen shape: seconds, tokens/s, peak memory and the estimate",
+    "sync": "a weight push of a chosen model size to N sampler actors: seconds, peak host memory per side",
     "env": "an environment's gold replay (--gold) or tiny policy pass@1: "
     "bench env [math|search|bfcl] [--gold] [--json PATH]",
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -148,9 +149,9 @@ class Driver:
         self.overlapped = 0.0
         self._ahead = ThreadPoolExecutor(1, "ahead") if cfg.pipeline.overlap else None
 
-    def restore(self, ckpt_dir: str, state: CheckpointState, weights: dict[str, Any]) -> None:
-        """Continue from a checkpoint: candidate-pool RNG, tokens spent, predictor and allocator state, and the
-        restored policy pushed to the samplers (a fresh run's samplers already hold ``model.path``)."""
+    def restore(self, ckpt_dir: str, state: CheckpointState) -> None:
+        """Continue from a checkpoint: candidate-pool RNG, tokens spent, predictor and allocator state (the loop then
+        pushes the restored policy to the samplers: a fresh run's samplers already hold ``model.path``)."""
         import torch
 
         self.rng.bit_generator.state = state.rng
@@ -159,7 +160,6 @@ class Driver:
         self.predictor.load_state_dict(torch.load(Path(ckpt_dir) / "predictor.pt", weights_only=False))
         if (Path(ckpt_dir) / "allocator.pt").exists():  # trace_plus: its length predictor
             self.allocator.load_state_dict(torch.load(Path(ckpt_dir) / "allocator.pt", weights_only=False))
-        self.sync(weights, state.step)
 
     def stepper(self) -> Stepper:
         """The engine's assembly of a step over this driver's prompts, allocator, predictor, samplers and generator
@@ -275,13 +275,11 @@ class Driver:
         fit = {**self.predictor.fit(out.sampled_trees), **self.allocator.observe(out.sampled_trees)}
         return {M.predictor_fit(k): v for k, v in fit.items()}
 
-    def sync(self, weights: dict[str, Any], version: int) -> None:
-        """Push the policy's full HF-named weights (``Worker.gather``), ``version`` updates in, to every sampler."""
-        import torch
-
+    def sync(self, push: Callable[[Any], None], version: int) -> None:
+        """Push the policy, ``version`` updates in, into every sampler: ``push(pool)`` (``Worker.push``, bucket by
+        bucket)."""
         self.mark("sync_weights")
-        dtype = getattr(torch, self.cfg.model.dtype)  # the samplers' (master weights may be more precise)
-        self.pool.load_weights({k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()})
+        push(self.pool)
         self.version = version
 
     def totals(self, updates: int) -> Totals:

@@ -79,9 +79,6 @@ def run_steps(config: dict[str, Any], ctx: Any, pool: Any) -> None:
     run_id, storage = config["run_id"], Path(config["storage"])
     clock, first_attempt = config.get("startup") or (None, 0)
     worker = setup_worker(cfg, storage, ctx, config.get("reported", ()))
-    # A restored policy is pushed to the samplers; a fresh run's samplers loaded these very weights from model.path,
-    # so nothing is gathered for them (under FSDP a gather is a full-model collective).
-    restored = worker.gather()[0] if worker.ckpt_dir is not None else None
     start = worker.state.step
     driver = None
     if worker.rank == 0:
@@ -90,8 +87,13 @@ def run_steps(config: dict[str, Any], ctx: Any, pool: Any) -> None:
         if clock is not None:
             clock.mark("policy")
         driver = Driver(cfg, run_id, storage, worker.tok, unwrap(worker.model), start, pool)
-        if worker.ckpt_dir is not None and restored is not None:
-            driver.restore(worker.ckpt_dir, worker.state, restored)
+        if worker.ckpt_dir is not None:
+            driver.restore(worker.ckpt_dir, worker.state)
+    # A restored policy is pushed to the samplers; a fresh run's samplers loaded these very weights from model.path,
+    # so nothing is pushed to them (under FSDP a push gathers every parameter: every rank takes part).
+    if worker.ckpt_dir is not None:
+        sync(worker, driver, start)
+    if driver is not None:
         if clock is not None:
             clock.mark("samplers")
         if start == 0 and cfg.eval_at_start:
@@ -120,8 +122,8 @@ def train_step(
     """One RL step on every rank; ``d`` (rank 0's driver) is None on the others, which only update on their shard.
 
     Rank 0 selects the candidate pool, scores it, allocates roots, rolls out, expands prefixes (run_step), fits
-    the predictor and collates; the batch is broadcast and every rank updates; rank 0 pushes the new weights to the
-    samplers, evaluates when due and logs; a checkpoint every ``checkpoint_every`` steps. One timer times each phase.
+    the predictor and collates; the batch is broadcast and every rank updates; the new weights are pushed to rank 0's
+    samplers bucket by bucket (every rank takes part under FSDP), rank 0 evaluates when due and logs; a checkpoint every ``checkpoint_every`` steps. One timer times each phase.
     With ``pipeline.overlap`` the next step's Stage 1 and bare rollouts start before the update (``ahead``, which
     this step returns and the next finishes on the new weights). After the update rank 0 checks the run's limits
     (``Driver.check_stop``) and every rank learns whether this step is the last (returned with ``ahead``); the last
@@ -159,7 +161,6 @@ def train_step(
         shard = (batch.balanced_shard if cfg.loss.micro_tokens > 0 else batch.shard)(w.rank, w.world)
         stats = w.learner.update(shard, denominator(batch, cfg.loss.aggregation))
     update_s = time.perf_counter() - t0
-    weights, adapters = w.gather()  # a collective under FSDP
     if d is not None:
         m.update(stats)
         m[M.TIME_TRAIN_STEP] = rollout_s + update_s  # the step's own rollout and update, nothing around them
@@ -168,11 +169,13 @@ def train_step(
                 d.wait_ahead(nxt)
     cpu = ranks_cpu(w)  # after the wait: a sampler answers once its rollouts end
     last = bool(w.broadcast(d.check_stop(done, cpu) if d is not None else None))
+    if d is not None and last:
+        nxt = None  # a step started early past the run's end: its rollouts are dropped
+    with timer("sync_weights"):
+        sync(w, d, done)
+    # The whole policy on rank 0 only when a checkpoint is written (a collective under FSDP).
+    weights, adapters = w.gather() if checkpoint_due(w.cfg.checkpoint_every, done, last) else ({}, {})
     if d is not None:
-        if last:
-            nxt = None  # a step started early past the run's end: its rollouts are dropped
-        with timer("sync_weights"):
-            d.sync(weights, done)
         due = d.eval_due(done)
         if due is not None:
             with timer("eval"):
@@ -182,6 +185,19 @@ def train_step(
     if d is not None:
         d.faults.trainer(step)
     return nxt, last
+
+
+def sync(w: Worker, d: Driver | None, version: int) -> None:
+    """The policy into rank 0's samplers, bucket by bucket (workflows/train/push.py); the other ranks take part in
+    the gathers under FSDP."""
+    if d is not None:
+        d.sync(w.push, version)
+    else:
+        w.push(None)
+
+
+def checkpoint_due(every: int, done: int, last: bool) -> bool:
+    return last or done % every == 0
 
 
 def report(
@@ -203,7 +219,7 @@ def report(
     from workflows.tracking.checkpoint_files import publish
     from workflows.train.context import checkpoint_name
 
-    if done % w.cfg.checkpoint_every and not last:
+    if not checkpoint_due(w.cfg.checkpoint_every, done, last):
         w.ctx.report({"step": done, **metrics})
         return
     name = checkpoint_name(done)

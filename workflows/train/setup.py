@@ -67,6 +67,13 @@ class Worker:
         if self.world > 1:
             torch.distributed.barrier()
 
+    def push(self, pool: Any) -> None:
+        """The policy into ``pool``'s samplers bucket by bucket (rank 0; None on the others, which take part in
+        the gathers under FSDP): workflows/train/push.py."""
+        from workflows.train.push import push_policy
+
+        push_policy(self.model, self.cfg.trainer, pool, self.cfg.model.dtype)
+
     def gather(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The policy's HF-named full weights (LoRA adapters merged) and the LoRA adapters alone, on rank 0.
 

@@ -102,6 +102,11 @@ class TrainerConfig:
     """Timeout of the trainer ranks' process group (Ray Train's ``TorchConfig.timeout_s``, whose default is 1800 s):
     ranks 1..n wait in a broadcast while rank 0 rolls out, scores and collates, so it must exceed the longest rollout
     phase. The default, a day, is past any step's rollouts; a lower value ends a hung collective sooner."""
+    push_bucket_mb: int = 256
+    """Size of a weight push's buckets, MB (2^20 bytes): after each update the policy leaves the trainer in buckets
+    of at most this many bytes in ``model.dtype`` (a larger tensor goes alone), each its own object in Ray's object
+    store, loaded by every sampler and freed before the next but one is put (workflows/train/push.py). Peak extra
+    memory of the push on rank 0 is about two buckets; smaller buckets lower it, at more round trips."""
     gpu_memory_gb: float | None = None
     """Memory of one trainer GPU in GB (1e9 bytes), e.g. 80 for an H100/A100 80GB. Set with ``use_gpu``, a run is
     refused before it starts when the update's largest micro-batch (``loss.micro_tokens``, or
@@ -118,6 +123,7 @@ class TrainerConfig:
             f"trainer.torch_threads must be >= 1 or null (got {self.torch_threads})",
         )
         check(self.lora_rank >= 0, "trainer.lora_rank must be >= 0")
+        check(self.push_bucket_mb >= 1, f"trainer.push_bucket_mb must be >= 1 (got {self.push_bucket_mb})")
         check(
             self.collective_timeout_s >= 1,
             f"trainer.collective_timeout_s must be >= 1 (got {self.collective_timeout_s})",

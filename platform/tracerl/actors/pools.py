@@ -12,7 +12,8 @@ The spec's ``faults`` (actors/faults.py) make a worker exit for real during a ch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -61,7 +62,10 @@ class RolloutPool(ShardedPool):
         """Streaming: an actor with more paths than this gives new expansions to the least-loaded one
         (``pipeline.reencode_queue``; -1: never)."""
         self.workers = [self._new() for _ in range(size)]
-        self._weights: Any = None
+        self._pushed = False
+        """Whether a push replaced the weights the samplers loaded from ``model.path``."""
+        self._kept: list[Any] = []
+        self._bucket_bytes = 0
 
     def _new(self) -> Any:
         return (
@@ -77,19 +81,64 @@ class RolloutPool(ShardedPool):
         """Block until every sampler actor has finished its constructor (loaded its policy)."""
         ray.get([w.warnings.remote() for w in self.workers])
 
-    def load_weights(self, state: dict[str, Any]) -> None:
-        self._weights = ray.put(state)
-        self._call_all([(w, "load_weights", (self._weights,)) for w in range(len(self.workers))])
+    def push(self, buckets: Iterable[Any], bucket_bytes: int) -> None:
+        """A weight push (``tracerl.models.buckets``): each bucket its own object in the store, loaded by every
+        sampler while the next one is packed and put, and freed once every sampler loaded it (at most two buckets
+        in the store at a time). A sampler that dies meanwhile is replaced by one that copies a live peer's
+        weights (``_catch_up``) and then loads the bucket it missed."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._bucket_bytes = bucket_bytes
+        self._kept = []
+        loading = None
+        with ThreadPoolExecutor(1, thread_name_prefix="tracerl-push") as ex:
+            for bucket in buckets:
+                ref = ray.put(bucket)
+                del bucket
+                if self._keep:
+                    self._kept.append(ref)
+                if loading is not None:
+                    loading.result()
+                calls = [(w, "load_bucket", (ref,)) for w in range(len(self.workers))]
+                loading = ex.submit(self._call_all, calls)
+                del ref, calls  # the store frees the bucket once every sampler loaded it
+            if loading is not None:
+                loading.result()
+        self._call_all([(w, "end_push", ()) for w in range(len(self.workers))])
+        self._pushed = True
+
+    @property
+    def _keep(self) -> bool:
+        """Whether the pool keeps the last push's buckets for a replaced sampler: where no peer can hand its weights
+        over (one sampler, or an engine sampler with no HF model to export from)."""
+        return len(self.workers) == 1 or self.spec.sampler.backend != "hf"
+
+    def _catch_up(self, w: int) -> None:
+        """Give the fresh sampler ``w`` the pool's current weights: the kept buckets, else a live peer's, bucket by
+        bucket."""
+        new = self.workers[w]
+        if self._keep:
+            for ref in self._kept:
+                ray.get(new.load_bucket.remote(ref))
+            ray.get(new.end_push.remote())
+            return
+        peer = self.workers[(w + 1) % len(self.workers)]
+        for index in itertools.count():
+            ref = peer.export_bucket.remote(index, self._bucket_bytes)
+            if ray.get(ref) is None:
+                ray.get(new.end_push.remote())
+                return
+            ray.get(new.load_bucket.remote(ref))
 
     def _replace(self, w: int) -> None:
         for tries in range(
             self.max_retries + 1
         ):  # the fresh worker may die too (the chaos drill kills at random)
             self.workers[w] = self._new()
-            if self._weights is None:
-                return
+            if not self._pushed:
+                return  # it loads model.path, which the samplers still hold
             try:
-                ray.get(self.workers[w].load_weights.remote(self._weights))
+                self._catch_up(w)
                 return
             except DEAD:
                 if tries == self.max_retries:
