@@ -153,9 +153,11 @@ class Driver:
         self.rng.bit_generator.state = state.rng
         self.spent = list(state.spent)
         self.cpu_total, self.wall_total = state.cpu_s, state.wall_s
-        self.predictor.load_state_dict(torch.load(Path(ckpt_dir) / "predictor.pt", weights_only=False))
-        if (Path(ckpt_dir) / "allocator.pt").exists():  # trace_plus: its length predictor
-            self.allocator.load_state_dict(torch.load(Path(ckpt_dir) / "allocator.pt", weights_only=False))
+        for name, part in (("predictor.pt", self.predictor), ("allocator.pt", self.allocator)):
+            if name == "predictor.pt" or (Path(ckpt_dir) / name).exists():  # allocator.pt: trace_plus's
+                part.load_state_dict(
+                    torch.load(Path(ckpt_dir) / name, map_location="cpu", weights_only=False)
+                )
         self.sync(weights, state.step)
 
     def stepper(self) -> Stepper:

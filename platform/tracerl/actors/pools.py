@@ -12,6 +12,7 @@ The spec's ``faults`` (actors/faults.py) make a worker exit for real during a ch
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -62,6 +63,7 @@ class RolloutPool(ShardedPool):
         (``pipeline.reencode_queue``; -1: never)."""
         self.workers = [self._new() for _ in range(size)]
         self._weights: Any = None
+        self._push_checked = False
 
     def _new(self) -> Any:
         return (
@@ -78,6 +80,11 @@ class RolloutPool(ShardedPool):
         ray.get([w.warnings.remote() for w in self.workers])
 
     def load_weights(self, state: dict[str, Any]) -> None:
+        if not self._push_checked:  # the same size every step: once a run
+            self._push_checked = True
+            warning = push_too_big(state_bytes(state), node_object_store_bytes())
+            if warning:
+                print(f"tracerl: warning: {warning}", file=sys.stderr, flush=True)
         self._weights = ray.put(state)
         self._call_all([(w, "load_weights", (self._weights,)) for w in range(len(self.workers))])
 
@@ -125,3 +132,29 @@ class RolloutPool(ShardedPool):
         for w in self.workers:
             ray.kill(w)
         stop_services(self.services)
+
+
+def state_bytes(state: dict[str, Any]) -> int:
+    """Bytes of the tensors in a weight push (other values are negligible)."""
+    return sum(int(v.numel() * v.element_size()) for v in state.values() if hasattr(v, "element_size"))
+
+
+def node_object_store_bytes() -> int:
+    """The object store size of the node this process runs on (where ``ray.put`` puts a weight push)."""
+    here = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        if node.get("NodeID") == here:
+            return int(node.get("Resources", {}).get("object_store_memory", 0))
+    return int(ray.cluster_resources().get("object_store_memory", 0))
+
+
+def push_too_big(nbytes: int, store_bytes: int) -> str | None:
+    """The warning for a weight push larger than the node's object store, or None. Ray then spills the push to
+    disk (or fails to put it) on every step instead of holding it in memory."""
+    if store_bytes <= 0 or nbytes <= store_bytes:
+        return None
+    return (
+        f"a weight push to the samplers is {nbytes / 2**20:,.0f} MiB but this node's Ray object store holds "
+        f"{store_bytes / 2**20:,.0f} MiB: Ray spills every push to disk; raise cluster.object_store_memory_mb (the "
+        f"embedded Ray) or the nodes' --object-store-memory (a cluster)"
+    )
