@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WAIT_LIMIT_S, stop_process, wait_for
+from tests.conftest import ROOT, WAIT_LIMIT_S, stop_process, wait_for
 from tests.net_exposure import answer_without_token, listening, tree
 
 pytestmark = pytest.mark.cluster
@@ -52,6 +53,8 @@ class Cluster:
     home: Path
     metrics_port2: int
     """The second node's metrics exporter (the one socket beyond loopback without token authentication)."""
+    jobs: str
+    """The head's job API (the dashboard, on loopback): what `tracerl submit --address` takes."""
 
 
 def _node_args(temp: Path, resource: str) -> list[str]:
@@ -121,15 +124,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         "HOME": str(home),
         "RAY_AUTH_MODE": "token",
         "RAY_AUTH_TOKEN": secrets.token_hex(32),
+        # the suite's start-up limits (tests/conftest.py), for the nodes and the jobs they run: a loaded machine
         "RAY_worker_register_timeout_seconds": "600",
+        "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600",
+        "RAY_worker_niceness": "0",
     }
-    gcs = _free_port()
+    gcs, dash = _free_port(), _free_port()
     head = _start(
         [
             "--head",
             "--node-ip-address=127.0.0.1",
             f"--port={gcs}",
-            "--include-dashboard=false",
+            "--include-dashboard=true",  # the job API `tracerl submit` sends to (on loopback)
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dash}",
             f"--metrics-export-port={_free_port()}",
             *_node_args(temps[0], "node1"),
         ],
@@ -157,7 +165,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             logs / "node2.log",
             home,
         )
-        yield Cluster(head, node2, address, env, home, metrics2)
+        yield Cluster(head, node2, address, env, home, metrics2, f"http://127.0.0.1:{dash}")
     finally:
         for proc in (node2, head):
             if proc is not None:
@@ -212,3 +220,54 @@ def test_what_the_second_node_opens_beyond_loopback_refuses_a_client_without_the
     assert "HTTP GET / -> 200" in answers[metrics[0]]
     refused = {k: v for k, v in answers.items() if k not in metrics}
     assert refused and all(v.startswith("refused:") for v in refused.values()), answers
+
+
+def test_a_submitted_smoke_training_places_the_trainer_on_node1_and_the_samplers_on_node2(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """`tracerl submit` with the token in the environment (infra/README.md, step 5): two smoke steps whose trainer
+    asks for ``node1`` and whose samplers and environment actors ask for ``node2``; the run's own params say where
+    each ran."""
+    import sqlite3
+
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workflows.cli.app",
+            "submit",
+            "--address",
+            cluster.jobs,
+            "--python",
+            sys.executable,
+            "train",
+            "--config",
+            "conf/train/smoke.yaml",
+            "--steps",
+            "2",
+            "eval_at_start=false",
+            "env.math.eval_tasks=2",
+            "trainer.resources={node1: 0.01}",
+            "pools.rollout_resources={node2: 0.01}",
+            "pools.env_resources={node2: 0.01}",
+            f"out_dir={tmp_path / 'runs'}",
+            f"tracking.uri=sqlite:///{tmp_path / 'mlruns.db'}",
+            f"tracking.artifact_location={tmp_path / 'mlartifacts'}",
+        ],
+        cwd=ROOT,
+        env={**cluster.env, "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}"},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and re.search(r"^job \S+: SUCCEEDED$", res.stdout, re.M), out[-4000:]
+    with sqlite3.connect(tmp_path / "mlruns.db") as db:
+        params = dict(db.execute("select key, value from params where key like 'placement/%'").fetchall())
+        steps = db.execute("select count(distinct step) from metrics where key like 'train/%'").fetchone()[0]
+    assert params == {
+        "placement/trainer": "127.0.0.1",
+        "placement/samplers": "127.0.0.2",
+        "placement/env": "127.0.0.2",
+    }
+    assert steps >= 2

@@ -102,7 +102,7 @@ class Driver:
         self.pool.wait_ready()  # every sampler up: start-up ends here, not inside the first step
         for w in self.pool.warnings():
             say(f"sandbox: {w}")
-        log_threads(self.client, run_id, self.pool.threads)
+        log_threads(self.client, run_id, self.pool)
         self.startup: dict[str, float] = {}
         """``time/startup_s`` and its parts, logged with the next step (the first this launch runs)."""
         self.allocator = build_allocator(cfg.allocator)

@@ -52,7 +52,9 @@ class RolloutPool(ShardedPool):
         services: dict[str, Any] = {}
         if spec.pools.env_workers > 0 and not spec.services:
             # One actor per shared service for the whole run; env_workers=0 keeps everything in-process.
-            services = start_services(env_class(spec.env.name), spec.env, spec.pools.env_cpus)
+            services = start_services(
+                env_class(spec.env.name), spec.env, spec.pools.env_cpus, dict(spec.pools.env_resources)
+            )
             spec = replace(spec, services=services)
         super().__init__(spec, seed)
         self.services = services
@@ -67,13 +69,28 @@ class RolloutPool(ShardedPool):
 
     def _new(self) -> Any:
         return (
-            ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0)(self.worker_class)
+            ray.remote(
+                num_cpus=self.cpus,
+                num_gpus=self.gpus,
+                resources=dict(self.spec.pools.rollout_resources),
+                max_restarts=0,
+            )(self.worker_class)
             .options(scheduling_strategy=OWN)
             .remote(self.spec)
         )
 
     def warnings(self) -> list[str]:
         return list(ray.get(self.workers[0].warnings.remote()))
+
+    def placement(self) -> dict[str, str]:
+        """Where the actors run, as the run's params: ``placement/samplers`` and ``placement/env``, each the sorted
+        node addresses of those actors (one per node), and ``placement/trainer`` this process's (trainer rank 0)."""
+        found = ray.get([w.nodes.remote() for w in self.workers])
+        return {
+            "placement/trainer": str(ray.util.get_node_ip_address()),
+            "placement/samplers": ",".join(sorted({s for s, _ in found})),
+            "placement/env": ",".join(sorted({e for _, envs in found for e in envs})) or "in the samplers",
+        }
 
     def wait_ready(self) -> None:
         """Block until every sampler actor has finished its constructor (loaded its policy)."""
