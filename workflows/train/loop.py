@@ -216,14 +216,16 @@ def report(
     """
     import torch
 
-    from workflows.tracking.checkpoint_files import publish
+    from workflows.tracking.checkpoint_files import publish, scratch
     from workflows.train.context import checkpoint_name
 
     if not checkpoint_due(w.cfg.checkpoint_every, done, last):
         w.ctx.report({"step": done, **metrics})
         return
     name = checkpoint_name(done)
-    with tempfile.TemporaryDirectory() as tmp:
+    # Staged under the run's storage, not the node's /tmp: a large policy's files (an 8B policy's fp32 weights and
+    # optimizer shard) need room that /tmp may not have, and the rename into the checkpoint stays on one filesystem.
+    with tempfile.TemporaryDirectory(dir=scratch(w.storage), prefix=f"rank{w.rank}-") as tmp:
         torch.save(w.learner.state_dict(), Path(tmp) / f"trainer_rank{w.rank}.pt")
         if d is not None:
             d.save(Path(tmp), done, weights, adapters)

@@ -288,7 +288,11 @@ def ray_trainer(
         scaling_config=ScalingConfig(
             num_workers=t.num_workers,
             use_gpu=t.use_gpu,
-            resources_per_worker={"CPU": t.cpus_per_worker, **({"GPU": 1} if t.use_gpu else {})},
+            resources_per_worker={
+                "CPU": t.cpus_per_worker,
+                **({"GPU": 1} if t.use_gpu else {}),
+                **t.resources,
+            },
         ),
         run_config=RunConfig(
             name=storage.name,

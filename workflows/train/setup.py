@@ -17,6 +17,7 @@ from tracerl.config import TrainConfig
 from workflows.tracking.checkpoint_files import damaged, newest_good, problem
 from workflows.tracking.checkpoint_state import CheckpointState
 from workflows.train.context import TrainContext
+from workflows.train.shared_storage import check_shared
 
 ADAPTERS = "lora_adapters.pt"  # a LoRA run's checkpoint: its adapters (peft names) beside the merged policy
 
@@ -98,6 +99,8 @@ def setup_worker(cfg: TrainConfig, storage: Path, ctx: TrainContext, reported: I
     from tracerl.models.wrap import fully_shard_model, is_fsdp
 
     rank, world = ctx.rank, ctx.world
+    if world > 1:  # before anything is loaded: every rank must see the storage the others write to
+        check_shared(storage, rank, world, _all_gather, torch.distributed.barrier)
     torch.manual_seed(cfg.seed + rank)
     ckpt_dir = restore_dir(ctx.checkpoint(), storage, say, reported) if rank == 0 else None
     if world > 1:  # every rank restores the checkpoint rank 0 chose
@@ -141,9 +144,21 @@ def setup_worker(cfg: TrainConfig, storage: Path, ctx: TrainContext, reported: I
     if ckpt_dir is not None:
         own = Path(ckpt_dir) / f"trainer_rank{rank}.pt"
         learner.load_state_dict(
-            torch.load(own if own.exists() else Path(ckpt_dir) / "trainer_rank0.pt", weights_only=False)
+            torch.load(
+                own if own.exists() else Path(ckpt_dir) / "trainer_rank0.pt",
+                map_location=next(model.parameters()).device,  # a GPU rank: its own device, not the saver's
+                weights_only=False,
+            )
         )
     return Worker(cfg, rank, world, tok, model, learner, ckpt_dir, state, storage, ctx)
+
+
+def _all_gather(obj: Any) -> list[Any]:
+    import torch
+
+    out: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
 
 
 def load_model(cfg: TrainConfig, ckpt_dir: str | None) -> tuple[Any, Any]:
@@ -172,7 +187,7 @@ def load_model(cfg: TrainConfig, ckpt_dir: str | None) -> tuple[Any, Any]:
         getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     model = apply_lora(model, cfg.trainer)
     if lora and ckpt_dir is not None:
-        saved = torch.load(Path(ckpt_dir) / ADAPTERS, weights_only=True)
+        saved = torch.load(Path(ckpt_dir) / ADAPTERS, map_location="cpu", weights_only=True)
         missing = set(adapter_weights(model.state_dict())) - set(saved)
         if missing:
             raise RuntimeError(

@@ -98,6 +98,9 @@ class TrainerConfig:
     """LoRA scaling numerator: the update is (lora_alpha / lora_rank) * B A."""
     lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     """Names of the linear layers that get adapters (checked against the model at start)."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each trainer worker asks for besides its CPUs (and GPU), e.g. ``{node1: 0.01}`` to place
+    the trainer on the node started with ``--resources='{"node1": 1}'``. Empty: any node."""
     collective_timeout_s: int = 86400
     """Timeout of the trainer ranks' process group (Ray Train's ``TorchConfig.timeout_s``, whose default is 1800 s):
     ranks 1..n wait in a broadcast while rank 0 rolls out, scores and collates, so it must exceed the longest rollout
@@ -118,6 +121,7 @@ class TrainerConfig:
         check_choices(self, "trainer")
         check(self.num_workers >= 1, f"trainer.num_workers must be >= 1 (got {self.num_workers})")
         check(self.cpus_per_worker > 0, "trainer.cpus_per_worker must be > 0")
+        check_resources("trainer.resources", self.resources)
         check(
             self.torch_threads is None or self.torch_threads >= 1,
             f"trainer.torch_threads must be >= 1 or null (got {self.torch_threads})",
@@ -138,6 +142,16 @@ class TrainerConfig:
         )
 
 
+def check_resources(key: str, resources: dict[str, float]) -> None:
+    """Custom resources: names other than CPU, GPU and memory (their own keys set those), amounts > 0."""
+    for name, amount in resources.items():
+        check(
+            name not in ("CPU", "GPU", "memory", "object_store_memory"),
+            f"{key}.{name}: set CPUs and GPUs with their own keys; this one is for custom resources",
+        )
+        check(amount > 0, f"{key}.{name} must be > 0 (got {amount})")
+
+
 @dataclass(frozen=True)
 class PoolConfig:
     """Sampler and environment actor pools."""
@@ -152,6 +166,11 @@ class PoolConfig:
     env_workers: int = 2
     """Tool-environment actors serving every sampler's tool calls (0: samplers run tools in-process)."""
     env_cpus: float = 0.25
+    rollout_resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each sampler actor asks for besides its CPUs, e.g. ``{node2: 0.01}`` to place the samplers
+    on the nodes started with ``--resources='{"node2": 1}'`` (docs/design.md, "Placement"). Empty: any node."""
+    env_resources: dict[str, float] = field(default_factory=dict)
+    """The same for the environment actors (tool calls and shared services such as the search retriever)."""
     max_retries: int = 3
     """Times a work item is retried on a fresh actor after the one running it died."""
 
@@ -168,6 +187,8 @@ class PoolConfig:
         check(
             self.rollout_cpus > 0 and self.env_cpus > 0, "pools.rollout_cpus and pools.env_cpus must be > 0"
         )
+        check_resources("pools.rollout_resources", self.rollout_resources)
+        check_resources("pools.env_resources", self.env_resources)
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ class RolloutWorker:
                 pools.env_cpus,
                 pools.max_retries,
                 self.faults,
+                dict(pools.env_resources),
             )
         elif tool_threads > 1:
             from tracerl.engine.concurrent_env import ConcurrentEnv
@@ -91,6 +92,12 @@ class RolloutWorker:
 
     def warnings(self) -> list[str]:
         return list(self.env.warnings)
+
+    def nodes(self) -> tuple[str, list[str]]:
+        """The node address of this sampler actor and of its environment actors (none when tools run here)."""
+        import ray
+
+        return str(ray.util.get_node_ip_address()), self.env.nodes() if self.pooled else []  # type: ignore[attr-defined]
 
     def load_bucket(self, bucket: Any) -> None:
         """One bucket of a weight push (``tracerl.models.buckets``) into the policy: copied into the hf model's
