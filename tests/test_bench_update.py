@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workflows.bench.update import BenchUpdateConfig, format_table, run_case, run_update_bench
+from tracerl.workflows.bench.update import BenchUpdateConfig, format_table, run_case, run_update_bench
 
 SMALL = dict(vocab=512, hidden=32, layers=1, tokens=256, seq_len=128, updates=1)
 

@@ -234,7 +234,7 @@ def test_a_submitted_smoke_training_places_the_trainer_on_node1_and_the_samplers
         [
             sys.executable,
             "-m",
-            "workflows.cli.app",
+            "tracerl.workflows.cli.app",
             "submit",
             "--address",
             cluster.jobs,

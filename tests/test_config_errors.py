@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from workflows.cli.app import main
+from tracerl.workflows.cli.app import main
 
 # (file text, expected line after "tracerl: config error: FILE:")
 FAULTS = [
@@ -113,7 +113,7 @@ def test_the_command_starts_nothing_on_a_bad_file(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'platform'}", "RAY_TMPDIR": str(tmp_path)}
     env.pop("MLFLOW_TRACKING_URI", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "workflows.cli", "train", "--config", str(bad)],
+        [sys.executable, "-m", "tracerl.workflows.cli", "train", "--config", str(bad)],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -197,7 +197,7 @@ def test_the_train_configs_checks_apply_through_the_flattened_field(
 
 
 def test_bench_train_runs_its_train_config_with_each_allocator_and_seed() -> None:
-    from workflows.bench.train import run_configs
+    from tracerl.workflows.bench.train import run_configs
 
     cfg = compose(BenchTrainConfig, conf_dir() / "bench/train.yaml", ["seeds=2", "seed=4"])
     runs = run_configs(cfg)
@@ -211,7 +211,7 @@ def test_bench_train_runs_its_train_config_with_each_allocator_and_seed() -> Non
 
 def test_the_command_line_spells_keys_flat(capsys: pytest.CaptureFixture[str]) -> None:
     """``tracerl bench train allocators=[trace] --steps 5`` and ``tracerl config sweep budget.num_leaves=60``."""
-    from workflows.cli.app import build_parser, load, main
+    from tracerl.workflows.cli.app import build_parser, load, main
 
     cfg = load(
         "bench train", build_parser().parse_args(["bench", "train", "allocators=[trace]", "--steps", "5"])

@@ -58,7 +58,7 @@ def test_a_disk_that_fills_mid_run_is_one_line_and_exit_28(disk: Path, tmp_path:
     cmd = [
         sys.executable,
         "-m",
-        "workflows.cli",
+        "tracerl.workflows.cli",
         "train",
         "--config",
         SMOKE,
@@ -103,7 +103,7 @@ def test_a_disk_that_fills_mid_run_is_one_line_and_exit_28(disk: Path, tmp_path:
         assert f"`tracerl sync {run_id} --tracking-uri {uri}` records it" in last
         assert run.info.status == "RUNNING"
         sync = subprocess.run(
-            [sys.executable, "-m", "workflows.cli", "sync", run_id, "--tracking-uri", uri],
+            [sys.executable, "-m", "tracerl.workflows.cli", "sync", run_id, "--tracking-uri", uri],
             cwd=tmp_path,
             env=env,
             capture_output=True,

@@ -32,7 +32,7 @@ def _watched_run(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedP
             [
                 sys.executable,
                 "-m",
-                "workflows.cli.app",
+                "tracerl.workflows.cli.app",
                 "train",
                 "--config",
                 SMOKE,
@@ -95,7 +95,7 @@ def test_the_ui_listens_on_loopback_only(tmp_path: Path) -> None:
             [
                 sys.executable,
                 "-m",
-                "workflows.cli.app",
+                "tracerl.workflows.cli.app",
                 "ui",
                 "--tracking-uri",
                 f"sqlite:///{tmp_path / 'mlruns.db'}",

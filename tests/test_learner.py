@@ -23,7 +23,7 @@ from tracerl.models.hf import SetupError
 from tracerl.models.wrap import adapter_weights, apply_lora, fully_shard_model, gather_state, hf_weights
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt, Status
-from workflows.train.push import push_policy
+from tracerl.workflows.train.push import push_policy
 
 
 def _tree_with_tokens() -> RolloutTree:

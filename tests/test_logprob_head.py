@@ -16,8 +16,8 @@ from tracerl.config import LossConfig, OptimConfig, SamplerConfig, TrainerConfig
 from tracerl.learner import PolicyLearner, denominator
 from tracerl.models.hf import SetupError
 from tracerl.models.logprob_head import scored_forward
-from workflows.ops import gpu_plan
-from workflows.train.memory_check import check_update_memory, estimate_kwargs, update_shape
+from tracerl.workflows.ops import gpu_plan
+from tracerl.workflows.train.memory_check import check_update_memory, estimate_kwargs, update_shape
 
 TINY = Path(__file__).resolve().parents[1] / "models" / "tiny-math"
 

@@ -12,9 +12,9 @@ import pytest
 from tests.conftest import ROOT, UNHURRIED, sqlite_client
 from tracerl.config import TrainConfig
 from tracerl.config_loader import compose
-from workflows.cli.app import main
-from workflows.ops.no_retry import LoopFailed, as_permanent, loop_failed
-from workflows.train.preflight import check_budget, training_tasks
+from tracerl.workflows.cli.app import main
+from tracerl.workflows.ops.no_retry import LoopFailed, as_permanent, loop_failed
+from tracerl.workflows.train.preflight import check_budget, training_tasks
 
 SMOKE = ROOT / "conf" / "train" / "smoke.yaml"  # 64 math tasks, budget G=3, N=2, pool_factor=2
 HABIT = ROOT / "models" / "tiny-math-habit"
@@ -80,7 +80,7 @@ def test_ray_train_does_not_retry_a_loop_failed() -> None:
     other worker error is left to the failure policy."""
     from ray.train.v2._internal.execution.failure_handling import FailureDecision
 
-    from workflows.ops.disk_callback import StopOnDiskFull
+    from tracerl.workflows.ops.disk_callback import StopOnDiskFull
 
     class FakePollStatus:  # the one field the callback reads from Ray's WorkerGroupPollStatus
         def __init__(self, errors: dict[int, BaseException]) -> None:
@@ -132,7 +132,7 @@ def test_a_context_too_short_for_the_longest_prompt_is_refused_with_the_smallest
 ) -> None:
     """sampler.max_context_tokens at or below the longest prompt's tokens would end every episode of it at once with
     nothing generated: refused before Ray or MLflow start, naming the smallest limit that runs, which passes."""
-    from workflows.train.preflight import check_context, longest_prompt
+    from tracerl.workflows.train.preflight import check_context, longest_prompt
 
     cfg = _smoke(f"model.path={HABIT}")
     tokens, task = longest_prompt(cfg)

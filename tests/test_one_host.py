@@ -82,8 +82,8 @@ def _rank(rank: int, world: int, init: str, storages: list[str], out: str) -> No
     """One trainer rank of the probe: a real gloo process group; its own view of the run storage."""
     import torch.distributed as dist
 
-    from workflows.train.setup import _all_gather
-    from workflows.train.shared_storage import check_shared
+    from tracerl.workflows.train.setup import _all_gather
+    from tracerl.workflows.train.shared_storage import check_shared
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
@@ -132,8 +132,8 @@ def test_checkpoint_files_are_staged_under_the_run_storage(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A real (in-process) smoke run's checkpoint: its files were staged under the run's storage, not in /tmp."""
-    import workflows.tracking.checkpoint_files as cf
-    from workflows.cli.app import main
+    import tracerl.workflows.tracking.checkpoint_files as cf
+    from tracerl.workflows.cli.app import main
 
     staged: list[tuple[Path, Path]] = []
     real = cf.publish

@@ -12,7 +12,7 @@ import torch
 from tracerl.config import TrainerConfig
 from tracerl.models.buckets import Bucket, load_bucket, pack, policy_tensors, unpack
 from tracerl.models.wrap import apply_lora, gather_state, hf_weights
-from workflows.train.push import push_policy
+from tracerl.workflows.train.push import push_policy
 
 TINY = Path(__file__).resolve().parents[1] / "models" / "tiny-math"
 
@@ -90,7 +90,7 @@ def ray_local() -> Any:
     import ray
 
     from tracerl.config import ClusterConfig
-    from workflows.ops.ray_utils import init_ray
+    from tracerl.workflows.ops.ray_utils import init_ray
 
     init_ray(ClusterConfig(num_cpus=2))
     return ray

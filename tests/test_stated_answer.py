@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from envs.math.reward import graded_answer, is_correct
-from envs.search.reward import qa_scores
+from tracerl.envs.math.reward import graded_answer, is_correct
+from tracerl.envs.search.reward import qa_scores
 from tracerl.grading import stated_answer
 
 

@@ -17,8 +17,8 @@ import pytest
 
 from tests.conftest import ROOT, UNHURRIED
 from tracerl import metrics as M
-from workflows.cli.app import main
-from workflows.train.chaos import MlflowServer
+from tracerl.workflows.cli.app import main
+from tracerl.workflows.train.chaos import MlflowServer
 
 SMOKE = str(ROOT / "conf" / "train" / "smoke.yaml")
 HABIT = ROOT / "models" / "tiny-math-habit"
@@ -30,7 +30,7 @@ def test_metrics_spooled_past_the_end_of_a_run_reach_the_store_once_by_sync(
 ) -> None:
     from mlflow import MlflowClient
 
-    from workflows.train import loop as loop_module
+    from tracerl.workflows.train import loop as loop_module
 
     server = MlflowServer(tmp_path / "server")
     server.start()
@@ -124,7 +124,7 @@ def _kill_after_probe(
 ) -> None:
     """The server passes the start-up probe, then dies before the experiment is looked up (and, with
     ``back_after_s``, starts again that many seconds later, on the same port and store)."""
-    from workflows.tracking import store
+    from tracerl.workflows.tracking import store
 
     real = store.check_reachable
 
@@ -185,7 +185,7 @@ def test_a_server_gone_from_the_run_s_creation_past_its_end_loses_nothing(
     spooled, exit 75 with the sync command, and after `tracerl sync` every step's metrics once, then FINISHED."""
     from mlflow import MlflowClient
 
-    from workflows.train import run as run_module
+    from tracerl.workflows.train import run as run_module
 
     server = MlflowServer(tmp_path / "server")
     server.start()
@@ -225,7 +225,7 @@ def test_unreachable_is_an_absent_server_only() -> None:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from workflows.tracking.outage import unreachable
+    from tracerl.workflows.tracking.outage import unreachable
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -243,7 +243,7 @@ def test_a_full_store_is_not_called_an_unreachable_server(tmp_path: Path) -> Non
     """Artifacts the store refuses for lack of space are kept, and the line says the store is full."""
     import errno
 
-    from workflows.tracking.spool import ARTIFACTS, MetricLog
+    from tracerl.workflows.tracking.spool import ARTIFACTS, MetricLog
 
     class FakeFullStore:  # a fake MLflow client whose artifact store is out of space
         def log_artifacts(self, run_id: str, local_dir: str, artifact_path: str) -> None:

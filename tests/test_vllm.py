@@ -20,7 +20,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache for the 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tracerl.experiment_config import BootstrapConfig
-    from workflows.bootstrap.policy import bootstrap
+    from tracerl.workflows.bootstrap.policy import bootstrap
 
     out = tmp_path_factory.mktemp("vllm") / "policy"
     # vLLM's CPU attention kernels need head_dim 32, 64, ...: 128 / 2 heads = 64.
@@ -47,7 +47,7 @@ def samplers(checkpoint: Path):  # type: ignore[no-untyped-def]
     from tracerl.config import ModelConfig
     from tracerl.samplers.hf import HFSampler
     from tracerl.samplers.vllm import VLLMSampler
-    from workflows.lm.stack import load_policy
+    from tracerl.workflows.lm.stack import load_policy
 
     tok, model = load_policy(ModelConfig(path=str(checkpoint)))
     return (
@@ -103,7 +103,7 @@ def habit() -> Any:
     from tracerl.engine.react import TEMPLATES
     from tracerl.engine.rollout import TreeRolloutEngine
     from tracerl.samplers.vllm import VLLMSampler
-    from workflows.lm.stack import load_policy, make_env
+    from tracerl.workflows.lm.stack import load_policy, make_env
 
     tok, _ = load_policy(ModelConfig(path=HABIT))
     limits = SamplerConfig(backend="vllm", max_turns=3, max_turn_tokens=48, max_context_tokens=1024)
@@ -121,12 +121,12 @@ def _habit_step(engine: Any, per_path: bool | None) -> tuple[Any, Any, float]:
 
     import numpy as np
 
-    from predictors.base import build_predictor
     from tracerl.algos.allocators import build_allocator
     from tracerl.config import AllocatorConfig, EnvConfig, PredictorConfig, lm_budget
     from tracerl.engine.ledger import BudgetLedger
     from tracerl.engine.step import run_step, same_allocation
-    from workflows.lm.stack import task_prompts
+    from tracerl.predictors.base import build_predictor
+    from tracerl.workflows.lm.stack import task_prompts
 
     if per_path is not None:
         engine.limits, engine.ledger = replace(engine.limits, per_path=per_path), BudgetLedger()
@@ -187,7 +187,7 @@ def test_a_streaming_step_on_a_sampler_actor_gives_the_in_process_trees(habit: A
     from tracerl.actors.pools import RolloutPool
     from tracerl.actors.spec import WorkerSpec
     from tracerl.config import ClusterConfig, EnvConfig, ModelConfig, PoolConfig
-    from workflows.ops.ray_utils import init_ray
+    from tracerl.workflows.ops.ray_utils import init_ray
 
     want, want_led, _ = _habit_step(habit, per_path=True)
     init_ray(ClusterConfig(num_cpus=2))

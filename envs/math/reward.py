@@ -18,7 +18,7 @@ for _name in ("math_verify", "math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).setLevel(logging.ERROR)
 
 _BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
-PRELOAD = ("envs.math.reward:warm_up",)
+PRELOAD = ("tracerl.envs.math.reward:warm_up",)
 """What a math grading worker runs before it counts as started (imports and math-verify's lazy set-up)."""
 
 

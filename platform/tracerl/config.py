@@ -31,6 +31,7 @@ from tracerl.actors.config import (
 )
 from tracerl.algos.config import AllocatorConfig, BudgetConfig, LossConfig, OptimConfig, PredictorConfig
 from tracerl.schema import check, check_choices
+from tracerl.shipped import shipped_model
 
 __all__ = [
     "AllocatorConfig",
@@ -146,7 +147,9 @@ class ModelConfig:
     """The policy checkpoint."""
 
     path: str = "models/tiny-math"
-    """An HF checkpoint directory (``tracerl bootstrap`` builds the built-in one) or a hub-style name available offline."""
+    """An HF checkpoint directory (``tracerl bootstrap`` builds the built-in one) or a hub-style name available
+    offline. A relative ``models/<name>`` missing from the working directory names the shipped tiny policy of that
+    name (``tracerl.shipped.shipped_model``), so the shipped configs run from any directory."""
     dtype: Dtype = "float32"
     """float32, bfloat16 or float16."""
     template: str = "plain"
@@ -154,6 +157,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_choices(self, "model")
+        object.__setattr__(self, "path", shipped_model(self.path))
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from tracerl.config_checks import check_components, env_schema_for
 from tracerl.config_yaml import MAX_DEPTH, Sources, TooDeep, YamlDoc, YamlFileError, load_value, read_yaml
 from tracerl.schema import choice_message, flat_routes, flat_values, literal_choices
+from tracerl.shipped import CONF
 
 T = TypeVar("T")
 
@@ -58,11 +59,12 @@ class ConfigError(ValueError):
 
 
 def conf_dir() -> Path:
-    """The conf/ directory: $TRACERL_CONF_DIR, else the repository's conf/."""
+    """The conf/ directory: $TRACERL_CONF_DIR, else the shipped one (the repository's conf/ in a checkout, the
+    package's copy in an installed wheel: ``tracerl.shipped``)."""
     env = os.environ.get("TRACERL_CONF_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "conf"
+    return CONF
 
 
 def _read_yaml(path: Path) -> YamlDoc:

@@ -138,9 +138,11 @@ def run_sync_bench(cfg: BenchSyncConfig, progress: Any = lambda s: None) -> dict
 
     from tracerl.actors.spec import WorkerSpec
     from tracerl.config import ClusterConfig, EnvConfig, ModelConfig, PoolConfig, SamplerConfig, TrainerConfig
-    from workflows.bench.sync_actors import SyncBenchPool  # Ray: imported when the bench runs, not by the CLI
-    from workflows.ops.ray_utils import init_ray
-    from workflows.train.push import push_policy
+    from tracerl.workflows.bench.sync_actors import (
+        SyncBenchPool,  # Ray: imported when the bench runs, not by the CLI
+    )
+    from tracerl.workflows.ops.ray_utils import init_ray
+    from tracerl.workflows.train.push import push_policy
 
     out = Path(cfg.bench_out)
     ckpt = out / "model"

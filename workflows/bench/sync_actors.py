@@ -6,7 +6,7 @@ A module of its own because it imports Ray, which the CLI (that imports the benc
 from __future__ import annotations
 
 from tracerl.actors.pools import RolloutPool, RolloutWorker
-from workflows.bench.sync import PROBES, RssPeak
+from tracerl.workflows.bench.sync import PROBES, RssPeak
 
 
 class SyncBenchWorker(RolloutWorker):

@@ -104,7 +104,7 @@ def estimate(cfg: BenchUpdateConfig, chunk: int) -> dict[str, float]:
     """The memory estimate of the case (float32 master weights, all parameters trainable)."""
     import torch
 
-    from workflows.ops.gpu_plan import memory_estimate
+    from tracerl.workflows.ops.gpu_plan import memory_estimate
 
     with torch.device("meta"):  # the parameter count without allocating the weights
         params = sum(p.numel() for p in _model(cfg).parameters())

@@ -17,13 +17,13 @@ from tracerl.experiment_config import (
     BenchRolloutConfig,
     BenchTrainConfig,
 )
-from workflows.bench.limit import BenchLimitConfig
-from workflows.bench.peer import BenchPeerConfig
-from workflows.bench.sync import BenchSyncConfig
-from workflows.bench.testbeds import BenchTestbedsConfig
-from workflows.bench.update import BenchUpdateConfig
-from workflows.cli.args import Command, Shorthand, add_job_args, progress
-from workflows.tracking.store import resolve_uri, where
+from tracerl.workflows.bench.limit import BenchLimitConfig
+from tracerl.workflows.bench.peer import BenchPeerConfig
+from tracerl.workflows.bench.sync import BenchSyncConfig
+from tracerl.workflows.bench.testbeds import BenchTestbedsConfig
+from tracerl.workflows.bench.update import BenchUpdateConfig
+from tracerl.workflows.cli.args import Command, Shorthand, add_job_args, progress
+from tracerl.workflows.tracking.store import resolve_uri, where
 
 BENCH_ALLOCATION_FLAGS = (
     Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
@@ -138,11 +138,11 @@ BENCH_ENV_FLAGS = (
 
 
 def _bench_allocation(cfg: BenchAllocationConfig) -> int:
-    from workflows.bench.allocation import run_allocation_bench
+    from tracerl.workflows.bench.allocation import run_allocation_bench
 
     progress(where(cfg.tracking))
     summary = run_allocation_bench(cfg, progress=progress)
-    from workflows.bench.allocation import format_table
+    from tracerl.workflows.bench.allocation import format_table
 
     print(format_table(cfg, summary))
     print(
@@ -156,7 +156,7 @@ def _bench_allocation(cfg: BenchAllocationConfig) -> int:
 
 
 def _bench_targets(cfg: BenchAllocationConfig) -> int:
-    from workflows.bench.targets import format_targets_table, run_targets
+    from tracerl.workflows.bench.targets import format_targets_table, run_targets
 
     summary = run_targets(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(format_targets_table(summary))
@@ -169,7 +169,7 @@ def _bench_targets(cfg: BenchAllocationConfig) -> int:
 def _bench_env(cfg: BenchEnvConfig) -> int:
     import json
 
-    from workflows.bench.env import run_env_bench
+    from tracerl.workflows.bench.env import run_env_bench
 
     result = run_env_bench(cfg, progress=progress)
     print(result.format())
@@ -198,7 +198,7 @@ def bench_env_overrides(args: argparse.Namespace) -> None:
 
 
 def _bench_rollout(cfg: BenchRolloutConfig) -> int:
-    from workflows.bench.rollout import format_table, run_rollout_bench
+    from tracerl.workflows.bench.rollout import format_table, run_rollout_bench
 
     summary = run_rollout_bench(cfg, progress=progress)
     print(format_table(cfg, summary))
@@ -224,20 +224,20 @@ def _lm_bench(
 
 
 def _bench_train(cfg: BenchTrainConfig) -> int:
-    from workflows.bench.train import format_table, run_train_bench
+    from tracerl.workflows.bench.train import format_table, run_train_bench
 
     return _lm_bench(cfg, run_train_bench, format_table)
 
 
 def _bench_pipeline(cfg: BenchPipelineConfig) -> int:
-    from workflows.pipeline.bench import format_table, run_pipeline_bench
+    from tracerl.workflows.pipeline.bench import format_table, run_pipeline_bench
 
     return _lm_bench(cfg, run_pipeline_bench, format_table)
 
 
 def _bench_peer(cfg: BenchPeerConfig) -> int:
-    from workflows.bench.peer import run_peer_bench
-    from workflows.bench.peer_report import format_table
+    from tracerl.workflows.bench.peer import run_peer_bench
+    from tracerl.workflows.bench.peer_report import format_table
 
     try:
         summary = run_peer_bench(cfg, progress=progress)
@@ -252,27 +252,27 @@ def _bench_peer(cfg: BenchPeerConfig) -> int:
 
 
 def _bench_limit(cfg: BenchLimitConfig) -> int:
-    from workflows.bench.limit import run_limit_bench
-    from workflows.bench.limit_report import format_table
+    from tracerl.workflows.bench.limit import run_limit_bench
+    from tracerl.workflows.bench.limit_report import format_table
 
     return _lm_bench(cfg, run_limit_bench, format_table)
 
 
 def _bench_update(cfg: BenchUpdateConfig) -> int:
-    from workflows.bench.update import format_table, run_update_bench
+    from tracerl.workflows.bench.update import format_table, run_update_bench
 
     return _lm_bench(cfg, run_update_bench, format_table)
 
 
 def _bench_sync(cfg: BenchSyncConfig) -> int:
-    from workflows.bench.sync import format_table, run_sync_bench
+    from tracerl.workflows.bench.sync import format_table, run_sync_bench
 
     return _lm_bench(cfg, run_sync_bench, format_table)
 
 
 def _bench_testbeds(cfg: BenchTestbedsConfig) -> int:
-    from workflows.bench.probes import run_testbeds_bench
-    from workflows.bench.testbeds import format_table
+    from tracerl.workflows.bench.probes import run_testbeds_bench
+    from tracerl.workflows.bench.testbeds import format_table
 
     summary = run_testbeds_bench(cfg, progress=progress)
     print(format_table(summary))
@@ -339,8 +339,8 @@ def bench_pipeline_sim(args: argparse.Namespace) -> int:
     """The scale model on every profile: a table, and the issue's "sim" JSON part (merged into ``--json``)."""
     import json
 
-    from workflows.pipeline.profile import load_profile, shipped_profiles
-    from workflows.pipeline.report import format_table, read_cpu, sim_entry
+    from tracerl.workflows.pipeline.profile import load_profile, shipped_profiles
+    from tracerl.workflows.pipeline.report import format_table, read_cpu, sim_entry
 
     if not getattr(args, "sim", False):
         print(

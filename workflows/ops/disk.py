@@ -5,7 +5,7 @@ or disk is full", anywhere in a run (a checkpoint write, an artifact or metric l
 update) is not transient: retrying cannot succeed until someone frees space. ``no_space`` recognises one however
 deeply it is wrapped (Ray Train's worker-group and controller errors, MLflow's and SQLAlchemy's exceptions);
 ``DiskFull`` is the one line the CLI prints (exit ``EXIT_CODE``, 28, the errno of ENOSPC);
-``workflows.ops.disk_callback.StopOnDiskFull`` keeps Ray Train from restarting the workers on one
+``tracerl.workflows.ops.disk_callback.StopOnDiskFull`` keeps Ray Train from restarting the workers on one
 (``FailureConfig.max_failures`` is for faults that a restart can get past).
 """
 

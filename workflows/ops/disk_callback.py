@@ -7,8 +7,8 @@ from typing import Any
 
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 
-from workflows.ops.disk import DiskFull, no_space, quiet_disk_full
-from workflows.ops.no_retry import LoopFailed, loop_failed, quiet_loop_failed
+from tracerl.workflows.ops.disk import DiskFull, no_space, quiet_disk_full
+from tracerl.workflows.ops.no_retry import LoopFailed, loop_failed, quiet_loop_failed
 
 
 class StopOnDiskFull(ControllerCallback, WorkerGroupCallback):

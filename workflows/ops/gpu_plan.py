@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ARCH = Path(__file__).resolve().parents[2] / "conf" / "model" / "qwen3_1_7b_arch.json"
+from tracerl.shipped import CONF
+
+ARCH = CONF / "model" / "qwen3_1_7b_arch.json"
 
 # Bytes per element of the activations that the estimate counts (see memory_estimate).
 RESIDUAL_BYTES = 4  # the residual stream is float32: embeddings are not autocast, norms compute in float32

@@ -5,7 +5,7 @@ killed process or a flaky service, wrong for a bad value or an unknown name (a `
 a budget the task set cannot hold, a registry name nothing provides), which fails the same way on every attempt.
 Such an error used to cost every attempt's start-up and a traceback from each rank and attempt, and reached the
 user as Ray's "Training failed" with no ``tracerl:`` line. ``guarded_loop`` now raises it as ``LoopFailed``; the
-controller callback ``workflows.ops.disk_callback.StopOnDiskFull`` ends the run instead of restarting, and the
+controller callback ``tracerl.workflows.ops.disk_callback.StopOnDiskFull`` ends the run instead of restarting, and the
 driver re-raises the ``LoopFailed`` itself, which the CLI prints as ``tracerl: <message>``, exit 2. A bug (any
 other exception) keeps Ray Train's restarts and its traceback.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from workflows.ops.disk import error_chain
+from tracerl.workflows.ops.disk import error_chain
 
 PERMANENT: tuple[type[BaseException], ...] = (ValueError, LookupError)
 """What a restart from the same config and checkpoint raises again."""

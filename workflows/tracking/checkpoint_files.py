@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workflows.tracking.checkpoint_state import STATE, CheckpointState
+from tracerl.workflows.tracking.checkpoint_state import STATE, CheckpointState
 
 STAGING = ".staging"
 SCRATCH = ".scratch"

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from workflows.tracking.store import TrackingUnreachable
+from tracerl.workflows.tracking.store import TrackingUnreachable
 
 _MLFLOW_TEXTS = ("failed with exception", "failed with timeout exception")
 """MLflow's REST client on a request that got no answer: ``API request to URL failed with exception ...`` (a 5xx past
@@ -28,7 +28,7 @@ def unreachable(exc: BaseException) -> bool:
     past MLflow's retries) rather than refusing the request or running out of space."""
     import requests
 
-    from workflows.ops.disk import error_chain, no_space
+    from tracerl.workflows.ops.disk import error_chain, no_space
 
     if no_space(exc) is not None:
         return False

@@ -19,8 +19,8 @@ from typing import Any, TypedDict
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
 from tracerl.config_loader import to_flat_dict, to_yaml
-from workflows.tracking.spool import PendingStatus
-from workflows.tracking.store import resolve_uri
+from tracerl.workflows.tracking.spool import PendingStatus
+from tracerl.workflows.tracking.store import resolve_uri
 
 PHASE = ".phase"
 PENDING = ".chaos_pending"
@@ -58,7 +58,7 @@ def config_hash(cfg: TrainConfig) -> str:
 
 def dataset_fingerprint(cfg: TrainConfig) -> str:
     """Hash of the training prompts (ids, texts and answers)."""
-    from workflows.lm.stack import task_prompts
+    from tracerl.workflows.lm.stack import task_prompts
 
     h = hashlib.sha256()
     for p in task_prompts(cfg.env):
@@ -67,9 +67,9 @@ def dataset_fingerprint(cfg: TrainConfig) -> str:
 
 
 def latest_checkpoint(run_dir: Path, say: Callable[[str], None] | None = None) -> Path | None:
-    """The newest complete checkpoint under a run's storage directory (``workflows.tracking.checkpoint_files.newest_good``);
+    """The newest complete checkpoint under a run's storage directory (``tracerl.workflows.tracking.checkpoint_files.newest_good``);
     ``say`` gets one line for each newer one passed over, naming the file that failed its check."""
-    from workflows.tracking.checkpoint_files import newest_good
+    from tracerl.workflows.tracking.checkpoint_files import newest_good
 
     choice = newest_good(run_dir)
     if say is not None:
@@ -82,7 +82,7 @@ def run_storage(run_id: str, tracking: Any) -> Path:
     """A training run's Ray Train storage directory, from its MLflow tags."""
     import mlflow
 
-    from workflows.tracking import store as trk
+    from tracerl.workflows.tracking import store as trk
 
     trk.setup(tracking)
     try:
@@ -188,18 +188,18 @@ def end_run(
 ) -> str | None:
     """Close a training run: send what rank 0 spooled, set its final status (KILLED when a sweep's scheduler stopped
     it), say how to resume one that did not finish. A store too full to take the status keeps it under the storage
-    (``workflows.tracking.spool.PendingStatus``, sent by a later command); returns where the disk was full (``store``, the
+    (``tracerl.workflows.tracking.spool.PendingStatus``, sent by a later command); returns where the disk was full (``store``, the
     tracking URI, when the error does not say; None: it was not full).
 
     Raises:
-        workflows.tracking.sync.MetricsPending: the server did not take the spooled metrics within
+        tracerl.workflows.tracking.sync.MetricsPending: the server did not take the spooled metrics within
             ``flush_timeout_s``; the status is kept with them and nothing of the end was sent (the run stays RUNNING).
     """
-    from workflows.ops.disk import no_space, store_path
-    from workflows.tracking.outage import PatientClient
-    from workflows.tracking.spool import MetricLog, PendingStatus
-    from workflows.tracking.store import TrackingUnreachable
-    from workflows.tracking.sync import MetricsPending, flush_within
+    from tracerl.workflows.ops.disk import no_space, store_path
+    from tracerl.workflows.tracking.outage import PatientClient
+    from tracerl.workflows.tracking.spool import MetricLog, PendingStatus
+    from tracerl.workflows.tracking.store import TrackingUnreachable
+    from tracerl.workflows.tracking.sync import MetricsPending, flush_within
 
     def pending(unsent: int) -> MetricsPending:
         if not PendingStatus(storage).record(run_id, status):
@@ -275,7 +275,7 @@ def run_summary(run_id: str, tracking: Any, client: Any = None) -> RunSummary:
     if client is None:
         import mlflow
 
-        from workflows.tracking import store as trk
+        from tracerl.workflows.tracking import store as trk
 
         trk.setup(tracking)
         client = mlflow.MlflowClient()

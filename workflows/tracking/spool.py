@@ -7,7 +7,7 @@ next call, ``flush`` on close, or the driver at the end of ``tracerl train`` sen
 first (``metrics_spool.sent`` holds the byte offset sent so far). Sending a record twice is harmless: MLflow keeps
 one row per (key, step, timestamp, value), and a spooled record keeps the timestamp it was made with.
 
-Which value a report reads: the last one logged for the step by timestamp (``workflows.tracking.runs.metric_series``).
+Which value a report reads: the last one logged for the step by timestamp (``tracerl.workflows.tracking.runs.metric_series``).
 A step re-run after a trainer restart is logged again, later, by the new attempt, so the attempt that completed
 the step wins; ``system/attempt`` (the number of that attempt, counted in ``<storage>/.attempts``) is logged with
 every step's metrics to show which one it was. Timestamps increase strictly across attempts
@@ -110,7 +110,7 @@ class MetricLog:
             self._send(recs)
             return True
         except Exception as e:  # noqa: BLE001 - the REST and SQL stores raise their own types for "unreachable"
-            from workflows.ops.disk import no_space
+            from tracerl.workflows.ops.disk import no_space
 
             self._append(recs)  # a full disk here too ends the run (workflows/ops/disk.py)
             why = "tracking store full" if no_space(e) is not None else "tracking unreachable"
@@ -124,7 +124,7 @@ class MetricLog:
         try:
             self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
         except Exception as e:  # noqa: BLE001
-            from workflows.ops.disk import no_space
+            from tracerl.workflows.ops.disk import no_space
 
             shutil.copytree(local_dir, self.storage / ARTIFACTS / artifact_path, dirs_exist_ok=True)
             why = "tracking store full" if no_space(e) is not None else "tracking unreachable"

@@ -43,7 +43,7 @@ def flush_within(log: Any, limit_s: float, say: Callable[[str], None], poll_s: f
     Raises:
         OSError: the store is full (waiting cannot help; the caller reports a full disk, not an absent server).
     """
-    from workflows.ops.disk import no_space
+    from tracerl.workflows.ops.disk import no_space
 
     if log.flush():
         return True
@@ -68,17 +68,17 @@ def sync_run(run_id: str, uri: str, say: Callable[[str], None] = lambda s: None)
         (metrics sent, the status recorded or None when none was waiting).
 
     Raises:
-        workflows.tracking.store.TrackingUnreachable: the server does not answer (one line).
+        tracerl.workflows.tracking.store.TrackingUnreachable: the server does not answer (one line).
         LookupError: no such run in the store, or not a ``tracerl train`` run.
         MetricsPending: the server stopped answering while they were sent.
     """
     from mlflow import MlflowClient
 
     from tracerl.config import TrackingConfig
-    from workflows.tracking.log_file import tracking_logs_to
-    from workflows.tracking.runs import run_storage
-    from workflows.tracking.spool import MetricLog, PendingStatus
-    from workflows.tracking.store import check_reachable
+    from tracerl.workflows.tracking.log_file import tracking_logs_to
+    from tracerl.workflows.tracking.runs import run_storage
+    from tracerl.workflows.tracking.spool import MetricLog, PendingStatus
+    from tracerl.workflows.tracking.store import check_reachable
 
     check_reachable(uri)
     storage = run_storage(run_id, TrackingConfig(uri=uri))

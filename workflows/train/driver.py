@@ -1,6 +1,6 @@
 """Rank 0's part of ``tracerl train``: the sampler pool (Ray actors, or in-process), the predictor, the allocator,
 the candidate-pool RNG, held-out evaluation, the weight sync, checkpoints of its own state and the step's metrics.
-The step itself, which calls these in order, is ``workflows.train.loop.train_step``."""
+The step itself, which calls these in order, is ``tracerl.workflows.train.loop.train_step``."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.step import BareRollouts, PlannedStep, StepOutcome
 from tracerl.engine.stepper import Stepper
 from tracerl.engine.timer import PhaseTimer, process_tree_cpu_s
-from workflows.tracking.checkpoint_state import CheckpointState
-from workflows.tracking.runs import phase_marker
-from workflows.train.budget import (
+from tracerl.workflows.tracking.checkpoint_state import CheckpointState
+from tracerl.workflows.tracking.runs import phase_marker
+from tracerl.workflows.train.budget import (
     Totals,
     append_point,
     crosses,
@@ -32,8 +32,8 @@ from workflows.train.budget import (
     overshoot,
     stop_reason,
 )
-from workflows.train.setup import ADAPTERS, say
-from workflows.train.step_log import (
+from tracerl.workflows.train.setup import ADAPTERS, say
+from tracerl.workflows.train.step_log import (
     log_threads,
     log_trees,
     peak_memory_mb,
@@ -82,15 +82,15 @@ class Driver:
         policy; None: started here) and wait until every sampler is up; log the run's thread counts."""
         import numpy as np
 
-        from envs.registry import tool_env_class
-        from predictors.length import attach_lengths
         from tracerl.algos.allocators import build_allocator
         from tracerl.engine.mc_scorer import with_monte_carlo
         from tracerl.engine.react import TEMPLATES
-        from workflows.lm.stack import make_text_predictor, task_prompts
-        from workflows.tracking.local_runs import tracking_client
-        from workflows.tracking.log_file import tracking_logs_to
-        from workflows.tracking.spool import MetricLog, next_attempt
+        from tracerl.envs.registry import tool_env_class
+        from tracerl.predictors.length import attach_lengths
+        from tracerl.workflows.lm.stack import make_text_predictor, task_prompts
+        from tracerl.workflows.tracking.local_runs import tracking_client
+        from tracerl.workflows.tracking.log_file import tracking_logs_to
+        from tracerl.workflows.tracking.spool import MetricLog, next_attempt
 
         self.cfg, self.run_id, self.storage, self.tok = cfg, run_id, storage, tok
         # The HF model class and config that checkpoints are written with (a LoRA run's base model).
@@ -234,7 +234,7 @@ class Driver:
         from tracerl.calibration import collect_calibration, summarize_calibration
         from tracerl.engine.mc_scorer import mc_metrics
         from tracerl.engine.step_stats import step_metrics
-        from workflows.train.evaluate import leaf_score_means
+        from tracerl.workflows.train.evaluate import leaf_score_means
 
         self.tokens_before = self.spent[0]
         self.spent = [self.spent[0] + out.ledger.generated_tokens, self.spent[1] + out.ledger.leaves]
@@ -321,8 +321,8 @@ class Driver:
         """Greedy held-out accuracy on every held-out task (``full``: per source; search: em, f1; per-task outcomes
         as an artifact) or on the curve's tasks; the evaluation's own tokens, wall and CPU seconds (not counted in
         the run's totals). The learning-curve point is logged with the step (``close_step``)."""
-        from workflows.tracking.run_info import key_metrics
-        from workflows.train.evaluate import evaluate_prompts, task_outcomes
+        from tracerl.workflows.tracking.run_info import key_metrics
+        from tracerl.workflows.train.evaluate import evaluate_prompts, task_outcomes
 
         self.mark("eval", step)
         self._sampler_cpu += self.pool.cpu_s()  # the samplers' training CPU up to here
@@ -376,7 +376,7 @@ class Driver:
     def close_step(self, m: dict[str, float], done: int, out: Any, timer: PhaseTimer) -> dict[str, float]:
         """The step's last metrics (retries, attempt, phase times, memory, CPU) and, when due, a sample of its
         trees as artifacts; then everything is logged at step ``done`` (spooled while the server is down)."""
-        from workflows.tracking.run_info import key_metrics
+        from tracerl.workflows.tracking.run_info import key_metrics
 
         self.mark("log")
         with timer("log"):

@@ -1,6 +1,6 @@
 """The loop every rank of a ``tracerl train`` run runs (a Ray Train worker function, or the command's own process in
 the in-process mode): set up and restore (workflows/train/setup.py), then ``train_step`` until a limit ends the run,
-each step reported (metrics, and a checkpoint when due). ``workflows.train.run.train`` launches it in either mode
+each step reported (metrics, and a checkpoint when due). ``tracerl.workflows.train.run.train`` launches it in either mode
 (workflows/train/context.py says what differs between them); rank 0's pools, predictor, evaluation and logging are
 in workflows/train/driver.py.
 """
@@ -16,17 +16,17 @@ from typing import Any
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
 from tracerl.engine.timer import PhaseTimer
-from workflows.train.budget import Totals, stop_reason
-from workflows.train.driver import Ahead, Driver, overlaps_next
-from workflows.train.setup import Worker, quiet_train_reports, ranks_cpu, setup_worker
-from workflows.train.step_log import start_pool
+from tracerl.workflows.train.budget import Totals, stop_reason
+from tracerl.workflows.train.driver import Ahead, Driver, overlaps_next
+from tracerl.workflows.train.setup import Worker, quiet_train_reports, ranks_cpu, setup_worker
+from tracerl.workflows.train.step_log import start_pool
 
 
 def guarded_loop(config: dict[str, Any]) -> None:
     """``train_loop``, a full disk re-raised as ``DiskFull`` and a bad value or unknown name as ``LoopFailed`` (one
     line each, which the controller does not retry and the driver reports; workflows/ops/disk.py, no_retry.py)."""
-    from workflows.ops.disk import DiskFull, no_space, quiet_disk_full
-    from workflows.ops.no_retry import as_permanent, quiet_loop_failed
+    from tracerl.workflows.ops.disk import DiskFull, no_space, quiet_disk_full
+    from tracerl.workflows.ops.no_retry import as_permanent, quiet_loop_failed
 
     quiet_disk_full("ray.train.v2._internal.util")  # it logs the error's traceback from every rank
     quiet_loop_failed("ray.train.v2._internal.util")
@@ -54,7 +54,7 @@ def train_loop(config: dict[str, Any]) -> None:
     clock = (config.get("startup") or (None, 0))[0]
     ctx = config.get("context")
     if ctx is None:
-        from workflows.train.context import RayTrainContext
+        from tracerl.workflows.train.context import RayTrainContext
 
         ctx = RayTrainContext()
         quiet_train_reports()
@@ -211,13 +211,13 @@ def report(
 ) -> None:
     """Every step reports its metrics to where it runs (Ray Train: a sweep's scheduler sees the curve); every
     ``checkpoint_every`` steps and at the end (``last``) with a checkpoint (each rank's learner state, rank 0's
-    share), written whole or not at all (``workflows.tracking.checkpoint_files.publish``: staged, manifest last,
+    share), written whole or not at all (``tracerl.workflows.tracking.checkpoint_files.publish``: staged, manifest last,
     renamed into place), the last ``keep_checkpoints`` kept (workflows/train/context.py).
     """
     import torch
 
-    from workflows.tracking.checkpoint_files import publish, scratch
-    from workflows.train.context import checkpoint_name
+    from tracerl.workflows.tracking.checkpoint_files import publish, scratch
+    from tracerl.workflows.train.context import checkpoint_name
 
     if not checkpoint_due(w.cfg.checkpoint_every, done, last):
         w.ctx.report({"step": done, **metrics})

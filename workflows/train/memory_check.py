@@ -1,6 +1,6 @@
 """Before a GPU run starts: does the update's largest micro-batch fit one trainer GPU by the memory estimate?
 
-The estimate is ``workflows.ops.gpu_plan.memory_estimate`` (within a few per cent of an H200 run, docs/gpu_check.md)
+The estimate is ``tracerl.workflows.ops.gpu_plan.memory_estimate`` (within a few per cent of an H200 run, docs/gpu_check.md)
 for the model's architecture, read from ``model.path``'s config on the meta device (no weights loaded), sharded over
 ``trainer.num_workers`` ranks under FSDP. The largest micro-batch is ``loss.micro_tokens`` (or
 ``loss.micro_batch_size`` sequences) of ``sampler.max_context_tokens`` tokens at most; a sequence longer than the
@@ -16,7 +16,7 @@ import torch
 
 from tracerl.config import LossConfig, SamplerConfig, TrainerConfig
 from tracerl.models.hf import SetupError
-from workflows.ops.gpu_plan import largest_micro_tokens, memory_estimate
+from tracerl.workflows.ops.gpu_plan import largest_micro_tokens, memory_estimate
 
 USABLE = 0.9
 """Share of ``trainer.gpu_memory_gb`` the estimate may fill: the CUDA context and the allocator's fragmentation are

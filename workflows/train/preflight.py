@@ -71,9 +71,9 @@ def longest_prompt(cfg: TrainConfig) -> tuple[int, str]:
     ``model.path``; loads no weights)."""
     from transformers import AutoTokenizer
 
-    from envs.registry import tool_env_class
     from tracerl.engine.react import TEMPLATES
     from tracerl.engine.untrusted import encodable
+    from tracerl.envs.registry import tool_env_class
 
     tok = AutoTokenizer.from_pretrained(cfg.model.path, local_files_only=True)
     template = TEMPLATES.get(cfg.model.template)(tok)

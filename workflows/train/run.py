@@ -34,16 +34,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from envs.registry import check_data, resolve_env_paths
 from tracerl.config import TrainConfig
 from tracerl.config_loader import to_yaml
-from workflows.tracking.checkpoint_state import CheckpointState
-from workflows.tracking.runs import RunSummary, create_run, resumed_config, run_summary
-from workflows.tracking.store import resolve_uri, where
-from workflows.train.loop import guarded_loop
-from workflows.train.preflight import check_budget, check_context, longest_prompt, training_tasks
-from workflows.train.step_log import StartupClock
-from workflows.train.summary import compute_summary, progress_bar
+from tracerl.envs.registry import check_data, resolve_env_paths
+from tracerl.workflows.tracking.checkpoint_state import CheckpointState
+from tracerl.workflows.tracking.runs import RunSummary, create_run, resumed_config, run_summary
+from tracerl.workflows.tracking.store import resolve_uri, where
+from tracerl.workflows.train.loop import guarded_loop
+from tracerl.workflows.train.preflight import check_budget, check_context, longest_prompt, training_tasks
+from tracerl.workflows.train.step_log import StartupClock
+from tracerl.workflows.train.summary import compute_summary, progress_bar
 
 # -- driver side ------------------------------------------------------------------------------------
 
@@ -56,7 +56,7 @@ def _abs_uri(uri: str) -> str:
 
 def resolve_paths(cfg: TrainConfig) -> TrainConfig:
     """Absolute paths and URIs, so Ray workers (whatever their cwd) see the same files; the tracking URI resolved
-    (``workflows.tracking.store.resolve_uri``), so the config saved with a run names the store it went to."""
+    (``tracerl.workflows.tracking.store.resolve_uri``), so the config saved with a run names the store it went to."""
     model_path = cfg.model.path
     if not model_path.startswith(("models:/", "runs:/")) and Path(model_path).exists():
         model_path = str(Path(model_path).resolve())
@@ -107,18 +107,18 @@ def train(
         if tracked
         else f"tracking off: each run's metrics go to its storage under {cfg.out_dir}"
     )
-    from workflows.ops.disk import DiskFull, no_space
-    from workflows.ops.no_retry import loop_failed
-    from workflows.ops.progress import bar
-    from workflows.ops.ray_utils import check_resources, end_on_signals, init_ray
-    from workflows.tracking import store as trk
-    from workflows.tracking.local_runs import tracking_client
-    from workflows.tracking.log_file import tracking_logs_to
-    from workflows.tracking.outage import PatientClient
-    from workflows.tracking.run_info import train_tags
-    from workflows.tracking.runs import end_run, failing_run
-    from workflows.tracking.spool import ATTEMPTS, PendingStatus, fail_fast_http, replay_statuses
-    from workflows.tracking.sync import MetricsPending
+    from tracerl.workflows.ops.disk import DiskFull, no_space
+    from tracerl.workflows.ops.no_retry import loop_failed
+    from tracerl.workflows.ops.progress import bar
+    from tracerl.workflows.ops.ray_utils import check_resources, end_on_signals, init_ray
+    from tracerl.workflows.tracking import store as trk
+    from tracerl.workflows.tracking.local_runs import tracking_client
+    from tracerl.workflows.tracking.log_file import tracking_logs_to
+    from tracerl.workflows.tracking.outage import PatientClient
+    from tracerl.workflows.tracking.run_info import train_tags
+    from tracerl.workflows.tracking.runs import end_run, failing_run
+    from tracerl.workflows.tracking.spool import ATTEMPTS, PendingStatus, fail_fast_http, replay_statuses
+    from tracerl.workflows.tracking.sync import MetricsPending
 
     cfg = resolve_paths(cfg)
     check_model(cfg)
@@ -182,7 +182,7 @@ def train(
     try:
         fit()
         status = "FINISHED"
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM / SIGHUP (workflows.ops.ray_utils.Terminated)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM / SIGHUP (tracerl.workflows.ops.ray_utils.Terminated)
         status = "KILLED"
         raise
     except Exception as exc:  # noqa: BLE001 - a full disk, however Ray wrapped it, is one line (workflows/ops/disk.py)
@@ -228,7 +228,7 @@ def train(
 
 def kept_note(run_id: str, storage: Path, cfg: TrainConfig) -> str:
     """What the full-disk line adds when the store could not take the run's final status (kept beside it)."""
-    from workflows.tracking.spool import STATUS, PendingStatus
+    from tracerl.workflows.tracking.spool import STATUS, PendingStatus
 
     kept = PendingStatus(storage).pending()
     if kept is None:
@@ -243,7 +243,7 @@ def read_summary(run_id: str, cfg: TrainConfig, client: Any, say: Callable[[str]
     """The finished run's summary read back from its store; when the server stops answering for good here, the run
     is complete in the store already (its status was the last thing sent), so one line says so and the summary is
     left empty rather than failing the command."""
-    from workflows.tracking.store import TrackingUnreachable
+    from tracerl.workflows.tracking.store import TrackingUnreachable
 
     try:
         summary = run_summary(run_id, cfg.tracking, client)
@@ -268,8 +268,8 @@ def ray_trainer(
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig
 
-    from workflows.ops.disk_callback import StopOnDiskFull
-    from workflows.ops.ray_utils import torch_trainer
+    from tracerl.workflows.ops.disk_callback import StopOnDiskFull
+    from tracerl.workflows.ops.ray_utils import torch_trainer
 
     t = cfg.trainer
     run_callbacks: list[Any] = [StopOnDiskFull(), *(callbacks or [])]  # a full disk is not retried
@@ -326,9 +326,9 @@ def run_in_process(
     from the newest intact checkpoint up to ``max_failures`` times, as Ray Train restarts its workers (never on a
     full disk or a signal). Each attempt is a new ``system/attempt``; the last failure is raised as
     ``TrainingFailed`` (the run ends FAILED)."""
-    from workflows.ops.disk import DiskFull
-    from workflows.ops.no_retry import LoopFailed
-    from workflows.train.context import InProcessContext
+    from tracerl.workflows.ops.disk import DiskFull
+    from tracerl.workflows.ops.no_retry import LoopFailed
+    from tracerl.workflows.train.context import InProcessContext
 
     config: dict[str, Any] = {
         "cfg": cfg,
@@ -359,7 +359,7 @@ def check_model(cfg: TrainConfig) -> None:
     targets name its layers, and the update's largest micro-batch fits ``trainer.gpu_memory_gb`` by the memory
     estimate: checked before any run is created (these are the user's to fix)."""
     from tracerl.models.hf import check_weights, check_window
-    from workflows.lm.stack import SetupError
+    from tracerl.workflows.lm.stack import SetupError
 
     if not Path(cfg.model.path).is_dir():
         raise SetupError(
@@ -375,7 +375,7 @@ def check_model(cfg: TrainConfig) -> None:
     if cfg.trainer.use_gpu and cfg.trainer.gpu_memory_gb is not None:
         from transformers import AutoConfig
 
-        from workflows.train.memory_check import check_update_memory, update_shape
+        from tracerl.workflows.train.memory_check import check_update_memory, update_shape
 
         arch = AutoConfig.from_pretrained(cfg.model.path, local_files_only=True)
         check_update_memory(update_shape(arch, cfg.trainer), cfg.trainer, cfg.loss, cfg.sampler)
@@ -390,8 +390,8 @@ RESOURCE_KNOBS = (
 def resource_demand(cfg: TrainConfig) -> list[tuple[str, int, float, float]]:
     """(what, how many, CPUs each, GPUs each) of every actor a training run holds at once: Train workers,
     samplers, their environment actors and the run's shared services (e.g. the search retriever)."""
-    from envs.registry import env_class
     from tracerl.actors.services import service_factories
+    from tracerl.envs.registry import env_class
 
     t, p = cfg.trainer, cfg.pools
     rows = [

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.config import TrainConfig
-from workflows.tracking.checkpoint_files import damaged, newest_good, problem
-from workflows.tracking.checkpoint_state import CheckpointState
-from workflows.train.context import TrainContext
-from workflows.train.shared_storage import check_shared
+from tracerl.workflows.tracking.checkpoint_files import damaged, newest_good, problem
+from tracerl.workflows.tracking.checkpoint_state import CheckpointState
+from tracerl.workflows.train.context import TrainContext
+from tracerl.workflows.train.shared_storage import check_shared
 
 ADAPTERS = "lora_adapters.pt"  # a LoRA run's checkpoint: its adapters (peft names) beside the merged policy
 
@@ -71,7 +71,7 @@ class Worker:
     def push(self, pool: Any) -> None:
         """The policy into ``pool``'s samplers bucket by bucket (rank 0; None on the others, which take part in
         the gathers under FSDP): workflows/train/push.py."""
-        from workflows.train.push import push_policy
+        from tracerl.workflows.train.push import push_policy
 
         push_policy(self.model, self.cfg.trainer, pool, self.cfg.model.dtype)
 
@@ -115,7 +115,7 @@ def setup_worker(cfg: TrainConfig, storage: Path, ctx: TrainContext, reported: I
     tok, model = load_model(cfg, ckpt_dir)
     ref_model = None
     if cfg.loss.kl_coef > 0:
-        from workflows.lm.stack import load_policy
+        from tracerl.workflows.lm.stack import load_policy
 
         _, ref_model = load_policy(cfg.model)  # the initial policy
         ref_model.requires_grad_(False)
@@ -167,7 +167,7 @@ def load_model(cfg: TrainConfig, ckpt_dir: str | None) -> tuple[Any, Any]:
     import torch
 
     from tracerl.models.wrap import adapter_weights, apply_lora
-    from workflows.lm.stack import load_policy
+    from tracerl.workflows.lm.stack import load_policy
 
     master = dataclasses.replace(
         cfg.model, dtype=cfg.trainer.master_dtype
@@ -205,7 +205,7 @@ def restore_dir(
 
     A worker that dies right after ``ray.train.report`` may leave a persisted checkpoint the controller never
     registered; its step is in its state.json, so it is found here and nothing done before the death is redone.
-    The storage's checkpoints are checked newest first (``workflows.tracking.checkpoint_files.newest_good``; a write
+    The storage's checkpoints are checked newest first (``tracerl.workflows.tracking.checkpoint_files.newest_good``; a write
     cut short never becomes a checkpoint directory at all), Ray's too when it lies elsewhere (a download): a damaged
     one is passed over, in one line to ``say`` (unless its name is in ``reported``), for the newest that checks out.
     """

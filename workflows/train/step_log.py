@@ -13,8 +13,8 @@ from typing import Any
 
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
-from workflows.train.budget import Totals
-from workflows.train.setup import say
+from tracerl.workflows.train.budget import Totals
+from tracerl.workflows.train.setup import say
 
 THREADS_TRAINER = "threads/trainer"
 """Param: torch intra-op threads of each trainer worker (``trainer.torch_threads``, else what Ray gave it)."""
@@ -86,7 +86,7 @@ def log_threads(client: Any, run_id: str, pool: Any) -> None:
     try:
         client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
     except Exception as exc:  # noqa: BLE001 - MLflow refuses to change a param: a resume keeps the first counts
-        from workflows.tracking.outage import unreachable
+        from tracerl.workflows.tracking.outage import unreachable
 
         if unreachable(exc):  # not a refusal: the server is away (the step metrics are spooled)
             say(
@@ -100,8 +100,8 @@ def log_threads(client: Any, run_id: str, pool: Any) -> None:
 
 def log_trees(metrics: Any, out: Any, step: int, run_name: str | None) -> None:
     """A sample of the step's trees (16) as artifacts ``trees/step_<step>/trees.jsonl`` and ``trees.html``."""
-    from workflows.lm.rollout import outcome_records
-    from workflows.lm.viewer import render_html
+    from tracerl.workflows.lm.rollout import outcome_records
+    from tracerl.workflows.lm.viewer import render_html
 
     records = outcome_records(out)
     with tempfile.TemporaryDirectory() as tmp:
