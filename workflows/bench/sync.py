@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -62,37 +61,6 @@ class BenchSyncConfig:
         check(self.hidden % 64 == 0, f"hidden must be a multiple of 64 (heads of 64; got {self.hidden})")
         check(self.intermediate >= 0 and self.sample_ms > 0, "intermediate must be >= 0 and sample_ms > 0")
         check(self.object_store_mb >= 64, "object_store_mb must be >= 64")
-
-
-class RssPeak:
-    """A thread that samples this process's resident set (VmRSS) every ``interval_s`` until ``stop``."""
-
-    def __init__(self, interval_s: float) -> None:
-        self.interval_s = interval_s
-        self.base = self.peak = rss_bytes()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, rss_bytes())
-            self._stop.wait(self.interval_s)
-
-    def stop(self) -> dict[str, int]:
-        """The reading at the start, the peak, and the peak less the start (bytes)."""
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, rss_bytes())
-        return {"base": self.base, "peak": self.peak, "extra": self.peak - self.base}
-
-
-def rss_bytes() -> int:
-    """This process's resident set, bytes (VmRSS: anonymous, file-backed and shared pages)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status (tracerl bench sync reads Linux's /proc)")
 
 
 PROBES = ("model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight", "lm_head.weight")
@@ -141,6 +109,7 @@ def run_sync_bench(cfg: BenchSyncConfig, progress: Any = lambda s: None) -> dict
     from tracerl.workflows.bench.sync_actors import (
         SyncBenchPool,  # Ray: imported when the bench runs, not by the CLI
     )
+    from tracerl.workflows.ops.proc_memory import RssPeak
     from tracerl.workflows.ops.ray_utils import init_ray
     from tracerl.workflows.train.push import push_policy
 
@@ -179,7 +148,7 @@ def run_sync_bench(cfg: BenchSyncConfig, progress: Any = lambda s: None) -> dict
             seconds = time.perf_counter() - t0
             send = sender.stop()
             recv = ray.get([w.rss_stop.remote() for w in pool.workers])
-            probe = ray.get(pool.workers[0].probe.remote())
+            probe = ray.get(pool.workers[0].probe.remote(PROBES))
             rows.append({"push": i, "seconds": seconds, "sender": send, "receivers": recv, "probe": probe})
             progress(f"sync: push {i}: {seconds:.2f} s, sender +{send['extra'] / 1e9:.2f} GB")
     finally:

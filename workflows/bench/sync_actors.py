@@ -6,7 +6,7 @@ A module of its own because it imports Ray, which the CLI (that imports the benc
 from __future__ import annotations
 
 from tracerl.actors.pools import RolloutPool, RolloutWorker
-from tracerl.workflows.bench.sync import PROBES, RssPeak
+from tracerl.workflows.ops.proc_memory import RssPeak
 
 
 class SyncBenchWorker(RolloutWorker):
@@ -23,10 +23,10 @@ class SyncBenchWorker(RolloutWorker):
         out, self._rss = self._rss.stop(), None
         return out
 
-    def probe(self) -> list[float]:
-        """The first few values of a few weights (the test's check that the push landed)."""
+    def probe(self, keys: tuple[str, ...]) -> list[float]:
+        """The first few values of the weights ``keys`` (the bench's check that the push landed)."""
         state = self.model.state_dict()
-        return [float(x) for k in PROBES for x in state[k].flatten()[:4]]
+        return [float(x) for k in keys for x in state[k].flatten()[:4]]
 
 
 class SyncBenchPool(RolloutPool):

@@ -250,8 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_code(exc)
     except Exception as exc:  # noqa: BLE001 - user errors are one line; anything else keeps its traceback
         from tracerl.workflows.ops.disk import EXIT_CODE, DiskFull, no_space
-        from tracerl.workflows.tracking.sync import EXIT_CODE as PENDING_EXIT_CODE
-        from tracerl.workflows.tracking.sync import MetricsPending
+        from tracerl.workflows.tracking.spool import PENDING_EXIT_CODE, MetricsPending
 
         if os.environ.get(DEBUG_ENV):
             raise

@@ -192,14 +192,13 @@ def end_run(
     tracking URI, when the error does not say; None: it was not full).
 
     Raises:
-        tracerl.workflows.tracking.sync.MetricsPending: the server did not take the spooled metrics within
+        tracerl.workflows.tracking.spool.MetricsPending: the server did not take the spooled metrics within
             ``flush_timeout_s``; the status is kept with them and nothing of the end was sent (the run stays RUNNING).
     """
     from tracerl.workflows.ops.disk import no_space, store_path
     from tracerl.workflows.tracking.outage import PatientClient
-    from tracerl.workflows.tracking.spool import MetricLog, PendingStatus
+    from tracerl.workflows.tracking.spool import MetricLog, MetricsPending, PendingStatus, flush_within
     from tracerl.workflows.tracking.store import TrackingUnreachable
-    from tracerl.workflows.tracking.sync import MetricsPending, flush_within
 
     def pending(unsent: int) -> MetricsPending:
         if not PendingStatus(storage).record(run_id, status):

@@ -258,3 +258,46 @@ def replay_statuses(client: Any, out_dir: Path, say: Callable[[str], None]) -> N
             say(
                 f"MLflow run {run_id}: its final status, kept in {path}, is now recorded (its metrics before it)"
             )
+
+
+PENDING_EXIT_CODE = 75
+"""What ``tracerl train`` exits with when its metrics are still spooled (sysexits' EX_TEMPFAIL: try again later)."""
+
+
+class MetricsPending(Exception):
+    """The tracking server did not take a run's spooled metrics in time; the message says how to send them."""
+
+    def __init__(
+        self, run_id: str, storage: Path, uri: str, unsent: int, waited_s: float, status: str
+    ) -> None:
+        self.run_id, self.storage, self.uri = run_id, storage, uri
+        super().__init__(
+            f"{unsent} metrics of MLflow run {run_id} are kept in {storage} (its status {status} too): the tracking "
+            f"server at {uri} did not take them in {waited_s:g} s (tracking.flush_timeout_s); the run stays RUNNING "
+            f"in the store until `tracerl sync {run_id} --tracking-uri {uri}` sends them"
+        )
+
+
+def flush_within(log: Any, limit_s: float, say: Callable[[str], None], poll_s: float = 5.0) -> bool:
+    """Send what ``log`` (a ``MetricLog``) spooled, trying for up to ``limit_s`` seconds; one line says it waits.
+    True when nothing is left.
+
+    Raises:
+        OSError: the store is full (waiting cannot help; the caller reports a full disk, not an absent server).
+    """
+    from tracerl.workflows.ops.disk import no_space
+
+    if log.flush():
+        return True
+    if log.last_error is not None and no_space(log.last_error) is not None:
+        raise log.last_error
+    say(
+        f"the tracking server is unreachable: waiting up to {limit_s:g} s (tracking.flush_timeout_s) for it to "
+        f"take {log.unsent()} spooled metrics"
+    )
+    deadline = time.monotonic() + limit_s
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(poll_s, left))
+        if log.flush():
+            return True
+    return False

@@ -117,8 +117,13 @@ def train(
     from tracerl.workflows.tracking.outage import PatientClient
     from tracerl.workflows.tracking.run_info import train_tags
     from tracerl.workflows.tracking.runs import end_run, failing_run
-    from tracerl.workflows.tracking.spool import ATTEMPTS, PendingStatus, fail_fast_http, replay_statuses
-    from tracerl.workflows.tracking.sync import MetricsPending
+    from tracerl.workflows.tracking.spool import (
+        ATTEMPTS,
+        MetricsPending,
+        PendingStatus,
+        fail_fast_http,
+        replay_statuses,
+    )
 
     cfg = resolve_paths(cfg)
     check_model(cfg)
