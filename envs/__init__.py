@@ -1,5 +1,5 @@
 """ReAct tool environments and the calibrated simulator; chosen by name from ``ENVS``."""
 
-from envs.registry import ENVS
+from tracerl.envs.registry import ENVS
 
 __all__ = ["ENVS"]

@@ -3,8 +3,8 @@
 They are defined with the engine's contracts (``tracerl.engine.protocol``: the engine may not import this
 package) and re-exported here with the records their hooks return, so an environment imports one module::
 
-    from envs.base import ToolEnv, ToolResult
-    from envs.registry import ENVS
+    from tracerl.envs.base import ToolEnv, ToolResult
+    from tracerl.envs.registry import ENVS
 
 Every optional hook has a documented default in the base class; docs/design.md, "Adding an environment",
 walks through a complete one.

@@ -1,8 +1,8 @@
 """The environment registry, defined below the platform in ``tracerl.env_registry`` (the platform looks
 environments up without importing this package) and re-exported here, so an environment imports::
 
-    from envs.base import ToolEnv, ToolResult
-    from envs.registry import ENVS
+    from tracerl.envs.base import ToolEnv, ToolResult
+    from tracerl.envs.registry import ENVS
 """
 
 from tracerl.env_registry import *  # noqa: F403 - the registry's public names, one list (its __all__)

@@ -53,7 +53,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.sandbox_child import (
+from tracerl.envs.sandbox_child import (
     NAMESPACES,
     RUNNER,
     STATUS_FILE,

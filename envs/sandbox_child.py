@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.sandbox_fs import ReadOnlyView, interpreter_view
+from tracerl.envs.sandbox_fs import ReadOnlyView, interpreter_view
 from tracerl.schema import check
 
 

@@ -5,7 +5,7 @@ imported on first use, or 'module:attr'); length predictors (generated tokens fr
 from ``LENGTH_PREDICTORS``.
 """
 
-from predictors.length import LENGTH_PREDICTORS
 from tracerl.predictor import PREDICTORS, Predictor, build_predictor
+from tracerl.predictors.length import LENGTH_PREDICTORS
 
 __all__ = ["LENGTH_PREDICTORS", "PREDICTORS", "Predictor", "build_predictor"]

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from predictors.base import Predictor
+from tracerl.predictors.base import Predictor
 from tracerl.types import Anchor
 
 

@@ -31,10 +31,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from predictors.base import FeaturizerFactory, Predictor, tree_targets
-from predictors.features import Featurizer, NumericFeaturizer, prompt_bucket
-from predictors.history import PromptHistory
 from tracerl.config import PredictorConfig
+from tracerl.predictors.base import FeaturizerFactory, Predictor, tree_targets
+from tracerl.predictors.features import Featurizer, NumericFeaturizer, prompt_bucket
+from tracerl.predictors.history import PromptHistory
 from tracerl.tree import RolloutTree
 from tracerl.types import Anchor
 

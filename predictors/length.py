@@ -29,9 +29,9 @@ from typing import cast
 
 import numpy as np
 
-from predictors.features import Featurizer, NumericFeaturizer
 from tracerl.algos.allocators import Allocator
 from tracerl.algos.trace_plus import LengthModel
+from tracerl.predictors.features import Featurizer, NumericFeaturizer
 from tracerl.registry import Registry
 from tracerl.tree import Node, RolloutTree
 from tracerl.types import Anchor

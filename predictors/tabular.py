@@ -12,9 +12,9 @@ from typing import cast
 
 import numpy as np
 
-from predictors.base import FeaturizerFactory, Predictor
-from predictors.history import PromptHistory
 from tracerl.config import PredictorConfig
+from tracerl.predictors.base import FeaturizerFactory, Predictor
+from tracerl.predictors.history import PromptHistory
 from tracerl.tree import RolloutTree
 from tracerl.types import Anchor
 

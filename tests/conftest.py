@@ -54,7 +54,7 @@ os.environ.setdefault("RAY_worker_niceness", "0")
 
 FRESH_CLI = """
 import json, sys
-from workflows.cli.app import main
+from tracerl.workflows.cli.app import main
 rc = main(json.loads(sys.argv[1]))
 print(json.dumps({"rc": rc, "ray": sorted(m for m in sys.modules if m == "ray" or m.startswith("ray."))}))
 """
@@ -177,7 +177,7 @@ def sqlite_client(tmp: Path) -> Any:
 def require_bfcl() -> None:
     """Skip the calling test when the ``bfcl-eval`` package is missing (``make install`` adds it)."""
     try:
-        from envs.bfcl.data import import_bfcl
+        from tracerl.envs.bfcl.data import import_bfcl
 
         import_bfcl()
     except ImportError as exc:
@@ -207,7 +207,7 @@ def tiny_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A briefly trained tiny policy (real tokenizer, LlamaForCausalLM, SFT on rendered traces), built once.
     No time budget: the steps are fixed, however busy the machine."""
     from tracerl.experiment_config import BootstrapConfig
-    from workflows.bootstrap.policy import bootstrap
+    from tracerl.workflows.bootstrap.policy import bootstrap
 
     out = tmp_path_factory.mktemp("tiny") / "policy"
     cfg = BootstrapConfig(

@@ -4,12 +4,12 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from envs.simulator import Simulator, SimulatorConfig
-from predictors import build_predictor
 from tracerl.algos.allocators import ALLOCATORS, PrefixCandidates, StepPlan, TreePOAllocator, build_allocator
 from tracerl.config import AllocatorConfig, BudgetConfig, PredictorConfig
 from tracerl.engine.mc_scorer import with_monte_carlo
 from tracerl.engine.step import run_step
+from tracerl.envs.simulator import Simulator, SimulatorConfig
+from tracerl.predictors import build_predictor
 from tracerl.types import Anchor
 
 ALL = [

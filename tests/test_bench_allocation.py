@@ -7,7 +7,7 @@ import pytest
 
 from tracerl.config_loader import compose, conf_dir
 from tracerl.experiment_config import BenchAllocationConfig
-from workflows.cli.app import main
+from tracerl.workflows.cli.app import main
 
 ALLOCS = "[grpo,pcl,dapo,treepo,trace_root_only,trace_prefix_only,trace,oracle_trace]"
 
@@ -104,7 +104,7 @@ def test_bench_writes_table_json_pngs_and_mlflow_runs(
 
 def test_parallel_ray_runs_match_serial_runs(tmp_path: Path) -> None:
     """Seeds flow through everything: the same jobs as Ray tasks give the same numbers."""
-    from workflows.bench.allocation import _execute
+    from tracerl.workflows.bench.allocation import _execute
 
     cfg = compose(
         BenchAllocationConfig,

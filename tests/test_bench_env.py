@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from envs.math.config import MathEnvConfig
-from envs.sandbox import SandboxConfig
 from tests.conftest import TOOL_TIMEOUT_S
 from tracerl.config import SamplerConfig, env_config
 from tracerl.engine.react import ChatTemplate, PlainTemplate
+from tracerl.envs.math.config import MathEnvConfig
+from tracerl.envs.sandbox import SandboxConfig
 from tracerl.samplers import SAMPLERS
 from tracerl.samplers.scripted import ByteTokenizer, ScriptedSampler
-from workflows.bench.env import gold_engine, summarize
-from workflows.cli.app import main
+from tracerl.workflows.bench.env import gold_engine, summarize
+from tracerl.workflows.cli.app import main
 
 
 def test_scripted_sampler_follows_each_context_and_flags_unknown_ones() -> None:
@@ -37,7 +37,7 @@ def test_scripted_sampler_follows_each_context_and_flags_unknown_ones() -> None:
 
 
 def test_math_gold_replay_scores_1() -> None:
-    from envs.math.env import MathEnv
+    from tracerl.envs.math.env import MathEnv
 
     # a generous tool time limit: a replayed cell must not time out on a busy machine
     cfg = env_config(

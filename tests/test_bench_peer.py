@@ -15,18 +15,24 @@ from pathlib import Path
 
 import pytest
 
-from envs.math.config import MathEnvConfig
-from envs.sandbox import SandboxConfig
 from tests.conftest import ROOT, TOOL_TIMEOUT_S, UNHURRIED
 from tracerl.config import SamplerConfig, env_config
 from tracerl.config_loader import ConfigError, compose, to_yaml
 from tracerl.engine.react import PlainTemplate
-from workflows.bench.env import gold_engine
-from workflows.bench.peer_report import aggregate, format_table, side_stats, wall_to_target, write_json
-from workflows.bench.peer_settings import BenchPeerConfig, run_order, settings, side_config, side_mode
-from workflows.bench.peer_sides import run_process
-from workflows.bench.peer_trl import PeerRollout, env_reward, group_runs, rollout_outputs
-from workflows.ops.proc_memory import TreeMemory, tree_pss_mb
+from tracerl.envs.math.config import MathEnvConfig
+from tracerl.envs.sandbox import SandboxConfig
+from tracerl.workflows.bench.env import gold_engine
+from tracerl.workflows.bench.peer_report import (
+    aggregate,
+    format_table,
+    side_stats,
+    wall_to_target,
+    write_json,
+)
+from tracerl.workflows.bench.peer_settings import BenchPeerConfig, run_order, settings, side_config, side_mode
+from tracerl.workflows.bench.peer_sides import run_process
+from tracerl.workflows.bench.peer_trl import PeerRollout, env_reward, group_runs, rollout_outputs
+from tracerl.workflows.ops.proc_memory import TreeMemory, tree_pss_mb
 
 PEER = ROOT / "conf/bench/peer.yaml"
 TINY = [
@@ -87,7 +93,7 @@ def test_settings_refuse_what_trl_cannot_match(override: str, says: str) -> None
 def test_bad_sides_and_a_missing_peer_venv_are_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="sides must name some of trl, grpo, trace, grpo-ray, trace-ray"):
         compose(BenchPeerConfig, PEER, ["sides=[trl,ppo]"])
-    from workflows.cli.app import main
+    from tracerl.workflows.cli.app import main
 
     assert main(["bench", "peer", f"peer_python={tmp_path}/nope", f"--out={tmp_path}"]) == 2
     assert not (tmp_path / "results.json").exists()
@@ -243,7 +249,7 @@ def test_aggregate_table_and_json(tmp_path: Path) -> None:
 def test_rollout_outputs_from_the_project_engine() -> None:
     """TRL's rollout_func output from real trees: the math environment's gold turns replayed through the engine
     (sandboxed tool, math-verify reward), two rollouts per group as TRL's prompt list repeats them."""
-    from envs.math.env import MathEnv
+    from tracerl.envs.math.env import MathEnv
 
     cfg = env_config(
         name="math",
@@ -293,7 +299,7 @@ def test_a_prompt_in_two_groups_gets_distinct_ids() -> None:
 )
 def test_trl_side_runs_one_step(tmp_path: Path) -> None:
     """TRL's GRPOTrainer for one step on the tiny policy, through the bench's own subprocess runner."""
-    from workflows.bench.peer_sides import run_trl_side
+    from tracerl.workflows.bench.peer_sides import run_trl_side
 
     cfg = compose(
         BenchPeerConfig,

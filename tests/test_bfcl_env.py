@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 try:
-    from envs.bfcl.data import CATEGORIES, import_bfcl, load_tasks, split
+    from tracerl.envs.bfcl.data import CATEGORIES, import_bfcl, load_tasks, split
 
     import_bfcl()
 except ImportError as exc:  # pragma: no cover - depends on the machine
@@ -27,14 +27,14 @@ except ImportError as exc:  # pragma: no cover - depends on the machine
         allow_module_level=True,
     )
 
-from envs.bfcl.config import BfclEnvConfig
-from envs.bfcl.env import BfclEnv, BfclState, bfcl_globals, task_prompt
-from envs.registry import env_class
 from tracerl.algos.allocators import Expansion
 from tracerl.config import SamplerConfig, env_config
 from tracerl.engine.protocol import AnswerResult
 from tracerl.engine.react import TEMPLATES, Action, ActionKind, PlainTemplate, ToolCall
 from tracerl.engine.rollout import TreeRolloutEngine
+from tracerl.envs.bfcl.config import BfclEnvConfig
+from tracerl.envs.bfcl.env import BfclEnv, BfclState, bfcl_globals, task_prompt
+from tracerl.envs.registry import env_class
 from tracerl.samplers.base import Generation
 from tracerl.types import Prompt, Status
 

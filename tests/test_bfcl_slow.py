@@ -28,7 +28,7 @@ def smollm2() -> Path:
 
 
 def test_eval_runs_on_bfcl_tasks(smollm2: Path, tmp_path: Path) -> None:
-    from workflows.cli.app import main
+    from tracerl.workflows.cli.app import main
 
     out = tmp_path / "eval"
     assert (
@@ -61,7 +61,7 @@ def test_eval_runs_on_bfcl_tasks(smollm2: Path, tmp_path: Path) -> None:
 def test_short_training_run_completes(smollm2: Path, tmp_path: Path) -> None:
     import mlflow
 
-    from workflows.cli.app import main
+    from tracerl.workflows.cli.app import main
 
     args = [
         "train",

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
-from workflows.cli.app import main
+from tracerl.workflows.cli.app import main
 
 CHAOS = str(ROOT / "conf" / "train" / "chaos.yaml")
 
@@ -48,9 +48,9 @@ def store(tmp_path: Path) -> tuple[Any, str]:
 def test_spooled_metrics_arrive_once_and_the_last_attempt_wins(
     store: tuple[Any, str], tmp_path: Path
 ) -> None:
-    from workflows.tracking.runs import metric_series
-    from workflows.tracking.spool import MetricLog, next_attempt, spooled_records
-    from workflows.train.chaos import check_steps
+    from tracerl.workflows.tracking.runs import metric_series
+    from tracerl.workflows.tracking.spool import MetricLog, next_attempt, spooled_records
+    from tracerl.workflows.train.chaos import check_steps
 
     client, run_id = store
     storage = tmp_path / "run"
@@ -102,20 +102,20 @@ def test_a_restarted_attempt_outranks_the_last_one_on_a_stopped_or_slow_clock(
 ) -> None:
     """Both attempts log step 2 within one millisecond (a fast restart), then the third on a clock an hour behind:
     the last attempt's value is still the one read."""
-    from workflows.tracking.runs import metric_series
-    from workflows.tracking.spool import MetricLog, next_attempt
-    from workflows.train.chaos import check_steps
+    from tracerl.workflows.tracking.runs import metric_series
+    from tracerl.workflows.tracking.spool import MetricLog, next_attempt
+    from tracerl.workflows.train.chaos import check_steps
 
     client, run_id = store
     storage = tmp_path / "run"
     storage.mkdir()
-    monkeypatch.setattr("workflows.tracking.spool.time.time", lambda: 1_700_000_000.0)
+    monkeypatch.setattr("tracerl.workflows.tracking.spool.time.time", lambda: 1_700_000_000.0)
     first = MetricLog(client, run_id, storage, next_attempt(storage), fail_fast=False)
     assert first.log({"train/loss": 1.0, "system/attempt": 1}, 1)
     assert first.log({"train/loss": 2.0, "system/attempt": 1}, 2)
     second = MetricLog(client, run_id, storage, next_attempt(storage), fail_fast=False)
     assert second.log({"train/loss": 3.0, "system/attempt": 2}, 2)
-    monkeypatch.setattr("workflows.tracking.spool.time.time", lambda: 1_700_000_000.0 - 3600)
+    monkeypatch.setattr("tracerl.workflows.tracking.spool.time.time", lambda: 1_700_000_000.0 - 3600)
     third = MetricLog(client, run_id, storage, next_attempt(storage), fail_fast=False)
     assert third.log({"train/loss": 5.0, "system/attempt": 3}, 2)
     assert third.log({"train/loss": 6.0, "system/attempt": 3}, 3)
@@ -128,7 +128,7 @@ def test_a_restarted_attempt_outranks_the_last_one_on_a_stopped_or_slow_clock(
 def test_a_reader_that_took_an_older_attempt_is_caught(store: tuple[Any, str]) -> None:
     from mlflow.entities import Metric
 
-    from workflows.train.chaos import check_steps
+    from tracerl.workflows.train.chaos import check_steps
 
     client, run_id = store
     client.log_batch(
@@ -180,10 +180,10 @@ def test_the_drill_run_survives_every_kill_and_reads_one_value_per_step(drill: d
     import mlflow
 
     from tracerl.config import TrackingConfig
-    from workflows.tracking.compare import collect
-    from workflows.tracking.runs import latest_checkpoint, metric_series, run_summary
-    from workflows.tracking.spool import spooled_records
-    from workflows.train.chaos import check_steps
+    from tracerl.workflows.tracking.compare import collect
+    from tracerl.workflows.tracking.runs import latest_checkpoint, metric_series, run_summary
+    from tracerl.workflows.tracking.spool import spooled_records
+    from tracerl.workflows.train.chaos import check_steps
 
     rep = drill["report"]
     assert drill["rc"] == 0, rep

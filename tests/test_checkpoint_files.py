@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from workflows.ops.disk import EXIT_CODE, DiskFull, no_space
-from workflows.tracking.checkpoint_files import STAGING, manifest_name, newest_good, problem, publish
-from workflows.tracking.checkpoint_state import CheckpointState
-from workflows.tracking.runs import latest_checkpoint
+from tracerl.workflows.ops.disk import EXIT_CODE, DiskFull, no_space
+from tracerl.workflows.tracking.checkpoint_files import STAGING, manifest_name, newest_good, problem, publish
+from tracerl.workflows.tracking.checkpoint_state import CheckpointState
+from tracerl.workflows.tracking.runs import latest_checkpoint
 
 WEIGHTS = "policy/model.safetensors"
 
@@ -71,7 +71,7 @@ def test_truncated_newest_falls_back_to_the_older_naming_the_file(tmp_path: Path
 
 def test_a_restart_restores_the_newest_good_checkpoint_saying_so_once(tmp_path: Path) -> None:
     """Ray's registered checkpoint (after a restart) is the damaged newest: rank 0 restores the one before it."""
-    from workflows.train.setup import restore_dir
+    from tracerl.workflows.train.setup import restore_dir
 
     class FakeRayCheckpoint:  # the one field restore_dir reads from ray.train.Checkpoint on local storage
         def __init__(self, path: Path) -> None:
@@ -116,7 +116,7 @@ def test_every_rank_writes_its_manifest(tmp_path: Path) -> None:
     _files(src0, 3)
     src1.mkdir()
     (src1 / "trainer_rank1.pt").write_bytes(b"rank one")
-    from workflows.tracking.checkpoint_files import stage_files
+    from tracerl.workflows.tracking.checkpoint_files import stage_files
 
     (storage / STAGING / name).mkdir(parents=True)
     stage_files(src1, storage / STAGING / name, rank=1, world=2)
@@ -184,7 +184,7 @@ def test_a_damaged_model_path_is_one_line(
 ) -> None:
     """Before any model loads (train: before Ray starts or a run exists)."""
     from tests.conftest import ROOT
-    from workflows.cli.app import main
+    from tracerl.workflows.cli.app import main
 
     model = tmp_path / "policy"
     model.mkdir()
@@ -246,7 +246,7 @@ def test_a_full_disk_is_not_retried_by_ray_train() -> None:
     (which the controller does not retry); other errors, and a RAISE, are left to the failure policy."""
     from ray.train.v2._internal.execution.failure_handling import FailureDecision
 
-    from workflows.ops.disk_callback import StopOnDiskFull
+    from tracerl.workflows.ops.disk_callback import StopOnDiskFull
 
     class FakePollStatus:  # the one field the callback reads from Ray's WorkerGroupPollStatus
         def __init__(self, errors: dict[int, BaseException]) -> None:
@@ -313,8 +313,8 @@ def test_a_store_too_full_for_the_final_status_keeps_it_for_later(tiny_disk: Pat
     at the start, overwritten in place), one line's worth of path comes back, and a later command sends it."""
     import mlflow
 
-    from workflows.tracking.runs import end_run
-    from workflows.tracking.spool import PendingStatus, replay_statuses
+    from tracerl.workflows.tracking.runs import end_run
+    from tracerl.workflows.tracking.spool import PendingStatus, replay_statuses
 
     uri = f"sqlite:///{tiny_disk}/mlruns.db"
     client = mlflow.MlflowClient(uri)
@@ -333,6 +333,6 @@ def test_a_store_too_full_for_the_final_status_keeps_it_for_later(tiny_disk: Pat
     replay_statuses(client, tiny_disk / "runs", said.append)
     assert client.get_run(run_id).info.status == "FAILED" and PendingStatus(storage).pending() is None
     assert said == [
-        f"MLflow run {run_id}: its final status, kept in {storage}/status.pending when the store was full, "
-        "is now recorded"
+        f"MLflow run {run_id}: its final status, kept in {storage}/status.pending, is now recorded (its metrics "
+        "before it)"
     ]

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workflows.tracking.checkpoint_state import STATE, CheckpointState
-from workflows.tracking.runs import latest_checkpoint
+from tracerl.workflows.tracking.checkpoint_state import STATE, CheckpointState
+from tracerl.workflows.tracking.runs import latest_checkpoint
 
 
 def test_round_trip_restores_the_generator(tmp_path: Path) -> None:

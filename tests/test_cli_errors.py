@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from workflows.cli import app as cli
-from workflows.tracking import model_registry as registry
+from tracerl.workflows.cli import app as cli
+from tracerl.workflows.tracking import model_registry as registry
 
 
 def _fails_with(monkeypatch: pytest.MonkeyPatch, exc: BaseException) -> None:
@@ -61,7 +61,7 @@ def test_a_full_disk_is_one_line_and_exit_28(
 
 def test_a_job_api_error_and_a_setup_error_are_user_errors() -> None:
     from tracerl.models.hf import SetupError
-    from workflows.ops.submit import JobAPIError
+    from tracerl.workflows.ops.submit import JobAPIError
 
     assert issubclass(SetupError, cli.user_errors())
     assert issubclass(JobAPIError, cli.user_errors())

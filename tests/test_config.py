@@ -7,8 +7,8 @@ import pytest
 from tracerl.config_loader import ConfigError, compose, conf_dir, group_names
 from tracerl.experiment_config import BenchAllocationConfig
 from tracerl.schema import flat_routes
-from workflows.cli.app import COMMANDS, build_parser, load
-from workflows.pipeline.profile import PROFILE_DIR, load_profile
+from tracerl.workflows.cli.app import COMMANDS, build_parser, load
+from tracerl.workflows.pipeline.profile import PROFILE_DIR, load_profile
 
 BENCH = conf_dir() / "bench/allocation.yaml"
 GROUPS = ["allocator", "predictor", "env", "budget", "tracking", "cluster"]
@@ -155,7 +155,7 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
         compose(BenchAllocationConfig, tmp_path / "none.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("steps: [1,\n")
-    with pytest.raises(ConfigError, match="is not valid YAML"):
+    with pytest.raises(ConfigError, match=r"bad.yaml:1:8: not valid YAML: this .\[. is not closed"):
         compose(BenchAllocationConfig, bad)
     bad.write_text("- a list\n")
     with pytest.raises(ConfigError, match="must hold a mapping"):

@@ -62,24 +62,38 @@ def test_flat_keys_route_into_the_flattened_field(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "overrides", "message"),
+    ("text", "overrides", "place", "message"),
     [
-        ("zzz: 1\n", [], "unknown config key 'zzz'; allowed at the top level: a, sub, own, names"),
-        ("", ["zzz=1"], "unknown config key 'zzz'; allowed at the top level: a, sub, own, names"),
-        ("", ["inner.a=1"], "unknown config key 'inner.a'; allowed at the top level: a, sub, own, names"),
-        ("inner: {a: 1}\n", [], "unknown config key 'inner'; allowed at the top level: a, sub, own, names"),
-        ("sub: {y: 1}\n", [], "unknown config key 'sub.y'; allowed under 'sub': x, kind"),
-        ("", ["sub.y=1"], "unknown config key 'sub.y'; allowed under 'sub': x, kind"),
-        ("sub: {kind: c}\n", [], "sub.kind must be one of 'a', 'b' (got 'c')"),
-        ("", ["a=abc"], "bad value for 'a'"),
+        ("zzz: 1\n", [], "1:1", "unknown config key 'zzz'; allowed at the top level: a, sub, own, names"),
+        ("", ["zzz=1"], None, "unknown config key 'zzz'; allowed at the top level: a, sub, own, names"),
+        (
+            "",
+            ["inner.a=1"],
+            None,
+            "unknown config key 'inner.a'; allowed at the top level: a, sub, own, names",
+        ),
+        (
+            "inner: {a: 1}\n",
+            [],
+            "1:1",
+            "unknown config key 'inner'; allowed at the top level: a, sub, own, names",
+        ),
+        ("sub: {y: 1}\n", [], "1:7", "unknown config key 'sub.y'; allowed under 'sub': x, kind"),
+        ("", ["sub.y=1"], None, "unknown config key 'sub.y'; allowed under 'sub': x, kind"),
+        ("sub: {kind: c}\n", [], "1:7", "sub.kind must be one of 'a', 'b' (got 'c')"),
+        ("", ["a=abc"], None, "bad value for 'a'"),
+        ("a: abc\n", ["sub.x=1"], "1:1", "bad value for 'a'"),
+        ("a: abc\n", ["a=def"], None, "bad value for 'a'"),  # the override set it last
     ],
 )
 def test_bad_keys_are_named_as_users_write_them(
-    tmp_path: Path, text: str, overrides: list[str], message: str
+    tmp_path: Path, text: str, overrides: list[str], place: str | None, message: str
 ) -> None:
+    """A key a file set is reported at its line and column in that file; one an override set, by name alone."""
+    path = _conf(tmp_path, text)
     with pytest.raises(ConfigError) as err:
-        compose(Outer, _conf(tmp_path, text), overrides, root=tmp_path)
-    assert str(err.value).startswith(message), str(err.value)
+        compose(Outer, path, overrides, root=tmp_path)
+    assert str(err.value).startswith(f"{path}:{place}: {message}" if place else message), str(err.value)
 
 
 def test_a_key_in_both_the_command_and_its_flattened_config_fails_at_definition() -> None:
@@ -183,7 +197,7 @@ def test_the_train_configs_checks_apply_through_the_flattened_field(
 
 
 def test_bench_train_runs_its_train_config_with_each_allocator_and_seed() -> None:
-    from workflows.bench.train import run_configs
+    from tracerl.workflows.bench.train import run_configs
 
     cfg = compose(BenchTrainConfig, conf_dir() / "bench/train.yaml", ["seeds=2", "seed=4"])
     runs = run_configs(cfg)
@@ -197,7 +211,7 @@ def test_bench_train_runs_its_train_config_with_each_allocator_and_seed() -> Non
 
 def test_the_command_line_spells_keys_flat(capsys: pytest.CaptureFixture[str]) -> None:
     """``tracerl bench train allocators=[trace] --steps 5`` and ``tracerl config sweep budget.num_leaves=60``."""
-    from workflows.cli.app import build_parser, load, main
+    from tracerl.workflows.cli.app import build_parser, load, main
 
     cfg = load(
         "bench train", build_parser().parse_args(["bench", "train", "allocators=[trace]", "--steps", "5"])

@@ -5,7 +5,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from workflows.study.curves import (
+from tracerl.workflows.study.curves import (
     EvalCurves,
     bootstrap_curve,
     compare_curves,
@@ -15,7 +15,7 @@ from workflows.study.curves import (
     target_accuracy,
     tokens_to_target,
 )
-from workflows.study.sigmoid import fit_sigmoid, sigmoid
+from tracerl.workflows.study.sigmoid import fit_sigmoid, sigmoid
 
 # -- tokens to target ---------------------------------------------------------------------------------------
 
@@ -207,7 +207,7 @@ def test_a_failed_fit_says_so() -> None:
 
 
 def test_compare_draws_learning_curves_only_for_runs_that_have_them(tmp_path: Path) -> None:
-    from workflows.tracking.compare import plots
+    from tracerl.workflows.tracking.compare import plots
 
     def row(name: str, curve: dict[int, float]) -> dict[str, Any]:
         series = {

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from envs.files import DataFileError
-from envs.math.datasets import load_math_file
-from envs.search.datasets import load_qa_file
-from envs.search.index import read_corpus
-from workflows.cli.app import main
+from tracerl.envs.files import DataFileError
+from tracerl.envs.math.datasets import load_math_file
+from tracerl.envs.search.datasets import load_qa_file
+from tracerl.envs.search.index import read_corpus
+from tracerl.workflows.cli.app import main
 
 GOOD = [
     {"question": "1+1?", "answer": "2"},
@@ -277,13 +277,13 @@ def nothing_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     absent: no run created, no store opened)."""
     import ray
 
-    import workflows.ops.ray_utils
+    import tracerl.workflows.ops.ray_utils
 
     def boom(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("Ray was started before the data was checked")
 
     monkeypatch.setattr(ray, "init", boom)
-    monkeypatch.setattr(workflows.ops.ray_utils, "init_ray", boom)
+    monkeypatch.setattr(tracerl.workflows.ops.ray_utils, "init_ray", boom)
     monkeypatch.chdir(tmp_path)
     return tmp_path / "m.db"
 

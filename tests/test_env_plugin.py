@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from envs.base import Action, Prompt, ToolEnv, ToolResult, ToolSpec
-from envs.registry import ENVS, env_class
 from tests.conftest import ROOT
 from tracerl.config import RolloutConfig, TrainConfig
 from tracerl.config_loader import ConfigError, compose, conf_dir, to_yaml
+from tracerl.envs.base import Action, Prompt, ToolEnv, ToolResult, ToolSpec
+from tracerl.envs.registry import ENVS, env_class
 from tracerl.schema import check
 
 ROLLOUT = conf_dir() / "rollout/math.yaml"
@@ -92,7 +92,7 @@ def test_an_entry_point_of_tracerl_envs_registers_an_environment(tmp_path: Path)
     (tmp_path / "toy_env_pkg.py").write_text(
         textwrap.dedent(
             """
-            from envs.base import ToolEnv, ToolResult
+            from tracerl.envs.base import ToolEnv, ToolResult
 
             class ToyEnv(ToolEnv):
                 def execute(self, prompt, state, action):
@@ -112,7 +112,7 @@ def test_an_entry_point_of_tracerl_envs_registers_an_environment(tmp_path: Path)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-env-pkg\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[tracerl.envs]\ntoy_ep = toy_env_pkg:ToyEnv\n")
     code = (
-        "from envs.registry import env_class, known_envs\n"
+        "from tracerl.envs.registry import env_class, known_envs\n"
         "from tracerl.config import RolloutConfig\n"
         "from tracerl.config_loader import compose, conf_dir\n"
         "from tracerl.types import Prompt\n"
@@ -174,8 +174,8 @@ def test_closed_choices_name_the_key_the_value_and_the_allowed_values(override: 
 
 
 def test_closed_choices_are_checked_when_built_in_python_too() -> None:
-    from envs.bfcl.config import BfclEnvConfig
     from tracerl.algos.config import LossConfig
+    from tracerl.envs.bfcl.config import BfclEnvConfig
 
     with pytest.raises(ValueError, match=re.escape("loss.aggregation must be one of 'token_mean'")):
         LossConfig(aggregation="mean")  # type: ignore[arg-type]

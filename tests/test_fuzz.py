@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from envs.search.config import SearchEnvConfig
 from tests.conftest import require_bfcl
 from tracerl.config import TrainConfig, env_config
 from tracerl.config_loader import ConfigError, compose, to_flat_dict
 from tracerl.engine.react import Action, ActionKind, ChatTemplate, PlainTemplate, ToolCall, ToolSpec
+from tracerl.envs.search.config import SearchEnvConfig
 from tracerl.grading import GradeTimeout
 from tracerl.types import Prompt
 
@@ -128,13 +128,13 @@ def test_both_parsers_turn_any_text_into_an_action(text: str, truncated: bool) -
 
 
 def _math() -> Any:
-    from envs.math.env import MathEnv
+    from tracerl.envs.math.env import MathEnv
 
     return MathEnv(reward_timeout_s=2.0), Prompt("m", "What is 3?", "3")
 
 
 def _search() -> Any:
-    from envs.search.env import SearchEnv
+    from tracerl.envs.search.env import SearchEnv
 
     env = SearchEnv.from_config(
         env_config(name="search", search=SearchEnvConfig(reward="f1"), reward_timeout_s=2.0)
@@ -144,7 +144,7 @@ def _search() -> Any:
 
 def _bfcl() -> Any:
     require_bfcl()
-    from envs.bfcl.env import BfclEnv, task_prompt
+    from tracerl.envs.bfcl.env import BfclEnv, task_prompt
 
     env = BfclEnv(("base",), reward_timeout_s=2.0)
     task = next(t for t in env.tasks.values() if "GorillaFileSystem" in t.entry["involved_classes"])

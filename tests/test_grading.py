@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from envs.math.env import MathEnv
-from envs.math.reward import is_correct
-from envs.search.config import SearchEnvConfig
 from tests.conftest import require_bfcl
 from tracerl.config import SamplerConfig, env_config
 from tracerl.engine.react import PlainTemplate
 from tracerl.engine.rollout import TreeRolloutEngine
+from tracerl.envs.math.env import MathEnv
+from tracerl.envs.math.reward import is_correct
+from tracerl.envs.search.config import SearchEnvConfig
 from tracerl.grading import GradeError, Grader, GradeTimeout
 from tracerl.samplers.scripted import ByteTokenizer, ScriptedSampler
 from tracerl.types import Prompt, Status
@@ -165,7 +165,7 @@ def test_a_timed_out_grade_is_reward_0_flagged_and_counted_by_the_engine(driver:
 
 
 def test_huge_search_answers_end_within_the_limit() -> None:
-    from envs.search.env import FAST_ANSWER_CHARS, SearchEnv
+    from tracerl.envs.search.env import FAST_ANSWER_CHARS, SearchEnv
 
     env = SearchEnv.from_config(
         env_config(name="search", search=SearchEnvConfig(reward="f1"), reward_timeout_s=LIMIT)
@@ -184,7 +184,7 @@ def test_huge_search_answers_end_within_the_limit() -> None:
 
 def test_pathological_bfcl_episodes_end_within_the_limit() -> None:
     require_bfcl()
-    from envs.bfcl.env import BfclEnv, BfclState
+    from tracerl.envs.bfcl.env import BfclEnv, BfclState
 
     env = BfclEnv(("base",), reward_timeout_s=LIMIT)
     task = next(iter(env.tasks.values()))
@@ -204,7 +204,7 @@ def ray_local() -> Any:
     import ray
 
     from tracerl.config import ClusterConfig
-    from workflows.ops.ray_utils import init_ray
+    from tracerl.workflows.ops.ray_utils import init_ray
 
     init_ray(ClusterConfig(num_cpus=2))
     return ray
@@ -231,8 +231,8 @@ def test_the_tower_times_out_inside_a_ray_actor(ray_local: Any) -> None:
 
 def test_a_pathological_bfcl_tool_call_is_stopped_and_not_recorded() -> None:
     require_bfcl()
-    from envs.bfcl.env import BfclEnv, task_prompt
     from tracerl.engine.react import Action, ActionKind
+    from tracerl.envs.bfcl.env import BfclEnv, task_prompt
 
     env = BfclEnv(("base",), call_timeout_s=LIMIT)
     task = next(t for t in env.tasks.values() if "MathAPI" in t.entry["involved_classes"])

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from envs.math.tasks import generate as gen_tasks
 from tracerl.engine.seeds import SeedKey
+from tracerl.envs.math.tasks import generate as gen_tasks
 from tracerl.experiment_config import BootstrapConfig
 from tracerl.models.tiny import build_model, build_tokenizer
 from tracerl.samplers.hf import HFSampler
-from workflows.bootstrap.policy import trace_segments
+from tracerl.workflows.bootstrap.policy import trace_segments
 
 
 @pytest.fixture(scope="module")

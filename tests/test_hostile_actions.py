@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from envs.search.config import SearchEnvConfig
 from tests.conftest import require_bfcl
 from tracerl.config import SamplerConfig, env_config
 from tracerl.engine.react import ActionKind, ChatTemplate, PlainTemplate, ToolSpec
 from tracerl.engine.rollout import TreeRolloutEngine
 from tracerl.engine.untrusted import MAX_ACTION_CHARS, MAX_ARGUMENT_DEPTH
+from tracerl.envs.search.config import SearchEnvConfig
 from tracerl.samplers.scripted import ScriptedSampler
 from tracerl.types import Prompt, Status
 
@@ -108,7 +108,7 @@ def test_hostile_actions_parse_to_encodable_error_observations(tok: Any, name: s
 
 def _bfcl_env() -> Any:
     require_bfcl()
-    from envs.bfcl.env import BfclEnv, task_prompt
+    from tracerl.envs.bfcl.env import BfclEnv, task_prompt
 
     env = BfclEnv(("base",))
     task = next(t for t in env.tasks.values() if "GorillaFileSystem" in t.entry["involved_classes"])
@@ -118,11 +118,11 @@ def _bfcl_env() -> Any:
 def _env(kind: str) -> tuple[Any, Prompt, str, str, int]:
     """An environment, one of its prompts, a tool and its string argument, and the user turns of the prompt."""
     if kind == "math":
-        from envs.math.env import MathEnv
+        from tracerl.envs.math.env import MathEnv
 
         return MathEnv(), Prompt("m", "What is 3?", "3"), "python", "code", 1
     if kind == "search":
-        from envs.search.env import SearchEnv
+        from tracerl.envs.search.env import SearchEnv
 
         env = SearchEnv.from_config(env_config(name="search", search=SearchEnvConfig(reward="em")))
         return env, Prompt("s", "Who?", "Ada"), "search", "query", 1

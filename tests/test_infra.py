@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from workflows.cli.app import COMMANDS, build_parser
+from tracerl.workflows.cli.app import COMMANDS, build_parser
 
 INFRA = ROOT / "infra"
 MANIFESTS = sorted((INFRA / "k8s").glob("*.yaml"))

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import FRESH_CLI, ROOT, UNHURRIED, sqlite_client
 from tracerl import metrics as M
-from workflows.cli.app import main
+from tracerl.workflows.cli.app import main
 
 SMOKE = str(ROOT / "conf" / "train" / "smoke.yaml")
 HABIT = ROOT / "models" / "tiny-math-habit"
@@ -48,7 +48,7 @@ def test_the_mode_refuses_what_needs_more_than_one_process(
 def test_a_ray_command_refuses_the_in_process_address() -> None:
     from tracerl.config import ClusterConfig
     from tracerl.models.hf import SetupError
-    from workflows.ops.ray_utils import init_ray
+    from tracerl.workflows.ops.ray_utils import init_ray
 
     with pytest.raises(SetupError, match="set cluster.address=local"):
         init_ray(ClusterConfig(address="inprocess"))
@@ -79,7 +79,7 @@ def _args(tmp: Path, *extra: str) -> list[str]:
 
 def _fail_once_at(monkeypatch: pytest.MonkeyPatch, at: int) -> list[int]:
     """``train_step`` raises once, as step ``at`` (0-based) begins; returns the steps begun (the record)."""
-    from workflows.train import loop as run_module
+    from tracerl.workflows.train import loop as run_module
 
     real, begun = run_module.train_step, []
 
@@ -97,10 +97,10 @@ def _fail_once_at(monkeypatch: pytest.MonkeyPatch, at: int) -> list[int]:
 def failed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A run that fails as its second step begins, with no restart (max_failures=0), then resumed in-process."""
     from tracerl.config import TrackingConfig
-    from workflows.tracking.runs import metric_series, run_storage
+    from tracerl.workflows.tracking.runs import metric_series, run_storage
 
     tmp = tmp_path_factory.mktemp("inprocess")
-    from workflows.train.run import TrainingFailed
+    from tracerl.workflows.train.run import TrainingFailed
 
     with (
         pytest.MonkeyPatch.context() as mp,
@@ -144,7 +144,7 @@ def test_a_restart_in_process_repeats_the_resumed_step(
     """The same failure with max_failures=1: the loop restarts from checkpoint_000001 in this process and finishes;
     its steps are the failed-then-resumed run's (same tokens, leaves and loss), steps 2 and 3 logged by the second
     attempt."""
-    from workflows.tracking.runs import metric_series
+    from tracerl.workflows.tracking.runs import metric_series
 
     begun = _fail_once_at(monkeypatch, 1)
     assert main(_args(tmp_path, "max_failures=1")) == 0

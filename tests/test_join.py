@@ -15,18 +15,18 @@ import numpy as np
 import pytest
 import torch
 
-from envs.math.env import MathEnv
-from envs.math.tasks import generate as gen_tasks
-from envs.sandbox import SandboxConfig
 from tests.conftest import TOOL_TIMEOUT_S
 from tracerl.algos.allocators import Expansion
 from tracerl.config import SamplerConfig
 from tracerl.engine.react import PlainTemplate
 from tracerl.engine.rollout import TreeRolloutEngine
 from tracerl.engine.seeds import SeedKey
+from tracerl.envs.math.env import MathEnv
+from tracerl.envs.math.tasks import generate as gen_tasks
+from tracerl.envs.sandbox import SandboxConfig
 from tracerl.samplers.hf import HFSampler
 from tracerl.tree import RolloutTree
-from workflows.bootstrap.policy import task_prompt
+from tracerl.workflows.bootstrap.policy import task_prompt
 
 POLICY = "models/tiny-math-habit"
 STOP = ["Observation:"]
@@ -189,8 +189,8 @@ def test_join_needs_a_backend_with_a_decode_loop() -> None:
 def test_the_pipeline_bench_compares_join_with_rounds() -> None:
     """``--batching rounds,join`` runs every mode both ways; the summary pairs them by seed: the join's mean gain
     against the spread of the per-seed gains (barrier: 1.0 and 1.5 s, faster; streaming: +0.1 and -0.1 s, not)."""
-    from workflows.cli.app import build_parser, load
-    from workflows.pipeline.bench import format_table, summarize
+    from tracerl.workflows.cli.app import build_parser, load
+    from tracerl.workflows.pipeline.bench import format_table, summarize
 
     cfg = load(
         "bench pipeline", build_parser().parse_args(["bench", "pipeline", "--batching", "rounds,join"])

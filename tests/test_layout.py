@@ -3,6 +3,7 @@
 import ast
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from tests.conftest import ROOT
@@ -21,11 +22,36 @@ PURE = [
 UPPER_LAYERS = {"envs", "predictors", "workflows"}
 
 
+def layer(module: str, names: Sequence[str] = ()) -> set[str]:
+    """The layers an import of ``module`` (``from module import names``) reaches: ``tracerl.envs.x`` -> envs,
+    ``tracerl.workflows`` -> workflows, ``from tracerl import predictors`` -> predictors, ``tracerl.x`` -> tracerl,
+    anything else its top-level name."""
+    parts = module.split(".")
+    if parts[0] != "tracerl":
+        return {parts[0]}
+    if len(parts) > 1 and parts[1] in UPPER_LAYERS:
+        return {parts[1]}
+    named = {n for n in names if n in UPPER_LAYERS} if len(parts) == 1 else set()
+    return named or {"tracerl"}
+
+
 def imports(path: Path) -> set[str]:
-    """The top-level packages ``path`` imports anywhere (module level, function-local, under TYPE_CHECKING)."""
+    """The layers ``path`` imports anywhere (module level, function-local, under TYPE_CHECKING): ``layer``."""
     tree = ast.parse(path.read_text())
-    out = set()
+    out: set[str] = set()
     for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                out |= layer(a.name)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out |= layer(node.module, [a.name for a in node.names])
+    return out
+
+
+def raw_imports(path: Path) -> set[str]:
+    """The top-level names ``path`` imports, as written."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -34,6 +60,7 @@ def imports(path: Path) -> set[str]:
 
 
 def files(rel: str) -> list[Path]:
+    """The modules under ``rel`` (``rglob`` does not follow the links platform/tracerl/{envs,predictors,workflows})."""
     p = ROOT / rel
     return sorted(p.rglob("*.py")) if p.is_dir() else [p]
 
@@ -55,14 +82,24 @@ def test_import_platform_is_the_stdlib_from_the_repo_root() -> None:
 
 
 def test_packages_import_by_their_design_names() -> None:
-    import envs
-    import predictors
+    """One top-level import name: envs/, predictors/ and workflows/ stay at the repository's top and import as
+    ``tracerl.envs``, ``tracerl.predictors`` and ``tracerl.workflows`` (links in platform/tracerl/)."""
     import tracerl
-    import workflows
+    from tracerl import envs, predictors, workflows
 
     assert Path(tracerl.__file__).parent == ROOT / "platform" / "tracerl"
     for mod in (envs, predictors, workflows):
-        assert Path(mod.__file__).parent.parent == ROOT
+        name = mod.__name__.split(".")[-1]
+        assert Path(mod.__file__).resolve().parent == ROOT / name
+        assert (ROOT / "platform" / "tracerl" / name).resolve() == ROOT / name
+
+
+def test_every_module_imports_the_upper_layers_under_tracerl() -> None:
+    """No module (tests included) imports ``envs``, ``predictors`` or ``workflows`` by their old top-level names:
+    a wheel has only ``tracerl``, and one module imported under two names would be two modules."""
+    found = [f for rel in ("platform", "envs", "predictors", "workflows", "tests") for f in files(rel)]
+    bad = {str(f.relative_to(ROOT)): sorted(raw_imports(f) & UPPER_LAYERS) for f in found}
+    assert {k: v for k, v in bad.items() if v} == {}
 
 
 def test_pure_core_never_imports_ray_vllm_mlflow_or_upper_layers() -> None:
@@ -89,7 +126,7 @@ def test_nothing_in_platform_imports_the_layers_above() -> None:
 
 def test_console_script_points_at_workflows() -> None:
     text = (ROOT / "pyproject.toml").read_text()
-    assert 'tracerl = "workflows.cli.app:main"' in text
+    assert 'tracerl = "tracerl.workflows.cli.app:main"' in text
 
 
 def test_default_suite_never_imports_vllm() -> None:
@@ -97,7 +134,7 @@ def test_default_suite_never_imports_vllm() -> None:
         [
             sys.executable,
             "-c",
-            "import sys, tracerl.samplers, workflows.lm.stack; print('vllm' in sys.modules)",
+            "import sys, tracerl.samplers, tracerl.workflows.lm.stack; print('vllm' in sys.modules)",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -116,20 +153,22 @@ def _rooms_imported(path: Path) -> set[str]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module] + (
-                [f"{node.module}.{a.name}" for a in node.names] if node.module == "workflows" else []
+                [f"{node.module}.{a.name}" for a in node.names] if node.module == "tracerl.workflows" else []
             )
         for n in names:
             parts = n.split(".")
-            if parts[0] == "workflows" and len(parts) > 1:
-                out.add(parts[1])
+            if parts[:2] == ["tracerl", "workflows"] and len(parts) > 2:
+                out.add(parts[2])
     return out
 
 
 def test_workflows_rooms_import_one_way() -> None:
-    from workflows import ROOMS
+    from tracerl.workflows import ROOMS
 
     found = {p.name for p in (ROOT / "workflows").iterdir() if (p / "__init__.py").is_file()}
-    assert found == set(ROOMS), "a room of workflows/ is missing from workflows.ROOMS (or the reverse)"
+    assert found == set(ROOMS), (
+        "a room of workflows/ is missing from tracerl.workflows.ROOMS (or the reverse)"
+    )
     assert sorted(p.name for p in (ROOT / "workflows").glob("*.py")) == ["__init__.py"], (
         "modules live in rooms"
     )

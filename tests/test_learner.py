@@ -13,14 +13,17 @@ import pytest
 import torch
 
 from tests.conftest import WAIT_LIMIT_S
+from tests.test_push import FakePool
 from tracerl.algos.batch import TrainBatch, collate
 from tracerl.algos.losses import LossInputs, ppo_clip_loss, token_logprobs
 from tracerl.config import LossConfig, OptimConfig, TrainerConfig
 from tracerl.learner import PolicyLearner, denominator, lr_lambda
+from tracerl.models.buckets import unpack
 from tracerl.models.hf import SetupError
 from tracerl.models.wrap import adapter_weights, apply_lora, fully_shard_model, gather_state, hf_weights
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt, Status
+from tracerl.workflows.train.push import push_policy
 
 
 def _tree_with_tokens() -> RolloutTree:
@@ -184,9 +187,14 @@ def _fsdp_case(rank: int, lora: bool, compute: torch.dtype | None = None) -> dic
     weights = hf_weights(
         gather_state(model), LORA if lora else TrainerConfig()
     )  # every rank joins the gather
+    pool = FakePool() if rank == 0 else None  # every rank joins each parameter's gather of the bucketed push
+    push_policy(model, LORA if lora else TrainerConfig(), pool, "float32")
     if rank != 0:
         assert weights == {}
-    return {"params": weights, "stats": stats}
+        return {}
+    assert pool is not None
+    pushed = {k: v.clone() for b in pool.buckets for k, v in unpack(b)}
+    return {"params": weights, "stats": stats, "pushed": pushed}
 
 
 TWO_RANK_CASES: dict[str, Callable[[int], dict[str, Any]]] = {
@@ -331,8 +339,10 @@ def test_two_fsdp_workers_match_one_on_unequal_shards(
     want = hf_weights(gather_state(single), LORA if lora else TrainerConfig())
     got = two_ranks["fsdp-lora" if lora else "fsdp-full"]
     assert sorted(got["params"]) == sorted(want)
+    assert list(got["pushed"]) == list(got["params"])  # the bucketed push: the same tensors, one at a time
     for k, v in want.items():
         torch.testing.assert_close(got["params"][k], v, rtol=1e-5, atol=1e-6)
+        assert torch.equal(got["pushed"][k], got["params"][k]), k
     assert got["stats"]["train/loss"] == pytest.approx(stats1["train/loss"], rel=1e-5)
     assert got["stats"]["train/grad_norm"] == pytest.approx(stats1["train/grad_norm"], rel=1e-4)
 

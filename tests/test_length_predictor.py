@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from predictors import LENGTH_PREDICTORS
-from predictors.length import RidgeLengthPredictor, length_targets
+from tracerl.predictors import LENGTH_PREDICTORS
+from tracerl.predictors.length import RidgeLengthPredictor, length_targets
 from tracerl.tree import RolloutTree
 from tracerl.types import Anchor, Prompt, Status
 

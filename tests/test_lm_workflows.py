@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from workflows.cli.app import main
+from tracerl.workflows.cli.app import main
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +111,13 @@ def test_bench_rollout_json(tiny: Path, tmp_path: Path) -> None:
 
 
 def test_habit_phase_traces_answer_without_the_tool_for_the_chosen_share() -> None:
-    from envs.math.tasks import generate
-    from workflows.bootstrap.policy import DIRECT_THOUGHT, answers_directly, habit_segments, trace_segments
+    from tracerl.envs.math.tasks import generate
+    from tracerl.workflows.bootstrap.policy import (
+        DIRECT_THOUGHT,
+        answers_directly,
+        habit_segments,
+        trace_segments,
+    )
 
     tasks = generate(400, seed=0)
     share = sum(answers_directly(t, 0.5) for t in tasks) / len(tasks)
@@ -133,7 +138,7 @@ def test_an_unknown_registered_model_names_what_the_registry_holds(tmp_path) -> 
     import pytest
 
     from tracerl.config import TrackingConfig
-    from workflows.tracking.model_registry import resolve_model_path
+    from tracerl.workflows.tracking.model_registry import resolve_model_path
 
     tracking = TrackingConfig(uri=f"sqlite:///{tmp_path}/mlruns.db", artifact_location=str(tmp_path / "art"))
     with pytest.raises(

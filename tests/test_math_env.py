@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from envs.math.env import DISCARDED, MathEnv
-from envs.sandbox import SandboxConfig
 from tracerl.algos.allocators import Expansion
 from tracerl.config import SamplerConfig
 from tracerl.engine.react import Action, ActionKind, PlainTemplate
 from tracerl.engine.rollout import TreeRolloutEngine
+from tracerl.envs.math.env import DISCARDED, MathEnv
+from tracerl.envs.sandbox import SandboxConfig
 from tracerl.models.tiny import build_tokenizer
 from tracerl.samplers.base import Generation
 from tracerl.types import Prompt

@@ -3,11 +3,11 @@ from pathlib import Path
 
 import pytest
 
-from envs.math.datasets import load_math_file
-from envs.math.reward import extract_boxed, is_correct
-from envs.math.tasks import LEVELS, generate, is_held_out, make_task
-from envs.sandbox import Sandbox, SandboxConfig
 from tests.conftest import ROOT, TOOL_TIMEOUT_S
+from tracerl.envs.math.datasets import load_math_file
+from tracerl.envs.math.reward import extract_boxed, is_correct
+from tracerl.envs.math.tasks import LEVELS, generate, is_held_out, make_task
+from tracerl.envs.sandbox import Sandbox, SandboxConfig
 
 DATA = ROOT.parent / "shared" / "data" / "math"
 

@@ -10,8 +10,6 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from envs.simulator import Simulator, SimulatorConfig
-from predictors import build_predictor
 from tracerl import metrics as M
 from tracerl.algos.allocators import Expansion, build_allocator
 from tracerl.config import AllocatorConfig, BudgetConfig, PredictorConfig
@@ -21,6 +19,8 @@ from tracerl.engine.mc_scorer import SALT, MonteCarloScorer, with_monte_carlo
 from tracerl.engine.seeds import continuations_at, salted
 from tracerl.engine.step import StepOutcome, run_step
 from tracerl.engine.stepper import Stepper
+from tracerl.envs.simulator import Simulator, SimulatorConfig
+from tracerl.predictors import build_predictor
 from tracerl.tree import RolloutTree
 from tracerl.types import Anchor, Prompt, Status
 

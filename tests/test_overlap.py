@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import ROOT, TOOL_TIMEOUT_S, UNHURRIED
 from tracerl import metrics as M
-from workflows.cli.app import main
+from tracerl.workflows.cli.app import main
 
 HABIT = ROOT / "models" / "tiny-math-habit"
 SIGNAL_SEED = 1  # as in tests/test_train.py: smoke steps with mixed groups on HABIT
@@ -39,8 +39,6 @@ def test_each_token_keeps_the_log_prob_of_the_weights_that_sampled_it() -> None:
     continuation did, i.e. the importance weight exp(log pi_old - log mu) divides by the version that sampled it."""
     import torch
 
-    from envs.math.env import MathEnv
-    from envs.sandbox import SandboxConfig
     from tracerl.actors.pools import strip_caches
     from tracerl.algos.allocators import Expansion
     from tracerl.algos.batch import collate
@@ -48,9 +46,11 @@ def test_each_token_keeps_the_log_prob_of_the_weights_that_sampled_it() -> None:
     from tracerl.engine.react import TEMPLATES
     from tracerl.engine.rollout import TreeRolloutEngine
     from tracerl.engine.step_stats import weight_staleness
+    from tracerl.envs.math.env import MathEnv
+    from tracerl.envs.sandbox import SandboxConfig
     from tracerl.models.hf import load_policy
     from tracerl.samplers.hf import HFSampler
-    from workflows.lm.stack import task_prompts
+    from tracerl.workflows.lm.stack import task_prompts
 
     cfg = ModelConfig(path=str(HABIT))
     tok, model = load_policy(cfg)
@@ -219,7 +219,7 @@ def test_an_overlapped_steps_train_step_s_counts_its_own_rollout_and_update(
 
 def test_a_step_ending_in_a_checkpoint_does_not_overlap_the_next() -> None:
     from tracerl.config import PipelineConfig, TrainConfig
-    from workflows.train.driver import overlaps_next
+    from tracerl.workflows.train.driver import overlaps_next
 
     cfg = TrainConfig(steps=6, checkpoint_every=3, pipeline=PipelineConfig(overlap=True))
     assert [overlaps_next(cfg, d) for d in range(1, 7)] == [True, True, False, True, True, False]
@@ -230,7 +230,12 @@ def test_the_pipeline_bench_reads_a_train_runs_steps(overlap_run: dict[str, Any]
     """``bench pipeline --train-steps``: each mode's run config, and the measured steps read back from a run."""
     from tracerl.config_loader import compose, conf_dir
     from tracerl.experiment_config import BenchPipelineConfig
-    from workflows.pipeline.bench_train import format_train, step_measurements, summarize_train, train_config
+    from tracerl.workflows.pipeline.bench_train import (
+        format_train,
+        step_measurements,
+        summarize_train,
+        train_config,
+    )
 
     cfg = compose(
         BenchPipelineConfig, conf_dir() / "bench/pipeline.yaml", ["train_steps=3", "modes=[]", "seeds=1"]

@@ -9,10 +9,16 @@ import numpy as np
 import pytest
 import yaml
 
-from workflows.cli.app import main
-from workflows.pipeline.profile import Dist, Profile, load_profile, profile_from_dict, shipped_profiles
-from workflows.pipeline.report import validation_error
-from workflows.pipeline.sim import (
+from tracerl.workflows.cli.app import main
+from tracerl.workflows.pipeline.profile import (
+    Dist,
+    Profile,
+    load_profile,
+    profile_from_dict,
+    shipped_profiles,
+)
+from tracerl.workflows.pipeline.report import validation_error
+from tracerl.workflows.pipeline.sim import (
     Path_,
     _follow,
     run_continuous,
@@ -211,7 +217,11 @@ def test_cli_writes_the_sim_part_and_validates(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [(b"a: [1,\n", "is not valid YAML"), (b"\xff\xfe", "is not UTF-8 text"), (b"- 1\n", "is a YAML mapping")],
+    [
+        (b"a: [1,\n", "not valid YAML: this '[' is not closed"),
+        (b"\xff\xfe", "is not UTF-8 text"),
+        (b"- 1\n", "is a YAML mapping"),
+    ],
 )
 def test_a_bad_profile_file_is_one_line_naming_it_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, message: str
@@ -225,7 +235,7 @@ def test_a_bad_profile_file_is_one_line_naming_it_and_exit_2(
 
 def test_tree_shapes_for_the_profile(tmp_path: Path) -> None:
     """pipeline_measure reads turns of bare rollouts, tokens per turn and observation tokens from trees.jsonl."""
-    from workflows.pipeline.measure import summarize_trees
+    from tracerl.workflows.pipeline.measure import summarize_trees
 
     def node(i: int, parent: int | None, depth: int, path: int, tokens: int, model: int) -> dict[str, object]:
         return {
@@ -259,7 +269,7 @@ def test_tree_shapes_for_the_profile(tmp_path: Path) -> None:
     assert set(out["tool_turn_tokens"]) == {20} and len(final) == 20 and (min(final), max(final)) == (16, 22)
 
     # the same step recorded for the profile's recorded_steps: both trees on one sampler, or one each on two
-    from workflows.pipeline.measure import record_steps
+    from tracerl.workflows.pipeline.measure import record_steps
 
     one = record_steps(tmp_path, 1)
     assert one["samplers"] == 1 and len(one["steps"]) == 1
@@ -274,7 +284,7 @@ def test_recorded_steps_are_the_work_the_samplers_run(tmp_path: Path) -> None:
     """With ``recorded_steps`` each simulated sampler runs one recorded share's episodes (tokens as recorded, a
     tool call after every turn but the last), the samplers of one recorded step together; without the file the
     profile says so when it loads."""
-    from workflows.pipeline.sim import workload
+    from tracerl.workflows.pipeline.sim import workload
 
     rec = {
         "samplers": 2,
@@ -302,7 +312,7 @@ def test_recorded_steps_are_the_work_the_samplers_run(tmp_path: Path) -> None:
 
 
 def test_final_turn_tokens_are_drawn_for_the_last_turn_only() -> None:
-    from workflows.pipeline.sim import workload
+    from tracerl.workflows.pipeline.sim import workload
 
     p = profile(turns={"const": 3}, turn_tokens={"const": 30}, final_turn_tokens={"const": 5})
     bare, _ = workload(p, np.random.default_rng(0))
@@ -314,7 +324,7 @@ def test_pool_records_give_the_profile_s_overheads() -> None:
     """``summarize_pool``: an actor's time in a call outside generate and tool calls, per path-turn; a phase's
     driver time outside its slowest actor's call; a tool batch of n calls over 2 environment actors as
     ceil(n / 2) calls."""
-    from workflows.pipeline.pool import summarize_pool
+    from tracerl.workflows.pipeline.pool import summarize_pool
 
     def call(seconds: float, gen: float, tools: float, turns: int) -> dict[str, object]:
         return {"what": "rollout", "seconds": seconds, "generate_s": gen, "tools_s": tools, "grade_s": 0.01,

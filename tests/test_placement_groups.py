@@ -11,7 +11,7 @@ import pytest
 @pytest.fixture(scope="module")
 def ray_up() -> None:
     from tracerl.config import ClusterConfig
-    from workflows.ops.ray_utils import init_ray
+    from tracerl.workflows.ops.ray_utils import init_ray
 
     init_ray(ClusterConfig(num_cpus=2))
 
@@ -26,7 +26,7 @@ def test_only_a_dead_creators_group_is_released(ray_up: None) -> None:
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    from workflows.ops.placement_groups import orphaned, release_orphaned
+    from tracerl.workflows.ops.placement_groups import orphaned, release_orphaned
 
     @ray.remote(num_cpus=0)
     class Creator:  # stands in for a Ray Train controller: it reserves a group for its workers

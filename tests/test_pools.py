@@ -22,15 +22,15 @@ def ray_local() -> Any:
     import ray
 
     from tracerl.config import ClusterConfig
-    from workflows.ops.ray_utils import init_ray
+    from tracerl.workflows.ops.ray_utils import init_ray
 
     init_ray(ClusterConfig(num_cpus=2))
     return ray
 
 
 def _math_env():  # type: ignore[no-untyped-def]
-    from envs.math.env import MathEnv
-    from envs.sandbox import SandboxConfig
+    from tracerl.envs.math.env import MathEnv
+    from tracerl.envs.sandbox import SandboxConfig
 
     return MathEnv(
         SandboxConfig(timeout_s=120.0)
@@ -122,7 +122,7 @@ def _pool_step(workers: int, local: bool = False) -> dict[str, list[tuple[object
     from tracerl.actors.spec import WorkerSpec
     from tracerl.algos.allocators import Expansion
     from tracerl.config import EnvConfig, ModelConfig, PoolConfig, SamplerConfig
-    from workflows.lm.stack import task_prompts
+    from tracerl.workflows.lm.stack import task_prompts
 
     env = EnvConfig(name="math")
     pools = PoolConfig(rollout_workers=workers, rollout_cpus=0.05, env_workers=0)

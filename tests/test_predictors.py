@@ -3,14 +3,14 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from envs.simulator import Simulator, SimulatorConfig
-from predictors import PREDICTORS, Predictor, build_predictor
-from predictors.base import FeaturizerFactory
-from predictors.history import PromptHistory
-from predictors.learned import LearnedPredictor
 from tests.conftest import chain
 from tracerl.calibration import auc, calibration_metrics, ece
 from tracerl.config import PredictorConfig
+from tracerl.envs.simulator import Simulator, SimulatorConfig
+from tracerl.predictors import PREDICTORS, Predictor, build_predictor
+from tracerl.predictors.base import FeaturizerFactory
+from tracerl.predictors.history import PromptHistory
+from tracerl.predictors.learned import LearnedPredictor
 from tracerl.tree import RolloutTree
 from tracerl.types import Anchor, Prompt
 
@@ -109,8 +109,8 @@ def test_calibration_metrics_golden() -> None:
 
 def test_learned_predictor_over_text_separates_failing_histories() -> None:
     """Text anchors: histories full of error observations fail, clean ones succeed; the head learns it."""
-    from predictors.learned import LearnedPredictor
-    from predictors.text import HashedNgramFeaturizer
+    from tracerl.predictors.learned import LearnedPredictor
+    from tracerl.predictors.text import HashedNgramFeaturizer
     from tracerl.types import Status
 
     def tree(i: int, good: bool) -> RolloutTree:
@@ -136,10 +136,10 @@ def test_learned_predictor_over_text_separates_failing_histories() -> None:
 
 
 def test_debiased_fit_targets_and_weights() -> None:
-    from predictors.base import tree_targets
     from tests.test_tree import nested_tree
     from tracerl.algos.allocators import build_allocator
     from tracerl.config import AllocatorConfig
+    from tracerl.predictors.base import tree_targets
 
     t = nested_tree()  # non-leaf nodes 0, 1, 2, 4, 8
     old = tree_targets([t])
@@ -174,9 +174,9 @@ def test_debiased_fit_targets_and_weights() -> None:
 
 def test_text_predictors_are_built_through_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every predictor comes from PREDICTORS; text features reach the one that reads them, and only it."""
-    from predictors.learned import LearnedPredictor
-    from predictors.text import HashedNgramFeaturizer
-    from workflows.lm.stack import SetupError, make_text_predictor
+    from tracerl.predictors.learned import LearnedPredictor
+    from tracerl.predictors.text import HashedNgramFeaturizer
+    from tracerl.workflows.lm.stack import SetupError, make_text_predictor
 
     built: list[object] = []
 

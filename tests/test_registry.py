@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from predictors import PREDICTORS, Predictor, build_predictor
 from tests.conftest import ROOT
 from tracerl.algos.allocators import ALLOCATORS, Allocator, TraceAllocator, build_allocator
 from tracerl.config import AllocatorConfig, PredictorConfig, TrainConfig
 from tracerl.config_loader import ConfigError, compose, conf_dir
+from tracerl.predictors import PREDICTORS, Predictor, build_predictor
 from tracerl.registry import Registry, RegistryError
 from tracerl.types import Anchor, Prompt
 
 PLUGIN = """
-from predictors.constant import ConstantPredictor
+from tracerl.predictors.constant import ConstantPredictor
 from tracerl.algos.allocators import TraceAllocator
 
 
@@ -139,7 +139,7 @@ BUILT_INS = {  # registry -> (defining module, built-in names its unknown-name m
     "LOSSES": ("tracerl.algos.losses", "ppo_clip"),
     "SAMPLERS": ("tracerl.samplers.base", "hf, scripted, vllm"),
     "TEMPLATES": ("tracerl.engine.templates", "chat, plain"),
-    "LENGTH_PREDICTORS": ("predictors.length", "ridge"),
+    "LENGTH_PREDICTORS": ("tracerl.predictors.length", "ridge"),
 }
 
 
@@ -150,7 +150,7 @@ def test_every_registry_lists_its_built_ins_before_anything_imported_them() -> N
         f"""
         import importlib, sys
         regs = {{name: getattr(importlib.import_module(mod), name) for name, (mod, _) in {BUILT_INS!r}.items()}}
-        loaded = sorted(m for m in sys.modules if m.startswith(("envs", "predictors.")) and m != "predictors.length")
+        loaded = sorted(m for m in sys.modules if m.startswith(("tracerl.envs", "tracerl.predictors.")) and m != "tracerl.predictors.length")
         print("loaded:", loaded)
         for name, reg in regs.items():
             try:
@@ -170,7 +170,9 @@ def test_every_registry_lists_its_built_ins_before_anything_imported_them() -> N
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     loaded = [x for x in lines if x.startswith("loaded:")]
-    assert loaded and "envs.math" not in loaded[0] and "predictors.learned" not in loaded[0], loaded
+    assert (
+        loaded and "tracerl.envs.math" not in loaded[0] and "tracerl.predictors.learned" not in loaded[0]
+    ), loaded
     said = dict(x.split(" -> ", 1) for x in lines if " -> " in x)
     for name, (_, names) in BUILT_INS.items():
         assert re.search(rf"^unknown .* 'nope'; known: (.*, )?{re.escape(names)}\b", said[name]), (name, said)
@@ -204,7 +206,7 @@ def test_tracerl_train_with_an_unknown_env_says_which_ones_exist() -> None:
         [
             sys.executable,
             "-m",
-            "workflows.cli",
+            "tracerl.workflows.cli",
             "train",
             "--config",
             "conf/train/smoke.yaml",

@@ -10,20 +10,20 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from envs.math.env import MathEnv
-from envs.math.tasks import MathTask, generate
-from envs.sandbox import SandboxConfig
 from tests.conftest import TOOL_TIMEOUT_S
 from tracerl.algos.allocators import Expansion
 from tracerl.config import SamplerConfig
 from tracerl.engine.react import PlainTemplate
 from tracerl.engine.rollout import TreeRolloutEngine
+from tracerl.envs.math.env import MathEnv
+from tracerl.envs.math.tasks import MathTask, generate
+from tracerl.envs.sandbox import SandboxConfig
 from tracerl.experiment_config import BootstrapConfig
 from tracerl.models.tiny import build_model, build_tokenizer
 from tracerl.samplers.base import Generation
 from tracerl.samplers.hf import HFSampler
 from tracerl.types import Status
-from workflows.bootstrap.policy import task_prompt, trace_segments
+from tracerl.workflows.bootstrap.policy import task_prompt, trace_segments
 
 TASKS = generate(6, seed=11)
 

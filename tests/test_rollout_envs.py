@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from envs.registry import env_class
 from tests.conftest import TOOL_TIMEOUT_S, require_bfcl
 from tracerl.config import RolloutConfig
 from tracerl.config_loader import compose, conf_dir
+from tracerl.envs.registry import env_class
 from tracerl.metrics import EFFECTIVE_RATIO, LEAVES, SUCCESS_RATE
-from workflows.bench.env import gold_engine
-from workflows.lm.rollout import rollout_steps
-from workflows.lm.stack import LMStack, task_prompts
+from tracerl.workflows.bench.env import gold_engine
+from tracerl.workflows.lm.rollout import rollout_steps
+from tracerl.workflows.lm.stack import LMStack, task_prompts
 
 SMALL = [
     "budget.num_leaves=12",  # M = 4 bare rollouts + 8 continuations

@@ -16,9 +16,9 @@ from tests.conftest import ROOT
 from tracerl import metrics as M
 from tracerl.config import StopConfig, TrainConfig
 from tracerl.config_loader import ConfigError, compose
-from workflows.study.curves import EvalCurves
-from workflows.tracking.checkpoint_state import STATE, CheckpointState
-from workflows.train.budget import (
+from tracerl.workflows.study.curves import EvalCurves
+from tracerl.workflows.tracking.checkpoint_state import STATE, CheckpointState
+from tracerl.workflows.train.budget import (
     CURVE_FILE,
     Totals,
     append_point,

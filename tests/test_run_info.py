@@ -13,9 +13,9 @@ import pytest
 from tests.conftest import ROOT
 from tracerl.config import TrackingConfig, TrainConfig
 from tracerl.config_loader import compose
-from workflows.ops.progress import Progress, bar
-from workflows.tracking import run_info
-from workflows.tracking import store as tracking
+from tracerl.workflows.ops.progress import Progress, bar
+from tracerl.workflows.tracking import run_info
+from tracerl.workflows.tracking import store as tracking
 
 
 def test_new_and_old_experiments_open_on_the_runs_table(tmp_path: Path) -> None:
@@ -42,7 +42,7 @@ def test_new_and_old_experiments_open_on_the_runs_table(tmp_path: Path) -> None:
 def test_ui_url_is_the_experiments_runs_page(tmp_path: Path) -> None:
     import mlflow
 
-    from workflows.tracking.ui import experiment_url
+    from tracerl.workflows.tracking.ui import experiment_url
 
     uri = f"sqlite:///{tmp_path}/mlruns.db"
     client = mlflow.MlflowClient(tracking_uri=uri)
@@ -204,7 +204,7 @@ def test_terminating_tracerl_ui_ends_the_mlflow_server(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys; from workflows.cli.app import main; sys.exit(main())",
+            "import sys; from tracerl.workflows.cli.app import main; sys.exit(main())",
             "ui",
             "--tracking-uri",
             f"sqlite:///{db}",
@@ -269,7 +269,7 @@ def test_ui_check_waits_for_the_server_prints_the_runs_page_and_stops_it(
 
     import mlflow
 
-    from workflows.cli.app import main
+    from tracerl.workflows.cli.app import main
 
     uri = f"sqlite:///{tmp_path}/mlruns.db"
     exp = mlflow.MlflowClient(tracking_uri=uri).create_experiment(
@@ -280,7 +280,7 @@ def test_ui_check_waits_for_the_server_prints_the_runs_page_and_stops_it(
         port = s.getsockname()[1]
     marker = str(tmp_path / "fake-ui")  # names the fake's process in /proc
     monkeypatch.setattr(
-        "workflows.tracking.compare.ui_command",
+        "tracerl.workflows.tracking.compare.ui_command",
         lambda uri, host, port: [sys.executable, "-c", FAKE_UI, host, str(port), marker],
     )
     assert main(["ui", "--check", "--port", str(port), "--tracking-uri", uri]) == 0
@@ -307,7 +307,7 @@ def test_ui_that_never_answers_is_an_error_not_a_url(
     import subprocess
     import sys
 
-    from workflows.tracking import ui
+    from tracerl.workflows.tracking import ui
 
     started: list[subprocess.Popen[bytes]] = []
     real_popen = subprocess.Popen
@@ -319,7 +319,7 @@ def test_ui_that_never_answers_is_an_error_not_a_url(
     monkeypatch.setattr(ui, "READY_S", 1.0)
     monkeypatch.setattr(subprocess, "Popen", popen)
     monkeypatch.setattr(
-        "workflows.tracking.compare.ui_command",
+        "tracerl.workflows.tracking.compare.ui_command",
         lambda uri, host, port: [sys.executable, "-c", "import time; time.sleep(60)"],
     )
     assert ui.serve(f"sqlite:///{tmp_path}/m.db", "127.0.0.1", 9, "tracerl", check=True) == 2

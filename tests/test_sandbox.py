@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from envs.sandbox import Sandbox, SandboxConfig
 from tests.conftest import ROOT
+from tracerl.envs.sandbox import Sandbox, SandboxConfig
 
 # A uid range of this test process's own: other processes' sandbox calls (the default range) are not its leftovers.
 UID_BASE = 1_000_000 + 65536 * (os.getpid() % 4096)

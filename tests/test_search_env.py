@@ -8,17 +8,17 @@ from typing import Any
 
 import pytest
 
-from envs.search.config import SearchEnvConfig
-from envs.search.datasets import load_qa_file
-from envs.search.env import SearchEnv, build_retriever, question_of
-from envs.search.index import BM25Retriever, Passage, read_corpus
-from envs.search.reward import exact_match, f1_score, gold_answers, normalize_answer, qa_scores
-from envs.search.world import build_world, generate
 from tracerl.config import SamplerConfig, env_config
 from tracerl.engine.react import Action, ActionKind, PlainTemplate
+from tracerl.envs.search.config import SearchEnvConfig
+from tracerl.envs.search.datasets import load_qa_file
+from tracerl.envs.search.env import SearchEnv, build_retriever, question_of
+from tracerl.envs.search.index import BM25Retriever, Passage, read_corpus
+from tracerl.envs.search.reward import exact_match, f1_score, gold_answers, normalize_answer, qa_scores
+from tracerl.envs.search.world import build_world, generate
 from tracerl.samplers.scripted import ByteTokenizer, ScriptedSampler
 from tracerl.types import Prompt, Status
-from workflows.bench.env import gold_engine, summarize
+from tracerl.workflows.bench.env import gold_engine, summarize
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "qa"
 CFG = env_config(name="search", search=SearchEnvConfig(top_k=3, reward="em"))
@@ -217,7 +217,7 @@ def ray_local() -> Any:
     import ray
 
     from tracerl.config import ClusterConfig
-    from workflows.ops.ray_utils import init_ray
+    from tracerl.workflows.ops.ray_utils import init_ray
 
     init_ray(ClusterConfig(num_cpus=2))
     return ray
@@ -269,7 +269,7 @@ def test_an_episode_without_an_answer_scores_zero(env: SearchEnv) -> None:
 
 def test_query_space_gives_the_query_the_name_tokens_of_the_question(env: SearchEnv) -> None:
     from tracerl.models.tiny import build_tokenizer
-    from workflows.bootstrap.search import search_trace_segments
+    from tracerl.workflows.bootstrap.search import search_trace_segments
 
     q = generate(build_world(0), 1, held_out=False)[0]
     plain, spaced = search_trace_segments(q, env), search_trace_segments(q, env, query_space=True)
@@ -288,8 +288,12 @@ def test_query_space_gives_the_query_the_name_tokens_of_the_question(env: Search
 
 
 def test_search_habit_traces_answer_without_searching_for_the_chosen_share(env: SearchEnv) -> None:
-    from workflows.bootstrap.habit import question_answers_directly
-    from workflows.bootstrap.search import DIRECT_SEARCH_THOUGHT, search_habit_segments, search_trace_segments
+    from tracerl.workflows.bootstrap.habit import question_answers_directly
+    from tracerl.workflows.bootstrap.search import (
+        DIRECT_SEARCH_THOUGHT,
+        search_habit_segments,
+        search_trace_segments,
+    )
 
     env2 = SearchEnv(env.retriever, top_k=2, reward="em")
     qs = generate(build_world(0), 300, held_out=False)
@@ -318,11 +322,11 @@ def test_bootstrap_search_habit_phase_starts_from_a_checkpoint(
     import json
 
     from tracerl.experiment_config import BootstrapConfig
-    from workflows.bootstrap.policy import bootstrap
+    from tracerl.workflows.bootstrap.policy import bootstrap
 
     # short episodes: an untrained model would otherwise babble to the policy's real limits in the evaluation
     monkeypatch.setattr(
-        "workflows.bootstrap.search.SEARCH_LIMITS",
+        "tracerl.workflows.bootstrap.search.SEARCH_LIMITS",
         SamplerConfig(max_turns=2, max_turn_tokens=16, max_episode_tokens=32, max_context_tokens=1024),
     )
 

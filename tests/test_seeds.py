@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from envs.simulator import Simulator, SimulatorConfig
 from tracerl.algos.allocators import Expansion
 from tracerl.engine.seeds import SeedKey, address, continuations_at, path_identity, uniforms
+from tracerl.envs.simulator import Simulator, SimulatorConfig
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt, Status
 

@@ -1,4 +1,4 @@
-"""SIGTERM and SIGHUP unwind the driver like Ctrl-C (``workflows.ops.ray_utils.end_on_signals``): every ``finally``
+"""SIGTERM and SIGHUP unwind the driver like Ctrl-C (``tracerl.workflows.ops.ray_utils.end_on_signals``): every ``finally``
 runs once, a second signal does not interrupt the clean-up, and the CLI's exit code is 128 + signum."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 CHILD = """
 import os, signal, sys
-from workflows.ops.ray_utils import Terminated, end_on_signals, exit_code
+from tracerl.workflows.ops.ray_utils import Terminated, end_on_signals, exit_code
 end_on_signals()
 cleaned = []
 try:
@@ -36,7 +36,7 @@ def test_a_signal_unwinds_once_and_exits_128_plus_signum(sig: str, code: int) ->
 
 
 def test_ctrl_c_keeps_130() -> None:
-    from workflows.ops.ray_utils import exit_code
+    from tracerl.workflows.ops.ray_utils import exit_code
 
     assert exit_code(KeyboardInterrupt()) == 130
 
@@ -48,7 +48,7 @@ def test_the_embedded_cluster_trains_without_the_placement_group_cleaner() -> No
     from ray.train import ScalingConfig
 
     from tracerl.config import ClusterConfig
-    from workflows.ops.ray_utils import torch_trainer
+    from tracerl.workflows.ops.ray_utils import torch_trainer
 
     def names(address: str) -> list[str]:
         trainer = torch_trainer(ClusterConfig(address=address))(lambda: None, scaling_config=ScalingConfig())

@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from envs import ENVS
-from envs.simulator import Simulator, SimulatorConfig, calibrate
 from tracerl.algos.allocators import Expansion
 from tracerl.config_loader import compose, conf_dir
+from tracerl.envs import ENVS
+from tracerl.envs.simulator import Simulator, SimulatorConfig, calibrate
 from tracerl.experiment_config import BenchAllocationConfig
 
 
@@ -61,7 +61,7 @@ def test_learned_trace_beats_grpo_and_treepo_at_equal_budget() -> None:
     docs/results/allocation.md, on a budget small enough for a test: L = 96, 256 prompts so that revisits inform
     the predictor within 25 steps, the first 20 % left out, 3 seeds)."""
     from tracerl import metrics as M
-    from workflows.bench.sim_runs import run_allocator
+    from tracerl.workflows.bench.sim_runs import run_allocator
 
     cfg = compose(
         BenchAllocationConfig,

@@ -53,12 +53,12 @@ def step_trees(allocator: str, seed: int = 0) -> list[RolloutTree]:
     its allocator, text predictor and stepper), rolled out in this process on the committed tiny policy."""
     import numpy as np
 
-    from predictors.length import attach_lengths
     from tracerl.algos.allocators import build_allocator
     from tracerl.config import TrainConfig
     from tracerl.config_loader import compose
     from tracerl.engine.stepper import Stepper
-    from workflows.lm.stack import build_stack, build_text_predictor, task_prompts
+    from tracerl.predictors.length import attach_lengths
+    from tracerl.workflows.lm.stack import build_stack, build_text_predictor, task_prompts
 
     cfg = compose(
         TrainConfig, SMOKE, [f"model.path={TINY}", f"allocator={allocator}", f"seed={seed}", *UNHURRIED]
@@ -242,8 +242,8 @@ def test_thread_knobs_reach_the_actors_spec() -> None:
 def test_local_runs_keep_one_line_per_step_and_read_back_the_last_value(tmp_path: Path) -> None:
     from mlflow.entities import Metric, Param
 
-    from workflows.tracking.local_runs import LocalRuns, read_metrics
-    from workflows.tracking.runs import metric_series
+    from tracerl.workflows.tracking.local_runs import LocalRuns, read_metrics
+    from tracerl.workflows.tracking.runs import metric_series
 
     runs = LocalRuns(tmp_path)
     rid = runs.create_run("", "r", {"a": "b"}).info.run_id

@@ -9,14 +9,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from envs.simulator import Simulator, SimulatorConfig
-from predictors import build_predictor
 from tracerl.algos.allocators import Expansion, build_allocator
 from tracerl.config import AllocatorConfig, BudgetConfig, PredictorConfig
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.step import run_step
 from tracerl.engine.stepper import Stepper, sample_pool
 from tracerl.engine.timer import PhaseTimer
+from tracerl.envs.simulator import Simulator, SimulatorConfig
+from tracerl.predictors import build_predictor
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt
 

@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from envs.math.config import MathEnvConfig
-from envs.sandbox import SandboxConfig
 from tests.conftest import TOOL_TIMEOUT_S
 from tracerl.algos.allocators import build_allocator
 from tracerl.config import AllocatorConfig, BudgetConfig, ModelConfig, PipelineMode, SamplerConfig, env_config
 from tracerl.engine.step import StepOutcome, run_step, same_allocation
+from tracerl.envs.math.config import MathEnvConfig
+from tracerl.envs.sandbox import SandboxConfig
 from tracerl.tree import RolloutTree
 from tracerl.types import Anchor, Prompt
 
@@ -90,7 +90,7 @@ def decisions(out: StepOutcome, rng: np.random.Generator) -> tuple[object, ...]:
 
 
 def _step(backend: Any, mode: PipelineMode, ready: bool) -> tuple[StepOutcome, tuple[object, ...]]:
-    from workflows.lm.stack import task_prompts
+    from tracerl.workflows.lm.stack import task_prompts
 
     prompts = task_prompts(ENV)[:6]
     rng = np.random.default_rng(5)
@@ -102,9 +102,9 @@ def _step(backend: Any, mode: PipelineMode, ready: bool) -> tuple[StepOutcome, t
 
 def _engine(sampler_cls: Any) -> Any:
     """The in-process engine with a fake sampler and the policy's tokenizer (what the sampler actors build)."""
-    from envs.registry import env_class
     from tracerl.engine.react import TEMPLATES
     from tracerl.engine.rollout import TreeRolloutEngine
+    from tracerl.envs.registry import env_class
     from tracerl.models.hf import load_policy
 
     tok, _ = load_policy(ModelConfig())
@@ -208,7 +208,7 @@ def ray_local() -> Any:
     import ray
 
     from tracerl.config import ClusterConfig
-    from workflows.ops.ray_utils import init_ray
+    from tracerl.workflows.ops.ray_utils import init_ray
 
     init_ray(ClusterConfig(num_cpus=2))
     return ray
@@ -340,7 +340,7 @@ def test_the_pipeline_bench_summary_has_the_issues_cpu_schema() -> None:
     train runs (tests/test_overlap.py)."""
     from tracerl.config_loader import compose, conf_dir
     from tracerl.experiment_config import BenchPipelineConfig
-    from workflows.pipeline.bench import format_table, summarize
+    from tracerl.workflows.pipeline.bench import format_table, summarize
 
     cfg = compose(BenchPipelineConfig, conf_dir() / "bench/pipeline.yaml", ["seeds=2", "steps=2"])
     assert cfg.train.pipeline.mode == "barrier" and cfg.modes == ["barrier", "streaming"]

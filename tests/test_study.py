@@ -17,10 +17,10 @@ from tests.conftest import ROOT
 from tracerl.config import TrackingConfig
 from tracerl.config_loader import compose
 from tracerl.experiment_config import StudyConfig
-from workflows.study.cells import Cell, Child, enumerate_cells, plan, select
-from workflows.study.grid import run_study
-from workflows.study.report import hierarchical_bootstrap, verdict
-from workflows.study.token_budget import write_token_budget
+from tracerl.workflows.study.cells import Cell, Child, enumerate_cells, plan, select
+from tracerl.workflows.study.grid import run_study
+from tracerl.workflows.study.report import hierarchical_bootstrap, verdict
+from tracerl.workflows.study.token_budget import write_token_budget
 
 MAIN = ROOT / "conf" / "study" / "main.yaml"
 SMOKE = ROOT / "conf" / "study" / "smoke.yaml"
@@ -115,7 +115,7 @@ def test_verdict_applies_the_decision_rule() -> None:
 
 
 def test_the_report_header_names_every_commit_its_cells_ran_at() -> None:
-    from workflows.study.report import markdown
+    from tracerl.workflows.study.report import markdown
 
     head = markdown("bbb", [], [], [], cell_shas={"aaa": 20, "bbb": 68}).splitlines()[2]
     assert head.startswith(
@@ -129,7 +129,7 @@ def test_the_report_header_names_every_commit_its_cells_ran_at() -> None:
 
 
 def test_answer_checks_the_hypothesis_case_by_case() -> None:
-    from workflows.study.report import answer
+    from tracerl.workflows.study.report import answer
 
     def comp(tb: str, budget: str, alloc: str, lo: float, hi: float, vs: str = "grpo") -> dict[str, Any]:
         return {
@@ -159,7 +159,7 @@ def test_answer_checks_the_hypothesis_case_by_case() -> None:
 
 
 class FakeTrain:
-    """Stands in for ``workflows.train.run.train``: records each call and makes the child run a real train would
+    """Stands in for ``tracerl.workflows.train.run.train``: records each call and makes the child run a real train would
     (tags, metrics, the per-task outcomes artifact, a saved config), finishing it or, when told, cutting it."""
 
     def __init__(self, tmp: Path, cut: set[str] | None = None) -> None:
@@ -316,7 +316,7 @@ def test_token_cells_refuse_without_t(tmp_path: Path) -> None:
 
 
 def test_submit_sends_a_study_that_joins_the_cluster() -> None:
-    from workflows.ops.submit import entrypoint
+    from tracerl.workflows.ops.submit import entrypoint
 
     assert entrypoint("study", ["--only", "seed=0"]) == "tracerl study --only seed=0 cluster.address=auto"
 
@@ -329,7 +329,7 @@ def test_smoke_study_end_to_end_then_skips_both_cells(
     both cells FINISHED and only rebuilds the report."""
     import mlflow
 
-    from workflows.cli.app import main
+    from tracerl.workflows.cli.app import main
 
     args = [
         "study",
@@ -451,7 +451,7 @@ def test_fill_tokens_waits_for_every_leaves_mode_grpo_seed(tmp_path: Path) -> No
 
 
 def test_token_check_names_the_cells_off_their_token_budget() -> None:
-    from workflows.study.report import token_check
+    from tracerl.workflows.study.report import token_check
 
     def cell(alloc: str, seed: int, per_step: float) -> dict[str, object]:
         return {

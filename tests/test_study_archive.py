@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from workflows.study.archive import ARCHIVED_TAG, MAX_ARTIFACT_BYTES, export_finished, import_archive
+from tracerl.workflows.study.archive import ARCHIVED_TAG, MAX_ARTIFACT_BYTES, export_finished, import_archive
 
 
 def _store(path: Path) -> tuple[object, str, str]:

@@ -17,12 +17,12 @@ from tests.conftest import ROOT
 from tracerl.config import TrackingConfig
 from tracerl.config_loader import compose
 from tracerl.experiment_config import StudyConfig
-from workflows.study.cells import enumerate_cells
-from workflows.study.curve_cells import check_curve_study, eval_points
-from workflows.study.curves_doc import _iv, _ratio, _resolution, answer, markdown
-from workflows.study.curves_report import cell_record, per_testbed_stats
-from workflows.study.grid import cell_config, run_study
-from workflows.train.budget import Totals, append_point, curve_point, read_curve
+from tracerl.workflows.study.cells import enumerate_cells
+from tracerl.workflows.study.curve_cells import check_curve_study, eval_points
+from tracerl.workflows.study.curves_doc import _iv, _ratio, _resolution, answer, markdown
+from tracerl.workflows.study.curves_report import cell_record, per_testbed_stats
+from tracerl.workflows.study.grid import cell_config, run_study
+from tracerl.workflows.train.budget import Totals, append_point, curve_point, read_curve
 
 CURVES = ROOT / "conf" / "study" / "curves.yaml"
 MAIN = ROOT / "conf" / "study" / "main.yaml"
@@ -135,7 +135,7 @@ def test_report_statistics_have_the_known_answers(tmp_path: Path) -> None:
 
 
 def test_the_answer_and_hypotheses_read_off_the_rule(tmp_path: Path) -> None:
-    from workflows.study.curves_report import hypothesis_verdicts
+    from tracerl.workflows.study.curves_report import hypothesis_verdicts
 
     cells = _cells(tmp_path)
     st = {"tb": per_testbed_stats(cells, 400.0, samples=200)}
@@ -242,7 +242,7 @@ def test_a_target_reached_before_the_first_point_is_called_out_and_never_reads_p
 
 
 class FakeCurveTrain:
-    """Stands in for ``workflows.train.run.train`` in a curve study: makes the child run and writes the curve file a
+    """Stands in for ``tracerl.workflows.train.run.train`` in a curve study: makes the child run and writes the curve file a
     real train would write into its storage, then returns the summary the grid reads (run id, storage)."""
 
     def __init__(self, tmp: Path) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, stop_process
-from workflows.cli.app import main
+from tracerl.workflows.cli.app import main
 
 
 def _free_port() -> int:
@@ -95,7 +95,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_")) or k == "RAY_AUTH_MODE"
     }  # as from a new shell: no Ray or MLflow server that an earlier test of this lane pointed at
     return subprocess.run(
-        [sys.executable, "-m", "workflows.cli.app", *args],
+        [sys.executable, "-m", "tracerl.workflows.cli.app", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -143,7 +143,7 @@ def _uploaded(working_dir: Path, tmp: Path) -> set[str]:
     code path of JobSubmissionClient.submit_job)."""
     from ray._private.runtime_env.packaging import create_package
 
-    from workflows.ops.submit import runtime_env, upload_rules
+    from tracerl.workflows.ops.submit import runtime_env, upload_rules
 
     renv, git = runtime_env(working_dir)
     with upload_rules(git):
@@ -179,7 +179,7 @@ def test_the_upload_carries_code_configs_and_committed_models(tmp_path: Path, gi
 
 
 def test_the_repository_upload_has_the_shipped_models() -> None:
-    from workflows.ops.submit import runtime_env
+    from tracerl.workflows.ops.submit import runtime_env
 
     renv, git = runtime_env(ROOT)
     assert (
@@ -192,7 +192,7 @@ def test_the_repository_upload_has_the_shipped_models() -> None:
 def test_wildcards_in_ignored_names_match_only_that_name() -> None:
     from ray._private.thirdparty.pathspec import PathSpec
 
-    from workflows.ops.submit import _pattern
+    from tracerl.workflows.ops.submit import _pattern
 
     spec = PathSpec.from_lines("gitwildmatch", [_pattern("out[1]*?.log")])
     assert spec.match_file("out[1]*?.log") and not spec.match_file("out1xy.log")
@@ -208,12 +208,12 @@ def test_a_directory_that_is_not_the_project_is_refused(
 
 
 def test_train_and_sweep_join_the_cluster_they_are_sent_to() -> None:
-    from workflows.ops.submit import entrypoint
+    from tracerl.workflows.ops.submit import entrypoint
 
     assert entrypoint("train", ["--steps", "1"]) == "tracerl train --steps 1 cluster.address=auto"
     assert (
         entrypoint("sweep", ["cluster.address=ray://h:10001"], "/py")
-        == "/py -m workflows.cli.app sweep cluster.address=ray://h:10001"
+        == "/py -m tracerl.workflows.cli.app sweep cluster.address=ray://h:10001"
     )
     assert (
         entrypoint("eval", ["model.path=models/tiny-math-habit"])
@@ -285,12 +285,12 @@ def test_the_job_imports_the_uploaded_code(head: str, tmp_path: Path) -> None:
     runtime env and upload rules."""
     import json
 
-    from workflows.ops.submit import runtime_env
+    from tracerl.workflows.ops.submit import runtime_env
 
     code = (
-        "import os, ray, tracerl, workflows; ray.init(); "
-        "f = ray.remote(lambda: (__import__('tracerl').__file__, __import__('workflows').__file__)); "
-        "print('cwd', os.getcwd()); print('driver', tracerl.__file__, workflows.__file__); "
+        "import os, ray, tracerl, tracerl.workflows; ray.init(); "
+        "f = ray.remote(lambda: (__import__('tracerl').__file__, __import__('tracerl.workflows').workflows.__file__)); "
+        "print('cwd', os.getcwd()); print('driver', tracerl.__file__, tracerl.workflows.__file__); "
         "print('worker', *ray.get(f.remote()))"
     )
     renv, git = runtime_env(ROOT)
@@ -326,4 +326,4 @@ def test_the_job_imports_the_uploaded_code(head: str, tmp_path: Path) -> None:
     for who in ("driver", "worker"):
         tracerl_file, workflows_file = _find(rf"^{who} (\S+) (\S+)$", logs)
         assert tracerl_file == str(wd / "platform" / "tracerl" / "__init__.py"), who
-        assert workflows_file == str(wd / "workflows" / "__init__.py"), who
+        assert workflows_file == str(wd / "platform" / "tracerl" / "workflows" / "__init__.py"), who

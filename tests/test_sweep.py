@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, stop_process, wait_for
-from workflows.cli.app import main
-from workflows.tracking.ui import server_env
+from tracerl.workflows.cli.app import main
+from tracerl.workflows.tracking.ui import server_env
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -25,7 +25,7 @@ def long_lived_ray() -> None:
     Ray is up). No dashboard: Ray Train's own placement-group cleaner, which needs the State API it serves, cannot
     act here, so a stopped trial's group is gone only if the sweep removes it."""
     from tracerl.config import ClusterConfig
-    from workflows.ops.ray_utils import init_ray
+    from tracerl.workflows.ops.ray_utils import init_ray
 
     init_ray(ClusterConfig(num_cpus=2))
 
@@ -173,7 +173,7 @@ def test_a_restored_trial_resumes_its_own_unfinished_run(tmp_path: Path) -> None
     import mlflow
 
     from tracerl.config import TrackingConfig, TrainConfig
-    from workflows.study.sweep import _unfinished_child
+    from tracerl.workflows.study.sweep import _unfinished_child
 
     uri = f"sqlite:///{tmp_path}/mlruns.db"
     cfg = TrainConfig(tracking=TrackingConfig(uri=uri))
@@ -204,7 +204,7 @@ def test_a_restored_trial_resumes_its_own_unfinished_run(tmp_path: Path) -> None
 
 def test_an_interrupted_sweep_is_told_from_a_finished_one(tmp_path: Path) -> None:
     """Tune keeps one state file per session; the newest says whether trials were cut short by Ctrl-C."""
-    from workflows.study.sweep import _interrupted
+    from tracerl.workflows.study.sweep import _interrupted
 
     def state(name: str, statuses: list[str]) -> None:
         trials = [[json.dumps({"status": s, "trial_id": f"t{i}"}), "{}"] for i, s in enumerate(statuses)]

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from envs.math.tasks import generate
+from tracerl.envs.math.tasks import generate
 from tracerl.models.tiny import Segment
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt, Status
-from workflows.bench.testbeds import (
+from tracerl.workflows.bench.testbeds import (
     BenchTestbedsConfig,
     branch_probability,
     depth_profile,
@@ -19,8 +19,12 @@ from workflows.bench.testbeds import (
     path_contents,
     summarize,
 )
-from workflows.bootstrap.habit import premature_segments, question_answers_directly, question_answers_late
-from workflows.bootstrap.policy import LATE_THOUGHT, answers_late, habit_segments, trace_segments
+from tracerl.workflows.bootstrap.habit import (
+    premature_segments,
+    question_answers_directly,
+    question_answers_late,
+)
+from tracerl.workflows.bootstrap.policy import LATE_THOUGHT, answers_late, habit_segments, trace_segments
 
 
 def _text(segs: list[Segment]) -> str:
@@ -66,11 +70,11 @@ def test_direct_habit_wins_over_late_on_the_same_task() -> None:
 
 
 def test_search_late_trace_answers_the_entity_of_the_penultimate_hop() -> None:
-    from envs.search.env import SearchEnv
-    from envs.search.index import BM25Retriever
-    from envs.search.world import build_world
-    from envs.search.world import generate as questions
-    from workflows.bootstrap.search import search_habit_segments, search_trace_segments
+    from tracerl.envs.search.env import SearchEnv
+    from tracerl.envs.search.index import BM25Retriever
+    from tracerl.envs.search.world import build_world
+    from tracerl.envs.search.world import generate as questions
+    from tracerl.workflows.bootstrap.search import search_habit_segments, search_trace_segments
 
     world = build_world(0)
     env = SearchEnv(BM25Retriever(world.passages), top_k=2, reward="em", world_seed=0)

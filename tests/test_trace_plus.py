@@ -1,13 +1,13 @@
 import numpy as np
 import pytest
 
-from envs.simulator import Simulator, SimulatorConfig
-from predictors import build_predictor
-from predictors.length import attach_lengths
 from tracerl.algos.allocators import build_allocator
 from tracerl.algos.trace_plus import TracePlusAllocator
 from tracerl.config import AllocatorConfig, BudgetConfig, PredictorConfig
 from tracerl.engine.step import run_step
+from tracerl.envs.simulator import Simulator, SimulatorConfig
+from tracerl.predictors import build_predictor
+from tracerl.predictors.length import attach_lengths
 from tracerl.types import Anchor
 
 

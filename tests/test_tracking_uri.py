@@ -10,9 +10,9 @@ import pytest
 
 from tracerl.config import TrackingConfig, TrainConfig
 from tracerl.config_loader import compose, conf_dir, to_yaml
-from workflows.cli.app import main
-from workflows.tracking.store import resolve_uri, resolved, where
-from workflows.train.run import resolve_paths
+from tracerl.workflows.cli.app import main
+from tracerl.workflows.tracking.store import resolve_uri, resolved, where
+from tracerl.workflows.train.run import resolve_paths
 
 
 def test_config_beats_the_environment_which_beats_the_default(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import ROOT, UNHURRIED, sqlite_client
 from tracerl import metrics as M
-from workflows.cli.app import main
+from tracerl.workflows.cli.app import main
 
 SMOKE = str(ROOT / "conf" / "train" / "smoke.yaml")
 
@@ -75,7 +75,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_run_survives_actor_and_trainer_deaths(run: dict[str, Any]) -> None:
-    from workflows.tracking.runs import metric_series
+    from tracerl.workflows.tracking.runs import metric_series
 
     client = sqlite_client(run["tmp"])
     r = client.get_run(run["run_id"])
@@ -144,8 +144,8 @@ def test_the_learning_curve_is_logged_against_tokens(run: dict[str, Any]) -> Non
     """Every evaluation (the start, the token schedule's on the subset, the last on every task) is a curve point at
     MLflow step = the run's generated tokens, with the totals reached there; the totals survive the restart."""
     from tracerl.config import TrackingConfig
-    from workflows.tracking.runs import metric_series, run_storage
-    from workflows.train.budget import read_curve, token_eval_steps
+    from tracerl.workflows.tracking.runs import metric_series, run_storage
+    from tracerl.workflows.train.budget import read_curve, token_eval_steps
 
     client, rid = sqlite_client(run["tmp"]), run["run_id"]
     per_step = metric_series(client, rid, M.GENERATED_TOKENS)
@@ -186,7 +186,7 @@ def test_checkpoints_hold_a_changed_policy(run: dict[str, Any]) -> None:
     from transformers import AutoModelForCausalLM
 
     from tracerl.config import TrackingConfig
-    from workflows.tracking.runs import latest_checkpoint, metric_series, run_storage
+    from tracerl.workflows.tracking.runs import latest_checkpoint, metric_series, run_storage
 
     storage = run_storage(run["run_id"], TrackingConfig(uri=f"sqlite:///{run['tmp']}/mlruns.db"))
     ckpt = latest_checkpoint(storage)
@@ -220,7 +220,7 @@ def test_resume_continues_the_same_run(run: dict[str, Any], capsys: pytest.Captu
     token budget one past the tokens of the run's 3 steps (steps unbounded): the resumed run keeps its totals, so
     step 4 crosses the budget and is the last, with its overshoot logged."""
     from tracerl.config import TrackingConfig
-    from workflows.tracking.runs import metric_series, run_storage
+    from tracerl.workflows.tracking.runs import metric_series, run_storage
 
     tmp, rid = run["tmp"], run["run_id"]
     storage = run_storage(rid, TrackingConfig(uri=f"sqlite:///{tmp}/mlruns.db"))
@@ -257,7 +257,7 @@ def test_register_and_load_back(run: dict[str, Any]) -> None:
     from transformers import AutoModelForCausalLM
 
     from tracerl.config import TrackingConfig
-    from workflows.tracking.model_registry import register, resolve_model_path
+    from tracerl.workflows.tracking.model_registry import register, resolve_model_path
 
     uri = f"sqlite:///{run['tmp']}/mlruns.db"
     v = register(run["run_id"], "tiny-math-rl", "champion", uri)
@@ -338,7 +338,7 @@ def test_lora_on_two_fsdp_ranks_trains_adapters_and_resumes(tmp_path: Path) -> N
     from transformers import AutoModelForCausalLM
 
     from tracerl.config import TrackingConfig
-    from workflows.tracking.runs import latest_checkpoint, metric_series, run_storage
+    from tracerl.workflows.tracking.runs import latest_checkpoint, metric_series, run_storage
 
     habit = (
         ROOT / "models" / "tiny-math-habit"

@@ -21,7 +21,7 @@ import pytest
 
 from tests.browser import Browser, chromium_path
 from tests.conftest import ROOT
-from workflows.cli.app import main
+from tracerl.workflows.cli.app import main
 
 pytestmark = pytest.mark.ui
 
@@ -88,7 +88,7 @@ def _ui(uri: str, cwd: Path) -> tuple[subprocess.Popen[str], str]:
         [
             sys.executable,
             "-c",
-            "import sys; from workflows.cli.app import main; sys.exit(main())",
+            "import sys; from tracerl.workflows.cli.app import main; sys.exit(main())",
             "ui",
             "--tracking-uri",
             uri,

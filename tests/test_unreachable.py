@@ -1,5 +1,5 @@
 """A server the CLI is pointed at that refuses, or accepts and never answers, is one line and exit 2 within a
-bounded time: the MLflow tracking server (``workflows.tracking.store.check_reachable``) and the Ray job API
+bounded time: the MLflow tracking server (``tracerl.workflows.tracking.store.check_reachable``) and the Ray job API
 (``tracerl submit``). Limits are shortened here; the waits they bound are the defaults' (15 s, 120 s)."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from workflows.cli.app import main
-from workflows.ops import submit
-from workflows.tracking import store as tracking
+from tracerl.workflows.cli.app import main
+from tracerl.workflows.ops import submit
+from tracerl.workflows.tracking import store as tracking
 
 
 @pytest.fixture
@@ -81,12 +81,12 @@ def test_a_tracking_server_that_never_answers_is_one_line(
 def test_train_refuses_a_dead_tracking_server_before_ray_starts(
     closed_port: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import workflows.ops.ray_utils
+    import tracerl.workflows.ops.ray_utils
 
     def boom(*args: object, **kwargs: object) -> None:
         raise AssertionError("Ray was started before the tracking server was checked")
 
-    monkeypatch.setattr(workflows.ops.ray_utils, "init_ray", boom)
+    monkeypatch.setattr(tracerl.workflows.ops.ray_utils, "init_ray", boom)
     uri = f"http://127.0.0.1:{closed_port}"
     assert main(["train", "--config", "conf/train/smoke.yaml", f"tracking.uri={uri}"]) == 2
     assert f"tracking server {uri}: cannot connect" in _one_line(capsys)
@@ -126,7 +126,16 @@ def test_submit_without_a_token_is_one_line(silent_port: int, tmp_path: Path) ->
     env.update(HOME=str(tmp_path), RAY_AUTH_TOKEN_PATH=str(tmp_path / "absent"))
     address = f"http://127.0.0.1:{silent_port}"
     res = subprocess.run(
-        [sys.executable, "-m", "workflows.cli.app", "submit", "--address", address, "--no-follow", "train"],
+        [
+            sys.executable,
+            "-m",
+            "tracerl.workflows.cli.app",
+            "submit",
+            "--address",
+            address,
+            "--no-follow",
+            "train",
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -162,7 +171,7 @@ class _FakeJobClient:
 def test_following_a_silent_log_stream_ends_when_the_job_does() -> None:
     import asyncio
 
-    from workflows.ops.submit import follow_logs
+    from tracerl.workflows.ops.submit import follow_logs
 
     client = _FakeJobClient(["a\n", "b\n"], ["RUNNING", "SUCCEEDED"])
     seen: list[str] = []
@@ -173,7 +182,7 @@ def test_following_a_silent_log_stream_ends_when_the_job_does() -> None:
 def test_following_a_silent_log_stream_of_a_dead_head_is_a_connection_error() -> None:
     import asyncio
 
-    from workflows.ops.submit import follow_logs
+    from tracerl.workflows.ops.submit import follow_logs
 
     client = _FakeJobClient(["a\n"], ["DEAD"])
     with pytest.raises(ConnectionError, match="did not answer"):

@@ -20,7 +20,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache for the 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tracerl.experiment_config import BootstrapConfig
-    from workflows.bootstrap.policy import bootstrap
+    from tracerl.workflows.bootstrap.policy import bootstrap
 
     out = tmp_path_factory.mktemp("vllm") / "policy"
     # vLLM's CPU attention kernels need head_dim 32, 64, ...: 128 / 2 heads = 64.
@@ -47,7 +47,7 @@ def samplers(checkpoint: Path):  # type: ignore[no-untyped-def]
     from tracerl.config import ModelConfig
     from tracerl.samplers.hf import HFSampler
     from tracerl.samplers.vllm import VLLMSampler
-    from workflows.lm.stack import load_policy
+    from tracerl.workflows.lm.stack import load_policy
 
     tok, model = load_policy(ModelConfig(path=str(checkpoint)))
     return (
@@ -103,7 +103,7 @@ def habit() -> Any:
     from tracerl.engine.react import TEMPLATES
     from tracerl.engine.rollout import TreeRolloutEngine
     from tracerl.samplers.vllm import VLLMSampler
-    from workflows.lm.stack import load_policy, make_env
+    from tracerl.workflows.lm.stack import load_policy, make_env
 
     tok, _ = load_policy(ModelConfig(path=HABIT))
     limits = SamplerConfig(backend="vllm", max_turns=3, max_turn_tokens=48, max_context_tokens=1024)
@@ -121,12 +121,12 @@ def _habit_step(engine: Any, per_path: bool | None) -> tuple[Any, Any, float]:
 
     import numpy as np
 
-    from predictors.base import build_predictor
     from tracerl.algos.allocators import build_allocator
     from tracerl.config import AllocatorConfig, EnvConfig, PredictorConfig, lm_budget
     from tracerl.engine.ledger import BudgetLedger
     from tracerl.engine.step import run_step, same_allocation
-    from workflows.lm.stack import task_prompts
+    from tracerl.predictors.base import build_predictor
+    from tracerl.workflows.lm.stack import task_prompts
 
     if per_path is not None:
         engine.limits, engine.ledger = replace(engine.limits, per_path=per_path), BudgetLedger()
@@ -187,7 +187,7 @@ def test_a_streaming_step_on_a_sampler_actor_gives_the_in_process_trees(habit: A
     from tracerl.actors.pools import RolloutPool
     from tracerl.actors.spec import WorkerSpec
     from tracerl.config import ClusterConfig, EnvConfig, ModelConfig, PoolConfig
-    from workflows.ops.ray_utils import init_ray
+    from tracerl.workflows.ops.ray_utils import init_ray
 
     want, want_led, _ = _habit_step(habit, per_path=True)
     init_ray(ClusterConfig(num_cpus=2))
@@ -220,3 +220,48 @@ def test_weight_update_changes_outputs(samplers) -> None:  # type: ignore[no-unt
     v.load_weights(new.items())
     after = v.generate([ctx], 16, [], temperature=0.0, seeds=[0])[0]
     assert after.token_ids != before.token_ids or after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
+
+
+class _Recorder:
+    """A sampler that passes every call to ``inner`` and keeps each (context, generation) it returned."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.calls = inner, []  # type: ignore[var-annotated]
+
+    def generate(self, contexts: Any, *args: Any, **kwargs: Any) -> Any:
+        gens = self.inner.generate(contexts, *args, **kwargs)
+        self.calls += [(list(c), g) for c, g in zip(contexts, gens)]
+        return gens
+
+
+def test_chat_episodes_on_vllm_are_scored_by_the_learner_as_sampled(tmp_path: Path) -> None:
+    """tests/test_chat_turns.py's chat episodes (SmolLM2's tokenizer and template, both end tokens likely) on vLLM:
+    every turn stops at its first end token (``stop_token_ids``), every collated sequence is the sampler's contexts
+    and tokens id for id, ``PolicyLearner``'s log-probs on right-padded micro-batches are within 2e-3 of vLLM's,
+    and the importance weights' mean at the first update is within 1e-3 of 1."""
+    from tests.test_chat_turns import CAP, chat_policy, chat_rollouts, learner_gap
+    from tracerl import metrics as M
+    from tracerl.algos.batch import collate
+    from tracerl.config import LossConfig, OptimConfig
+    from tracerl.learner import PolicyLearner, denominator
+    from tracerl.models.smollm2 import tokenizer
+    from tracerl.samplers.vllm import VLLMSampler
+
+    tok = tokenizer()
+    model = chat_policy(tok)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    sampler = _Recorder(VLLMSampler.from_pretrained(str(tmp_path), "float32", max_model_len=2048))
+    assert sampler.inner.ends == model.generation_config.eos_token_id
+    trees = chat_rollouts(tok, sampler)
+    eot = tok.convert_tokens_to_ids("<|endoftext|>")
+    for _, g in sampler.calls:
+        assert eot not in g.token_ids and tok.eos_token_id not in g.token_ids[:-1] and len(g.token_ids) <= CAP
+    assert any(g.finish == "eos" and g.token_ids[-1:] != [tok.eos_token_id] for _, g in sampler.calls)
+    worst, turns = learner_gap(trees, sampler.calls, model, tok.pad_token_id)
+    assert worst < 2e-3 and turns >= 12, (worst, turns)
+    batch = collate(trees)
+    loss = LossConfig(micro_batch_size=4, importance_sampling="on")
+    learner = PolicyLearner(model, OptimConfig(), loss, 1, tok.pad_token_id, importance_sampling=True)
+    stats = learner.update(batch, denominator(batch, loss.aggregation))
+    assert abs(stats[M.IS_WEIGHT_MEAN] - 1.0) < 1e-3, stats[M.IS_WEIGHT_MEAN]

@@ -32,16 +32,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from envs.bfcl.config import BfclEnvConfig
-from envs.bfcl.data import ADDED_FUNCTIONS_PROMPT, BfclTask, import_bfcl, load_tasks, split, tool_spec
 from tracerl.engine.protocol import AnswerResult, ToolEnv, ToolResult
 from tracerl.engine.react import Action, ToolCall, ToolSpec, TurnTemplate, call_source
+from tracerl.envs.bfcl.config import BfclEnvConfig
+from tracerl.envs.bfcl.data import ADDED_FUNCTIONS_PROMPT, BfclTask, import_bfcl, load_tasks, split, tool_spec
 from tracerl.grading import GradeError, Grader, GradeTimeout
 from tracerl.types import Prompt
 
 PRELOAD = (
-    "envs.bfcl.data:import_bfcl",
-    "envs.bfcl.env",
+    "tracerl.envs.bfcl.data:import_bfcl",
+    "tracerl.envs.bfcl.env",
     "bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker",
 )
 """What a BFCL grading worker imports before it counts as started."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from envs.sandbox import SandboxConfig
+from tracerl.envs.sandbox import SandboxConfig
 from tracerl.schema import check
 
 

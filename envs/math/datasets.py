@@ -1,6 +1,6 @@
 """Loaders for real math task files (MATH-500, AIME, AMC, DeepScaleR, ...).
 
-Accepts JSON (a list of records), JSONL and parquet (read and checked by ``envs.files``). The question field is the first of
+Accepts JSON (a list of records), JSONL and parquet (read and checked by ``tracerl.envs.files``). The question field is the first of
 ``problem``/``question``/``prompt`` present; the answer is ``answer`` (numbers become strings;
 OlympiadBench's list-strings like "['$2^{1009}$']" are unwrapped), else the last \\boxed{} of
 ``solution``.
@@ -12,8 +12,8 @@ import ast
 from pathlib import Path
 from typing import Any
 
-from envs.files import load_question_file
-from envs.math.reward import extract_boxed
+from tracerl.envs.files import load_question_file
+from tracerl.envs.math.reward import extract_boxed
 from tracerl.types import Prompt
 
 QUESTION_KEYS = ("problem", "question", "prompt")

@@ -17,14 +17,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from envs.math.config import MathEnvConfig
-from envs.math.datasets import load_math_file
-from envs.math.reward import PRELOAD, is_correct
-from envs.math.tasks import generate
-from envs.sandbox import Sandbox, SandboxConfig
 from tracerl.engine.gold import answer_turn_text, tool_turn_text
 from tracerl.engine.protocol import ToolEnv, ToolResult
 from tracerl.engine.react import Action, ToolSpec
+from tracerl.envs.math.config import MathEnvConfig
+from tracerl.envs.math.datasets import load_math_file
+from tracerl.envs.math.reward import PRELOAD, is_correct
+from tracerl.envs.math.tasks import generate
+from tracerl.envs.sandbox import Sandbox, SandboxConfig
 from tracerl.grading import Grader
 from tracerl.types import Prompt
 
@@ -97,7 +97,7 @@ class MathEnv(ToolEnv):
 
     @staticmethod
     def check_data(env_cfg: Any) -> None:
-        """Read the task file (if one is configured) so a bad one fails before anything starts (``envs.files``)."""
+        """Read the task file (if one is configured) so a bad one fails before anything starts (``tracerl.envs.files``)."""
         m = env_cfg.settings(MathEnvConfig)
         if m.tasks != "generated":
             load_math_file(m.tasks)

@@ -11,14 +11,14 @@ from __future__ import annotations
 import logging
 import re
 
-from tracerl.grading import GradeError, Grader
+from tracerl.grading import GradeError, Grader, stated_answer
 
 # Its "timeout is disabled" warning is expected here: we disable them on purpose (see above).
 for _name in ("math_verify", "math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).setLevel(logging.ERROR)
 
 _BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
-PRELOAD = ("envs.math.reward:warm_up",)
+PRELOAD = ("tracerl.envs.math.reward:warm_up",)
 """What a math grading worker runs before it counts as started (imports and math-verify's lazy set-up)."""
 
 
@@ -27,6 +27,39 @@ def normalize(ans: str) -> str:
     s = ans.strip().strip("$").strip().rstrip(".").strip()
     if re.fullmatch(r"-?\d{1,3}(,\d{3})+", s):
         s = s.replace(",", "")
+    return s
+
+
+_NUMBER = re.compile(r"(?:(?<![\w.)\]}])-)?\d+(?:,\d{3})*(?:\.\d+)?")
+_COMPUTATION = re.compile(r"[-+]?\s*\d+(?:\.\d+)?(?:\s*[-+*×xX÷]\s*-?\d+(?:\.\d+)?)+")
+"""Numbers joined by +, -, *, x or ÷ (not /: ``3/4`` is a value): a restated computation, not an answer."""
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+_MATH_WORDS = {
+    "sqrt",
+    "pi",
+    "frac",
+    "dfrac",
+    "tfrac",
+    "log",
+    "ln",
+    "sin",
+    "cos",
+    "tan",
+    "infty",
+    "inf",
+    "mod",
+}
+
+
+def graded_answer(pred: str) -> str:
+    """The answer a math turn states (docs/method.md, "The graded answer"): ``stated_answer`` (the last
+    ``\\boxed{}``, else the text after the last final-answer marker, else the whole text), normalised; when that is
+    a restated computation (``86 - 67``) or has words in it (``44 - 22 is 22.``), the number it ends on."""
+    s = normalize(stated_answer(pred))
+    words = [w for w in _WORD.findall(s) if w.lower() not in _MATH_WORDS]
+    if _COMPUTATION.fullmatch(s) or words:
+        numbers = _NUMBER.findall(s)
+        return numbers[-1].replace(",", "") if numbers else s
     return s
 
 
@@ -54,7 +87,8 @@ def warm_up() -> None:
 
 
 def is_correct(gold: str, pred: str | None, grader: Grader | None = None) -> bool:
-    """True if ``pred`` is mathematically equal to ``gold`` (exact match here, then math-verify).
+    """True if the answer ``pred`` states (``graded_answer``) is mathematically equal to ``gold`` (exact match here,
+    then math-verify).
 
     With ``grader``, math-verify runs in its worker under its time limit; without, in this process, unbounded.
 
@@ -63,7 +97,9 @@ def is_correct(gold: str, pred: str | None, grader: Grader | None = None) -> boo
     """
     if pred is None or not pred.strip():
         return False
-    g, p = normalize(gold), normalize(pred)
+    g, p = normalize(gold), graded_answer(pred)
+    if not p:
+        return False
     if g == p:
         return True
     if grader is None:

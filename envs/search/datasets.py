@@ -1,9 +1,9 @@
-"""Loaders for real multi-hop QA question files (read and checked by ``envs.files``): HotpotQA and 2WikiMultihopQA JSON
+"""Loaders for real multi-hop QA question files (read and checked by ``tracerl.envs.files``): HotpotQA and 2WikiMultihopQA JSON
 (a list of records, or JSONL), Bamboogle CSV, and FlashRAG JSONL.
 
 The question field is the first of ``question``/``Question`` present; the gold answer(s) come from
 ``golden_answers`` (FlashRAG: a list), ``answer`` or ``Answer``. Several gold answers travel in
-``Prompt.answer`` as a JSON list string (``envs.search.reward.gold_answers`` reads them back).
+``Prompt.answer`` as a JSON list string (``tracerl.envs.search.reward.gold_answers`` reads them back).
 The category (``type`` in HotpotQA / 2Wiki) becomes ``Prompt.source``. These files hold questions
 only: the passages come from a user-supplied corpus (``env.search.corpus``).
 """
@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from envs.files import load_question_file
+from tracerl.envs.files import load_question_file
 from tracerl.types import Prompt
 
 QUESTION_KEYS = ("question", "Question")

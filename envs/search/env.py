@@ -1,6 +1,6 @@
 """The search environment: multi-hop QA with one ``search`` tool over a local BM25 index.
 
-Tasks are the generated multi-hop world (``envs.search.world``; its passages are the corpus) or a
+Tasks are the generated multi-hop world (``tracerl.envs.search.world``; its passages are the corpus) or a
 question file (HotpotQA / 2Wiki JSON, Bamboogle CSV, FlashRAG JSONL) with a user-supplied corpus
 (FlashRAG / Search-R1 JSONL). A call ``search[query]`` returns the top ``top_k`` passages, numbered.
 The reward is exact match, or token F1 at or above a threshold (the paper counts F1 >= 0.3); both EM
@@ -21,15 +21,15 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from envs.search.config import SearchEnvConfig
-from envs.search.datasets import load_qa_file
-from envs.search.index import BM25Retriever, read_corpus
-from envs.search.reward import qa_scores
-from envs.search.world import TEMPLATES, Question, World, build_world, generate, is_held_out, solve
 from tracerl.engine.gold import answer_turn_text, tool_turn_text
 from tracerl.engine.protocol import ToolEnv, ToolResult
 from tracerl.engine.react import Action, ToolSpec
-from tracerl.grading import GradeError, Grader
+from tracerl.envs.search.config import SearchEnvConfig
+from tracerl.envs.search.datasets import load_qa_file
+from tracerl.envs.search.index import BM25Retriever, read_corpus
+from tracerl.envs.search.reward import qa_scores
+from tracerl.envs.search.world import TEMPLATES, Question, World, build_world, generate, is_held_out, solve
+from tracerl.grading import GradeError, Grader, stated_answer
 from tracerl.types import Prompt
 
 SEARCH = ToolSpec("search", "Search the corpus (BM25) and return the best-matching passages.", ("query",))
@@ -97,7 +97,7 @@ class SearchEnv(ToolEnv):
         self.retriever, self.top_k = retriever, top_k
         self.reward_kind, self.f1_threshold = reward, f1_threshold
         self.world_seed = world_seed
-        self.grader = Grader(reward_timeout_s, ("envs.search.reward",))
+        self.grader = Grader(reward_timeout_s, ("tracerl.envs.search.reward",))
         """Scores long answers (started on the first one)."""
         self._last: tuple[tuple[str, str | None, str | None], dict[str, float]] | None = None
 
@@ -173,6 +173,7 @@ class SearchEnv(ToolEnv):
         Raises:
             GradeTimeout: scoring a long answer ran past the limit.
         """
+        answer = stated_answer(answer) if answer is not None else None  # the answer stated, not restated text
         key = (prompt.prompt_id, prompt.answer, answer)
         if self._last is not None and self._last[0] == key:
             return dict(self._last[1])

@@ -52,7 +52,7 @@ def read_corpus(path: str | Path, limit: int | None = None) -> list[Passage]:
         DataFileError: the file is empty or not JSON Lines, or a record has neither a text ``contents`` nor a text
             ``text`` (the message names the file and the line).
     """
-    from envs.files import DataFileError, describe_fields, read_records
+    from tracerl.envs.files import DataFileError, describe_fields, read_records
 
     path = Path(path)
     if not path.is_file():

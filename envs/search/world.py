@@ -29,7 +29,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from envs.search.index import Passage
+from tracerl.envs.search.index import Passage
 
 HOPS = (2, 3, 4)
 _ONSETS = [

@@ -1,12 +1,9 @@
 """Config schemas of the language-model commands and of the environment section; the composition.
 
-Values live in YAML under conf/ (grouped: allocator, predictor, env, budget, tracking, cluster, ...). Each
-component's schema lives beside what it configures: the algorithm's parts in ``tracerl.algos.config``, the
-distributed side in ``tracerl.actors.config``, each environment's settings in its own package (``envs/<name>/``),
-the experiment commands (benches, sweep, study, bootstrap) in ``tracerl.experiment_config``. This module holds
-the commands ``train``, ``eval`` and ``rollout``, the model and sampler, and ``EnvConfig``, and re-exports the
-component schemas they compose. ``tracerl.config_loader`` composes a command's YAML with its groups and the CLI
-overrides, and validates the result against these schemas before any work starts.
+Values live in YAML under conf/ (grouped). Each schema lives beside what it configures (``tracerl.algos.config``,
+``tracerl.actors.config``, each environment's package, ``tracerl.experiment_config`` for benches, sweep, study and
+bootstrap); this module holds ``train``, ``eval`` and ``rollout``, the model, the sampler and ``EnvConfig``, and
+re-exports the schemas they compose. ``tracerl.config_loader`` composes and validates them before any work starts.
 
 [choice] The ``env`` section is open: ``env.name`` picks a registered environment, and ``env.<section>`` holds
 the settings of that environment in the dataclass its class names (``Env.config``), so a plug-in environment
@@ -31,6 +28,7 @@ from tracerl.actors.config import (
 )
 from tracerl.algos.config import AllocatorConfig, BudgetConfig, LossConfig, OptimConfig, PredictorConfig
 from tracerl.schema import check, check_choices
+from tracerl.shipped import shipped_model
 
 __all__ = [
     "AllocatorConfig",
@@ -146,7 +144,8 @@ class ModelConfig:
     """The policy checkpoint."""
 
     path: str = "models/tiny-math"
-    """An HF checkpoint directory (``tracerl bootstrap`` builds the built-in one) or a hub-style name available offline."""
+    """An HF checkpoint directory or a hub-style name available offline; a relative ``models/<name>`` missing here
+    names the shipped tiny policy (``tracerl.shipped.shipped_model``: the shipped configs run from any directory)."""
     dtype: Dtype = "float32"
     """float32, bfloat16 or float16."""
     template: str = "plain"
@@ -154,6 +153,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_choices(self, "model")
+        object.__setattr__(self, "path", shipped_model(self.path))
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import functools
 import os
 import re
+import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,97 +36,50 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from tracerl.config_checks import check_components, env_schema_for
+from tracerl.config_yaml import MAX_DEPTH, Sources, TooDeep, YamlDoc, YamlFileError, load_value, read_yaml
 from tracerl.schema import choice_message, flat_routes, flat_values, literal_choices
+from tracerl.shipped import CONF
 
 T = TypeVar("T")
 
 
 class ConfigError(ValueError):
-    """A config that cannot run; the message says which key and what to change."""
+    """A config that cannot run; the message says which key and what to change.
+
+    Args:
+        key: the key at fault as users write it, where the message is about one (``compose`` then starts the
+            message with the place in a file that set it).
+        located: the message already names its place (a file's syntax error).
+    """
+
+    def __init__(self, message: str, key: str | None = None, located: bool = False) -> None:
+        super().__init__(message)
+        self.key = key
+        self.located = located
 
 
 def conf_dir() -> Path:
-    """The conf/ directory: $TRACERL_CONF_DIR, else the repository's conf/."""
+    """The conf/ directory: $TRACERL_CONF_DIR, else the shipped one (the repository's conf/ in a checkout, the
+    package's copy in an installed wheel: ``tracerl.shipped``)."""
     env = os.environ.get("TRACERL_CONF_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2] / "conf"
+    return CONF
 
 
-class _Loader(yaml.SafeLoader):
-    """YAML with YAML 1.2 booleans: only true/false. PyYAML's 1.1 rules read on/off/yes/no as booleans, so
-    ``loss.importance_sampling=on`` reached a string field as 'True'; boolean fields still take on/off/yes/no
-    (the schema converts them)."""
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-
-
-MAX_DEPTH = 32
-"""The deepest nesting a config value may have (lists and mappings). A fixed limit, so a too deep value is refused
-the same way whatever the call stack: OmegaConf builds nodes recursively (~150 levels exhausted Python's stack in
-``OmegaConf.create``), and whether a value near that depth failed depended on how deep the caller already was."""
-
-
-class _TooDeep(Exception):
-    """A parsed YAML value nested deeper than :data:`MAX_DEPTH`."""
-
-
-def _depth(value: Any) -> int:
-    """How deeply lists and mappings nest in ``value`` (a scalar: 0), without recursion."""
-    deepest, todo = 0, [(value, 1)]
-    while todo:
-        node, level = todo.pop()
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
-        if children is None:
-            continue
-        deepest = max(deepest, level)
-        if deepest > MAX_DEPTH:
-            break
-        todo.extend((child, level + 1) for child in children)
-    return deepest
-
-
-def _load(text: str) -> Any:
-    """Parse YAML text.
-
-    Raises:
-        yaml.YAMLError: not YAML.
-        _TooDeep: nested deeper than MAX_DEPTH (PyYAML's own recursion limit included).
-    """
+def _read_yaml(path: Path) -> YamlDoc:
+    """The config file ``path``: a mapping (an empty file: an empty one) and where its keys stand."""
     try:
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
-    except RecursionError:  # PyYAML composes nesting recursively
-        raise _TooDeep from None
-    if _depth(data) > MAX_DEPTH:
-        raise _TooDeep
-    return data
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    try:
-        data = _load(path.read_text())
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not UTF-8 text") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
-    except _TooDeep:
+        doc = read_yaml(path)
+    except YamlFileError as exc:
+        raise ConfigError(str(exc), located=True) from None
+    if doc.data is None:
+        return dataclasses.replace(doc, data={})
+    if not isinstance(doc.data, dict):
         raise ConfigError(
-            f"{path} nests lists or mappings more than {MAX_DEPTH} deep; write a flatter value"
-        ) from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping at the top level, not {type(data).__name__}")
-    return data
+            f"{path} must hold a mapping at the top level, not {type(doc.data).__name__}", located=True
+        )
+    return doc
 
 
 def group_names(group: str, root: Path | None = None) -> list[str]:
@@ -137,15 +92,18 @@ _GROUP_FILE = re.compile(r"[\w.-]{1,100}")
 """A group file name: no path separators, NUL bytes or names the file system refuses."""
 
 
-def _load_group(group: str, name: str, root: Path) -> dict[str, Any]:
+def _load_group(group: str, name: str, root: Path, sources: Sources) -> dict[str, Any]:
     path = root / group / f"{name}.yaml"
     if not _GROUP_FILE.fullmatch(name) or not path.is_file():
         known = ", ".join(group_names(group, root)) or "none"
         raise ConfigError(
             f"no file conf/{group}/{name}.yaml for '{group}={name}'; available: {known}. "
-            f"To set a field instead, use '{group}.<field>=<value>'"
+            f"To set a field instead, use '{group}.<field>=<value>'",
+            key=f"defaults.{group}",
         )
-    return _read_yaml(path)
+    doc = _read_yaml(path)
+    sources.add_group(group, doc)
+    return dict(doc.data)
 
 
 def _field_type(schema: type, dotted: str, env_cls: type | None = None) -> Any:
@@ -196,7 +154,7 @@ def _route(schema: type, layer: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in layer.items():
         if str(key) not in flat_routes(schema):
-            raise ConfigError(_unknown_key_message(schema, str(key)))
+            raise ConfigError(_unknown_key_message(schema, str(key)), key=str(key))
         node = out
         for part in _routed(schema, str(key))[:-1]:
             node = node.setdefault(part, {})
@@ -215,22 +173,25 @@ def _user_key(schema: type, full_key: str) -> str:
 
 def _parse_override(item: str) -> tuple[str, Any]:
     if "=" not in item:
-        raise ConfigError(f"override {item!r} must look like key=value (for example budget.num_roots=64)")
+        raise ConfigError(
+            f"override {item!r} must look like key=value (for example budget.num_roots=64)", located=True
+        )
     key, _, raw = item.partition("=")
     key = key.strip()
     if not key:
-        raise ConfigError(f"override {item!r} has an empty key")
+        raise ConfigError(f"override {item!r} has an empty key", located=True)
     try:
-        value = _load(raw) if raw.strip() else None
+        value = load_value(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
-    except _TooDeep:
+    except TooDeep:
         raise ConfigError(
-            f"override '{key}': the value nests lists or mappings more than {MAX_DEPTH} deep; write a flatter value"
+            f"override '{key}': the value nests lists or mappings more than {MAX_DEPTH} deep; write a flatter value",
+            located=True,
         ) from None
     if key.count(".") >= MAX_DEPTH:
         shown = key if len(key) <= 80 else key[:80] + "..."
-        raise ConfigError(f"override '{shown}': a key has at most {MAX_DEPTH} dotted parts")
+        raise ConfigError(f"override '{shown}': a key has at most {MAX_DEPTH} dotted parts", located=True)
     return key, value
 
 
@@ -257,23 +218,40 @@ def compose(
         root: the conf/ directory holding group folders (default: :func:`conf_dir`).
 
     Raises:
-        ConfigError: naming the bad key and what is allowed.
+        ConfigError: naming the bad key and what is allowed, after the file, line and column that set it where a
+            file did (``FILE:LINE:COLUMN: message``; a key an override set is named by the message alone).
     """
-    root = root or conf_dir()
-    path = Path(config_path)
-    top = _read_yaml(path)
+    sources = Sources()
+    try:
+        return _compose(schema, Path(config_path), overrides, root or conf_dir(), sources)
+    except ConfigError as exc:
+        if exc.located:
+            raise
+        place = sources.where(exc.key) if exc.key is not None else sources.where_named(str(exc))
+        if place is None:
+            raise
+        raise ConfigError(f"{place}: {exc}", exc.key, located=True) from exc
+
+
+def _compose(schema: type[T], path: Path, overrides: Sequence[str], root: Path, sources: Sources) -> T:
+    """:func:`compose`, recording in ``sources`` where each key was set."""
+    top_doc = _read_yaml(path)
+    sources.set_top(top_doc)
+    top = dict(top_doc.data)
     defaults = top.pop("defaults", {}) or {}
     if not isinstance(defaults, dict):
-        raise ConfigError(f"{path}: 'defaults' must be a mapping of group -> file name")
+        raise ConfigError("'defaults' must be a mapping of group -> file name", key="defaults")
     groups: dict[str, str] = {str(k): str(v) for k, v in defaults.items()}
     sets: list[tuple[str, Any]] = []
     for item in overrides:
         key, value = _parse_override(item)
         if "." not in key and _GROUP_FILE.fullmatch(key) and (root / key).is_dir():
             groups[key] = item.partition("=")[2].strip()  # a file name, not YAML ('off' is not False)
+            sources.add_override(f"defaults.{key}", None)
         else:
             sets.append((key, value))
-    group_layer = {g: _load_group(g, n, root) for g, n in groups.items()}
+            sources.add_override(key, value)
+    group_layer = {g: _load_group(g, n, root, sources) for g, n in groups.items()}
     env_cls = _env_schema(schema, [group_layer, top], sets)
     layers = [OmegaConf.create(_route(schema, group_layer)), OmegaConf.create(_route(schema, top))]
     try:
@@ -294,17 +272,18 @@ def compose(
         raise
     except ConfigKeyError as exc:
         key = _user_key(schema, str(exc.full_key or exc.key or ""))
-        raise ConfigError(_unknown_key_message(schema, key, env_cls)) from exc
+        raise ConfigError(_unknown_key_message(schema, key, env_cls), key=key) from exc
     except ValidationError as exc:
         key = _user_key(schema, str(exc.full_key))
-        choices = literal_choices(_field_type(schema, key, env_cls))
+        field_type = _field_type(schema, key, env_cls)
+        choices = literal_choices(field_type)
         if choices is not None:
-            raise ConfigError(choice_message(key, exc.value, choices)) from exc
+            raise ConfigError(choice_message(key, exc.value, choices), key=key) from exc
         msg = str(exc).split("\n")[0]
-        raise ConfigError(f"bad value for '{key}': {msg}") from exc
+        raise ConfigError(f"bad value for '{key}': {msg}{_expected(field_type)}", key=key) from exc
     except OmegaConfBaseException as exc:
         key = _user_key(schema, str(exc.full_key))
-        raise ConfigError(f"invalid config: {str(exc).splitlines()[0]} (key '{key}')") from exc
+        raise ConfigError(f"invalid config: {str(exc).splitlines()[0]} (key '{key}')", key=key) from exc
     except ValueError as exc:  # __post_init__ range checks
         raise ConfigError(str(exc)) from exc
     except RecursionError:  # a backstop: MAX_DEPTH keeps every value shallower than OmegaConf's limit
@@ -374,11 +353,30 @@ def _nested(schema: type, key: str, value: Any, env_cls: type | None = None) -> 
     parent, _, leaf = key.rpartition(".")
     allowed = _field_names(schema, parent, env_cls)
     if allowed is None or leaf not in allowed:
-        raise ConfigError(_unknown_key_message(schema, key, env_cls))
+        raise ConfigError(_unknown_key_message(schema, key, env_cls), key=key)
     out: dict[str, Any] = {leaf: value}
     for part in reversed(_routed(schema, key)[:-1]):
         out = {part: out}
     return out
+
+
+_TYPE_WORDS = {
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    str: "a string",
+    type(None): "null",
+}
+
+
+def _expected(tp: Any) -> str:
+    """``: set it to a number or null`` for a field of type ``float | None``; empty where the type has no short
+    name (a dataclass, a mapping)."""
+    if typing.get_origin(tp) is list:
+        return ": set it to a list, like [a, b]"
+    args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    words = [_TYPE_WORDS.get(a) for a in args]
+    return "" if None in words else f": set it to {' or '.join(w for w in words if w)}"
 
 
 def _unknown_key_message(schema: type, key: str, env_cls: type | None = None) -> str:
@@ -390,7 +388,10 @@ def _unknown_key_message(schema: type, key: str, env_cls: type | None = None) ->
         probe = probe.rpartition(".")[0]
         allowed = _field_names(schema, probe, env_cls)
     where = f"under '{probe}'" if probe else "at the top level"
-    return f"unknown config key '{key}'; allowed {where}: {', '.join(allowed or [])}"
+    unknown = key[len(probe) + 1 if probe else 0 :].split(".")[0]
+    close = difflib.get_close_matches(unknown, allowed or [], n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown config key '{key}'; allowed {where}: {', '.join(allowed or [])}{hint}"
 
 
 def to_yaml(cfg: Any) -> str:

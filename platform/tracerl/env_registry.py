@@ -1,5 +1,5 @@
 """The environment registry: name -> environment class (a subclass of ``tracerl.engine.protocol.Env``, which
-``envs.base`` re-exports for environment authors).
+``tracerl.envs.base`` re-exports for environment authors).
 
 An environment is found, in order, as a registered name (``ENVS.register``) or a built-in family (simulator,
 math, search, bfcl: lazy entries, imported on first use, so ``ENVS`` never pulls in a family's dependencies
@@ -7,7 +7,7 @@ such as tantivy or bfcl-eval unless that family is asked for, and the platform n
 the ``envs`` package), an entry point of the group ``tracerl.envs`` (how an installed third-party package adds
 one: ``[project.entry-points."tracerl.envs"] toy = "toy_env:ToyEnv"``), or an import path ``module:attr``. The
 class's ``config`` dataclass is the schema of its ``env.<name>`` section (for ``module:attr``: ``env.<attr>``);
-docs/design.md, "Adding an environment", walks through one. ``envs.registry`` re-exports this module.
+docs/design.md, "Adding an environment", walks through one. ``tracerl.envs.registry`` re-exports this module.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from tracerl.registry import Registry, RegistryError
 ENTRY_POINT_GROUP = "tracerl.envs"
 ENVS: Registry[type[Env]] = Registry("environment", group=ENTRY_POINT_GROUP)
 for _name, _path in {
-    "simulator": "envs.simulator:Simulator",
-    "math": "envs.math.env:MathEnv",
-    "search": "envs.search.env:SearchEnv",
-    "bfcl": "envs.bfcl.env:BfclEnv",
+    "simulator": "tracerl.envs.simulator:Simulator",
+    "math": "tracerl.envs.math.env:MathEnv",
+    "search": "tracerl.envs.search.env:SearchEnv",
+    "bfcl": "tracerl.envs.bfcl.env:BfclEnv",
 }.items():
     ENVS.add_lazy(_name, _path)
 TOOL_ENVS = ("math", "search", "bfcl")
@@ -44,7 +44,7 @@ def env_class(name: str) -> type[Env]:
     cls: Any = ENVS.get(name)
     if not (isinstance(cls, type) and issubclass(cls, Env)):
         raise TypeError(
-            f"environment {name!r} is {cls!r}, not a subclass of envs.base.Env (or ToolEnv): derive it from one"
+            f"environment {name!r} is {cls!r}, not a subclass of tracerl.envs.base.Env (or ToolEnv): derive it from one"
         )
     return cls
 
@@ -58,7 +58,7 @@ def tool_env_class(name: str) -> type[ToolEnv]:
     cls = env_class(name)
     if not issubclass(cls, ToolEnv):
         raise TypeError(
-            f"environment {name!r} ({cls.__name__}) is not a ReAct tool environment (envs.base.ToolEnv); "
+            f"environment {name!r} ({cls.__name__}) is not a ReAct tool environment (tracerl.envs.base.ToolEnv); "
             f"language-model workflows run on one of {', '.join(TOOL_ENVS)} or a ToolEnv plug-in"
         )
     return cls
@@ -96,7 +96,7 @@ def check_data(env_cfg: Any) -> None:
 
     Raises:
         FileNotFoundError: a configured file does not exist.
-        ValueError: a file cannot be used (``envs.files.DataFileError``: the message names the file and the record).
+        ValueError: a file cannot be used (``tracerl.envs.files.DataFileError``: the message names the file and the record).
     """
     env_class(env_cfg.name).check_data(env_cfg)
 

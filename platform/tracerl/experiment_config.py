@@ -4,7 +4,7 @@
 ``bench train``, ``bench pipeline`` and ``sweep`` run the training setup: each holds a ``TrainConfig`` as its
 flattened field ``train`` (``tracerl.schema.flattened``), whose keys their YAML and overrides write at the top
 level, beside the command's own keys. Holding it rather than subclassing it keeps a sweep from passing for a train
-config: the code hands ``cfg.train`` (or a ``dataclasses.replace`` of it) to ``workflows.train.run.train``."""
+config: the code hands ``cfg.train`` (or a ``dataclasses.replace`` of it) to ``tracerl.workflows.train.run.train``."""
 
 from __future__ import annotations
 

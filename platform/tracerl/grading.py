@@ -14,6 +14,9 @@ exits with its parent (``PR_SET_PDEATHSIG`` on Linux, and on end of input), caps
 function prints goes to its stderr, which is discarded).
 
 Grading functions must be importable module-level functions with picklable arguments and results.
+
+``stated_answer`` is the part of an answer turn that environments grade: the final answer the policy states, never
+the rest of its text (docs/method.md, "The graded answer").
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
+import re
 import select
 import struct
 import subprocess
@@ -29,6 +33,24 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import IO, Any, BinaryIO
+
+_BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
+_MARKER = re.compile(r"(?:final answer|the answer is)(?:\s+is)?\s*[:=]?\s*", re.I)
+
+
+def stated_answer(text: str) -> str:
+    """The final answer an answer turn states: the content of its last ``\\boxed{...}``; else what follows its last
+    final-answer marker (``Final Answer:``, ``the final answer is``, ``the answer is``) up to the end of that line;
+    else the whole text, stripped (an environment then applies its own rule, e.g. math's number it ends on)."""
+    boxed = _BOXED.findall(text)
+    if boxed:
+        return str(boxed[-1]).strip()
+    marks = list(_MARKER.finditer(text))
+    if marks:
+        rest = text[marks[-1].end() :].strip()
+        return rest.splitlines()[0].strip() if rest else ""
+    return text.strip()
+
 
 START_LIMIT_S = 120.0
 """How long a worker may take to start (import ``preload``); past it the grade is a timeout."""

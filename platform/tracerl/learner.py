@@ -21,9 +21,10 @@ from typing import Any
 import torch
 
 from tracerl import metrics as M
-from tracerl.algos.batch import PaddedBatch, TrainBatch
+from tracerl.algos.batch import PaddedBatch, TrainBatch, micro_batch_groups
 from tracerl.algos.losses import LOSSES, LossInputs, token_logprobs
 from tracerl.config import LossConfig, OptimConfig
+from tracerl.models.logprob_head import scored_forward
 
 
 def lr_lambda(cfg: OptimConfig, total_steps: int) -> Callable[[int], float]:
@@ -110,10 +111,10 @@ class PolicyLearner:
         self.scheduler.load_state_dict(state["scheduler"])
 
     def _micro_batches(self, shard: TrainBatch) -> list[PaddedBatch]:
-        n, mb = len(shard), self.loss_cfg.micro_batch_size
-        return [
-            shard.select(range(i, min(i + mb, n))).pad(self.pad_id).to(self.device) for i in range(0, n, mb)
-        ]
+        """``loss.micro_batch_size`` sequences each, or packed to ``loss.micro_tokens`` padded tokens."""
+        lengths = [len(x) for x in shard.input_ids]
+        groups = micro_batch_groups(lengths, self.loss_cfg.micro_batch_size, self.loss_cfg.micro_tokens)
+        return [shard.select(g).pad(self.pad_id).to(self.device) for g in groups]
 
     def _forward(self, model: torch.nn.Module, **inputs: torch.Tensor) -> Any:
         if self.autocast is None:
@@ -122,6 +123,11 @@ class PolicyLearner:
             return model(**inputs)
 
     def _logprobs(self, model: torch.nn.Module, mb: PaddedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-prob and entropy (B, T) of each token; off the loss mask they are 0 on the chunked path."""
+        chunk = self.loss_cfg.logit_chunk
+        if chunk > 0:
+            ids, att, mask, t = mb.input_ids, mb.attention_mask, mb.loss_mask, self.temperature
+            return scored_forward(model, self._forward, ids, att, mask, t, chunk)
         out = self._forward(model, input_ids=mb.input_ids, attention_mask=mb.attention_mask)
         return token_logprobs(out.logits, mb.input_ids, self.temperature)
 
@@ -152,12 +158,10 @@ class PolicyLearner:
         # zero-weight, so collectives inside forward (FSDP) and the one gradient all-reduce (DDP) always match.
         rounds = int(_all_reduce_max(len(mbs), self.device)) if world > 1 else len(mbs)
         rounds = max(rounds, 1)
-        # Old log-probs: the policy before this step's updates (equal to the current one for epoch 1).
-        old = (
-            self._frozen_logprobs(self.model, mbs, rounds)
-            if lc.epochs > 1 or self.importance_sampling
-            else None
-        )
+        # Old log-probs: the policy before this step's updates. At one epoch that is the current policy, whose
+        # log-probs the update's own forward gives (detached): no separate forward, with or without the
+        # importance-sampling weight.
+        old = self._frozen_logprobs(self.model, mbs, rounds) if lc.epochs > 1 else None
         ref = self._frozen_logprobs(self.ref_model, mbs, rounds) if self.ref_model is not None else None
         stats: dict[str, float] = {}
         for _epoch in range(lc.epochs):

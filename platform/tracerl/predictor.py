@@ -84,10 +84,10 @@ PREDICTORS: Registry[type[Predictor]] = Registry("predictor", group="tracerl.pre
 """Every predictor is built as ``cls(cfg, seed, features=...)`` (``build_predictor``); third-party packages
 register under the entry-point group ``tracerl.predictors``."""
 for _name, _path in {
-    "constant": "predictors.constant:ConstantPredictor",
-    "tabular": "predictors.tabular:TabularPredictor",
-    "learned": "predictors.learned:LearnedPredictor",
-    "oracle": "predictors.oracle:OraclePredictor",
+    "constant": "tracerl.predictors.constant:ConstantPredictor",
+    "tabular": "tracerl.predictors.tabular:TabularPredictor",
+    "learned": "tracerl.predictors.learned:LearnedPredictor",
+    "oracle": "tracerl.predictors.oracle:OraclePredictor",
 }.items():
     PREDICTORS.add_lazy(_name, _path)
 

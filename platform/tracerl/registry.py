@@ -1,7 +1,7 @@
 """Named registries of components: allocators, advantage estimators, environments, predictors, samplers, ...
 
 Every component kind has one registry and one call signature. A name is a registered key (``"trace"``), a
-lazy built-in (``add_lazy("math", "envs.math.env:MathEnv")``: listed by name at once, imported on first use, so
+lazy built-in (``add_lazy("math", "tracerl.envs.math.env:MathEnv")``: listed by name at once, imported on first use, so
 the platform names the built-ins of the layers above it without importing them), an import path
 ``"package.module:attr"`` to a user component, or the name of a Python entry point in the registry's group
 (``tracerl.allocators``, ``tracerl.envs``, ``tracerl.predictors``), so research code and third-party packages

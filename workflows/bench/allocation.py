@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from envs.simulator import Simulator, SimulatorConfig, calibrate, with_noise_scale
 from tracerl import metrics as M
 from tracerl.calibration import mean_calibration
 from tracerl.config_loader import to_flat_dict, to_yaml
+from tracerl.envs.simulator import Simulator, SimulatorConfig, calibrate, with_noise_scale
 from tracerl.experiment_config import BenchAllocationConfig
-from workflows.bench.sim_runs import RunResult, run_allocator
-from workflows.ops.progress import bar
-from workflows.tracking import store as tracking
+from tracerl.workflows.bench.sim_runs import RunResult, run_allocator
+from tracerl.workflows.ops.progress import bar
+from tracerl.workflows.tracking import store as tracking
 
 Job = tuple[str, int, float]  # allocator, seed, noise scale
 
@@ -67,7 +67,7 @@ def _execute(
         return out
     import ray
 
-    from workflows.ops.ray_utils import init_ray
+    from tracerl.workflows.ops.ray_utils import init_ray
 
     init_ray(cfg.cluster)
     remote = ray.remote(num_cpus=1)(_run_job)

@@ -21,11 +21,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from envs.registry import tool_env_class
 from tracerl.engine.concurrent_env import ConcurrentEnv
 from tracerl.engine.protocol import ToolEnv
 from tracerl.engine.react import TEMPLATES
 from tracerl.engine.rollout import TreeRolloutEngine
+from tracerl.envs.registry import tool_env_class
 from tracerl.experiment_config import BenchEnvConfig
 from tracerl.samplers.scripted import ByteTokenizer, ScriptedSampler
 from tracerl.tree import RolloutTree
@@ -141,7 +141,7 @@ def run_env_bench(cfg: BenchEnvConfig, progress: Callable[[str], None] = lambda 
         engine = gold_engine(env, prompts, cfg.model.template, cfg.sampler)
         mode = "gold"
     else:
-        from workflows.lm.stack import build_stack
+        from tracerl.workflows.lm.stack import build_stack
 
         stack = build_stack(cfg.model, cfg.sampler, cfg.env, cfg.seed)
         engine = stack.engine

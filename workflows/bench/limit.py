@@ -14,7 +14,7 @@ Three parts, in this process, one after the other:
    a KV cache and its prefill rate at the real run's decode occupancy B and mean context, one update (forward,
    backward, optimizer step at ``loss.micro_batch_size``) of the bench step's batch, and a matmul's FLOP/s.
 
-``workflows.bench.limit_report`` composes the limit from the real run's counts and these rates with the default
+``tracerl.workflows.bench.limit_report`` composes the limit from the real run's counts and these rates with the default
 layout's parallelism and divides the real step by it, per phase and in total (docs/results/limit.md).
 """
 
@@ -32,12 +32,12 @@ from typing import Any
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
 from tracerl.schema import check, check_flat_keys, flattened
-from workflows.bench.limit_micro import (
+from tracerl.workflows.bench.limit_micro import (
     Micro,
     clock,
     since,
 )
-from workflows.bench.limit_report import (
+from tracerl.workflows.bench.limit_report import (
     Layout,
     StepCounts,
     compose,
@@ -130,7 +130,7 @@ def run_real(cfg: BenchLimitConfig, progress: Callable[[str], None]) -> dict[str
     """The short ``tracerl train`` run; its per-step counts and phase seconds from MLflow."""
     import mlflow
 
-    from workflows.train.run import train
+    from tracerl.workflows.train.run import train
 
     tc = dataclasses.replace(
         cfg.train,
@@ -167,12 +167,12 @@ def own_step(tc: TrainConfig) -> dict[str, Any]:
     of its trees."""
     import numpy as np
 
-    from envs.math.reward import is_correct
-    from predictors.length import attach_lengths
     from tracerl.algos.allocators import build_allocator
     from tracerl.algos.batch import collate
     from tracerl.engine.stepper import Stepper
-    from workflows.lm.stack import build_stack, build_text_predictor, task_prompts
+    from tracerl.envs.math.reward import is_correct
+    from tracerl.predictors.length import attach_lengths
+    from tracerl.workflows.lm.stack import build_stack, build_text_predictor, task_prompts
 
     stack = build_stack(tc.model, tc.sampler, tc.env, tc.seed)
     env, sampler = stack.env, stack.engine.sampler

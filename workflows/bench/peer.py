@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.config import TrainConfig
-from workflows.bench.peer_report import KEYS, SideRun, SideStats, aggregate, side_stats, write_json
-from workflows.bench.peer_settings import BenchPeerConfig, run_order, settings, side_mode
-from workflows.bench.peer_sides import peer_interpreter, run_tracerl_side, run_trl_side
+from tracerl.workflows.bench.peer_report import KEYS, SideRun, SideStats, aggregate, side_stats, write_json
+from tracerl.workflows.bench.peer_settings import BenchPeerConfig, run_order, settings, side_mode
+from tracerl.workflows.bench.peer_sides import peer_interpreter, run_tracerl_side, run_trl_side
 
 __all__ = ["BenchPeerConfig", "checkpoint_accuracy", "run_peer_bench"]
 
@@ -48,8 +48,8 @@ __all__ = ["BenchPeerConfig", "checkpoint_accuracy", "run_peer_bench"]
 
 def checkpoint_accuracy(tc: TrainConfig) -> float:
     """Greedy held-out accuracy of the starting checkpoint, in this process (as ``tracerl train`` evaluates)."""
-    from workflows.lm.stack import task_prompts
-    from workflows.train.evaluate import evaluate_prompts, local_runner
+    from tracerl.workflows.lm.stack import task_prompts
+    from tracerl.workflows.train.evaluate import evaluate_prompts, local_runner
 
     run = local_runner(tc.model, tc.sampler, tc.env)
     m, _ = evaluate_prompts(run, task_prompts(tc.env, held_out=True), 0, 0.0, tc.seed + 10_000)
@@ -70,7 +70,7 @@ def run_peer_bench(cfg: BenchPeerConfig, progress: Callable[[str], None] = lambd
     raw, stats, order = _run_sides(cfg, acc0, progress)
     target = cfg.target
     if target is None and curves and acc0 is not None:
-        from workflows.study.curves import target_accuracy
+        from tracerl.workflows.study.curves import target_accuracy
 
         first = stats[cfg.sides[0]]
         final = statistics.fmean(r["curve"][-1][1] for r in first if r["curve"])

@@ -13,11 +13,11 @@ from pathlib import Path
 
 from tracerl import metrics as M
 from tracerl.actors.spec import WorkerSpec
-from workflows.bench.peer_report import EvalPoint, ProcessRun, SideRun, StepRecord
-from workflows.bench.peer_settings import BenchPeerConfig, settings, side_config, side_mode
-from workflows.ops.proc_memory import TreeMemory
+from tracerl.shipped import PACKAGE
+from tracerl.workflows.bench.peer_report import EvalPoint, ProcessRun, SideRun, StepRecord
+from tracerl.workflows.bench.peer_settings import BenchPeerConfig, settings, side_config, side_mode
+from tracerl.workflows.ops.proc_memory import TreeMemory
 
-REPO = Path(__file__).resolve().parents[2]
 ROLLOUT_PHASES = ("select", "score", "allocate_roots", "rollout", "expand_prefixes")
 """tracerl's phases that make up a step's rollout (``time/<phase>_s``)."""
 UPDATE_PHASES = ("broadcast", "update_policy")
@@ -46,9 +46,7 @@ def run_process(
     # Ray starts its workers at nice 15 by default: beside a nice-0 TRL process on a busy machine that would slow
     # tracerl's side for a reason that is not its own.
     env.setdefault("RAY_worker_niceness", "0")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO / "platform"), str(REPO), env.get("PYTHONPATH", "")]
-    ).rstrip(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE.parent), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
 
     def pin() -> None:
         if hasattr(os, "sched_setaffinity"):
@@ -81,13 +79,13 @@ def run_process(
 
 
 def peer_interpreter(cfg: BenchPeerConfig) -> Path:
-    """The TRL venv's python (``peer_python``, relative to the repository).
+    """The TRL venv's python (``peer_python``, relative to the working directory).
 
     Raises:
         FileNotFoundError: there is none (saying how to build it).
     """
     py = Path(cfg.peer_python)
-    py = py if py.is_absolute() else REPO / py
+    py = py.resolve()
     if not py.is_file():
         raise FileNotFoundError(
             f"peer_python={cfg.peer_python!r}: no interpreter there; build the TRL venv with `make bench-peer` "
@@ -97,7 +95,7 @@ def peer_interpreter(cfg: BenchPeerConfig) -> Path:
 
 
 def run_trl_side(cfg: BenchPeerConfig, seed: int, tag: str, progress: Callable[[str], None]) -> SideRun:
-    """TRL's side for ``seed``: the spec and config written under ``bench_out/tag``, workflows.bench.peer_trl run."""
+    """TRL's side for ``seed``: the spec and config written under ``bench_out/tag``, tracerl.workflows.bench.peer_trl run."""
     from tracerl.config_loader import to_yaml
 
     py = peer_interpreter(cfg)
@@ -114,9 +112,9 @@ def run_trl_side(cfg: BenchPeerConfig, seed: int, tag: str, progress: Callable[[
         "out": str(work / "steps.json"),
     }
     (work / "spec.json").write_text(json.dumps(spec, indent=2))
-    progress(f"   trl: {py} -m workflows.bench.peer_trl {work / 'spec.json'}")
+    progress(f"   trl: {py} -m tracerl.workflows.bench.peer_trl {work / 'spec.json'}")
     proc = run_process(
-        [str(py), "-m", "workflows.bench.peer_trl", str(work / "spec.json")],
+        [str(py), "-m", "tracerl.workflows.bench.peer_trl", str(work / "spec.json")],
         work / "log.txt",
         cfg.threads,
         cfg.sample_s,
@@ -158,7 +156,7 @@ def run_tracerl_side(
     (work / "config.yaml").write_text(to_yaml(tc))
     progress(f"   {side}: tracerl train --config {work / 'config.yaml'}")
     proc = run_process(
-        [sys.executable, "-m", "workflows.cli", "train", "--config", str(work / "config.yaml")],
+        [sys.executable, "-m", "tracerl.workflows.cli", "train", "--config", str(work / "config.yaml")],
         work / "log.txt",
         cfg.threads,
         cfg.sample_s,

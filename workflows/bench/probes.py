@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.engine.react import PlainTemplate
-from workflows.bench.testbeds import (
+from tracerl.workflows.bench.testbeds import (
     BenchTestbedsConfig,
     Probe,
     branch_probability,
@@ -26,8 +26,8 @@ from workflows.bench.testbeds import (
 def math_probes(n: int, seed: int) -> list[Probe]:
     """The study's held-out math tasks: the reference trace, the direct answer and (two or more calls) the first
     output as a premature answer."""
-    from envs.math.tasks import generate
-    from workflows.bootstrap.policy import DIRECT_THOUGHT, LATE_THOUGHT, task_prompt, trace_segments
+    from tracerl.envs.math.tasks import generate
+    from tracerl.workflows.bootstrap.policy import DIRECT_THOUGHT, LATE_THOUGHT, task_prompt, trace_segments
 
     t = PlainTemplate()
     out = []
@@ -48,11 +48,11 @@ def math_probes(n: int, seed: int) -> list[Probe]:
 def search_probes(n: int, seed: int, top_k: int) -> tuple[list[Probe], Any]:
     """The study's held-out questions of the generated world: the reference trace (observations from the real
     retriever), the direct answer and (3 and 4 hops) the penultimate hop's entity as a premature answer."""
-    from envs.search.env import SearchEnv
-    from envs.search.index import BM25Retriever
-    from envs.search.world import build_world, generate
+    from tracerl.envs.search.env import SearchEnv
+    from tracerl.envs.search.index import BM25Retriever
+    from tracerl.envs.search.world import build_world, generate
     from tracerl.types import Prompt
-    from workflows.bootstrap.search import DIRECT_SEARCH_THOUGHT, late_answer, search_trace_segments
+    from tracerl.workflows.bootstrap.search import DIRECT_SEARCH_THOUGHT, late_answer, search_trace_segments
 
     world = build_world(seed)
     env = SearchEnv(BM25Retriever(world.passages), top_k=top_k, reward="em", world_seed=seed)
@@ -90,11 +90,11 @@ def measure(family: str, model_path: str, cfg: BenchTestbedsConfig) -> dict[str,
     model = AutoModelForCausalLM.from_pretrained(model_path).eval()
     env: Any
     if family == "math":
-        from envs.math.env import MathEnv
+        from tracerl.envs.math.env import MathEnv
 
         probes, env, limits = math_probes(cfg.eval_tasks, cfg.task_seed), MathEnv(), SamplerConfig()
     else:
-        from workflows.bootstrap.search import SEARCH_LIMITS
+        from tracerl.workflows.bootstrap.search import SEARCH_LIMITS
 
         probes, env = search_probes(cfg.eval_tasks, cfg.task_seed, cfg.top_k)
         limits = SEARCH_LIMITS

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from envs.registry import check_data, env_section
 from tracerl import metrics as M
 from tracerl.algos.allocators import build_allocator
 from tracerl.calibration import CalibrationData, collect_calibration, mean_calibration, summarize_calibration
@@ -25,10 +24,11 @@ from tracerl.engine.mc_scorer import with_monte_carlo
 from tracerl.engine.step import StepOutcome
 from tracerl.engine.step_stats import step_metrics
 from tracerl.engine.stepper import Stepper
+from tracerl.envs.registry import check_data, env_section
 from tracerl.experiment_config import BenchRolloutConfig
-from workflows.lm.stack import build_stack, build_text_predictor, task_prompts
-from workflows.ops.progress import bar
-from workflows.tracking import store as tracking
+from tracerl.workflows.lm.stack import build_stack, build_text_predictor, task_prompts
+from tracerl.workflows.ops.progress import bar
+from tracerl.workflows.tracking import store as tracking
 
 KEYS = {
     "effective_ratio": M.EFFECTIVE_RATIO,

@@ -8,15 +8,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from envs.simulator import Simulator, SimulatorConfig, with_noise_scale
-from predictors import build_predictor
-from predictors.length import attach_lengths
 from tracerl.algos.allocators import build_allocator
 from tracerl.calibration import CalibrationData, collect_calibration, summarize_calibration
 from tracerl.engine.mc_scorer import with_monte_carlo
 from tracerl.engine.step import StepOutcome, run_step
 from tracerl.engine.step_stats import step_metrics
+from tracerl.envs.simulator import Simulator, SimulatorConfig, with_noise_scale
 from tracerl.experiment_config import BenchAllocationConfig
+from tracerl.predictors import build_predictor
+from tracerl.predictors.length import attach_lengths
 
 
 @dataclass

@@ -31,7 +31,7 @@ from tracerl.config_loader import to_yaml
 from tracerl.engine.step import StepOutcome
 from tracerl.experiment_config import BenchAllocationConfig
 from tracerl.tree import RolloutTree
-from workflows.bench.sim_runs import run_allocator
+from tracerl.workflows.bench.sim_runs import run_allocator
 
 BINS = 10
 TOLERANCE = 0.02

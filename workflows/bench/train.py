@@ -17,9 +17,9 @@ from typing import Any
 
 from tracerl.config import TrainConfig
 from tracerl.experiment_config import BenchTrainConfig
-from workflows.ops.progress import bar
-from workflows.tracking.runs import RunSummary
-from workflows.tracking.store import resolve_uri
+from tracerl.workflows.ops.progress import bar
+from tracerl.workflows.tracking.runs import RunSummary
+from tracerl.workflows.tracking.store import resolve_uri
 
 
 def run_configs(cfg: BenchTrainConfig) -> list[tuple[str, int, TrainConfig]]:
@@ -43,7 +43,7 @@ def run_configs(cfg: BenchTrainConfig) -> list[tuple[str, int, TrainConfig]]:
 def run_train_bench(
     cfg: BenchTrainConfig, progress: Callable[[str], None] = lambda s: None
 ) -> dict[str, Any]:
-    from workflows.train.run import train
+    from tracerl.workflows.train.run import train
 
     per: dict[str, list[RunSummary]] = {}
     configs = run_configs(cfg)

@@ -1,5 +1,5 @@
 """``tracerl bootstrap``: build the built-in tiny policy for the math tasks (or the search family,
-``family=search``: traces of the generated multi-hop world, see ``workflows.bootstrap.search``).
+``family=search``: traces of the generated multi-hop world, see ``tracerl.workflows.bootstrap.search``).
 
 1. generate training tasks (disjoint from the held-out split) and render their reference solutions
    as plain-template ReAct traces (model turns trainable; prompt and observations masked);
@@ -21,11 +21,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from envs.math.env import MathEnv
-from envs.math.tasks import MathTask, generate
 from tracerl.config import SamplerConfig
 from tracerl.engine.react import PlainTemplate
 from tracerl.engine.rollout import TreeRolloutEngine
+from tracerl.envs.math.env import MathEnv
+from tracerl.envs.math.tasks import MathTask, generate
 from tracerl.experiment_config import BootstrapConfig
 from tracerl.models.tiny import (
     Segment,
@@ -36,8 +36,12 @@ from tracerl.models.tiny import (
 )
 from tracerl.samplers.hf import HFSampler
 from tracerl.types import Prompt, Status
-from workflows.bootstrap.habit import premature_segments, question_answers_directly, question_answers_late
-from workflows.ops.progress import bar
+from tracerl.workflows.bootstrap.habit import (
+    premature_segments,
+    question_answers_directly,
+    question_answers_late,
+)
+from tracerl.workflows.ops.progress import bar
 
 
 def trace_segments(task: MathTask) -> list[Segment]:
@@ -171,7 +175,7 @@ def evaluate_prompts(
 def _family_data(cfg: BootstrapConfig, progress: Callable[[str], None]) -> tuple[Any, Any, Any, Any, Any]:
     """The family's supervised traces, habit traces, held-out prompts, environment and episode limits."""
     if cfg.family == "search":
-        from workflows.bootstrap.search import search_family
+        from tracerl.workflows.bootstrap.search import search_family
 
         segments, habit_traces, eval_prompts, env, limits = search_family(cfg)
         progress(f"search family: {len(segments)} traces of the generated world (seed {cfg.seed})")

@@ -10,11 +10,11 @@ of the world's hash split.
 
 from __future__ import annotations
 
-from envs.search.env import SearchEnv
-from envs.search.index import BM25Retriever
-from envs.search.world import Question, build_world, generate
 from tracerl.config import SamplerConfig
 from tracerl.engine.react import Action, ActionKind, PlainTemplate
+from tracerl.envs.search.env import SearchEnv
+from tracerl.envs.search.index import BM25Retriever
+from tracerl.envs.search.world import Question, build_world, generate
 from tracerl.experiment_config import BootstrapConfig
 from tracerl.models.tiny import Segment
 from tracerl.types import Prompt
@@ -54,7 +54,11 @@ def search_habit_segments(
     hash of the question text) a final answer given at once, without searching; or (for ``late_fraction`` of the
     3- and 4-hop questions, another fixed hash) every hop but the last, then the entity the penultimate hop found
     as the final answer (a premature answer: the -late testbed)."""
-    from workflows.bootstrap.habit import premature_segments, question_answers_directly, question_answers_late
+    from tracerl.workflows.bootstrap.habit import (
+        premature_segments,
+        question_answers_directly,
+        question_answers_late,
+    )
 
     t = PlainTemplate()
     if question_answers_directly(q.question, fraction):

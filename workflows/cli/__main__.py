@@ -1,7 +1,7 @@
-"""`python -m workflows.cli`: the `tracerl` console script."""
+"""`python -m tracerl.workflows.cli`: the `tracerl` console script."""
 
 import sys
 
-from workflows.cli.app import main
+from tracerl.workflows.cli.app import main
 
 sys.exit(main())

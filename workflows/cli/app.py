@@ -25,16 +25,16 @@ from tracerl.experiment_config import (
     StudyConfig,
     SweepConfig,
 )
-from workflows.cli import bench as cli_bench
-from workflows.cli import runs as cli_mlflow
-from workflows.cli.args import Command, Shorthand, add_job_args
-from workflows.cli.args import progress as _progress
-from workflows.ops.ray_utils import exit_code
-from workflows.tracking.store import resolve_uri
+from tracerl.workflows.cli import bench as cli_bench
+from tracerl.workflows.cli import runs as cli_mlflow
+from tracerl.workflows.cli.args import Command, Shorthand, add_job_args
+from tracerl.workflows.cli.args import progress as _progress
+from tracerl.workflows.ops.ray_utils import exit_code
+from tracerl.workflows.tracking.store import resolve_uri
 
 
 def _bootstrap(cfg: BootstrapConfig) -> int:
-    from workflows.bootstrap.policy import bootstrap
+    from tracerl.workflows.bootstrap.policy import bootstrap
 
     m = bootstrap(cfg, progress=_progress)
     g, s = m["greedy"], m["sampled"]
@@ -51,7 +51,7 @@ def _bootstrap(cfg: BootstrapConfig) -> int:
 
 
 def _rollout(cfg: RolloutConfig) -> int:
-    from workflows.lm.rollout import run_rollout
+    from tracerl.workflows.lm.rollout import run_rollout
 
     result = run_rollout(cfg, progress=_progress)
     print(result.format())
@@ -62,11 +62,11 @@ _OVERRIDES: list[str] = []  # the positional overrides of this invocation (train
 
 
 def _train(cfg: TrainConfig) -> int:
-    from workflows.tracking.runs import format_summary
-    from workflows.train.run import train
+    from tracerl.workflows.tracking.runs import format_summary
+    from tracerl.workflows.train.run import train
 
     if cfg.chaos.enabled and not cfg.resume:
-        from workflows.train.chaos import drill_ok, run_drill
+        from tracerl.workflows.train.chaos import drill_ok, run_drill
 
         summary = run_drill(cfg, _OVERRIDES, progress=_progress)
     else:
@@ -79,7 +79,7 @@ def _train(cfg: TrainConfig) -> int:
 
 
 def _sweep(cfg: SweepConfig) -> int:
-    from workflows.study.sweep import run_sweep
+    from tracerl.workflows.study.sweep import run_sweep
 
     s = run_sweep(cfg, progress=_progress)
     if s.get("interrupted"):
@@ -103,7 +103,7 @@ _CONFIG_PATH: list[str] = []  # the --config of this invocation (study --fill-to
 
 
 def _study(cfg: StudyConfig) -> int:
-    from workflows.study.grid import run_study
+    from tracerl.workflows.study.grid import run_study
 
     s = run_study(
         cfg, _CONFIG_PATH[0] if _CONFIG_PATH else conf_dir() / "study/main.yaml", progress=_progress
@@ -119,7 +119,7 @@ def _study(cfg: StudyConfig) -> int:
 
 
 def _eval(cfg: EvalConfig) -> int:
-    from workflows.train.evaluate import run_eval
+    from tracerl.workflows.train.evaluate import run_eval
 
     result = run_eval(cfg, progress=_progress)
     print(result.format())
@@ -249,10 +249,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return exit_code(exc)
     except Exception as exc:  # noqa: BLE001 - user errors are one line; anything else keeps its traceback
-        from workflows.ops.disk import EXIT_CODE, DiskFull, no_space
+        from tracerl.workflows.ops.disk import EXIT_CODE, DiskFull, no_space
+        from tracerl.workflows.tracking.spool import PENDING_EXIT_CODE, MetricsPending
 
         if os.environ.get(DEBUG_ENV):
             raise
+        if isinstance(exc, MetricsPending):  # the run is done, its metrics wait for the server: exit 75
+            print(f"tracerl: {exc}", file=sys.stderr)
+            return PENDING_EXIT_CODE
         full = no_space(
             exc
         )  # a full disk or quota, however wrapped (Ray's, MLflow's errors): its own exit code
@@ -274,12 +278,12 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
     The one place the CLI turns errors into lines (every command's handler lets them through): a missing or
     unreadable file and any other OSError (its text names the path; a full disk, however wrapped, is
-    ``workflows.ops.disk.DiskFull``'s line and exit 28 instead), an unreachable server
+    ``tracerl.workflows.ops.disk.DiskFull``'s line and exit 28 instead), an unreachable server
     (ConnectionError is an OSError), an unknown name (LookupError), a bad value, a set-up the user must fix
     (SetupError), a job API that refused a job. A bug is none of these and keeps its traceback.
     """
     from tracerl.models.hf import SetupError  # light: torch loads inside its functions
-    from workflows.ops.submit import JobAPIError
+    from tracerl.workflows.ops.submit import JobAPIError
 
     return (SetupError, JobAPIError, OSError, LookupError, ValueError)
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from workflows.ops.progress import Progress
+from tracerl.workflows.ops.progress import Progress
 
 progress = Progress()
 """Messages and bars of long commands (workflows/ops/progress.py): a bar on a terminal, plain lines in logs."""

@@ -1,4 +1,5 @@
-"""``tracerl bench ...``: the benchmark subcommands (allocation, targets, rollout, train, env, testbeds, peer, limit), each a configured
+"""``tracerl bench ...``: the benchmark subcommands (allocation, targets, rollout, train, env, testbeds, peer, limit,
+update, sync), each a configured
 job that prints a table and writes JSON."""
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from tracerl.experiment_config import (
     BenchRolloutConfig,
     BenchTrainConfig,
 )
-from workflows.bench.limit import BenchLimitConfig
-from workflows.bench.peer import BenchPeerConfig
-from workflows.bench.testbeds import BenchTestbedsConfig
-from workflows.cli.args import Command, Shorthand, add_job_args, progress
-from workflows.tracking.store import resolve_uri, where
+from tracerl.workflows.bench.limit import BenchLimitConfig
+from tracerl.workflows.bench.peer import BenchPeerConfig
+from tracerl.workflows.bench.sync import BenchSyncConfig
+from tracerl.workflows.bench.testbeds import BenchTestbedsConfig
+from tracerl.workflows.bench.update import BenchUpdateConfig
+from tracerl.workflows.cli.args import Command, Shorthand, add_job_args, progress
+from tracerl.workflows.tracking.store import resolve_uri, where
 
 BENCH_ALLOCATION_FLAGS = (
     Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
@@ -101,6 +104,33 @@ BENCH_LIMIT_FLAGS = (
     Shorthand("--repeats", ("repeats",), "timed repeats of each microbenchmark"),
     Shorthand("--out", ("bench_out",), "output directory", str),
 )
+BENCH_UPDATE_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--vocab", ("vocab",), "vocabulary size"),
+    Shorthand("--hidden", ("hidden",), "hidden size (a multiple of 32)"),
+    Shorthand("--layers", ("layers",), "decoder layers"),
+    Shorthand("--tokens", ("tokens",), "tokens of the update's batch"),
+    Shorthand("--micro-tokens", ("micro_tokens",), "token budget of a micro-batch (0: the whole batch)"),
+    Shorthand("--dtype", ("dtype",), "compute dtype: float32 or bfloat16 (autocast)", str),
+    Shorthand(
+        "--chunks",
+        ("logit_chunks",),
+        "loss.logit_chunk of each case, comma-separated (0: unchunked)",
+        lambda s: f"[{s}]",
+    ),
+    Shorthand("--max-gb", ("max_gb",), "address-space cap of each case's subprocess, GB (0: none)", float),
+    Shorthand("--out", ("bench_out",), "output directory", str),
+)
+BENCH_SYNC_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--vocab", ("vocab",), "vocabulary size"),
+    Shorthand("--hidden", ("hidden",), "hidden size (a multiple of 64)"),
+    Shorthand("--layers", ("layers",), "decoder layers"),
+    Shorthand("--samplers", ("samplers",), "hf sampler actors to push to"),
+    Shorthand("--bucket-mb", ("bucket_mb",), "trainer.push_bucket_mb of the push"),
+    Shorthand("--pushes", ("pushes",), "pushes (the first is a warm-up)"),
+    Shorthand("--out", ("bench_out",), "output directory", str),
+)
 BENCH_ENV_FLAGS = (
     Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
     Shorthand("--tasks", ("tasks",), "held-out tasks to run"),
@@ -108,11 +138,11 @@ BENCH_ENV_FLAGS = (
 
 
 def _bench_allocation(cfg: BenchAllocationConfig) -> int:
-    from workflows.bench.allocation import run_allocation_bench
+    from tracerl.workflows.bench.allocation import run_allocation_bench
 
     progress(where(cfg.tracking))
     summary = run_allocation_bench(cfg, progress=progress)
-    from workflows.bench.allocation import format_table
+    from tracerl.workflows.bench.allocation import format_table
 
     print(format_table(cfg, summary))
     print(
@@ -126,7 +156,7 @@ def _bench_allocation(cfg: BenchAllocationConfig) -> int:
 
 
 def _bench_targets(cfg: BenchAllocationConfig) -> int:
-    from workflows.bench.targets import format_targets_table, run_targets
+    from tracerl.workflows.bench.targets import format_targets_table, run_targets
 
     summary = run_targets(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(format_targets_table(summary))
@@ -139,7 +169,7 @@ def _bench_targets(cfg: BenchAllocationConfig) -> int:
 def _bench_env(cfg: BenchEnvConfig) -> int:
     import json
 
-    from workflows.bench.env import run_env_bench
+    from tracerl.workflows.bench.env import run_env_bench
 
     result = run_env_bench(cfg, progress=progress)
     print(result.format())
@@ -168,7 +198,7 @@ def bench_env_overrides(args: argparse.Namespace) -> None:
 
 
 def _bench_rollout(cfg: BenchRolloutConfig) -> int:
-    from workflows.bench.rollout import format_table, run_rollout_bench
+    from tracerl.workflows.bench.rollout import format_table, run_rollout_bench
 
     summary = run_rollout_bench(cfg, progress=progress)
     print(format_table(cfg, summary))
@@ -179,7 +209,9 @@ def _bench_rollout(cfg: BenchRolloutConfig) -> int:
 
 
 def _lm_bench(
-    cfg: BenchTrainConfig | BenchPipelineConfig | BenchLimitConfig, run: Any, format_table: Any
+    cfg: BenchTrainConfig | BenchPipelineConfig | BenchLimitConfig | BenchUpdateConfig | BenchSyncConfig,
+    run: Any,
+    format_table: Any,
 ) -> int:
     """A benchmark of training steps on the LM stack: run, print its table, say where its JSON went."""
 
@@ -192,20 +224,20 @@ def _lm_bench(
 
 
 def _bench_train(cfg: BenchTrainConfig) -> int:
-    from workflows.bench.train import format_table, run_train_bench
+    from tracerl.workflows.bench.train import format_table, run_train_bench
 
     return _lm_bench(cfg, run_train_bench, format_table)
 
 
 def _bench_pipeline(cfg: BenchPipelineConfig) -> int:
-    from workflows.pipeline.bench import format_table, run_pipeline_bench
+    from tracerl.workflows.pipeline.bench import format_table, run_pipeline_bench
 
     return _lm_bench(cfg, run_pipeline_bench, format_table)
 
 
 def _bench_peer(cfg: BenchPeerConfig) -> int:
-    from workflows.bench.peer import run_peer_bench
-    from workflows.bench.peer_report import format_table
+    from tracerl.workflows.bench.peer import run_peer_bench
+    from tracerl.workflows.bench.peer_report import format_table
 
     try:
         summary = run_peer_bench(cfg, progress=progress)
@@ -220,15 +252,27 @@ def _bench_peer(cfg: BenchPeerConfig) -> int:
 
 
 def _bench_limit(cfg: BenchLimitConfig) -> int:
-    from workflows.bench.limit import run_limit_bench
-    from workflows.bench.limit_report import format_table
+    from tracerl.workflows.bench.limit import run_limit_bench
+    from tracerl.workflows.bench.limit_report import format_table
 
     return _lm_bench(cfg, run_limit_bench, format_table)
 
 
+def _bench_update(cfg: BenchUpdateConfig) -> int:
+    from tracerl.workflows.bench.update import format_table, run_update_bench
+
+    return _lm_bench(cfg, run_update_bench, format_table)
+
+
+def _bench_sync(cfg: BenchSyncConfig) -> int:
+    from tracerl.workflows.bench.sync import format_table, run_sync_bench
+
+    return _lm_bench(cfg, run_sync_bench, format_table)
+
+
 def _bench_testbeds(cfg: BenchTestbedsConfig) -> int:
-    from workflows.bench.probes import run_testbeds_bench
-    from workflows.bench.testbeds import format_table
+    from tracerl.workflows.bench.probes import run_testbeds_bench
+    from tracerl.workflows.bench.testbeds import format_table
 
     summary = run_testbeds_bench(cfg, progress=progress)
     print(format_table(summary))
@@ -254,6 +298,8 @@ BENCH_COMMANDS: dict[str, Command] = {
     ),
     "bench peer": Command(BenchPeerConfig, "bench/peer.yaml", BENCH_PEER_FLAGS, _bench_peer),
     "bench limit": Command(BenchLimitConfig, "bench/limit.yaml", BENCH_LIMIT_FLAGS, _bench_limit),
+    "bench update": Command(BenchUpdateConfig, "bench/update.yaml", BENCH_UPDATE_FLAGS, _bench_update),
+    "bench sync": Command(BenchSyncConfig, "bench/sync.yaml", BENCH_SYNC_FLAGS, _bench_sync),
 }
 BENCH_HELP = {
     "allocation": "every allocator at equal leaf budget on the simulator",
@@ -264,6 +310,8 @@ BENCH_HELP = {
     "testbeds": "acceptance of the study's testbeds: accuracy, depth profile, habit choices",
     "peer": "TRL's GRPOTrainer vs tracerl grpo and trace on the same work (needs `make bench-peer`'s venv)",
     "limit": "the embedded default's step at the limit this machine allows, next to a real step (per phase)",
+    "update": "one learner update of a chosen shape: seconds, tokens/s, peak memory and the estimate",
+    "sync": "a weight push of a chosen model size to N sampler actors: seconds, peak host memory per side",
     "env": "an environment's gold replay (--gold) or tiny policy pass@1: "
     "bench env [math|search|bfcl] [--gold] [--json PATH]",
 }
@@ -291,8 +339,8 @@ def bench_pipeline_sim(args: argparse.Namespace) -> int:
     """The scale model on every profile: a table, and the issue's "sim" JSON part (merged into ``--json``)."""
     import json
 
-    from workflows.pipeline.profile import load_profile, shipped_profiles
-    from workflows.pipeline.report import format_table, read_cpu, sim_entry
+    from tracerl.workflows.pipeline.profile import load_profile, shipped_profiles
+    from tracerl.workflows.pipeline.report import format_table, read_cpu, sim_entry
 
     if not getattr(args, "sim", False):
         print(

@@ -1,4 +1,4 @@
-"""``tracerl register``, ``compare``, ``submit`` and ``ui``: commands on runs already tracked in MLflow, and on a
+"""``tracerl register``, ``compare``, ``submit``, ``sync`` and ``ui``: commands on runs already tracked in MLflow, and on a
 Ray cluster; they take plain flags, not a job config."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import argparse
 import sys
 from typing import Any
 
-from workflows.cli.args import progress
-from workflows.tracking.store import DEFAULT_URI, ENV_VAR
+from tracerl.workflows.cli.args import progress
+from tracerl.workflows.tracking.store import DEFAULT_URI, ENV_VAR
 
 URI_HELP = f"MLflow tracking URI (default: ${ENV_VAR} when set, else {DEFAULT_URI})"
 
 
 def _register(args: argparse.Namespace) -> int:
-    from workflows.tracking.model_registry import register
+    from tracerl.workflows.tracking.model_registry import register
 
     v = register(args.run_id, args.name, args.alias, args.tracking_uri, progress=progress)
     alias = f" (alias {args.alias})" if args.alias else ""
@@ -28,7 +28,7 @@ def _register(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from tracerl.config import TrackingConfig
-    from workflows.tracking.compare import compare
+    from tracerl.workflows.tracking.compare import compare
 
     tracking = TrackingConfig(uri=args.tracking_uri, experiment=args.experiment or "tracerl")
     res = compare(tracking, args.experiment, args.run_ids, args.out, log_to_mlflow=not args.no_log)
@@ -37,7 +37,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from workflows.ops import submit as sub
+    from tracerl.workflows.ops import submit as sub
 
     if args.status:
         print(sub.status(args.address, args.status))
@@ -61,8 +61,17 @@ def _submit(args: argparse.Namespace) -> int:
     return 0 if state in ("SUCCEEDED", "PENDING") else 1
 
 
+def _sync(args: argparse.Namespace) -> int:
+    from tracerl.workflows.tracking.sync import sync_run
+
+    sent, status = sync_run(args.run_id, args.tracking_uri, say=progress)
+    done = f"status {status} recorded" if status else "no final status was waiting"
+    print(f"MLflow run {args.run_id}: {sent} spooled metrics sent, {done}")
+    return 0
+
+
 def _ui(args: argparse.Namespace) -> int:
-    from workflows.tracking.ui import serve
+    from tracerl.workflows.tracking.ui import serve
 
     return serve(args.tracking_uri, args.host, args.port, args.experiment, check=args.check)
 
@@ -86,7 +95,9 @@ def add_parsers(sub: Any) -> None:
         "--no-follow", action="store_true", help="return after submitting instead of streaming logs"
     )
     sm.add_argument("--working-dir", default=".", help="uploaded as the job's working directory (default: .)")
-    sm.add_argument("--python", help="run `PYTHON -m workflows.cli.app` instead of `tracerl` on the cluster")
+    sm.add_argument(
+        "--python", help="run `PYTHON -m tracerl.workflows.cli.app` instead of `tracerl` on the cluster"
+    )
     sm.add_argument(
         "job",
         nargs=argparse.REMAINDER,
@@ -100,6 +111,13 @@ def add_parsers(sub: Any) -> None:
     cmp.add_argument("--tracking-uri", help=URI_HELP)
     cmp.add_argument("--out", default="bench_out/compare", help="output directory (default: %(default)s)")
     cmp.add_argument("--no-log", action="store_true", help="do not log the report to MLflow")
+    syn = sub.add_parser(
+        "sync", help="send a run's spooled metrics and final status to the tracking store (no training)"
+    )
+    syn.add_argument(
+        "run_id", help="MLflow run id of a `tracerl train` run that ended with its metrics spooled"
+    )
+    syn.add_argument("--tracking-uri", help=URI_HELP)
     ui = sub.add_parser("ui", help="start the MLflow UI on the tracking store and print its URL")
     ui.add_argument("--tracking-uri", help=URI_HELP)
     ui.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
@@ -112,4 +130,4 @@ def add_parsers(sub: Any) -> None:
     )
 
 
-HANDLERS = {"register": _register, "compare": _compare, "submit": _submit, "ui": _ui}
+HANDLERS = {"register": _register, "compare": _compare, "submit": _submit, "sync": _sync, "ui": _ui}

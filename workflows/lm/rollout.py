@@ -15,8 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from envs.registry import check_data
-from predictors.length import attach_lengths
 from tracerl.algos.allocators import build_allocator
 from tracerl.config import RolloutConfig
 from tracerl.config_loader import to_yaml
@@ -24,6 +22,7 @@ from tracerl.engine.mc_scorer import mc_metrics, with_monte_carlo
 from tracerl.engine.step import StepOutcome
 from tracerl.engine.step_stats import step_metrics
 from tracerl.engine.stepper import Stepper
+from tracerl.envs.registry import check_data
 from tracerl.metrics import (
     EFFECTIVE_RATIO,
     GENERATED_TOKENS,
@@ -33,9 +32,10 @@ from tracerl.metrics import (
     SUCCESS_RATE,
     TOOL_CALLS,
 )
+from tracerl.predictors.length import attach_lengths
 from tracerl.tree_io import tree_to_record
-from workflows.lm.stack import LMStack, build_stack, build_text_predictor, task_prompts
-from workflows.lm.viewer import render_html
+from tracerl.workflows.lm.stack import LMStack, build_stack, build_text_predictor, task_prompts
+from tracerl.workflows.lm.viewer import render_html
 
 
 @dataclass(frozen=True)

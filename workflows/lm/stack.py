@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from envs.registry import env_class
-from predictors import build_predictor
-from predictors.base import FeaturizerFactory, Predictor
-from predictors.features import Featurizer
-from predictors.text import HashedNgramFeaturizer, PolicyHiddenFeaturizer
 from tracerl.config import EnvConfig, ModelConfig, PredictorConfig, SamplerConfig
 from tracerl.engine.react import TEMPLATES
 from tracerl.engine.rollout import TreeRolloutEngine
+from tracerl.envs.registry import env_class
 from tracerl.models.hf import SetupError, check_window, load_policy
+from tracerl.predictors import build_predictor
+from tracerl.predictors.base import FeaturizerFactory, Predictor
+from tracerl.predictors.features import Featurizer
+from tracerl.predictors.text import HashedNgramFeaturizer, PolicyHiddenFeaturizer
 from tracerl.samplers import make_sampler
 from tracerl.types import Prompt
 

@@ -5,7 +5,7 @@ or disk is full", anywhere in a run (a checkpoint write, an artifact or metric l
 update) is not transient: retrying cannot succeed until someone frees space. ``no_space`` recognises one however
 deeply it is wrapped (Ray Train's worker-group and controller errors, MLflow's and SQLAlchemy's exceptions);
 ``DiskFull`` is the one line the CLI prints (exit ``EXIT_CODE``, 28, the errno of ENOSPC);
-``workflows.ops.disk_callback.StopOnDiskFull`` keeps Ray Train from restarting the workers on one
+``tracerl.workflows.ops.disk_callback.StopOnDiskFull`` keeps Ray Train from restarting the workers on one
 (``FailureConfig.max_failures`` is for faults that a restart can get past).
 """
 
@@ -26,21 +26,21 @@ _PATH = re.compile(r"""(?:: |file |to |at )['"]?(/[^'"\s:]+)""")
 class DiskFull(OSError):
     """A write found no space (ENOSPC) or no quota (EDQUOT) left at ``path``; the message says what to do."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, note: str = "") -> None:
         super().__init__(errno.ENOSPC, "No space left on device")
-        self.path = path
+        self.path, self.note = path, note
 
     def __str__(self) -> str:
         return (
             f"no space left on device at {self.path or 'the run storage'}: free space or point "
-            "out_dir/tracking.uri elsewhere"
+            "out_dir/tracking.uri elsewhere" + (f"; {self.note}" if self.note else "")
         )
 
-    def __reduce__(self) -> tuple[Any, tuple[str]]:  # crosses Ray's process boundaries intact
-        return (DiskFull, (self.path,))
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:  # crosses Ray's process boundaries intact
+        return (DiskFull, (self.path, self.note))
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
+def error_chain(exc: BaseException) -> Iterator[BaseException]:
     """``exc`` and everything it wraps: causes, contexts, Ray Train's per-worker and controller errors, SQLAlchemy's
     original DB-API error."""
     todo: list[Any] = [exc]
@@ -61,7 +61,7 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 def no_space(exc: BaseException) -> str | None:
     """The path a full disk or quota was met at ("" if no path is known), or None when ``exc`` is no such error."""
     found: str | None = None
-    for e in _chain(exc):
+    for e in error_chain(exc):
         if isinstance(e, DiskFull):
             return e.path
         hit = isinstance(e, OSError) and e.errno in NO_SPACE_ERRNOS

@@ -7,7 +7,7 @@ Sections (each written to the JSON as soon as it ends; docs/gpu_check.md says ho
 - ``environment``: versions, device, the plan actually run.
 - ``update``: ``tracerl.learner.PolicyLearner`` PPO-clip steps, float32 master weights, bf16 autocast,
   gradient checkpointing, 4k-token sequences; tokens/s and the measured peak memory.
-- ``memory``: the estimate for that configuration (formula in ``workflows.ops.gpu_plan.memory_estimate``) against the measured peak.
+- ``memory``: the estimate for that configuration (formula in ``tracerl.workflows.ops.gpu_plan.memory_estimate``) against the measured peak.
 - ``lora_update``: the same update with peft LoRA adapters (``tracerl.models.wrap.apply_lora``).
 - ``generation_exact``, ``generation``: ``tracerl.samplers.hf.HFSampler`` (float32, then the plan's dtype) generates a
   turn, continues from the cached prefix, and the
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl import metrics as M
-from workflows.ops.gpu_plan import Plan, exact, load_arch, make_plan, memory_section
+from tracerl.workflows.ops.gpu_plan import Plan, exact, load_arch, make_plan, memory_section
 
 BUDGET_S = 300.0
 """The whole check stays under 5 minutes: a section that would start after this is skipped."""
@@ -121,7 +121,7 @@ def run_update(plan: Plan, lora: bool) -> dict[str, Any]:
     learner = PolicyLearner(
         model,
         OptimConfig(lr=1e-6, warmup_steps=0),
-        LossConfig(micro_batch_size=plan.micro_batch),
+        LossConfig(micro_batch_size=plan.micro_batch, logit_chunk=plan.logit_chunk),
         total_steps=plan.steps,
         pad_id=0,
         autocast=torch.bfloat16,
@@ -290,7 +290,9 @@ def run(json_path: Path | None, dry: bool, budget_s: float = BUDGET_S) -> dict[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m workflows.ops.gpu_check", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m tracerl.workflows.ops.gpu_check", description=__doc__.split("\n")[0]
+    )
     ap.add_argument(
         "--json",
         default=os.environ.get("GPU_CHECK_OUT", "bench_out/gpu_check.json"),

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ARCH = Path(__file__).resolve().parents[2] / "conf" / "model" / "qwen3_1_7b_arch.json"
+from tracerl.shipped import CONF
+
+ARCH = CONF / "model" / "qwen3_1_7b_arch.json"
 
 # Bytes per element of the activations that the estimate counts (see memory_estimate).
 RESIDUAL_BYTES = 4  # the residual stream is float32: embeddings are not autocast, norms compute in float32
@@ -24,6 +26,8 @@ LAYER_BYTES_PER_INTERMEDIATE = 8  # gate, up, act(gate), act*up in bf16
 LOGIT_BYTES = (
     20  # log-softmax and exp kept for backward (fp32), plus the fp32 gradients flowing back through them
 )
+HEAD_INPUT_BYTES = 8  # chunked path: the loss positions' final hidden rows (fp32) and their gradient
+GATHERED_BYTES = 4  # FSDP: the unit in use and the one prefetched, each gathered in bf16
 ADAM_TEMP_BYTES = 4  # foreach AdamW's full-size float32 temporary during the step
 
 
@@ -49,6 +53,8 @@ class Plan:
     (the dry run and ``generation_exact``) 1e-3: the cached continuation must be exact. In bf16 0.5: a bound on gross
     errors (a wrong position or cache row costs whole nats), above bf16's rounding between incremental and
     full-sequence attention (0.08-0.15 measured on an H200 over 1,200-token contexts, docs/gpu_check.md)."""
+    logit_chunk: int = 1024
+    """``loss.logit_chunk`` of the update (0: the unchunked full-logits path)."""
 
 
 def load_arch(path: Path = ARCH) -> dict[str, Any]:
@@ -125,29 +131,59 @@ def memory_estimate(
     vocab: int,
     micro_batch: int,
     seq_len: int,
+    logit_chunk: int = 0,
+    loss_tokens: int | None = None,
+    shards: int = 1,
+    unit_params: int = 0,
 ) -> dict[str, float]:
     """Bytes for the update with float32 master weights, AdamW, bf16 autocast and gradient checkpointing.
 
-    weights 4 P + grads 4 T + Adam 8 T (P parameters, T trainable), plus the activations of one micro-batch of
-    N = micro_batch * seq_len tokens: the checkpointed layer inputs 4 L N H, one recomputed layer
-    N (24 H + 8 I), and the logits path 20 N V. Peak = max(backward: all of that, optimizer step: weights + grads
-    + Adam + a 4 T temporary).
+    weights 4 P + grads 4 T + Adam 8 T (P parameters, T trainable; divided by ``shards`` under FSDP, which adds
+    4 U for the unit in use and the one prefetched, gathered in bf16, U = ``unit_params``: the largest unit),
+    plus the activations of one micro-batch of N = micro_batch * seq_len tokens: the checkpointed layer inputs
+    4 L N H, one recomputed layer N (24 H + 8 I), and the logits path. Unchunked (``logit_chunk`` 0) that is
+    20 N V: every position's logits. Chunked (tracerl.models.logprob_head) it is 20 min(C, K) V for one chunk of
+    C = ``logit_chunk`` positions plus 8 K H for the K = ``loss_tokens`` (default N) scored positions' hidden rows
+    and their gradient. Peak = max(backward: all of that, optimizer step: weights + grads + Adam + a 4 T
+    temporary).
     """
     n = micro_batch * seq_len
+    k = n if loss_tokens is None else min(loss_tokens, n)
+    logits = LOGIT_BYTES * (min(logit_chunk, k) if logit_chunk > 0 else n) * vocab
     parts = {
-        "weights": 4.0 * params,
-        "grads": 4.0 * trainable,
-        "adam": 8.0 * trainable,
+        "weights": 4.0 * params / shards,
+        "grads": 4.0 * trainable / shards,
+        "adam": 8.0 * trainable / shards,
+        "gathered": float(GATHERED_BYTES * unit_params) if shards > 1 else 0.0,
         "checkpoints": float(RESIDUAL_BYTES * layers * n * hidden),
         "layer_recompute": float(
             n * (LAYER_BYTES_PER_HIDDEN * hidden + LAYER_BYTES_PER_INTERMEDIATE * intermediate)
         ),
-        "logits": float(LOGIT_BYTES * n * vocab),
+        "logits": float(logits),
+        "head_inputs": float(HEAD_INPUT_BYTES * k * hidden) if logit_chunk > 0 else 0.0,
     }
-    static = parts["weights"] + parts["grads"] + parts["adam"]
-    backward = static + parts["checkpoints"] + parts["layer_recompute"] + parts["logits"]
-    step = static + ADAM_TEMP_BYTES * trainable
+    static = parts["weights"] + parts["grads"] + parts["adam"] + parts["gathered"]
+    backward = static + sum(parts[x] for x in ("checkpoints", "layer_recompute", "logits", "head_inputs"))
+    step = static + ADAM_TEMP_BYTES * trainable / shards
     return {**parts, "peak": max(backward, step)}
+
+
+def largest_micro_tokens(budget_bytes: float, **shape: int) -> int:
+    """The most tokens one micro-batch may hold for ``memory_estimate(**shape, micro_batch=1, seq_len=tokens)``
+    to stay within ``budget_bytes`` (0: not even one token; loss tokens = all tokens, the worst case)."""
+
+    def fits(n: int) -> bool:
+        return memory_estimate(**shape, micro_batch=1, seq_len=n)["peak"] <= budget_bytes
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while fits(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:  # fits(lo), not fits(hi); the estimate grows with n
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def memory_section(plan: Plan, update: dict[str, Any]) -> dict[str, Any]:
@@ -161,6 +197,9 @@ def memory_section(plan: Plan, update: dict[str, Any]) -> dict[str, Any]:
         a["vocab_size"],
         plan.micro_batch,
         plan.seq_len,
+        logit_chunk=plan.logit_chunk,
+        # gpu_check._batch: the loss tokens are the second half of every sequence
+        loss_tokens=plan.micro_batch * (plan.seq_len - plan.seq_len // 2),
     )
     peak = update.get("peak_bytes")
     return {

@@ -1,9 +1,11 @@
 """Memory of a whole process tree: its summed PSS (proportional set size, so shared pages count once), sampled
-on a thread while it runs (``tracerl bench peer`` measures each side this way)."""
+on a thread while it runs (``tracerl bench peer`` measures each side this way); and one process's own resident set,
+sampled likewise (``RssPeak``: ``tracerl bench sync``'s sender and sampler actors)."""
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 
 def tree_pss_mb(pid: int) -> tuple[float, int]:
@@ -51,3 +53,34 @@ class TreeMemory:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+class RssPeak:
+    """A thread that samples this process's resident set (VmRSS) every ``interval_s`` until ``stop``."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.base = self.peak = rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss_bytes())
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> dict[str, int]:
+        """The reading at the start, the peak, and the peak less the start (bytes)."""
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+        return {"base": self.base, "peak": self.peak, "extra": self.peak - self.base}
+
+
+def rss_bytes() -> int:
+    """This process's resident set, bytes (VmRSS: anonymous, file-backed and shared pages)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status (tracerl bench sync reads Linux's /proc)")

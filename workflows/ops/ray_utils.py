@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tracerl.config import ClusterConfig
@@ -30,17 +31,46 @@ def init_ray(cfg: ClusterConfig) -> None:
         return
     if cfg.address == "local":
         # address="local" never attaches to a stale /tmp/ray/ray_current_cluster of a killed head.
-        ray.init(
-            address="local",
-            num_cpus=cfg.num_cpus,
-            include_dashboard=cfg.include_dashboard,
-            object_store_memory=cfg.object_store_memory_mb * 1024 * 1024,
-            log_to_driver=True,
-            configure_logging=False,
-        )
+        with loopback_node():
+            ray.init(
+                address="local",
+                num_cpus=cfg.num_cpus,
+                include_dashboard=cfg.include_dashboard,
+                dashboard_host=LOOPBACK,
+                _node_ip_address=LOOPBACK,
+                object_store_memory=cfg.object_store_memory_mb * 1024 * 1024,
+                log_to_driver=True,
+                configure_logging=False,
+            )
     else:
         ray.init(address=cfg.address)
     end_on_signals()
+
+
+LOOPBACK = "127.0.0.1"
+
+
+@contextlib.contextmanager
+def loopback_node() -> Iterator[None]:
+    """Start the embedded Ray as a node whose address is 127.0.0.1, so that every one of its services listens on
+    loopback only (docs/reliability.md, "What a cluster exposes").
+
+    Ray 2.60 turns a node address of 127.0.0.1 into the machine's primary address unless it runs in its
+    single-machine mode (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, the macOS and Windows default, read once when
+    Ray is imported): with that address the GCS, the raylet and the workers bound all interfaces and the metrics
+    exporter answered anyone. In the single-machine mode the node's address is 127.0.0.1, and the GCS, raylet,
+    workers, agents and metrics exporter all bind it. The switch is on only while ``ray.init`` starts the node
+    (afterwards Ray asks the node for its address), so a later ``ray.init`` that joins a cluster in the same
+    process is not affected. Token authentication is untouched: on unless ``RAY_AUTH_MODE`` says otherwise.
+    """
+    import ray._private.ray_constants as ray_constants
+
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
 
 
 EMBEDDED_TRAIN_ENV = {

@@ -13,7 +13,7 @@ in the working directory, so its run outputs and the default SQLite MLflow store
 that runs the driver, which Ray deletes eventually: point ``tracking.uri`` (or ``MLFLOW_TRACKING_URI`` in the
 head's environment, which the job inherits) and ``out_dir`` at shared storage to keep them.
 
-The entrypoint is the ``tracerl`` command (or ``PYTHON -m workflows.cli.app`` with ``--python``, for heads whose PATH
+The entrypoint is the ``tracerl`` command (or ``PYTHON -m tracerl.workflows.cli.app`` with ``--python``, for heads whose PATH
 has no ``tracerl``: Ray resolves the entrypoint with the PATH of whoever ran ``ray start``). Logs stream until the
 job ends; ``--status``, ``--logs`` and ``--stop`` act on an existing job. Ray token authentication stays on: the
 client reads the token the way the ``ray`` CLI does (``RAY_AUTH_MODE=token`` with ``RAY_AUTH_TOKEN`` or the local
@@ -113,7 +113,7 @@ class JobAPIError(RuntimeError):
 def entrypoint(command: str, args: Sequence[str], python: str | None = None) -> str:
     if command not in SUBMITTABLE:
         raise ValueError(f"tracerl submit sends one of {', '.join(SUBMITTABLE)} (got {command!r})")
-    head = [python, "-m", "workflows.cli.app"] if python else ["tracerl"]
+    head = [python, "-m", "tracerl.workflows.cli.app"] if python else ["tracerl"]
     args = list(args)
     if command in JOINS_CLUSTER and not any(a.startswith("cluster.address=") for a in args):
         args.append("cluster.address=auto")  # not an embedded Ray of its own inside the job

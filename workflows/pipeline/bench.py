@@ -27,7 +27,7 @@ import numpy as np
 
 from tracerl.config import PipelineMode
 from tracerl.experiment_config import BenchPipelineConfig
-from workflows.pipeline.bench_train import format_train, mode_means, run_train_modes, summarize_train
+from tracerl.workflows.pipeline.bench_train import format_train, mode_means, run_train_modes, summarize_train
 
 KEYS = ("step_s", "rollout_s", "busy", "occupancy", "generated_tokens")
 IN_TRAIN = {
@@ -39,8 +39,8 @@ IN_TRAIN = {
 def run_pipeline_bench(
     cfg: BenchPipelineConfig, progress: Callable[[str], None] = lambda s: None
 ) -> dict[str, Any]:
-    from envs.registry import check_data
-    from workflows.ops.ray_utils import init_ray
+    from tracerl.envs.registry import check_data
+    from tracerl.workflows.ops.ray_utils import init_ray
 
     check_data(cfg.train.env)
     init_ray(cfg.train.cluster)
@@ -135,15 +135,15 @@ def run_one(
     name: str = "",
 ) -> list[dict[str, Any]]:
     """``num_steps`` steps of one (mode, seed) on ``pool``: per step its measurements."""
-    from envs.registry import tool_env_class
-    from predictors.length import attach_lengths
     from tracerl.algos.allocators import build_allocator
     from tracerl.engine.mc_scorer import with_monte_carlo
     from tracerl.engine.react import TEMPLATES
     from tracerl.engine.step import same_allocation
     from tracerl.engine.stepper import Stepper
     from tracerl.engine.timer import PhaseTimer
-    from workflows.lm.stack import make_text_predictor, task_prompts
+    from tracerl.envs.registry import tool_env_class
+    from tracerl.predictors.length import attach_lengths
+    from tracerl.workflows.lm.stack import make_text_predictor, task_prompts
 
     tok, model = policy
     template = TEMPLATES.get(cfg.train.model.template)(tok)

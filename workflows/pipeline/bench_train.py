@@ -58,7 +58,7 @@ def train_config(cfg: BenchPipelineConfig, mode: str, seed: int, stamp: str) -> 
 
 def run_train_modes(cfg: BenchPipelineConfig, progress: Callable[[str], None]) -> list[dict[str, Any]]:
     """Every (seed, mode) train run: per measured step its measurements."""
-    from workflows.train.run import train
+    from tracerl.workflows.train.run import train
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     runs = []
@@ -81,7 +81,7 @@ def step_measurements(run_id: str, tc: TrainConfig) -> list[dict[str, float]]:
     """Steps 2 .. steps-1 of a finished run, from its metrics: the bench's per-step record."""
     import mlflow
 
-    from workflows.tracking.runs import metric_series
+    from tracerl.workflows.tracking.runs import metric_series
 
     client = mlflow.MlflowClient(tc.tracking.uri)
     series = {k: metric_series(client, run_id, name) for k, name in STEP_KEYS.items()}

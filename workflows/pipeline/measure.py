@@ -1,5 +1,5 @@
 """Measures the speeds the tiny profile (conf/bench/pipeline_profiles/tiny_cpu.yaml) is built from, on this
-machine: ``python -m workflows.pipeline.measure [--trees DIR]``.
+machine: ``python -m tracerl.workflows.pipeline.measure [--trees DIR]``.
 
 - decode: ``HFSampler.generate`` on the tiny policy (the sampler the rollouts use: Gumbel rows, log-probs, KV
   handles), at each batch size, for two lengths with no stop; seconds per decode iteration = the difference of the
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from tracerl.actors.pools import balanced_shards
-from workflows.pipeline.pool import measure_pool, summarize_pool
+from tracerl.workflows.pipeline.pool import measure_pool, summarize_pool
 
 MODEL = "models/tiny-math-habit"
 
@@ -86,8 +86,8 @@ def measure_speeds(batches: list[int], short: int, long: int, reps: int) -> dict
 
 def measure_tool(calls: int) -> dict[str, float]:
     """The math environment's Python tool, one sandboxed process per call."""
-    from envs.math.env import MathEnv
     from tracerl.engine.react import Action, ActionKind
+    from tracerl.envs.math.env import MathEnv
     from tracerl.types import Prompt
 
     env = MathEnv()  # the default sandbox, as env=math configures it
@@ -108,7 +108,7 @@ def measure_engine(prompts: list[int], per_prompt: int, seed: int = 0) -> dict[s
 
     from tracerl.config import RolloutConfig
     from tracerl.config_loader import compose, conf_dir
-    from workflows.lm.stack import build_stack, task_prompts
+    from tracerl.workflows.lm.stack import build_stack, task_prompts
 
     cfg = compose(RolloutConfig, conf_dir() / "rollout" / "math.yaml", ["model=tiny_habit", f"seed={seed}"])
     stack = build_stack(cfg.model, cfg.sampler, cfg.env, cfg.seed)
@@ -233,7 +233,7 @@ def record_steps(root: Path, samplers: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m workflows.pipeline.measure", description=__doc__.split("\n")[0]
+        prog="python -m tracerl.workflows.pipeline.measure", description=__doc__.split("\n")[0]
     )
     ap.add_argument("--batches", default="1,2,4,8,16,32", help="batch sizes, comma-separated")
     ap.add_argument("--reps", type=int, default=3, help="timed calls per point (the fastest is kept)")

@@ -1,4 +1,4 @@
-"""The embedded default's sampler actors as deployed, timed from inside (``python -m workflows.pipeline.measure
+"""The embedded default's sampler actors as deployed, timed from inside (``python -m tracerl.workflows.pipeline.measure
 --pool STEPS``): the speeds and overheads of the tiny pipeline profile (conf/bench/pipeline_profiles/tiny_cpu.yaml).
 
 The bench's own pool (conf/bench/pipeline.yaml: 2 hf sampler actors, their environment actors, the frozen policy)
@@ -125,8 +125,8 @@ def measure_pool(steps: int, seed: int, warmup: int = 1) -> dict[str, Any]:
     from tracerl.config_loader import compose, conf_dir
     from tracerl.experiment_config import BenchPipelineConfig
     from tracerl.models.hf import load_policy
-    from workflows.ops.ray_utils import init_ray
-    from workflows.pipeline.bench import bench_pool, run_one
+    from tracerl.workflows.ops.ray_utils import init_ray
+    from tracerl.workflows.pipeline.bench import bench_pool, run_one
 
     cfg = compose(BenchPipelineConfig, conf_dir() / "bench" / "pipeline.yaml", [f"seed={seed}"])
     init_ray(cfg.train.cluster)

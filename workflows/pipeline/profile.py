@@ -19,7 +19,10 @@ from typing import Any, Literal
 import numpy as np
 import yaml
 
-PROFILE_DIR = Path(__file__).resolve().parents[2] / "conf" / "bench" / "pipeline_profiles"
+from tracerl.config_yaml import syntax_message
+from tracerl.shipped import CONF
+
+PROFILE_DIR = CONF / "bench" / "pipeline_profiles"
 BATCHING = ("rounds", "continuous")
 
 
@@ -152,7 +155,7 @@ class Profile:
     weight_sync_s: float = 0.0
     """Pushing the new weights to the samplers (they pause)."""
     recorded_steps: str | None = None
-    """A JSON file of recorded steps (``python -m workflows.pipeline.measure --record-steps``; relative paths are
+    """A JSON file of recorded steps (``python -m tracerl.workflows.pipeline.measure --record-steps``; relative paths are
     in conf/bench/pipeline_profiles/): each simulated sampler then does the work one sampler actor did in a
     recorded step (its episodes' turns and tokens), the samplers of one recorded step drawn together, instead of
     episodes drawn turn by turn from ``turns`` and ``turn_tokens``. Tool latencies are still drawn from
@@ -216,7 +219,7 @@ class Profile:
         if not ok:
             raise ValueError(
                 f"profile {self.name}: recorded_steps {path} needs 'samplers' >= 1 and 'steps', each with one "
-                "share per sampler (write it with python -m workflows.pipeline.measure --record-steps DIR --out PATH)"
+                "share per sampler (write it with python -m tracerl.workflows.pipeline.measure --record-steps DIR --out PATH)"
             )
         return dict(data)
 
@@ -271,9 +274,12 @@ def load_profile(path: Path) -> Profile:
         ValueError: not UTF-8, not YAML, or not a profile; the message names the file.
     """
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        text = Path(path).read_text()
+        raw = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        raise ValueError(syntax_message(path, text, exc)) from None
     except yaml.YAMLError as exc:
-        raise ValueError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise ValueError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
     except UnicodeDecodeError:
         raise ValueError(f"{path} is not UTF-8 text") from None
     if not isinstance(raw, dict):

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workflows.pipeline.profile import Profile
-from workflows.pipeline.sim import MODES, SAMPLERS, simulate
+from tracerl.workflows.pipeline.profile import Profile
+from tracerl.workflows.pipeline.sim import MODES, SAMPLERS, simulate
 
 
 def validation_error(

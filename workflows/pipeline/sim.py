@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from workflows.pipeline.profile import Profile
+from tracerl.workflows.pipeline.profile import Profile
 
 SAMPLERS = (2, 8, 16, 32, 64)
 MODES = ("barrier", "streaming", "overlap")

@@ -25,8 +25,8 @@ BaselineFn = Callable[[TrainConfig], dict[str, float]]
 
 def evaluate_start(cfg: TrainConfig) -> dict[str, float]:
     """Greedy outcomes of ``cfg.model`` on ``cfg.env``'s held-out tasks, in this process (the real engine)."""
-    from workflows.lm.stack import task_prompts
-    from workflows.train.evaluate import evaluate_prompts, local_runner, task_outcomes
+    from tracerl.workflows.lm.stack import task_prompts
+    from tracerl.workflows.train.evaluate import evaluate_prompts, local_runner, task_outcomes
 
     prompts = task_prompts(cfg.env, held_out=True)
     _, traces = evaluate_prompts(

@@ -76,7 +76,7 @@ def curve_overrides(cfg: StudyConfig, tb: Mapping[str, Any]) -> list[str]:
 def keep_curve(client: Any, summary: Mapping[str, Any]) -> bool:
     """Log the finished cell's ``<storage>/curve.jsonl`` as its run's artifact ``curve/curve.jsonl``; False when
     the run wrote none (a cell without a token schedule)."""
-    from workflows.train.budget import CURVE_FILE
+    from tracerl.workflows.train.budget import CURVE_FILE
 
     storage, run_id = summary.get("storage"), summary.get("run_id")
     if not storage or not run_id or not (Path(storage) / CURVE_FILE).is_file():

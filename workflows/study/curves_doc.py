@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from tracerl.experiment_config import StudyConfig
-from workflows.study.curves_report import (
+from tracerl.workflows.study.curves_report import (
     BUDGET_TOLERANCE,
     TARGET_FRAC,
     collect_cells,
@@ -274,7 +274,7 @@ def plots(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from workflows.study.curves import bootstrap_curve
+    from tracerl.workflows.study.curves import bootstrap_curve
 
     usable = [c for c in cells if c["points"] and not c.get("error")]
     tbs = sorted({c["testbed"] for c in usable})
@@ -327,7 +327,7 @@ def write_curves_report(
         for tb in sorted({c["testbed"] for c in cells})
     }
     hyps = hypothesis_verdicts(cfg, stats, cells, cfg.bootstrap_samples)
-    from workflows.tracking.runs import git_sha
+    from tracerl.workflows.tracking.runs import git_sha
 
     sha = git_sha()  # the code writing this report (the cells name their own commits)
     doc: dict[str, Any] = {

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from tracerl.experiment_config import StudyConfig
-from workflows.study.curves import Comparison, EvalCurves, Interval, compare_curves, target_accuracy
-from workflows.study.sigmoid import fit_sigmoid
+from tracerl.workflows.study.curves import Comparison, EvalCurves, Interval, compare_curves, target_accuracy
+from tracerl.workflows.study.sigmoid import fit_sigmoid
 
 BUDGET_TOLERANCE = 0.05
 """A cell whose realised generated tokens are more than this fraction off its budget is flagged."""
@@ -46,8 +46,8 @@ def read_cell_curve(client: Any, run: Any) -> tuple[list[dict[str, Any]], str]:
     Raises:
         ValueError: neither holds a curve (says where it looked).
     """
-    from workflows.study.curve_cells import CURVE_ARTIFACT_DIR
-    from workflows.train.budget import CURVE_FILE, read_curve
+    from tracerl.workflows.study.curve_cells import CURVE_ARTIFACT_DIR
+    from tracerl.workflows.train.budget import CURVE_FILE, read_curve
 
     rid = run.info.run_id
     try:
@@ -128,8 +128,8 @@ def cell_record(
 
 def collect_cells(cfg: StudyConfig, client: Any, exp_id: str, parent: str) -> list[dict[str, Any]]:
     """Every finished cell of the study with its curve; a cell without one is recorded with an ``error``."""
-    from workflows.study.baseline import finished_baselines
-    from workflows.study.report import newest_finished, run_outcomes
+    from tracerl.workflows.study.baseline import finished_baselines
+    from tracerl.workflows.study.report import newest_finished, run_outcomes
 
     starts = {tb: run_outcomes(client, rid) for tb, rid in finished_baselines(client, exp_id, parent).items()}
     out = []
@@ -167,8 +167,8 @@ def finite(obj: Any) -> Any:
 def eval_curves(cells: Sequence[Mapping[str, Any]], x: str = "generated_tokens") -> EvalCurves:
     """The cells (seeds) as ``EvalCurves`` on the union of their points: each seed's per-task outcomes interpolated
     there (exact: the curve is linear between its points and held beyond them)."""
-    from workflows.study.curves import interp_matrix
-    from workflows.train.budget import curve_arrays
+    from tracerl.workflows.study.curves import interp_matrix
+    from tracerl.workflows.train.budget import curve_arrays
 
     rows = []
     for c in cells:
@@ -241,7 +241,7 @@ def final_difference(
     mine: Sequence[Mapping[str, Any]], base: Sequence[Mapping[str, Any]], samples: int
 ) -> dict[str, Any] | None:
     """Final full-set accuracy of ``mine`` minus ``base``, paired by seed and task (hierarchical bootstrap)."""
-    from workflows.study.report import hierarchical_bootstrap
+    from tracerl.workflows.study.report import hierarchical_bootstrap
 
     a, b = _pair(mine, base)
     va, vb = {}, {}

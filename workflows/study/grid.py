@@ -21,11 +21,11 @@ from typing import Any, TypedDict
 
 from tracerl.config import TrainConfig
 from tracerl.experiment_config import StudyConfig
-from workflows.study.baseline import BaselineFn, ensure_baselines
-from workflows.study.cells import TAG, Cell, Child, enumerate_cells, plan, select
-from workflows.study.curve_cells import check_curve_study, curve_overrides, is_curve_study, keep_curve
-from workflows.study.token_budget import fill_tokens, token_budget_error
-from workflows.tracking.runs import RunSummary
+from tracerl.workflows.study.baseline import BaselineFn, ensure_baselines
+from tracerl.workflows.study.cells import TAG, Cell, Child, enumerate_cells, plan, select
+from tracerl.workflows.study.curve_cells import check_curve_study, curve_overrides, is_curve_study, keep_curve
+from tracerl.workflows.study.token_budget import fill_tokens, token_budget_error
+from tracerl.workflows.tracking.runs import RunSummary
 
 
 def cell_config(
@@ -54,7 +54,7 @@ def cell_config(
         if tb.get("token_budget") is None:
             raise ValueError(token_budget_error(cell.testbed, "the study config"))
         overrides.append(f"budget.token_budget={int(tb['token_budget'])}")
-    from workflows.train.run import resolve_paths
+    from tracerl.workflows.train.run import resolve_paths
 
     tcfg = compose(TrainConfig, root / tb["base"], overrides, root=root)
     # Absolute paths and URIs: a cell's Ray task may run in another working directory.
@@ -62,7 +62,7 @@ def cell_config(
 
 
 def _parent(client: Any, exp_id: str, cfg: StudyConfig, progress: Callable[[str], None]) -> str:
-    from workflows.tracking.runs import git_sha
+    from tracerl.workflows.tracking.runs import git_sha
 
     runs = client.search_runs(
         [exp_id],
@@ -111,7 +111,7 @@ def _result(ref: Any) -> dict[str, Any]:
 
 
 def _run_cell(train_cfg: TrainConfig, tags: dict[str, str]) -> RunSummary:
-    from workflows.train.run import train
+    from tracerl.workflows.train.run import train
 
     return train(train_cfg, tags=tags)
 
@@ -144,15 +144,15 @@ def run_study(
     """Run the selected cells not yet finished, then write the report (a ``StudyResult``). A failed cell does not stop the others: its run is kept and the next invocation resumes it.
 
     Before its first cell runs, each testbed's starting checkpoint is evaluated once (workflows/study/baseline.py).
-    ``train_fn`` and ``baseline_fn`` replace the Ray tasks running ``workflows.train.run.train`` and the baseline
+    ``train_fn`` and ``baseline_fn`` replace the Ray tasks running ``tracerl.workflows.train.run.train`` and the baseline
     evaluation (a unit test passes fakes that record calls). With ``cluster.address=inprocess`` both run in this
     process, one cell after another, each a ``tracerl train`` in-process (no Ray at all).
     """
     import mlflow
 
-    from workflows.study.curves_doc import write_curves_report
-    from workflows.study.report import write_report
-    from workflows.tracking import store as trk
+    from tracerl.workflows.study.curves_doc import write_curves_report
+    from tracerl.workflows.study.report import write_report
+    from tracerl.workflows.tracking import store as trk
 
     if not cfg.tracking.enabled:
         raise ValueError("tracerl study needs MLflow tracking (tracking.enabled=true)")
@@ -217,7 +217,7 @@ def _archiver(
     function that archives newly finished runs; a failure to archive is reported, never fatal (the run is in MLflow)."""
     if not cfg.archive_dir:
         return lambda: None
-    from workflows.study.archive import export_finished, import_archive
+    from tracerl.workflows.study.archive import export_finished, import_archive
 
     folder = Path(cfg.archive_dir)
     import_archive(client, exp_id, parent, folder, progress)
@@ -258,14 +258,14 @@ def _baselines(
         raise ValueError(token_budget_error(missing[0], config_path))
     if not todo:
         return {}
-    from workflows.tracking.runs import git_sha
+    from tracerl.workflows.tracking.runs import git_sha
 
     if baseline_fn is None and cfg.cluster.in_process:
-        from workflows.study.baseline import evaluate_start
+        from tracerl.workflows.study.baseline import evaluate_start
 
         baseline_fn = evaluate_start  # in this process, as the cells
     elif baseline_fn is None:
-        from workflows.ops.ray_utils import init_ray
+        from tracerl.workflows.ops.ray_utils import init_ray
 
         init_ray(cfg.cluster)
     first: dict[str, TrainConfig] = {}
@@ -290,7 +290,7 @@ def _run_cells(
     """Run the cells; a cell that raises is recorded in ``failed`` (key -> error) and the others go on. A finished
     cell's curve file is kept as its run's artifact (``curve_cells.keep_curve``) when ``client`` is given, then
     ``archive`` runs."""
-    from workflows.tracking.runs import git_sha
+    from tracerl.workflows.tracking.runs import git_sha
 
     sha = git_sha()
     jobs = [
@@ -339,7 +339,7 @@ def _run_cells(
         return [c.key for c, _, _ in jobs if c.key not in failed]
     import ray
 
-    from workflows.ops.ray_utils import init_ray
+    from tracerl.workflows.ops.ray_utils import init_ray
 
     init_ray(cfg.cluster)
     task = ray.remote(num_cpus=cfg.cell_cpus, max_retries=0)(_run_cell)

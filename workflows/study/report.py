@@ -61,7 +61,7 @@ def hierarchical_bootstrap(
 
 
 def _mean(client: Any, run_id: str, key: str) -> float | None:
-    from workflows.tracking.runs import metric_series
+    from tracerl.workflows.tracking.runs import metric_series
 
     s = metric_series(client, run_id, key)
     return sum(s.values()) / len(s) if s else None
@@ -91,7 +91,7 @@ def run_outcomes(client: Any, run_id: str) -> dict[str, float] | None:
 
 def _own_start(client: Any, run_id: str) -> float:
     """A cell's own step-0 evaluation (cells of studies from before the baseline runs), NaN without one."""
-    from workflows.tracking.runs import metric_series
+    from tracerl.workflows.tracking.runs import metric_series
 
     return float(metric_series(client, run_id, M.EVAL_ACCURACY).get(0, math.nan))
 
@@ -118,8 +118,8 @@ def newest_finished(client: Any, exp_id: str, parent: str) -> dict[tuple[str, st
 
 def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[dict[str, Any]]:
     """One record per cell (its newest FINISHED child run), the JSON fields plus ``outcomes`` and ``tool_calls``."""
-    from workflows.study.baseline import baseline_accuracy, finished_baselines
-    from workflows.tracking.runs import metric_series, run_summary
+    from tracerl.workflows.study.baseline import baseline_accuracy, finished_baselines
+    from tracerl.workflows.tracking.runs import metric_series, run_summary
 
     newest = newest_finished(client, exp_id, parent)
     before = {

@@ -45,7 +45,7 @@ def _trial(config: dict[str, Any], base_yaml: str, parent_run_id: str, sweep: st
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from tracerl.config_loader import compose
-    from workflows.train.run import train
+    from tracerl.workflows.train.run import train
 
     trial = ray.tune.get_context().get_trial_name()
     overrides = [f"{k}={v}" for k, v in sorted(config.items())] + [f"run_name={sweep}-{trial}"]
@@ -122,11 +122,11 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
     trials' records and the best configuration on the parent."""
     import mlflow
 
-    from envs.registry import check_data
-    from workflows.ops.placement_groups import release_when_trials_end
-    from workflows.ops.progress import bar
-    from workflows.tracking import store as trk
-    from workflows.train.run import resolve_paths
+    from tracerl.envs.registry import check_data
+    from tracerl.workflows.ops.placement_groups import release_when_trials_end
+    from tracerl.workflows.ops.progress import bar
+    from tracerl.workflows.tracking import store as trk
+    from tracerl.workflows.train.run import resolve_paths
 
     if not cfg.train.tracking.enabled:
         raise ValueError("tracerl sweep needs MLflow tracking (tracking.enabled=true)")
@@ -189,8 +189,8 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
 def _start_ray_if_it_fits(cfg: SweepConfig, base: Any, progress: Callable[[str], None]) -> None:
     """Start (or join) Ray and check that the concurrent trials fit: each holds a Tune slot plus a whole training
     run's actors (space values that change the pools are not counted: the base config's shares are)."""
-    from workflows.ops.ray_utils import check_resources, init_ray
-    from workflows.train.run import RESOURCE_KNOBS, resource_demand
+    from tracerl.workflows.ops.ray_utils import check_resources, init_ray
+    from tracerl.workflows.train.run import RESOURCE_KNOBS, resource_demand
 
     init_ray(cfg.train.cluster)
     n = cfg.max_concurrent_trials
@@ -234,7 +234,7 @@ def _parent_run(
 ) -> str:
     """The sweep's MLflow parent run: the one its metadata file names (a resumed sweep), or a new one with the
     space and the search settings as params."""
-    from workflows.tracking.run_info import sweep_tags
+    from tracerl.workflows.tracking.run_info import sweep_tags
 
     if meta_path.is_file():
         parent = str(json.loads(meta_path.read_text())["parent_run_id"])
@@ -263,7 +263,7 @@ def _tuner(
     from ray import tune
     from ray.tune.search.optuna import OptunaSearch
 
-    from workflows.ops.placement_groups import ReleaseStoppedTrialGroups
+    from tracerl.workflows.ops.placement_groups import ReleaseStoppedTrialGroups
 
     trainable = tune.with_resources(
         tune.with_parameters(_trial, base_yaml=base_yaml, parent_run_id=parent, sweep=name),

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.experiment_config import StudyConfig
-from workflows.study.cells import TAG, enumerate_cells
+from tracerl.workflows.study.cells import TAG, enumerate_cells
 
 
 def token_budget_error(testbed: str, config_path: str | Path) -> str:
@@ -50,7 +50,7 @@ def fill_tokens(
 ) -> dict[str, int]:
     """T per testbed: mean generated tokens per step over all steps of its leaves-mode grpo cells, written into the
     config file once every one of those cells has finished (a testbed with some unfinished is left as it is)."""
-    from workflows.study.report import collect
+    from tracerl.workflows.study.report import collect
 
     parents = client.search_runs(
         [exp_id], filter_string=f"tags.`tracerl.command` = 'study' and tags.`{TAG}` = '{cfg.name}'"

@@ -32,9 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workflows.tracking.checkpoint_state import STATE, CheckpointState
+from tracerl.workflows.tracking.checkpoint_state import STATE, CheckpointState
 
 STAGING = ".staging"
+SCRATCH = ".scratch"
+"""Each rank's files of a checkpoint before they are published, under the run's storage (never the node's /tmp)."""
 FORMAT = 1
 NEEDED = ("policy/config.json", "predictor.pt", "trainer_rank0.pt", STATE)
 """Files a restore reads from every checkpoint (a LoRA run's adapters and trace_plus's allocator.pt besides)."""
@@ -102,6 +104,13 @@ def stage_files(src: Path, stage: Path, rank: int, world: int) -> dict[str, dict
     os.replace(tmp, stage / manifest_name(rank))
     _fsync_dir(stage)
     return files
+
+
+def scratch(storage: Path) -> Path:
+    """The run's scratch folder for checkpoint files being written (created if missing)."""
+    path = storage / SCRATCH
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def publish(

@@ -24,7 +24,7 @@ from tracerl import metrics as M
 
 
 def _series(client: Any, run_id: str, key: str) -> dict[int, float]:
-    from workflows.tracking.runs import metric_series
+    from tracerl.workflows.tracking.runs import metric_series
 
     return metric_series(client, run_id, key)
 
@@ -288,7 +288,7 @@ def compare(
     """Collect, rank, plot and (optionally) log."""
     import mlflow
 
-    from workflows.tracking import store as trk
+    from tracerl.workflows.tracking import store as trk
 
     trk.setup(tracking)
     client = mlflow.MlflowClient()

@@ -3,7 +3,7 @@ calls, kept in files under each run's storage directory ``<out_dir>/<run name>-<
 
 * ``metrics.jsonl``: one JSON object a line for each step logged, ``{"step": S, "timestamp": MS, KEY: VALUE, ...}``
   holding each of the step's metrics once (the held-out evaluation before training is the line of step 0). A step
-  a restarted trainer re-runs gets a second line, later; readers take the last (``workflows.tracking.runs.
+  a restarted trainer re-runs gets a second line, later; readers take the last (``tracerl.workflows.tracking.runs.
   metric_series``). The learning curve's ``curve/`` metrics, logged against tokens, are not written here: they are
   ``curve.jsonl`` beside it.
 * ``params.json``: the resolved config, flattened (``allocator.name``, ...), and the params the run adds
@@ -160,7 +160,7 @@ def tracking_client(tracking: Any, out_dir: Path | str) -> Any:
         return LocalRuns(out_dir)
     import mlflow
 
-    from workflows.tracking.store import resolve_uri
+    from tracerl.workflows.tracking.store import resolve_uri
 
     mlflow.set_tracking_uri(resolve_uri(tracking.uri))
     return mlflow.MlflowClient()

@@ -16,7 +16,7 @@ from typing import Any
 
 import mlflow.pyfunc
 
-from workflows.tracking.checkpoint_state import CheckpointState
+from tracerl.workflows.tracking.checkpoint_state import CheckpointState
 
 
 # mlflow's package does not export mlflow.pyfunc.PythonModel to mypy (name-defined), so the base is Any (misc).
@@ -55,8 +55,8 @@ def _checkpoint(
     run_id: str, tracking: Any, say: Callable[[str], None] = lambda s: None
 ) -> tuple[Path, CheckpointState]:
     """The run's newest complete checkpoint; ``say`` gets a line for each damaged newer one passed over."""
-    from workflows.tracking.checkpoint_files import newest_good
-    from workflows.tracking.runs import run_storage
+    from tracerl.workflows.tracking.checkpoint_files import newest_good
+    from tracerl.workflows.tracking.runs import run_storage
 
     storage = run_storage(run_id, tracking)
     choice = newest_good(storage)
@@ -86,7 +86,7 @@ def register(
     import mlflow
 
     from tracerl.config import TrackingConfig
-    from workflows.tracking import store as trk
+    from tracerl.workflows.tracking import store as trk
 
     tracking = TrackingConfig(uri=tracking_uri)
     trk.setup(tracking)
@@ -130,7 +130,7 @@ def resolve_model_path(path: str, tracking: Any, say: Callable[[str], None] = la
     if path.startswith("models:/"):
         import mlflow
 
-        from workflows.tracking import store as trk
+        from tracerl.workflows.tracking import store as trk
 
         trk.setup(tracking)
         try:

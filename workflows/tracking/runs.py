@@ -19,8 +19,8 @@ from typing import Any, TypedDict
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
 from tracerl.config_loader import to_flat_dict, to_yaml
-from workflows.tracking.spool import PendingStatus
-from workflows.tracking.store import resolve_uri
+from tracerl.workflows.tracking.spool import PendingStatus
+from tracerl.workflows.tracking.store import resolve_uri
 
 PHASE = ".phase"
 PENDING = ".chaos_pending"
@@ -58,7 +58,7 @@ def config_hash(cfg: TrainConfig) -> str:
 
 def dataset_fingerprint(cfg: TrainConfig) -> str:
     """Hash of the training prompts (ids, texts and answers)."""
-    from workflows.lm.stack import task_prompts
+    from tracerl.workflows.lm.stack import task_prompts
 
     h = hashlib.sha256()
     for p in task_prompts(cfg.env):
@@ -67,9 +67,9 @@ def dataset_fingerprint(cfg: TrainConfig) -> str:
 
 
 def latest_checkpoint(run_dir: Path, say: Callable[[str], None] | None = None) -> Path | None:
-    """The newest complete checkpoint under a run's storage directory (``workflows.tracking.checkpoint_files.newest_good``);
+    """The newest complete checkpoint under a run's storage directory (``tracerl.workflows.tracking.checkpoint_files.newest_good``);
     ``say`` gets one line for each newer one passed over, naming the file that failed its check."""
-    from workflows.tracking.checkpoint_files import newest_good
+    from tracerl.workflows.tracking.checkpoint_files import newest_good
 
     choice = newest_good(run_dir)
     if say is not None:
@@ -82,7 +82,7 @@ def run_storage(run_id: str, tracking: Any) -> Path:
     """A training run's Ray Train storage directory, from its MLflow tags."""
     import mlflow
 
-    from workflows.tracking import store as trk
+    from tracerl.workflows.tracking import store as trk
 
     trk.setup(tracking)
     try:
@@ -124,7 +124,7 @@ def create_run(
     run_id = run.info.run_id
     storage = Path(cfg.out_dir) / f"{name}-{run_id[:8]}"
     cfg = dataclasses.replace(cfg, run_name=name)
-    with failing_run(client, run_id):
+    with failing_run(client, run_id, storage):
         storage.mkdir(parents=True, exist_ok=True)
         PendingStatus(storage).reserve()
         (storage / "config.yaml").write_text(to_yaml(cfg))
@@ -144,14 +144,19 @@ def create_run(
 
 
 @contextlib.contextmanager
-def failing_run(client: Any, run_id: str) -> Iterator[None]:
-    """A run whose set-up fails (a full disk at its storage) is marked FAILED, not left RUNNING (best effort: the
-    store may be what is full), and the error goes on."""
+def failing_run(client: Any, run_id: str, storage: Path | None = None) -> Iterator[None]:
+    """A run whose set-up fails (a full disk at its storage, a server that stopped answering) is marked FAILED, not
+    left RUNNING, and the error goes on. When the store cannot take that status either, it is kept in the run's
+    ``status.pending`` (where that can be written), which the next ``tracerl train`` with the same ``out_dir`` or
+    ``tracerl sync RUN`` sends."""
     try:
         yield
     except BaseException:
-        with contextlib.suppress(Exception):
+        try:
             client.set_terminated(run_id, status="FAILED")
+        except Exception:  # noqa: BLE001 - the store may be what is full or away
+            if storage is not None and storage.is_dir():
+                PendingStatus(storage).record(run_id, "FAILED")
         raise
 
 
@@ -179,31 +184,47 @@ def end_run(
     progress: Callable[[str], None],
     store: str,
     failed_note: bool = True,
+    flush_timeout_s: float = 120.0,
 ) -> str | None:
     """Close a training run: send what rank 0 spooled, set its final status (KILLED when a sweep's scheduler stopped
     it), say how to resume one that did not finish. A store too full to take the status keeps it under the storage
-    (``workflows.tracking.spool.PendingStatus``, sent by a later command); returns where the disk was full (``store``, the
+    (``tracerl.workflows.tracking.spool.PendingStatus``, sent by a later command); returns where the disk was full (``store``, the
     tracking URI, when the error does not say; None: it was not full).
+
+    Raises:
+        tracerl.workflows.tracking.spool.MetricsPending: the server did not take the spooled metrics within
+            ``flush_timeout_s``; the status is kept with them and nothing of the end was sent (the run stays RUNNING).
     """
-    from workflows.ops.disk import no_space, store_path
-    from workflows.tracking.spool import MetricLog, PendingStatus
+    from tracerl.workflows.ops.disk import no_space, store_path
+    from tracerl.workflows.tracking.outage import PatientClient
+    from tracerl.workflows.tracking.spool import MetricLog, MetricsPending, PendingStatus, flush_within
+    from tracerl.workflows.tracking.store import TrackingUnreachable
+
+    def pending(unsent: int) -> MetricsPending:
+        if not PendingStatus(storage).record(run_id, status):
+            raise OSError(f"cannot keep the run's status in {storage}")
+        return MetricsPending(run_id, storage, store, unsent, flush_timeout_s, status)
 
     try:
-        if status == "FAILED" and "tracerl.stopped_early" in client.get_run(run_id).data.tags:
-            status = (
-                "KILLED"  # a sweep's scheduler stopped this trial (and said so) before its Train run ended
-            )
-        if not MetricLog(client, run_id, storage, 0, progress, fail_fast=False).flush():
-            progress(f"metrics still spooled in {storage}: the tracking server is unreachable")
-        client.set_terminated(run_id, status=status)
+        log = MetricLog(client, run_id, storage, 0, progress)  # fail fast: the wait below is the bound
+        if not flush_within(log, flush_timeout_s, progress):
+            raise pending(log.unsent())
+        # The server took the metrics; should it stop answering now, the status waits for it in the same bounds.
+        patient = PatientClient(client, store, flush_timeout_s, progress)
+        try:
+            if status == "FAILED" and "tracerl.stopped_early" in patient.get_run(run_id).data.tags:
+                status = (
+                    "KILLED"  # a sweep's scheduler stopped this trial (said so) before its Train run ended
+                )
+            patient.set_terminated(run_id, status=status)
+        except TrackingUnreachable:
+            raise pending(0) from None
     except Exception as exc:  # noqa: BLE001 - the stores raise their own types; only a full disk is handled
         full = no_space(exc)
         if full is None:
             raise
-        kept = PendingStatus(storage).record(run_id, status)
-        return (full or store_path(store)) + (
-            "" if kept else f" (and {storage} cannot keep the run's status)"
-        )
+        PendingStatus(storage).record(run_id, status)  # the caller's line says whether it was kept
+        return full or store_path(store)
     if status in ("FAILED", "KILLED") and failed_note:
         what = "training failed" if status == "FAILED" else "training stopped"
         progress(f"{what}; the run and its checkpoints are kept: `tracerl train resume={run_id}`")
@@ -253,7 +274,7 @@ def run_summary(run_id: str, tracking: Any, client: Any = None) -> RunSummary:
     if client is None:
         import mlflow
 
-        from workflows.tracking import store as trk
+        from tracerl.workflows.tracking import store as trk
 
         trk.setup(tracking)
         client = mlflow.MlflowClient()

@@ -7,7 +7,7 @@ next call, ``flush`` on close, or the driver at the end of ``tracerl train`` sen
 first (``metrics_spool.sent`` holds the byte offset sent so far). Sending a record twice is harmless: MLflow keeps
 one row per (key, step, timestamp, value), and a spooled record keeps the timestamp it was made with.
 
-Which value a report reads: the last one logged for the step by timestamp (``workflows.tracking.runs.metric_series``).
+Which value a report reads: the last one logged for the step by timestamp (``tracerl.workflows.tracking.runs.metric_series``).
 A step re-run after a trainer restart is logged again, later, by the new attempt, so the attempt that completed
 the step wins; ``system/attempt`` (the number of that attempt, counted in ``<storage>/.attempts``) is logged with
 every step's metrics to show which one it was. Timestamps increase strictly across attempts
@@ -17,6 +17,7 @@ every step's metrics to show which one it was. Timestamps increase strictly acro
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -45,6 +46,16 @@ def next_attempt(storage: Path) -> int:
             n += 1
 
 
+def fail_fast_http() -> None:
+    """In this process, MLflow's HTTP calls give up after one retry, not after its default of minutes of back-off
+    (7 retries, 120 s each): a run spools, and its end waits ``tracking.flush_timeout_s``, instead of hanging in a
+    call (the driver's progress bar and end of run, rank 0's logging). urllib3's line per retried connection is
+    kept out of the terminal: the spool says once what happened."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+
+
 def spooled_records(storage: Path) -> list[dict[str, Any]]:
     """Every record ever spooled for the run at ``storage`` (sent or not)."""
     path = storage / SPOOL
@@ -65,13 +76,11 @@ class MetricLog:
         say: Callable[[str], None] = lambda s: None,
         fail_fast: bool = True,
     ) -> None:
-        if (
-            fail_fast
-        ):  # spool after one retry, not after MLflow's default of minutes of back-off (this process only)
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
-            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+        if fail_fast:
+            fail_fast_http()
         self.client, self.run_id, self.storage, self.attempt, self.say = client, run_id, storage, attempt, say
         self.spool, self.sent, self.clock = storage / SPOOL, storage / SENT, storage / CLOCK
+        self.last_error: Exception | None = None  # why the last flush failed
         try:
             self.last_ts = int(self.clock.read_text() or 0)
         except (FileNotFoundError, ValueError):
@@ -101,7 +110,7 @@ class MetricLog:
             self._send(recs)
             return True
         except Exception as e:  # noqa: BLE001 - the REST and SQL stores raise their own types for "unreachable"
-            from workflows.ops.disk import no_space
+            from tracerl.workflows.ops.disk import no_space
 
             self._append(recs)  # a full disk here too ends the run (workflows/ops/disk.py)
             why = "tracking store full" if no_space(e) is not None else "tracking unreachable"
@@ -115,15 +124,24 @@ class MetricLog:
         try:
             self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
         except Exception as e:  # noqa: BLE001
+            from tracerl.workflows.ops.disk import no_space
+
             shutil.copytree(local_dir, self.storage / ARTIFACTS / artifact_path, dirs_exist_ok=True)
-            self.say(
-                f"tracking unreachable ({e.__class__.__name__}): artifacts {artifact_path} kept for later"
-            )
+            why = "tracking store full" if no_space(e) is not None else "tracking unreachable"
+            self.say(f"{why} ({e.__class__.__name__}): artifacts {artifact_path} kept for later")
 
     def _pending(self) -> bool:
         return (self.spool.is_file() and self.spool.stat().st_size > self._offset()) or (
             self.storage / ARTIFACTS
         ).is_dir()
+
+    def unsent(self) -> int:
+        """How many spooled metrics the store has not taken yet."""
+        if not self.spool.is_file():
+            return 0
+        with open(self.spool, "rb") as f:
+            f.seek(self._offset())
+            return f.read().count(b"\n")
 
     def _offset(self) -> int:
         try:
@@ -166,7 +184,8 @@ class MetricLog:
                     self.client.log_artifacts(self.run_id, str(d), str(d.relative_to(kept)))
                 shutil.rmtree(kept)
             return True
-        except Exception:  # noqa: BLE001 - still unreachable: try again later
+        except Exception as e:  # noqa: BLE001 - still unreachable: try again later
+            self.last_error = e
             return False
 
 
@@ -222,13 +241,63 @@ class PendingStatus:
 
 
 def replay_statuses(client: Any, out_dir: Path, say: Callable[[str], None]) -> None:
-    """Send every run status kept under ``out_dir`` (one run storage a directory) that the store can now take."""
+    """Send every run status kept under ``out_dir`` (one run storage a directory) that the store can now take (a
+    full store, or a server away at the run's end), after the metrics that run spooled: never a final status
+    before its run's metrics (workflows/tracking/sync.py)."""
     for path in sorted(out_dir.glob(f"*/{STATUS}")):
+        kept = PendingStatus(path.parent).pending()
+        if kept is None:
+            continue
         try:
+            if not MetricLog(client, kept[1], path.parent, 0, say).flush():
+                continue
             run_id = PendingStatus(path.parent).replay(client)
         except Exception:  # noqa: BLE001 - the store still cannot take it: a later command tries again
             continue
         if run_id:
             say(
-                f"MLflow run {run_id}: its final status, kept in {path} when the store was full, is now recorded"
+                f"MLflow run {run_id}: its final status, kept in {path}, is now recorded (its metrics before it)"
             )
+
+
+PENDING_EXIT_CODE = 75
+"""What ``tracerl train`` exits with when its metrics are still spooled (sysexits' EX_TEMPFAIL: try again later)."""
+
+
+class MetricsPending(Exception):
+    """The tracking server did not take a run's spooled metrics in time; the message says how to send them."""
+
+    def __init__(
+        self, run_id: str, storage: Path, uri: str, unsent: int, waited_s: float, status: str
+    ) -> None:
+        self.run_id, self.storage, self.uri = run_id, storage, uri
+        super().__init__(
+            f"{unsent} metrics of MLflow run {run_id} are kept in {storage} (its status {status} too): the tracking "
+            f"server at {uri} did not take them in {waited_s:g} s (tracking.flush_timeout_s); the run stays RUNNING "
+            f"in the store until `tracerl sync {run_id} --tracking-uri {uri}` sends them"
+        )
+
+
+def flush_within(log: Any, limit_s: float, say: Callable[[str], None], poll_s: float = 5.0) -> bool:
+    """Send what ``log`` (a ``MetricLog``) spooled, trying for up to ``limit_s`` seconds; one line says it waits.
+    True when nothing is left.
+
+    Raises:
+        OSError: the store is full (waiting cannot help; the caller reports a full disk, not an absent server).
+    """
+    from tracerl.workflows.ops.disk import no_space
+
+    if log.flush():
+        return True
+    if log.last_error is not None and no_space(log.last_error) is not None:
+        raise log.last_error
+    say(
+        f"the tracking server is unreachable: waiting up to {limit_s:g} s (tracking.flush_timeout_s) for it to "
+        f"take {log.unsent()} spooled metrics"
+    )
+    deadline = time.monotonic() + limit_s
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(poll_s, left))
+        if log.flush():
+            return True
+    return False

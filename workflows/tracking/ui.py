@@ -26,8 +26,8 @@ def experiment_url(uri: str, experiment: str, base: str) -> str:
     home page where the store has no such experiment."""
     import mlflow
 
-    from workflows.tracking.run_info import VIEW_TAG, runs_url, runs_view_state
-    from workflows.tracking.store import mark_kind
+    from tracerl.workflows.tracking.run_info import VIEW_TAG, runs_url, runs_view_state
+    from tracerl.workflows.tracking.store import mark_kind
 
     client = mlflow.MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
@@ -71,7 +71,7 @@ def serve(uri: str, host: str, port: int, experiment: str, check: bool = False) 
     import time
     import urllib.request
 
-    from workflows.tracking.compare import ui_command
+    from tracerl.workflows.tracking.compare import ui_command
 
     url = f"http://{host}:{port}"
     # Its own process group, ended as a whole below: a TERM of `tracerl ui` (a test, a job runner) leaves no server.

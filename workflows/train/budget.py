@@ -196,7 +196,7 @@ def read_curve(path: Path | str) -> list[dict[str, Any]]:
 
 
 def curve_arrays(points: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
-    """One run's points as ``workflows.study.curves.EvalCurves`` rows: x (generated tokens, shape (P,)) and the 0/1
+    """One run's points as ``tracerl.workflows.study.curves.EvalCurves`` rows: x (generated tokens, shape (P,)) and the 0/1
     outcomes on the curve's tasks (shape (P, T)); stack the runs (seeds) of an allocator for ``EvalCurves``.
 
     Raises:

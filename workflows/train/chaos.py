@@ -33,8 +33,8 @@ import numpy as np
 
 from tracerl import metrics as M
 from tracerl.config import ChaosConfig, TrainConfig
-from workflows.tracking.runs import HOLD, PENDING, PHASE, RunSummary, read_phase
-from workflows.tracking.spool import SPOOL
+from tracerl.workflows.tracking.runs import HOLD, PENDING, PHASE, RunSummary, read_phase
+from tracerl.workflows.tracking.spool import SPOOL
 
 PHASES = ("rollout", "sync_weights", "eval", "save")  # what a kill can be aimed at
 # Per-step metrics defined only at steps where their condition holds (docs/metrics.md): the prefix-group effective
@@ -63,7 +63,7 @@ class MlflowServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        from workflows.tracking.ui import server_env
+        from tracerl.workflows.tracking.ui import server_env
 
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / "server.log", "ab") as log:
@@ -264,8 +264,8 @@ class Controller(threading.Thread):
 def check_steps(client: Any, run_id: str, steps: int) -> list[str]:
     """Problems with the exactly-once rule for steps 1..``steps``; empty when every per-step metric has one value
     per step, from the log call of the attempt that completed the step (the last attempt to log it)."""
-    from workflows.tracking.compare import collect
-    from workflows.tracking.runs import metric_series
+    from tracerl.workflows.tracking.compare import collect
+    from tracerl.workflows.tracking.runs import metric_series
 
     problems: list[str] = []
     att_hist = client.get_metric_history(run_id, M.ATTEMPT)
@@ -303,12 +303,12 @@ def check_steps(client: Any, run_id: str, steps: int) -> list[str]:
 
 
 def run_drill(cfg: TrainConfig, overrides: list[str], progress: Callable[[str], None]) -> RunSummary:
-    """The drill around ``workflows.train.run.train``; returns the run's summary with the drill's report under 'chaos'."""
+    """The drill around ``tracerl.workflows.train.run.train``; returns the run's summary with the drill's report under 'chaos'."""
     import mlflow
 
-    from workflows.tracking.runs import run_summary
-    from workflows.tracking.spool import MetricLog, spooled_records
-    from workflows.train.run import train
+    from tracerl.workflows.tracking.runs import run_summary
+    from tracerl.workflows.tracking.spool import MetricLog, spooled_records
+    from tracerl.workflows.train.run import train
 
     out = Path(cfg.out_dir).resolve()
     name = cfg.run_name or f"chaos-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -4,14 +4,14 @@
 * ``RayTrainContext``: a Ray Train worker (``cluster.address`` local or a cluster): its rank and world size,
   the checkpoint the controller hands a restarted attempt, ``ray.train.torch`` to place the policy (DDP, FSDP2,
   its device), and ``ray.train.report``, which writes a checkpoint through the run's upload function
-  (``workflows.tracking.checkpoint_files.publish``) and keeps the last ``keep_checkpoints``.
+  (``tracerl.workflows.tracking.checkpoint_files.publish``) and keeps the last ``keep_checkpoints``.
 * ``InProcessContext``: ``cluster.address=inprocess``, the command's own process as rank 0 of 1, no Ray: nothing
   to restore but the newest intact checkpoint in storage (``setup.restore_dir`` finds it), the policy stays where
   it was loaded (CPU), and a checkpoint is published the same way and the older ones beyond ``keep_checkpoints``
   removed here. Metrics go to the run's tracking by the driver in both modes; only Ray (a sweep's scheduler) reads
   the reported ones.
 
-The loop (``workflows.train.run.train_loop``), the step and the checkpoint files are the same in both.
+The loop (``tracerl.workflows.train.run.train_loop``), the step and the checkpoint files are the same in both.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class InProcessContext:
         self, metrics: dict[str, float], staged: Path | None = None, upload: Upload | None = None
     ) -> None:
         """Publish the checkpoint (``upload``), then remove all but the newest ``keep`` of the run's checkpoints."""
-        from workflows.tracking.checkpoint_files import prune
+        from tracerl.workflows.tracking.checkpoint_files import prune
 
         if staged is not None and upload is not None:
             upload(staged)

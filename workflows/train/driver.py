@@ -1,12 +1,13 @@
 """Rank 0's part of ``tracerl train``: the sampler pool (Ray actors, or in-process), the predictor, the allocator,
 the candidate-pool RNG, held-out evaluation, the weight sync, checkpoints of its own state and the step's metrics.
-The step itself, which calls these in order, is ``workflows.train.loop.train_step``."""
+The step itself, which calls these in order, is ``tracerl.workflows.train.loop.train_step``."""
 
 from __future__ import annotations
 
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,9 +21,9 @@ from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.step import BareRollouts, PlannedStep, StepOutcome
 from tracerl.engine.stepper import Stepper
 from tracerl.engine.timer import PhaseTimer, process_tree_cpu_s
-from workflows.tracking.checkpoint_state import CheckpointState
-from workflows.tracking.runs import phase_marker
-from workflows.train.budget import (
+from tracerl.workflows.tracking.checkpoint_state import CheckpointState
+from tracerl.workflows.tracking.runs import phase_marker
+from tracerl.workflows.train.budget import (
     Totals,
     append_point,
     crosses,
@@ -31,8 +32,8 @@ from workflows.train.budget import (
     overshoot,
     stop_reason,
 )
-from workflows.train.setup import ADAPTERS, say
-from workflows.train.step_log import (
+from tracerl.workflows.train.setup import ADAPTERS, say
+from tracerl.workflows.train.step_log import (
     log_threads,
     log_trees,
     peak_memory_mb,
@@ -81,18 +82,21 @@ class Driver:
         policy; None: started here) and wait until every sampler is up; log the run's thread counts."""
         import numpy as np
 
-        from envs.registry import tool_env_class
-        from predictors.length import attach_lengths
         from tracerl.algos.allocators import build_allocator
         from tracerl.engine.mc_scorer import with_monte_carlo
         from tracerl.engine.react import TEMPLATES
-        from workflows.lm.stack import make_text_predictor, task_prompts
-        from workflows.tracking.local_runs import tracking_client
-        from workflows.tracking.spool import MetricLog, next_attempt
+        from tracerl.envs.registry import tool_env_class
+        from tracerl.predictors.length import attach_lengths
+        from tracerl.workflows.lm.stack import make_text_predictor, task_prompts
+        from tracerl.workflows.tracking.local_runs import tracking_client
+        from tracerl.workflows.tracking.log_file import tracking_logs_to
+        from tracerl.workflows.tracking.spool import MetricLog, next_attempt
 
         self.cfg, self.run_id, self.storage, self.tok = cfg, run_id, storage, tok
         # The HF model class and config that checkpoints are written with (a LoRA run's base model).
         self.export = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if cfg.tracking.enabled:
+            tracking_logs_to(storage)  # MLflow's and SQLAlchemy's own lines (rank 0's process)
         self.client = tracking_client(cfg.tracking, storage.parent)
         self.metrics = MetricLog(self.client, run_id, storage, next_attempt(storage), say)
         self.metrics.flush()  # what an earlier attempt spooled
@@ -102,7 +106,7 @@ class Driver:
         self.pool.wait_ready()  # every sampler up: start-up ends here, not inside the first step
         for w in self.pool.warnings():
             say(f"sandbox: {w}")
-        log_threads(self.client, run_id, self.pool.threads)
+        log_threads(self.client, run_id, self.pool)
         self.startup: dict[str, float] = {}
         """``time/startup_s`` and its parts, logged with the next step (the first this launch runs)."""
         self.allocator = build_allocator(cfg.allocator)
@@ -145,18 +149,19 @@ class Driver:
         self.overlapped = 0.0
         self._ahead = ThreadPoolExecutor(1, "ahead") if cfg.pipeline.overlap else None
 
-    def restore(self, ckpt_dir: str, state: CheckpointState, weights: dict[str, Any]) -> None:
-        """Continue from a checkpoint: candidate-pool RNG, tokens spent, predictor and allocator state, and the
-        restored policy pushed to the samplers (a fresh run's samplers already hold ``model.path``)."""
+    def restore(self, ckpt_dir: str, state: CheckpointState) -> None:
+        """Continue from a checkpoint: candidate-pool RNG, tokens spent, predictor and allocator state (the loop then
+        pushes the restored policy to the samplers: a fresh run's samplers already hold ``model.path``)."""
         import torch
 
         self.rng.bit_generator.state = state.rng
         self.spent = list(state.spent)
         self.cpu_total, self.wall_total = state.cpu_s, state.wall_s
-        self.predictor.load_state_dict(torch.load(Path(ckpt_dir) / "predictor.pt", weights_only=False))
-        if (Path(ckpt_dir) / "allocator.pt").exists():  # trace_plus: its length predictor
-            self.allocator.load_state_dict(torch.load(Path(ckpt_dir) / "allocator.pt", weights_only=False))
-        self.sync(weights, state.step)
+        for name, part in (("predictor.pt", self.predictor), ("allocator.pt", self.allocator)):
+            if name == "predictor.pt" or (Path(ckpt_dir) / name).exists():  # allocator.pt: trace_plus's
+                part.load_state_dict(
+                    torch.load(Path(ckpt_dir) / name, map_location="cpu", weights_only=False)
+                )
 
     def stepper(self) -> Stepper:
         """The engine's assembly of a step over this driver's prompts, allocator, predictor, samplers and generator
@@ -229,7 +234,7 @@ class Driver:
         from tracerl.calibration import collect_calibration, summarize_calibration
         from tracerl.engine.mc_scorer import mc_metrics
         from tracerl.engine.step_stats import step_metrics
-        from workflows.train.evaluate import leaf_score_means
+        from tracerl.workflows.train.evaluate import leaf_score_means
 
         self.tokens_before = self.spent[0]
         self.spent = [self.spent[0] + out.ledger.generated_tokens, self.spent[1] + out.ledger.leaves]
@@ -272,13 +277,11 @@ class Driver:
         fit = {**self.predictor.fit(out.sampled_trees), **self.allocator.observe(out.sampled_trees)}
         return {M.predictor_fit(k): v for k, v in fit.items()}
 
-    def sync(self, weights: dict[str, Any], version: int) -> None:
-        """Push the policy's full HF-named weights (``Worker.gather``), ``version`` updates in, to every sampler."""
-        import torch
-
+    def sync(self, push: Callable[[Any], None], version: int) -> None:
+        """Push the policy, ``version`` updates in, into every sampler: ``push(pool)`` (``Worker.push``, bucket by
+        bucket)."""
         self.mark("sync_weights")
-        dtype = getattr(torch, self.cfg.model.dtype)  # the samplers' (master weights may be more precise)
-        self.pool.load_weights({k: v.to(dtype) if v.is_floating_point() else v for k, v in weights.items()})
+        push(self.pool)
         self.version = version
 
     def totals(self, updates: int) -> Totals:
@@ -318,8 +321,8 @@ class Driver:
         """Greedy held-out accuracy on every held-out task (``full``: per source; search: em, f1; per-task outcomes
         as an artifact) or on the curve's tasks; the evaluation's own tokens, wall and CPU seconds (not counted in
         the run's totals). The learning-curve point is logged with the step (``close_step``)."""
-        from workflows.tracking.run_info import key_metrics
-        from workflows.train.evaluate import evaluate_prompts, task_outcomes
+        from tracerl.workflows.tracking.run_info import key_metrics
+        from tracerl.workflows.train.evaluate import evaluate_prompts, task_outcomes
 
         self.mark("eval", step)
         self._sampler_cpu += self.pool.cpu_s()  # the samplers' training CPU up to here
@@ -373,7 +376,7 @@ class Driver:
     def close_step(self, m: dict[str, float], done: int, out: Any, timer: PhaseTimer) -> dict[str, float]:
         """The step's last metrics (retries, attempt, phase times, memory, CPU) and, when due, a sample of its
         trees as artifacts; then everything is logged at step ``done`` (spooled while the server is down)."""
-        from workflows.tracking.run_info import key_metrics
+        from tracerl.workflows.tracking.run_info import key_metrics
 
         self.mark("log")
         with timer("log"):

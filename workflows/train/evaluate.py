@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.tree import RolloutTree
-from workflows.ops.progress import bar
+from tracerl.workflows.ops.progress import bar
 
 
 def leaf_score_means(trees: Sequence[RolloutTree]) -> dict[str, float]:
@@ -126,7 +126,7 @@ def local_runner(model_cfg: Any, sampler_cfg: Any, env_cfg: Any) -> Runner:
     """Rollouts in this process (no Ray): the real engine, sampler, sandbox and verifier."""
     from dataclasses import replace
 
-    from workflows.lm.stack import build_stack
+    from tracerl.workflows.lm.stack import build_stack
 
     stack = build_stack(model_cfg, sampler_cfg, env_cfg, seed=0)
 
@@ -179,12 +179,12 @@ def run_eval(cfg: Any, progress: Callable[[str], None] = lambda s: None) -> Eval
     """``tracerl eval``: resolve the model, evaluate, write summary.json and traces.jsonl under ``cfg.out_dir``."""
     from dataclasses import replace
 
-    from envs.registry import check_data, env_section
+    from tracerl.envs.registry import check_data, env_section
 
     check_data(cfg.env)  # first: before the model is resolved (which may read MLflow) or loaded
-    from workflows.lm.stack import task_prompts
-    from workflows.tracking import store as trk
-    from workflows.tracking.model_registry import resolve_model_path
+    from tracerl.workflows.lm.stack import task_prompts
+    from tracerl.workflows.tracking import store as trk
+    from tracerl.workflows.tracking.model_registry import resolve_model_path
 
     progress(trk.where(cfg.tracking))  # where runs:/ and models:/ paths are looked up
     path = resolve_model_path(cfg.model.path, trk.resolved(cfg.tracking), progress)

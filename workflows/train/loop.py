@@ -1,6 +1,6 @@
 """The loop every rank of a ``tracerl train`` run runs (a Ray Train worker function, or the command's own process in
 the in-process mode): set up and restore (workflows/train/setup.py), then ``train_step`` until a limit ends the run,
-each step reported (metrics, and a checkpoint when due). ``workflows.train.run.train`` launches it in either mode
+each step reported (metrics, and a checkpoint when due). ``tracerl.workflows.train.run.train`` launches it in either mode
 (workflows/train/context.py says what differs between them); rank 0's pools, predictor, evaluation and logging are
 in workflows/train/driver.py.
 """
@@ -16,25 +16,30 @@ from typing import Any
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
 from tracerl.engine.timer import PhaseTimer
-from workflows.train.budget import Totals, stop_reason
-from workflows.train.driver import Ahead, Driver, overlaps_next
-from workflows.train.setup import Worker, quiet_train_reports, ranks_cpu, setup_worker
-from workflows.train.step_log import start_pool
+from tracerl.workflows.train.budget import Totals, stop_reason
+from tracerl.workflows.train.driver import Ahead, Driver, overlaps_next
+from tracerl.workflows.train.setup import Worker, quiet_train_reports, ranks_cpu, setup_worker
+from tracerl.workflows.train.step_log import start_pool
 
 
 def guarded_loop(config: dict[str, Any]) -> None:
-    """``train_loop``, a full disk re-raised as ``DiskFull`` (one line, which the controller does not retry and the
-    driver reports; workflows/ops/disk.py)."""
-    from workflows.ops.disk import DiskFull, no_space, quiet_disk_full
+    """``train_loop``, a full disk re-raised as ``DiskFull`` and a bad value or unknown name as ``LoopFailed`` (one
+    line each, which the controller does not retry and the driver reports; workflows/ops/disk.py, no_retry.py)."""
+    from tracerl.workflows.ops.disk import DiskFull, no_space, quiet_disk_full
+    from tracerl.workflows.ops.no_retry import as_permanent, quiet_loop_failed
 
     quiet_disk_full("ray.train.v2._internal.util")  # it logs the error's traceback from every rank
+    quiet_loop_failed("ray.train.v2._internal.util")
     try:
         train_loop(config)
     except Exception as exc:
         full = no_space(exc)
-        if full is None:
+        if full is not None:
+            raise DiskFull(full or config["storage"]) from None
+        failed = as_permanent(exc)
+        if failed is None or failed is exc:
             raise
-        raise DiskFull(full or config["storage"]) from None
+        raise failed from exc
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -49,7 +54,7 @@ def train_loop(config: dict[str, Any]) -> None:
     clock = (config.get("startup") or (None, 0))[0]
     ctx = config.get("context")
     if ctx is None:
-        from workflows.train.context import RayTrainContext
+        from tracerl.workflows.train.context import RayTrainContext
 
         ctx = RayTrainContext()
         quiet_train_reports()
@@ -74,9 +79,6 @@ def run_steps(config: dict[str, Any], ctx: Any, pool: Any) -> None:
     run_id, storage = config["run_id"], Path(config["storage"])
     clock, first_attempt = config.get("startup") or (None, 0)
     worker = setup_worker(cfg, storage, ctx, config.get("reported", ()))
-    # A restored policy is pushed to the samplers; a fresh run's samplers loaded these very weights from model.path,
-    # so nothing is gathered for them (under FSDP a gather is a full-model collective).
-    restored = worker.gather()[0] if worker.ckpt_dir is not None else None
     start = worker.state.step
     driver = None
     if worker.rank == 0:
@@ -85,8 +87,13 @@ def run_steps(config: dict[str, Any], ctx: Any, pool: Any) -> None:
         if clock is not None:
             clock.mark("policy")
         driver = Driver(cfg, run_id, storage, worker.tok, unwrap(worker.model), start, pool)
-        if worker.ckpt_dir is not None and restored is not None:
-            driver.restore(worker.ckpt_dir, worker.state, restored)
+        if worker.ckpt_dir is not None:
+            driver.restore(worker.ckpt_dir, worker.state)
+    # A restored policy is pushed to the samplers; a fresh run's samplers loaded these very weights from model.path,
+    # so nothing is pushed to them (under FSDP a push gathers every parameter: every rank takes part).
+    if worker.ckpt_dir is not None:
+        sync(worker, driver, start)
+    if driver is not None:
         if clock is not None:
             clock.mark("samplers")
         if start == 0 and cfg.eval_at_start:
@@ -115,8 +122,8 @@ def train_step(
     """One RL step on every rank; ``d`` (rank 0's driver) is None on the others, which only update on their shard.
 
     Rank 0 selects the candidate pool, scores it, allocates roots, rolls out, expands prefixes (run_step), fits
-    the predictor and collates; the batch is broadcast and every rank updates; rank 0 pushes the new weights to the
-    samplers, evaluates when due and logs; a checkpoint every ``checkpoint_every`` steps. One timer times each phase.
+    the predictor and collates; the batch is broadcast and every rank updates; the new weights are pushed to rank 0's
+    samplers bucket by bucket (every rank takes part under FSDP), rank 0 evaluates when due and logs; a checkpoint every ``checkpoint_every`` steps. One timer times each phase.
     With ``pipeline.overlap`` the next step's Stage 1 and bare rollouts start before the update (``ahead``, which
     this step returns and the next finishes on the new weights). After the update rank 0 checks the run's limits
     (``Driver.check_stop``) and every rank learns whether this step is the last (returned with ``ahead``); the last
@@ -150,9 +157,10 @@ def train_step(
     with timer("broadcast"):
         batch = w.broadcast(batch)
     with timer("update_policy"):
-        stats = w.learner.update(batch.shard(w.rank, w.world), denominator(batch, cfg.loss.aggregation))
+        # A token budget shares the batch balanced by length; otherwise contiguous shards.
+        shard = (batch.balanced_shard if cfg.loss.micro_tokens > 0 else batch.shard)(w.rank, w.world)
+        stats = w.learner.update(shard, denominator(batch, cfg.loss.aggregation))
     update_s = time.perf_counter() - t0
-    weights, adapters = w.gather()  # a collective under FSDP
     if d is not None:
         m.update(stats)
         m[M.TIME_TRAIN_STEP] = rollout_s + update_s  # the step's own rollout and update, nothing around them
@@ -161,11 +169,13 @@ def train_step(
                 d.wait_ahead(nxt)
     cpu = ranks_cpu(w)  # after the wait: a sampler answers once its rollouts end
     last = bool(w.broadcast(d.check_stop(done, cpu) if d is not None else None))
+    if d is not None and last:
+        nxt = None  # a step started early past the run's end: its rollouts are dropped
+    with timer("sync_weights"):
+        sync(w, d, done)
+    # The whole policy on rank 0 only when a checkpoint is written (a collective under FSDP).
+    weights, adapters = w.gather() if checkpoint_due(w.cfg.checkpoint_every, done, last) else ({}, {})
     if d is not None:
-        if last:
-            nxt = None  # a step started early past the run's end: its rollouts are dropped
-        with timer("sync_weights"):
-            d.sync(weights, done)
         due = d.eval_due(done)
         if due is not None:
             with timer("eval"):
@@ -175,6 +185,19 @@ def train_step(
     if d is not None:
         d.faults.trainer(step)
     return nxt, last
+
+
+def sync(w: Worker, d: Driver | None, version: int) -> None:
+    """The policy into rank 0's samplers, bucket by bucket (workflows/train/push.py); the other ranks take part in
+    the gathers under FSDP."""
+    if d is not None:
+        d.sync(w.push, version)
+    else:
+        w.push(None)
+
+
+def checkpoint_due(every: int, done: int, last: bool) -> bool:
+    return last or done % every == 0
 
 
 def report(
@@ -188,19 +211,21 @@ def report(
 ) -> None:
     """Every step reports its metrics to where it runs (Ray Train: a sweep's scheduler sees the curve); every
     ``checkpoint_every`` steps and at the end (``last``) with a checkpoint (each rank's learner state, rank 0's
-    share), written whole or not at all (``workflows.tracking.checkpoint_files.publish``: staged, manifest last,
+    share), written whole or not at all (``tracerl.workflows.tracking.checkpoint_files.publish``: staged, manifest last,
     renamed into place), the last ``keep_checkpoints`` kept (workflows/train/context.py).
     """
     import torch
 
-    from workflows.tracking.checkpoint_files import publish
-    from workflows.train.context import checkpoint_name
+    from tracerl.workflows.tracking.checkpoint_files import publish, scratch
+    from tracerl.workflows.train.context import checkpoint_name
 
-    if done % w.cfg.checkpoint_every and not last:
+    if not checkpoint_due(w.cfg.checkpoint_every, done, last):
         w.ctx.report({"step": done, **metrics})
         return
     name = checkpoint_name(done)
-    with tempfile.TemporaryDirectory() as tmp:
+    # Staged under the run's storage, not the node's /tmp: a large policy's files (an 8B policy's fp32 weights and
+    # optimizer shard) need room that /tmp may not have, and the rename into the checkpoint stays on one filesystem.
+    with tempfile.TemporaryDirectory(dir=scratch(w.storage), prefix=f"rank{w.rank}-") as tmp:
         torch.save(w.learner.state_dict(), Path(tmp) / f"trainer_rank{w.rank}.pt")
         if d is not None:
             d.save(Path(tmp), done, weights, adapters)

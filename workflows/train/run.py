@@ -34,15 +34,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from envs.registry import check_data, resolve_env_paths
 from tracerl.config import TrainConfig
 from tracerl.config_loader import to_yaml
-from workflows.tracking.checkpoint_state import CheckpointState
-from workflows.tracking.runs import RunSummary, create_run, resumed_config, run_summary
-from workflows.tracking.store import resolve_uri, where
-from workflows.train.loop import guarded_loop
-from workflows.train.step_log import StartupClock
-from workflows.train.summary import compute_summary, progress_bar
+from tracerl.envs.registry import check_data, resolve_env_paths
+from tracerl.workflows.tracking.checkpoint_state import CheckpointState
+from tracerl.workflows.tracking.runs import RunSummary, create_run, resumed_config, run_summary
+from tracerl.workflows.tracking.store import resolve_uri, where
+from tracerl.workflows.train.loop import guarded_loop
+from tracerl.workflows.train.preflight import check_budget, check_context, longest_prompt, training_tasks
+from tracerl.workflows.train.step_log import StartupClock
+from tracerl.workflows.train.summary import compute_summary, progress_bar
 
 # -- driver side ------------------------------------------------------------------------------------
 
@@ -55,7 +56,7 @@ def _abs_uri(uri: str) -> str:
 
 def resolve_paths(cfg: TrainConfig) -> TrainConfig:
     """Absolute paths and URIs, so Ray workers (whatever their cwd) see the same files; the tracking URI resolved
-    (``workflows.tracking.store.resolve_uri``), so the config saved with a run names the store it went to."""
+    (``tracerl.workflows.tracking.store.resolve_uri``), so the config saved with a run names the store it went to."""
     model_path = cfg.model.path
     if not model_path.startswith(("models:/", "runs:/")) and Path(model_path).exists():
         model_path = str(Path(model_path).resolve())
@@ -100,26 +101,40 @@ def train(
         cfg, storage, resume_ckpt = resumed_config(cfg.resume, cfg.tracking, overrides or [], progress)
         progress(f"resuming MLflow run {run_id} from {resume_ckpt or 'its start (no checkpoint yet)'}")
     check_data(cfg.env)  # a bad data file is the user's to fix: before Ray starts or a run exists
+    check_budget(cfg, training_tasks(cfg))  # a step the task set cannot hold: refused now, not at step 1
     progress(
         where(cfg.tracking)
         if tracked
         else f"tracking off: each run's metrics go to its storage under {cfg.out_dir}"
     )
-    from workflows.ops.disk import DiskFull, no_space
-    from workflows.ops.progress import bar
-    from workflows.ops.ray_utils import check_resources, end_on_signals, init_ray
-    from workflows.tracking import store as trk
-    from workflows.tracking.local_runs import tracking_client
-    from workflows.tracking.run_info import train_tags
-    from workflows.tracking.runs import end_run, failing_run
-    from workflows.tracking.spool import ATTEMPTS, PendingStatus, replay_statuses
+    from tracerl.workflows.ops.disk import DiskFull, no_space
+    from tracerl.workflows.ops.no_retry import loop_failed
+    from tracerl.workflows.ops.progress import bar
+    from tracerl.workflows.ops.ray_utils import check_resources, end_on_signals, init_ray
+    from tracerl.workflows.tracking import store as trk
+    from tracerl.workflows.tracking.local_runs import tracking_client
+    from tracerl.workflows.tracking.log_file import tracking_logs_to
+    from tracerl.workflows.tracking.outage import PatientClient
+    from tracerl.workflows.tracking.run_info import train_tags
+    from tracerl.workflows.tracking.runs import end_run, failing_run
+    from tracerl.workflows.tracking.spool import (
+        ATTEMPTS,
+        MetricsPending,
+        PendingStatus,
+        fail_fast_http,
+        replay_statuses,
+    )
 
     cfg = resolve_paths(cfg)
     check_model(cfg)
+    check_context(cfg, longest_prompt(cfg))  # a prompt the context cannot hold: refused before Ray starts
     # Quiet workers: no per-load progress bars (the workers inherit these when this process starts Ray).
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if tracked:
+        fail_fast_http()  # the driver's calls (progress bar, end of run) too: a server away is waited for in bounds
+        Path(cfg.out_dir).mkdir(parents=True, exist_ok=True)
+        tracking_logs_to(cfg.out_dir)  # MLflow's and SQLAlchemy's own lines: a file, not the terminal
         trk.check_reachable(
             resolve_uri(cfg.tracking.uri)
         )  # before Ray starts: a dead server is one line, at once
@@ -134,17 +149,23 @@ def train(
         init_ray(cfg.cluster)  # before the run exists: a job that cannot fit leaves no empty run behind
         check_resources(resource_demand(cfg), cfg.cluster, RESOURCE_KNOBS, progress)
     clock.mark("ray")
-    exp_id = trk.setup(cfg.tracking) if tracked else ""
     client = tracking_client(cfg.tracking, cfg.out_dir)
+    # Set-up and end wait up to tracking.flush_timeout_s for a server that stops answering (outage.py).
+    patient = PatientClient(client, cfg.tracking.uri or "", cfg.tracking.flush_timeout_s, progress)
+    exp_id = patient.call("the experiment", trk.setup, cfg.tracking) if tracked else ""
     if tracked:
         replay_statuses(client, Path(cfg.out_dir), progress)  # what earlier runs could not tell a full store
     if not cfg.resume:
-        run_id, storage, cfg = create_run(client, exp_id, cfg, {**train_tags(cfg), **(tags or {})})
+        run_id, storage, cfg = create_run(
+            patient if tracked else client, exp_id, cfg, {**train_tags(cfg), **(tags or {})}
+        )
     else:
-        client.update_run(run_id, status="RUNNING")
-        with failing_run(client, run_id):
+        patient.update_run(run_id, status="RUNNING")
+        with failing_run(patient, run_id, storage):
             PendingStatus(storage).reserve()
             (storage / "config.yaml").write_text(to_yaml(dataclasses.replace(cfg, resume=None)))
+    if tracked:
+        tracking_logs_to(storage)
     progress(
         f"MLflow run {run_id} ({cfg.tracking.uri}); checkpoints in {storage}"
         if tracked
@@ -162,25 +183,41 @@ def train(
     status = "FAILED"
     state = CheckpointState.read(resume_ckpt) if resume_ckpt is not None else CheckpointState(0)
     steps_bar = progress_bar(cfg, client, run_id, state, lambda n, s, u, i: bar(progress, n, s, u, i))
-    full = stuck = None
+    full = stuck = failed = None
     try:
         fit()
         status = "FINISHED"
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM / SIGHUP (workflows.ops.ray_utils.Terminated)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM / SIGHUP (tracerl.workflows.ops.ray_utils.Terminated)
         status = "KILLED"
         raise
     except Exception as exc:  # noqa: BLE001 - a full disk, however Ray wrapped it, is one line (workflows/ops/disk.py)
         full = no_space(exc)
+        failed = loop_failed(exc) if full is None else None
+        if failed is not None and failed is not exc:  # a bad value or unknown name: one line (no_retry.py)
+            raise failed from None
         if full is None:
             raise
     finally:
         steps_bar.close()
-        stuck = end_run(
-            client, run_id, storage, status, progress, resolve_uri(cfg.tracking.uri), failed_note=full is None
-        )
+        try:
+            stuck = end_run(
+                client,
+                run_id,
+                storage,
+                status,
+                progress,
+                resolve_uri(cfg.tracking.uri),
+                failed_note=full is None and failed is None,
+                flush_timeout_s=cfg.tracking.flush_timeout_s,
+            )
+        except MetricsPending as pending:
+            if status == "FINISHED":  # the command's outcome: exit 75 (workflows/tracking/sync.py)
+                raise
+            progress(str(pending))  # the run's own error, propagating, is the command's outcome
+
     if full is not None or stuck is not None:
-        raise DiskFull(full or stuck or str(storage))
-    summary = run_summary(run_id, cfg.tracking, client)
+        raise DiskFull(full or stuck or str(storage), kept_note(run_id, storage, cfg) if stuck else "")
+    summary = read_summary(run_id, cfg, patient if tracked else client, progress)
     summary.update(
         RunSummary(
             run_id=run_id,
@@ -190,8 +227,35 @@ def train(
             experiment=cfg.tracking.experiment,
         )
     )
-    summary.update(compute_summary(client, run_id, cfg))
     (storage / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def kept_note(run_id: str, storage: Path, cfg: TrainConfig) -> str:
+    """What the full-disk line adds when the store could not take the run's final status (kept beside it)."""
+    from tracerl.workflows.tracking.spool import STATUS, PendingStatus
+
+    kept = PendingStatus(storage).pending()
+    if kept is None:
+        return f"the store could not take the run's final status, and {storage} could not keep it"
+    return (
+        f"run {run_id} stays RUNNING in the store, its status {kept[0]} kept in {storage / STATUS}: once there is "
+        f"space, `tracerl sync {run_id} --tracking-uri {cfg.tracking.uri}` records it"
+    )
+
+
+def read_summary(run_id: str, cfg: TrainConfig, client: Any, say: Callable[[str], None]) -> RunSummary:
+    """The finished run's summary read back from its store; when the server stops answering for good here, the run
+    is complete in the store already (its status was the last thing sent), so one line says so and the summary is
+    left empty rather than failing the command."""
+    from tracerl.workflows.tracking.store import TrackingUnreachable
+
+    try:
+        summary = run_summary(run_id, cfg.tracking, client)
+        summary.update(compute_summary(client, run_id, cfg))
+    except TrackingUnreachable as exc:
+        say(f"the run is complete in the store, but its summary could not be read back: {exc}")
+        return RunSummary()
     return summary
 
 
@@ -207,9 +271,10 @@ def ray_trainer(
     intact checkpoint up to ``max_failures`` times (never on a full disk), the last ``keep_checkpoints`` kept.
     ``startup``: the launch's start-up clock and the attempt number whose first step logs it."""
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig
 
-    from workflows.ops.disk_callback import StopOnDiskFull
-    from workflows.ops.ray_utils import torch_trainer
+    from tracerl.workflows.ops.disk_callback import StopOnDiskFull
+    from tracerl.workflows.ops.ray_utils import torch_trainer
 
     t = cfg.trainer
     run_callbacks: list[Any] = [StopOnDiskFull(), *(callbacks or [])]  # a full disk is not retried
@@ -222,10 +287,17 @@ def ray_trainer(
             "reported": reported(storage, resume_ckpt),
             "startup": startup,
         },
+        # The process group's timeout must outlast rank 0's rollout phase, which ranks 1..n wait through in a
+        # broadcast (Ray's default is 1800 s).
+        torch_config=TorchConfig(timeout_s=t.collective_timeout_s),
         scaling_config=ScalingConfig(
             num_workers=t.num_workers,
             use_gpu=t.use_gpu,
-            resources_per_worker={"CPU": t.cpus_per_worker, **({"GPU": 1} if t.use_gpu else {})},
+            resources_per_worker={
+                "CPU": t.cpus_per_worker,
+                **({"GPU": 1} if t.use_gpu else {}),
+                **t.resources,
+            },
         ),
         run_config=RunConfig(
             name=storage.name,
@@ -259,8 +331,9 @@ def run_in_process(
     from the newest intact checkpoint up to ``max_failures`` times, as Ray Train restarts its workers (never on a
     full disk or a signal). Each attempt is a new ``system/attempt``; the last failure is raised as
     ``TrainingFailed`` (the run ends FAILED)."""
-    from workflows.ops.disk import DiskFull
-    from workflows.train.context import InProcessContext
+    from tracerl.workflows.ops.disk import DiskFull
+    from tracerl.workflows.ops.no_retry import LoopFailed
+    from tracerl.workflows.train.context import InProcessContext
 
     config: dict[str, Any] = {
         "cfg": cfg,
@@ -274,7 +347,7 @@ def run_in_process(
         try:
             guarded_loop(config)
             return
-        except DiskFull:
+        except (DiskFull, LoopFailed):  # a restart cannot get past either
             raise
         except Exception as exc:
             if failures == cfg.max_failures:  # a bug keeps its traceback, as with Ray's TrainingFailedError
@@ -287,10 +360,11 @@ def run_in_process(
 
 
 def check_model(cfg: TrainConfig) -> None:
-    """The policy checkpoint exists and its weights files are whole, its context window fits the sampler's, and LoRA
-    targets name its layers: checked before any run is created (these are the user's to fix)."""
+    """The policy checkpoint exists and its weights files are whole, its context window fits the sampler's, LoRA
+    targets name its layers, and the update's largest micro-batch fits ``trainer.gpu_memory_gb`` by the memory
+    estimate: checked before any run is created (these are the user's to fix)."""
     from tracerl.models.hf import check_weights, check_window
-    from workflows.lm.stack import SetupError
+    from tracerl.workflows.lm.stack import SetupError
 
     if not Path(cfg.model.path).is_dir():
         raise SetupError(
@@ -303,6 +377,13 @@ def check_model(cfg: TrainConfig) -> None:
         from tracerl.models.wrap import check_lora
 
         check_lora(cfg.model.path, cfg.trainer)
+    if cfg.trainer.use_gpu and cfg.trainer.gpu_memory_gb is not None:
+        from transformers import AutoConfig
+
+        from tracerl.workflows.train.memory_check import check_update_memory, update_shape
+
+        arch = AutoConfig.from_pretrained(cfg.model.path, local_files_only=True)
+        check_update_memory(update_shape(arch, cfg.trainer), cfg.trainer, cfg.loss, cfg.sampler)
 
 
 RESOURCE_KNOBS = (
@@ -314,8 +395,8 @@ RESOURCE_KNOBS = (
 def resource_demand(cfg: TrainConfig) -> list[tuple[str, int, float, float]]:
     """(what, how many, CPUs each, GPUs each) of every actor a training run holds at once: Train workers,
     samplers, their environment actors and the run's shared services (e.g. the search retriever)."""
-    from envs.registry import env_class
     from tracerl.actors.services import service_factories
+    from tracerl.envs.registry import env_class
 
     t, p = cfg.trainer, cfg.pools
     rows = [

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.config import TrainConfig
-from workflows.tracking.checkpoint_files import damaged, newest_good, problem
-from workflows.tracking.checkpoint_state import CheckpointState
-from workflows.train.context import TrainContext
+from tracerl.workflows.tracking.checkpoint_files import damaged, newest_good, problem
+from tracerl.workflows.tracking.checkpoint_state import CheckpointState
+from tracerl.workflows.train.context import TrainContext
+from tracerl.workflows.train.shared_storage import check_shared
 
 ADAPTERS = "lora_adapters.pt"  # a LoRA run's checkpoint: its adapters (peft names) beside the merged policy
 
@@ -67,6 +68,13 @@ class Worker:
         if self.world > 1:
             torch.distributed.barrier()
 
+    def push(self, pool: Any) -> None:
+        """The policy into ``pool``'s samplers bucket by bucket (rank 0; None on the others, which take part in
+        the gathers under FSDP): workflows/train/push.py."""
+        from tracerl.workflows.train.push import push_policy
+
+        push_policy(self.model, self.cfg.trainer, pool, self.cfg.model.dtype)
+
     def gather(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The policy's HF-named full weights (LoRA adapters merged) and the LoRA adapters alone, on rank 0.
 
@@ -91,6 +99,8 @@ def setup_worker(cfg: TrainConfig, storage: Path, ctx: TrainContext, reported: I
     from tracerl.models.wrap import fully_shard_model, is_fsdp
 
     rank, world = ctx.rank, ctx.world
+    if world > 1:  # before anything is loaded: every rank must see the storage the others write to
+        check_shared(storage, rank, world, _all_gather, torch.distributed.barrier)
     torch.manual_seed(cfg.seed + rank)
     ckpt_dir = restore_dir(ctx.checkpoint(), storage, say, reported) if rank == 0 else None
     if world > 1:  # every rank restores the checkpoint rank 0 chose
@@ -105,7 +115,7 @@ def setup_worker(cfg: TrainConfig, storage: Path, ctx: TrainContext, reported: I
     tok, model = load_model(cfg, ckpt_dir)
     ref_model = None
     if cfg.loss.kl_coef > 0:
-        from workflows.lm.stack import load_policy
+        from tracerl.workflows.lm.stack import load_policy
 
         _, ref_model = load_policy(cfg.model)  # the initial policy
         ref_model.requires_grad_(False)
@@ -134,9 +144,21 @@ def setup_worker(cfg: TrainConfig, storage: Path, ctx: TrainContext, reported: I
     if ckpt_dir is not None:
         own = Path(ckpt_dir) / f"trainer_rank{rank}.pt"
         learner.load_state_dict(
-            torch.load(own if own.exists() else Path(ckpt_dir) / "trainer_rank0.pt", weights_only=False)
+            torch.load(
+                own if own.exists() else Path(ckpt_dir) / "trainer_rank0.pt",
+                map_location=next(model.parameters()).device,  # a GPU rank: its own device, not the saver's
+                weights_only=False,
+            )
         )
     return Worker(cfg, rank, world, tok, model, learner, ckpt_dir, state, storage, ctx)
+
+
+def _all_gather(obj: Any) -> list[Any]:
+    import torch
+
+    out: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
 
 
 def load_model(cfg: TrainConfig, ckpt_dir: str | None) -> tuple[Any, Any]:
@@ -145,7 +167,7 @@ def load_model(cfg: TrainConfig, ckpt_dir: str | None) -> tuple[Any, Any]:
     import torch
 
     from tracerl.models.wrap import adapter_weights, apply_lora
-    from workflows.lm.stack import load_policy
+    from tracerl.workflows.lm.stack import load_policy
 
     master = dataclasses.replace(
         cfg.model, dtype=cfg.trainer.master_dtype
@@ -165,7 +187,7 @@ def load_model(cfg: TrainConfig, ckpt_dir: str | None) -> tuple[Any, Any]:
         getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     model = apply_lora(model, cfg.trainer)
     if lora and ckpt_dir is not None:
-        saved = torch.load(Path(ckpt_dir) / ADAPTERS, weights_only=True)
+        saved = torch.load(Path(ckpt_dir) / ADAPTERS, map_location="cpu", weights_only=True)
         missing = set(adapter_weights(model.state_dict())) - set(saved)
         if missing:
             raise RuntimeError(
@@ -183,7 +205,7 @@ def restore_dir(
 
     A worker that dies right after ``ray.train.report`` may leave a persisted checkpoint the controller never
     registered; its step is in its state.json, so it is found here and nothing done before the death is redone.
-    The storage's checkpoints are checked newest first (``workflows.tracking.checkpoint_files.newest_good``; a write
+    The storage's checkpoints are checked newest first (``tracerl.workflows.tracking.checkpoint_files.newest_good``; a write
     cut short never becomes a checkpoint directory at all), Ray's too when it lies elsewhere (a download): a damaged
     one is passed over, in one line to ``say`` (unless its name is in ``reported``), for the newest that checks out.
     """

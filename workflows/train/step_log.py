@@ -13,8 +13,8 @@ from typing import Any
 
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
-from workflows.train.budget import Totals
-from workflows.train.setup import say
+from tracerl.workflows.train.budget import Totals
+from tracerl.workflows.train.setup import say
 
 THREADS_TRAINER = "threads/trainer"
 """Param: torch intra-op threads of each trainer worker (``trainer.torch_threads``, else what Ray gave it)."""
@@ -74,22 +74,34 @@ def start_pool(cfg: TrainConfig, storage: Path) -> Any:
     )
 
 
-def log_threads(client: Any, run_id: str, sampler_threads: int) -> None:
-    """The run's params ``threads/trainer`` (this process's torch threads) and ``threads/sampler``."""
+def log_threads(client: Any, run_id: str, pool: Any) -> None:
+    """The run's params ``threads/trainer`` (this process's torch threads) and ``threads/sampler``, and on Ray where
+    the actors run (``placement/trainer``, ``placement/samplers``, ``placement/env``: node addresses)."""
     import torch
     from mlflow.entities import Param
 
-    params = {THREADS_TRAINER: torch.get_num_threads(), THREADS_SAMPLER: sampler_threads}
+    params = {THREADS_TRAINER: torch.get_num_threads(), THREADS_SAMPLER: pool.threads}
+    if hasattr(pool, "placement"):  # the Ray pool (the in-process one runs here)
+        params.update(pool.placement())
     try:
         client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
-    except Exception:  # noqa: BLE001 - MLflow refuses to change a param: a resume with other threads keeps the first
-        say(f"run {run_id} keeps the thread counts it started with; this attempt runs {params}")
+    except Exception as exc:  # noqa: BLE001 - MLflow refuses to change a param: a resume keeps the first counts
+        from tracerl.workflows.tracking.outage import unreachable
+
+        if unreachable(exc):  # not a refusal: the server is away (the step metrics are spooled)
+            say(
+                f"tracking unreachable ({type(exc).__name__}): thread counts and placement {params} not logged as params"
+            )
+        else:
+            say(
+                f"run {run_id} keeps the thread counts and placement it started with; this attempt has {params}"
+            )
 
 
 def log_trees(metrics: Any, out: Any, step: int, run_name: str | None) -> None:
     """A sample of the step's trees (16) as artifacts ``trees/step_<step>/trees.jsonl`` and ``trees.html``."""
-    from workflows.lm.rollout import outcome_records
-    from workflows.lm.viewer import render_html
+    from tracerl.workflows.lm.rollout import outcome_records
+    from tracerl.workflows.lm.viewer import render_html
 
     records = outcome_records(out)
     with tempfile.TemporaryDirectory() as tmp:

@@ -22,6 +22,16 @@ class TrackingConfig:
     """Artifact root for experiments created here (a local directory or an object-store URI)."""
     experiment: str = "tracerl"
     """Experiment name."""
+    flush_timeout_s: float = 120.0
+    """How long ``tracerl train`` waits for a tracking server that stops answering where it cannot spool: while it
+    sets the run up (experiment, run, params; then one line and exit 2) and at the end, for the metrics spooled
+    during an outage and the final status (then the run is left RUNNING in the store, its final status kept with
+    the spool, exit 75, and ``tracerl sync RUN`` sends both once the server is back; docs/reliability.md)."""
+
+    def __post_init__(self) -> None:
+        check(
+            self.flush_timeout_s >= 0, f"tracking.flush_timeout_s must be >= 0 (got {self.flush_timeout_s})"
+        )
 
 
 IN_PROCESS = "inprocess"
@@ -88,20 +98,58 @@ class TrainerConfig:
     """LoRA scaling numerator: the update is (lora_alpha / lora_rank) * B A."""
     lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     """Names of the linear layers that get adapters (checked against the model at start)."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each trainer worker asks for besides its CPUs (and GPU), e.g. ``{node1: 0.01}`` to place
+    the trainer on the node started with ``--resources='{"node1": 1}'``. Empty: any node."""
+    collective_timeout_s: int = 86400
+    """Timeout of the trainer ranks' process group (Ray Train's ``TorchConfig.timeout_s``, whose default is 1800 s):
+    ranks 1..n wait in a broadcast while rank 0 rolls out, scores and collates, so it must exceed the longest rollout
+    phase. The default, a day, is past any step's rollouts; a lower value ends a hung collective sooner."""
+    push_bucket_mb: int = 256
+    """Size of a weight push's buckets, MB (2^20 bytes): after each update the policy leaves the trainer in buckets
+    of at most this many bytes in ``model.dtype`` (a larger tensor goes alone), each its own object in Ray's object
+    store, loaded by every sampler and freed before the next but one is put (workflows/train/push.py). Peak extra
+    memory of the push on rank 0 is about two buckets; smaller buckets lower it, at more round trips."""
+    gpu_memory_gb: float | None = None
+    """Memory of one trainer GPU in GB (1e9 bytes), e.g. 80 for an H100/A100 80GB. Set with ``use_gpu``, a run is
+    refused before it starts when the update's largest micro-batch (``loss.micro_tokens``, or
+    ``loss.micro_batch_size`` sequences, and never less than ``sampler.max_context_tokens``) does not fit 90 % of it
+    by the memory estimate (workflows/ops/gpu_plan.py); the message gives the largest budget that fits. null: no
+    check."""
 
     def __post_init__(self) -> None:
         check_choices(self, "trainer")
         check(self.num_workers >= 1, f"trainer.num_workers must be >= 1 (got {self.num_workers})")
         check(self.cpus_per_worker > 0, "trainer.cpus_per_worker must be > 0")
+        check_resources("trainer.resources", self.resources)
         check(
             self.torch_threads is None or self.torch_threads >= 1,
             f"trainer.torch_threads must be >= 1 or null (got {self.torch_threads})",
         )
         check(self.lora_rank >= 0, "trainer.lora_rank must be >= 0")
+        check(self.push_bucket_mb >= 1, f"trainer.push_bucket_mb must be >= 1 (got {self.push_bucket_mb})")
+        check(
+            self.collective_timeout_s >= 1,
+            f"trainer.collective_timeout_s must be >= 1 (got {self.collective_timeout_s})",
+        )
+        check(
+            self.gpu_memory_gb is None or self.gpu_memory_gb > 0,
+            f"trainer.gpu_memory_gb must be > 0 or null (got {self.gpu_memory_gb})",
+        )
         check(
             self.lora_rank == 0 or (self.lora_alpha > 0 and len(self.lora_targets) > 0),
             "trainer.lora_alpha must be > 0 and trainer.lora_targets non-empty when trainer.lora_rank > 0",
         )
+
+
+def check_resources(key: str, resources: dict[str, float]) -> None:
+    """Custom resources: names other than CPU, GPU and memory (their own keys set those), amounts > 0."""
+    for name, amount in resources.items():
+        check(
+            name not in ("CPU", "GPU", "memory", "object_store_memory"),
+            f"{key}.{name}: set CPUs and GPUs with their own keys; this one is for custom resources",
+        )
+        check(amount > 0, f"{key}.{name} must be > 0 (got {amount})")
 
 
 @dataclass(frozen=True)
@@ -118,6 +166,11 @@ class PoolConfig:
     env_workers: int = 2
     """Tool-environment actors serving every sampler's tool calls (0: samplers run tools in-process)."""
     env_cpus: float = 0.25
+    rollout_resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each sampler actor asks for besides its CPUs, e.g. ``{node2: 0.01}`` to place the samplers
+    on the nodes started with ``--resources='{"node2": 1}'`` (docs/design.md, "Placement"). Empty: any node."""
+    env_resources: dict[str, float] = field(default_factory=dict)
+    """The same for the environment actors (tool calls and shared services such as the search retriever)."""
     max_retries: int = 3
     """Times a work item is retried on a fresh actor after the one running it died."""
 
@@ -134,6 +187,8 @@ class PoolConfig:
         check(
             self.rollout_cpus > 0 and self.env_cpus > 0, "pools.rollout_cpus and pools.env_cpus must be > 0"
         )
+        check_resources("pools.rollout_resources", self.rollout_resources)
+        check_resources("pools.env_resources", self.env_resources)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,10 @@ class EnvWorker:
         self.faults.env(step)
         return self.env.execute(prompt, state, action)  # type: ignore[no-any-return]
 
+    def node(self) -> str:
+        """The address of the node this actor runs on (the run's ``placement/env`` param)."""
+        return str(ray.util.get_node_ip_address())
+
     def cpu_s(self) -> float:
         """This actor's CPU seconds since it started, its tool-call processes' included."""
         from tracerl.engine.timer import process_tree_cpu_s
@@ -46,15 +50,22 @@ class EnvPool(WrappedEnv):
         cpus: float,
         max_retries: int,
         faults: Faults = NO_FAULTS,
+        resources: dict[str, float] | None = None,
     ) -> None:
         super().__init__(env_factory())
         self._new = lambda: (
-            ray.remote(num_cpus=cpus)(EnvWorker).options(scheduling_strategy=OWN).remote(env_factory, faults)
+            ray.remote(num_cpus=cpus, resources=resources or {})(EnvWorker)
+            .options(scheduling_strategy=OWN)
+            .remote(env_factory, faults)
         )
         self.actors = [self._new() for _ in range(size)]
         self.max_retries = max_retries
         self.step = -1
         self._next = 0
+
+    def nodes(self) -> list[str]:
+        """The node address of each env actor."""
+        return [str(n) for n in ray.get([a.node.remote() for a in self.actors])]  # type: ignore[attr-defined]
 
     def cpu_s(self) -> float:
         """The env actors' CPU seconds since each started (an actor that cannot answer counts 0)."""

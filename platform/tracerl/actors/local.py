@@ -9,15 +9,15 @@ the same trees in both modes (``pools.rollout_workers=1`` runs one batch: fewer,
 
 What travels between the step driver and a Ray actor is a copy; here every call's arguments and results are deep
 copies too (``_call_all``), so the driver's trees and the worker's own (which keep their KV caches for the
-expansion) never share a node list, as across processes. Weights are loaded into the worker's policy copy
-(``load_state_dict``, the Ray actors' own method), never shared with the trainer's tensors: the trainer's update
+expansion) never share a node list, as across processes. Weights are copied into the worker's policy copy bucket
+by bucket (``push``: the Ray actors' own ``load_bucket``), never shared with the trainer's tensors: the trainer's update
 would otherwise change the weights a step's rollouts (with ``pipeline.overlap``) are still sampling with.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -63,9 +63,11 @@ class LocalPool(ShardedPool):
     def wait_ready(self) -> None:
         """Nothing to wait for: the constructor loaded the policy."""
 
-    def load_weights(self, state: dict[str, Any]) -> None:
-        """The trainer's new weights into the worker's own policy copy (and its cached trees dropped)."""
-        self.worker.load_weights(state)
+    def push(self, buckets: Iterable[Any], bucket_bytes: int) -> None:
+        """A weight push (``tracerl.models.buckets``) into the worker's own policy copy, bucket by bucket."""
+        for bucket in buckets:
+            self.worker.load_bucket(bucket)
+        self.worker.end_push()
 
     def stream(self, prompts: Sequence[Prompt], counts: Sequence[int], on_bare: OnBare) -> list[RolloutTree]:
         """A streaming step (``pipeline.mode=streaming``) on the one engine, as ``tracerl rollout`` streams

@@ -12,7 +12,9 @@ The spec's ``faults`` (actors/faults.py) make a worker exit for real during a ch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -51,7 +53,9 @@ class RolloutPool(ShardedPool):
         services: dict[str, Any] = {}
         if spec.pools.env_workers > 0 and not spec.services:
             # One actor per shared service for the whole run; env_workers=0 keeps everything in-process.
-            services = start_services(env_class(spec.env.name), spec.env, spec.pools.env_cpus)
+            services = start_services(
+                env_class(spec.env.name), spec.env, spec.pools.env_cpus, dict(spec.pools.env_resources)
+            )
             spec = replace(spec, services=services)
         super().__init__(spec, seed)
         self.services = services
@@ -61,11 +65,20 @@ class RolloutPool(ShardedPool):
         """Streaming: an actor with more paths than this gives new expansions to the least-loaded one
         (``pipeline.reencode_queue``; -1: never)."""
         self.workers = [self._new() for _ in range(size)]
-        self._weights: Any = None
+        self._pushed = False
+        """Whether a push replaced the weights the samplers loaded from ``model.path``."""
+        self._kept: list[Any] = []
+        self._bucket_bytes = 0
+        self._push_checked = False
 
     def _new(self) -> Any:
         return (
-            ray.remote(num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0)(self.worker_class)
+            ray.remote(
+                num_cpus=self.cpus,
+                num_gpus=self.gpus,
+                resources=dict(self.spec.pools.rollout_resources),
+                max_restarts=0,
+            )(self.worker_class)
             .options(scheduling_strategy=OWN)
             .remote(self.spec)
         )
@@ -73,23 +86,89 @@ class RolloutPool(ShardedPool):
     def warnings(self) -> list[str]:
         return list(ray.get(self.workers[0].warnings.remote()))
 
+    def placement(self) -> dict[str, str]:
+        """Where the actors run, as the run's params: ``placement/samplers`` and ``placement/env``, each the sorted
+        node addresses of those actors (one per node), and ``placement/trainer`` this process's (trainer rank 0)."""
+        found = ray.get([w.nodes.remote() for w in self.workers])
+        return {
+            "placement/trainer": str(ray.util.get_node_ip_address()),
+            "placement/samplers": ",".join(sorted({s for s, _ in found})),
+            "placement/env": ",".join(sorted({e for _, envs in found for e in envs})) or "in the samplers",
+        }
+
     def wait_ready(self) -> None:
         """Block until every sampler actor has finished its constructor (loaded its policy)."""
         ray.get([w.warnings.remote() for w in self.workers])
 
-    def load_weights(self, state: dict[str, Any]) -> None:
-        self._weights = ray.put(state)
-        self._call_all([(w, "load_weights", (self._weights,)) for w in range(len(self.workers))])
+    def push(self, buckets: Iterable[Any], bucket_bytes: int) -> None:
+        """A weight push (``tracerl.models.buckets``): each bucket its own object in the store, loaded by every
+        sampler while the next one is packed and put, and freed once every sampler loaded it (at most two buckets
+        in the store at a time). A sampler that dies meanwhile is replaced by one that copies a live peer's
+        weights (``_catch_up``) and then loads the bucket it missed."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._bucket_bytes = bucket_bytes
+        self._kept = []
+        loading = None
+        held, last = (
+            0,
+            0,
+        )  # bytes the store holds at once: the kept buckets, or the bucket in flight and the next
+        with ThreadPoolExecutor(1, thread_name_prefix="tracerl-push") as ex:
+            for bucket in buckets:
+                held = held + bucket.nbytes if self._keep else max(held, last + bucket.nbytes)
+                last = bucket.nbytes
+                ref = ray.put(bucket)
+                del bucket
+                if self._keep:
+                    self._kept.append(ref)
+                if loading is not None:
+                    loading.result()
+                calls = [(w, "load_bucket", (ref,)) for w in range(len(self.workers))]
+                loading = ex.submit(self._call_all, calls)
+                del ref, calls  # the store frees the bucket once every sampler loaded it
+            if loading is not None:
+                loading.result()
+        self._call_all([(w, "end_push", ()) for w in range(len(self.workers))])
+        self._pushed = True
+        if not self._push_checked:  # the same sizes every step: once a run
+            self._push_checked = True
+            warning = push_too_big(held, node_object_store_bytes())
+            if warning:
+                print(f"tracerl: warning: {warning}", file=sys.stderr, flush=True)
+
+    @property
+    def _keep(self) -> bool:
+        """Whether the pool keeps the last push's buckets for a replaced sampler: where no peer can hand its weights
+        over (one sampler, or an engine sampler with no HF model to export from)."""
+        return len(self.workers) == 1 or self.spec.sampler.backend != "hf"
+
+    def _catch_up(self, w: int) -> None:
+        """Give the fresh sampler ``w`` the pool's current weights: the kept buckets, else a live peer's, bucket by
+        bucket."""
+        new = self.workers[w]
+        if self._keep:
+            for ref in self._kept:
+                ray.get(new.load_bucket.remote(ref))
+            ray.get(new.end_push.remote())
+            return
+        peer = self.workers[(w + 1) % len(self.workers)]
+        for index in itertools.count():
+            ref = peer.export_bucket.remote(index, self._bucket_bytes)
+            if ray.get(ref) is None:
+                ray.get(new.end_push.remote())
+                return
+            ray.get(new.load_bucket.remote(ref))
 
     def _replace(self, w: int) -> None:
         for tries in range(
             self.max_retries + 1
         ):  # the fresh worker may die too (the chaos drill kills at random)
             self.workers[w] = self._new()
-            if self._weights is None:
-                return
+            if not self._pushed:
+                return  # it loads model.path, which the samplers still hold
             try:
-                ray.get(self.workers[w].load_weights.remote(self._weights))
+                self._catch_up(w)
                 return
             except DEAD:
                 if tries == self.max_retries:
@@ -125,3 +204,31 @@ class RolloutPool(ShardedPool):
         for w in self.workers:
             ray.kill(w)
         stop_services(self.services)
+
+
+def state_bytes(state: dict[str, Any]) -> int:
+    """Bytes of the tensors in a state dict (other values are negligible)."""
+    return sum(int(v.numel() * v.element_size()) for v in state.values() if hasattr(v, "element_size"))
+
+
+def node_object_store_bytes() -> int:
+    """The object store size of the node this process runs on (where ``ray.put`` puts a weight push)."""
+    here = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        if node.get("NodeID") == here:
+            return int(node.get("Resources", {}).get("object_store_memory", 0))
+    return int(ray.cluster_resources().get("object_store_memory", 0))
+
+
+def push_too_big(nbytes: int, store_bytes: int) -> str | None:
+    """The warning for a weight push that needs more of the node's object store at once (``nbytes``: two buckets in
+    flight, or every bucket where the pool keeps them for a replaced sampler) than it has, or None. Ray then spills
+    the push to disk (or fails to put it) on every step instead of holding it in memory."""
+    if store_bytes <= 0 or nbytes <= store_bytes:
+        return None
+    return (
+        f"a weight push to the samplers holds {nbytes / 2**20:,.0f} MiB in the Ray object store at once but this "
+        f"node's store holds "
+        f"{store_bytes / 2**20:,.0f} MiB: Ray spills every push to disk; raise cluster.object_store_memory_mb (the "
+        f"embedded Ray) or the nodes' --object-store-memory (a cluster)"
+    )

@@ -55,7 +55,9 @@ def service_factories(env_cls: Any, env_cfg: Any) -> dict[str, Callable[[], Any]
     return dict(env_cls.services(env_cfg))
 
 
-def start_services(env_cls: Any, env_cfg: Any, cpus: float = 0.25) -> dict[str, RemoteService]:
+def start_services(
+    env_cls: Any, env_cfg: Any, cpus: float = 0.25, resources: dict[str, float] | None = None
+) -> dict[str, RemoteService]:
     """One actor per declared service, built once (blocks until each is up, so build errors surface here).
 
     Raises:
@@ -63,7 +65,11 @@ def start_services(env_cls: Any, env_cfg: Any, cpus: float = 0.25) -> dict[str, 
     """
     out: dict[str, RemoteService] = {}
     for name, factory in service_factories(env_cls, env_cfg).items():
-        handle = ray.remote(num_cpus=cpus)(ServiceActor).options(scheduling_strategy=_OWN).remote(factory)
+        handle = (
+            ray.remote(num_cpus=cpus, resources=resources or {})(ServiceActor)
+            .options(scheduling_strategy=_OWN)
+            .remote(factory)
+        )
         # ray's annotations make .remote() of an actor class return ObjectRef | ActorHandle; this is the handle.
         ray.get(handle.__ray_ready__.remote())  # type: ignore[union-attr]
         out[name] = RemoteService(handle, name)

@@ -71,6 +71,7 @@ class RolloutWorker:
                 pools.env_cpus,
                 pools.max_retries,
                 self.faults,
+                dict(pools.env_resources),
             )
         elif tool_threads > 1:
             from tracerl.engine.concurrent_env import ConcurrentEnv
@@ -92,16 +93,34 @@ class RolloutWorker:
     def warnings(self) -> list[str]:
         return list(self.env.warnings)
 
-    def load_weights(self, state: dict[str, Any]) -> None:
-        import torch
+    def nodes(self) -> tuple[str, list[str]]:
+        """The node address of this sampler actor and of its environment actors (none when tools run here)."""
+        import ray
 
-        if hasattr(self.sampler, "load_weights"):  # vLLM: (name, tensor) pairs into the running engine
-            self.sampler.load_weights(state.items())
+        return str(ray.util.get_node_ip_address()), self.env.nodes() if self.pooled else []  # type: ignore[attr-defined]
+
+    def load_bucket(self, bucket: Any) -> None:
+        """One bucket of a weight push (``tracerl.models.buckets``) into the policy: copied into the hf model's
+        parameters, or handed to an engine sampler's own ``load_bucket`` (vLLM)."""
+        from tracerl.models.buckets import load_bucket
+
+        if hasattr(self.sampler, "load_bucket"):
+            self.sampler.load_bucket(bucket)
         else:
-            with torch.no_grad():
-                self.model.load_state_dict(state)
+            load_bucket(self.model, bucket)
         self.trees.clear()  # caches of trees from the old weights must not be re-used
         self._drop_stream()
+
+    def end_push(self) -> None:
+        """The last bucket of a push arrived (an engine sampler that restarts on the pushed weights does it now)."""
+        if hasattr(self.sampler, "end_push"):
+            self.sampler.end_push()
+
+    def export_bucket(self, index: int, bucket_bytes: int) -> Any:
+        """Bucket ``index`` of this sampler's current weights (None past the last): what a replaced peer loads."""
+        from tracerl.models.buckets import export
+
+        return export(self.model, index, bucket_bytes)
 
     def cpu_s(self) -> float:
         """CPU seconds of this actor (and its children, e.g. a vLLM engine core) and of its env actors, each since it

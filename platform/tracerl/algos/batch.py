@@ -57,6 +57,18 @@ class TrainBatch:
         lo, hi = rank * n // world, (rank + 1) * n // world
         return self.select(range(lo, hi))
 
+    def balanced_shard(self, rank: int, world: int) -> TrainBatch:
+        """This rank's share with the tokens balanced: longest sequence first, each to the rank with the fewest
+        tokens so far (ties to the lower rank); deterministic, so every rank computes the same split."""
+        load = [0] * world
+        mine: list[int] = []
+        for i in sorted(range(len(self)), key=lambda i: (-len(self.input_ids[i]), i)):
+            r = min(range(world), key=lambda r: (load[r], r))
+            load[r] += len(self.input_ids[i])
+            if r == rank:
+                mine.append(i)
+        return self.select(sorted(mine))
+
     def pad(self, pad_id: int) -> PaddedBatch:
         """Right-padded tensors of shape (sequences, longest sequence)."""
         import torch
@@ -73,6 +85,22 @@ class TrainBatch:
             advantages=mat(self.advantages, 0.0, torch.float32),
             sampler_logprobs=mat(self.sampler_logprobs, 0.0, torch.float32),
         )
+
+
+def micro_batch_groups(lengths: Sequence[int], max_sequences: int, max_tokens: int = 0) -> list[list[int]]:
+    """Indices of the sequences of each micro-batch. ``max_tokens`` 0: consecutive groups of ``max_sequences``.
+    ``max_tokens`` > 0: sequences longest first, a group growing while its size x its longest (the padded tokens
+    of the micro-batch) stays within ``max_tokens``; a sequence longer than that is a group of its own."""
+    n = len(lengths)
+    if max_tokens <= 0:
+        return [list(range(i, min(i + max_sequences, n))) for i in range(0, n, max_sequences)]
+    groups: list[list[int]] = []
+    for i in sorted(range(n), key=lambda i: (-lengths[i], i)):
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= max_tokens:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 @dataclass(frozen=True)

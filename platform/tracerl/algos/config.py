@@ -266,7 +266,15 @@ class LossConfig:
     epochs: int = 1
     """Optimizer steps per RL step, each over the whole batch (1 = on-policy)."""
     micro_batch_size: int = 16
-    """Sequences per forward/backward on one worker (gradients accumulate)."""
+    """Sequences per forward/backward on one worker (gradients accumulate); used when ``micro_tokens`` is 0."""
+    micro_tokens: int = 0
+    """> 0: micro-batches are formed by this token budget instead: sequences sorted by length, packed while
+    sequences x the longest <= micro_tokens (a longer sequence is a micro-batch of its own), and the step's batch
+    is shared over the ranks balanced by length. 0: ``micro_batch_size`` sequences a micro-batch, contiguous shards."""
+    logit_chunk: int = 1024
+    """Positions whose log-probs one output-projection chunk scores (tracerl.models.logprob_head): only loss
+    positions are scored, each chunk recomputed in backward, so the logits' memory is logit_chunk x vocabulary.
+    0: full-vocabulary logits for every position of the micro-batch (the unchunked path, for comparison)."""
 
     def __post_init__(self) -> None:
         check_choices(self, "loss")
@@ -275,4 +283,8 @@ class LossConfig:
         check(
             self.epochs >= 1 and self.micro_batch_size >= 1,
             "loss.epochs and loss.micro_batch_size must be >= 1",
+        )
+        check(
+            self.micro_tokens >= 0 and self.logit_chunk >= 0,
+            f"loss.micro_tokens and loss.logit_chunk must be >= 0 (got {self.micro_tokens}, {self.logit_chunk})",
         )

@@ -36,7 +36,7 @@ from tracerl.types import Anchor
 
 
 class LengthModel(Protocol):
-    """What trace_plus needs of a length predictor (predictors.length.RidgeLengthPredictor)."""
+    """What trace_plus needs of a length predictor (tracerl.predictors.length.RidgeLengthPredictor)."""
 
     @property
     def ready(self) -> bool: ...
@@ -63,7 +63,7 @@ class TracePlusAllocator(TraceAllocator):
         if self.lengths is None:
             raise ValueError(
                 "allocator trace_plus needs a length predictor: the driver attaches one with "
-                "predictors.length.attach_lengths(allocator)"
+                "tracerl.predictors.length.attach_lengths(allocator)"
             )
         return self.lengths.predict(anchors) if self.lengths.ready else None
 

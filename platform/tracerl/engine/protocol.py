@@ -2,7 +2,7 @@
 
 ``Env`` is the base of every environment (its registry-level hooks), ``ToolEnv`` of the ReAct tool
 environments (the per-episode part the rollout engine calls). Both give every optional hook a default, so
-call sites call hooks directly. Environment authors import them from ``envs.base``.
+call sites call hooks directly. Environment authors import them from ``tracerl.envs.base``.
 """
 
 from __future__ import annotations

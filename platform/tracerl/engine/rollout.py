@@ -297,10 +297,8 @@ class TreeRolloutEngine:
         else:
             obs_text = self.template.observation(action.error or "Error: invalid action.")
             led.invalid_actions += 1
-        obs_text = encodable(
-            obs_text
-        )  # an environment may echo what the model wrote (lone surrogates included)
-        sep = "" if g.text.endswith("\n") or not g.text else "\n"
+        # an environment may echo what the model wrote (lone surrogates included)
+        sep, obs_text = self._joint(g, encodable(obs_text))
         obs_ids = self._encode(sep + obs_text)
         p.turns += 1
         status = Status.TURN
@@ -326,6 +324,22 @@ class TreeRolloutEngine:
         p.context = p.context + list(g.token_ids) + obs_ids
         p.tree.fork_state[node.node_id] = ForkState(p.context, p.state, p.generated, p.cache)
         return True
+
+    def _joint(self, g: Generation, obs_text: str) -> tuple[str, str]:
+        """What follows turn ``g`` before the next message: (separator, the message's text).
+
+        The plain template starts an observation on a new line. A chat template's message (``observation``,
+        ``user_message``) is the rendered text after the assistant's content, so it starts with the end-of-turn
+        marker: a turn that ended on it (the tokenizer's EOS, kept as a model token) is followed by the rest, so
+        the context is the conversation exactly as the chat template renders it."""
+        if getattr(self.template, "newline_before_observation", True):
+            return ("" if g.text.endswith("\n") or not g.text else "\n"), obs_text
+        eos = self.tok.eos_token_id
+        if g.finish == "eos" and g.token_ids and g.token_ids[-1] == eos:
+            marker = str(self.tok.decode([eos]))
+            if marker and obs_text.startswith(marker):
+                return "", obs_text[len(marker) :]
+        return "", obs_text
 
     def _answer(self, p: _Path, action: Action) -> Answered:
         """``grade`` counted in the ledger (a timed-out grade in ``budget/grade_timeouts``, the time as ``grade``)."""

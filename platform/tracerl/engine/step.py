@@ -42,7 +42,7 @@ class StreamingBackend(TreeBackend, Protocol):
 
 
 class Scorer(Protocol):
-    """What the step needs of a predictor (predictors.Predictor satisfies it)."""
+    """What the step needs of a predictor (tracerl.predictors.Predictor satisfies it)."""
 
     @property
     def ready(self) -> bool: ...

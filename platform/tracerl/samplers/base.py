@@ -20,7 +20,7 @@ class Generation:
     """Sampling log-probability of each kept token."""
     text: str
     finish: str
-    """'stop' (a stop string), 'eos', or 'length' (hit max_new_tokens: a runaway turn)."""
+    """'stop' (a stop string), 'eos' (an end token, ``end_ids``), or 'length' (hit max_new_tokens: a runaway turn)."""
     prefill_tokens: int = 0
     """Context tokens the backend had to encode for this call."""
     reused_tokens: int = 0
@@ -30,16 +30,41 @@ class Generation:
     that starts with them (the next turn, or every continuation from this turn) to skip re-encoding."""
 
 
-def cut_at_stop(tokenizer: Any, new: list[int], stop: Sequence[str]) -> tuple[list[int], str, str]:
-    """The ``Generation`` contract from a backend's raw new tokens: drop a pad/EOS tail, cut before the first stop
-    string (a backend that stops at one still returns the tokens that spell it). Returns (tokens, text, finish)."""
+def end_ids(tokenizer: Any, model: Any = None) -> list[int]:
+    """Every token that ends a turn: the tokenizer's EOS first, then each end token the model's generation config
+    lists (Qwen3 lists ``<|im_end|>`` and ``<|endoftext|>``); a generation that writes any of them has ended.
+    A tokenizer without EOS has none (a benchmark runs every row to the length it asks)."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        return []
+    ids = [eos]
+    listed = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += listed if isinstance(listed, (list, tuple)) else [listed]
+    return [int(i) for i in dict.fromkeys(ids) if i is not None]
+
+
+def cut_at_stop(
+    tokenizer: Any, new: list[int], stop: Sequence[str], ends: Sequence[int] = ()
+) -> tuple[list[int], str, str]:
+    """The ``Generation`` contract from a backend's raw new tokens: cut at the first end token, drop a pad tail,
+    cut before the first stop string (a backend that stops at one still returns the tokens that spell it).
+    Returns (tokens, text, finish).
+
+    ``ends`` (``end_ids``) are the tokens that end a turn besides the tokenizer's EOS. The EOS (the chat template's
+    end-of-turn marker) is kept as a model token: the policy is trained to end its turns, and the template's next
+    message continues after it. Any other end token is not kept (the template's next message writes the
+    end-of-turn marker itself), so the context reads as the chat template renders the conversation."""
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    others = set(ends) - {eos}
     finish = "length"
     for i, t in enumerate(new):
-        if t in (eos, pad):
-            new, finish = new[: i + (t == eos)], "eos" if t == eos else "length"
+        if t == eos or t in others:
+            new, finish = new[: i + (t == eos)], "eos"
             break
-    body = new[:-1] if finish == "eos" else new  # EOS is kept as a model token but not as text
+        if t == pad:
+            new = new[:i]
+            break
+    body = new[:-1] if new and new[-1] == eos and finish == "eos" else new  # EOS: a model token, not text
     text = tokenizer.decode(body)
     hits = [text.find(s) for s in stop if s in text]
     if not hits:
@@ -52,6 +77,21 @@ def cut_at_stop(tokenizer: Any, new: list[int], stop: Sequence[str]) -> tuple[li
         else:
             break
     return body[:keep], tokenizer.decode(body[:keep]), "stop"
+
+
+def stop_token_ids(tokenizer: Any, stop: Sequence[str], ends: Sequence[int]) -> list[int]:
+    """Token ids a backend that matches stop strings on detokenized text should stop on as well: the end tokens
+    and every stop string that is one special token (``<|im_start|>``), which text without special tokens never
+    shows."""
+    special = set(getattr(tokenizer, "all_special_ids", []) or []) | set(
+        getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    )
+    ids = list(ends)
+    for s in stop:
+        enc = tokenizer(s, add_special_tokens=False)["input_ids"]
+        if len(enc) == 1 and enc[0] in special:
+            ids.append(int(enc[0]))
+    return list(dict.fromkeys(ids))
 
 
 class Sampler(Protocol):

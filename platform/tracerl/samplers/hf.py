@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from tracerl.config import ModelConfig, SamplerConfig
-from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop
+from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop, end_ids
 from tracerl.samplers.hf_join import CACHE, JoinBatch
 
 
@@ -63,6 +63,8 @@ class HFSampler:
         self.tokenizer = tokenizer
         self.device = device
         self.reuse_prefix = reuse_prefix
+        self.ends = end_ids(tokenizer, model)
+        """Every token that ends a turn (``end_ids``: the tokenizer's EOS and the generation config's list)."""
 
     @classmethod
     def from_config(
@@ -129,7 +131,7 @@ class HFSampler:
             stop_strings=list(stop) or None,
             tokenizer=self.tokenizer,
             pad_token_id=pad,
-            eos_token_id=self.tokenizer.eos_token_id,
+            eos_token_id=self.ends or None,
             return_dict_in_generate=True,
             output_logits=True,
         )
@@ -140,7 +142,7 @@ class HFSampler:
         )
         gens = []
         for r in range(b):
-            kept, text, finish = cut_at_stop(self.tokenizer, seqs[r].tolist(), stop)
+            kept, text, finish = cut_at_stop(self.tokenizer, seqs[r].tolist(), stop, self.ends)
             lp = (
                 logp[r, torch.arange(len(kept)), torch.tensor(kept, dtype=torch.long)].tolist()
                 if kept

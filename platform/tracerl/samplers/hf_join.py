@@ -179,7 +179,7 @@ class JoinBatch:
         for i, (r, token, lp) in enumerate(zip(self.rows, tokens.tolist(), picked)):
             r.new.append(int(token))
             r.logprobs.append(float(lp))
-            ended = token in (tok.eos_token_id, tok.pad_token_id) or len(r.new) >= r.cap
+            ended = token in self.s.ends or token == tok.pad_token_id or len(r.new) >= r.cap
             if ended or (self.stop and any(s in tok.decode(r.new[-self.tail :]) for s in self.stop)):
                 done.append(i)
         return self._leave(done)
@@ -203,7 +203,7 @@ class JoinBatch:
 
     def _generation(self, i: int) -> Generation:
         r = self.rows[i]
-        kept, text, finish = cut_at_stop(self.s.tokenizer, r.new, self.stop)
+        kept, text, finish = cut_at_stop(self.s.tokenizer, r.new, self.stop, self.s.ends)
         handle = None
         if self.s.reuse_prefix:
             tokens = r.context + kept

@@ -8,21 +8,26 @@ round driver, barrier steps, evaluation) submits a round's requests together and
 engine/paths.py), so a path's next turn or a continuation joins the running batch per token. Continuations re-use
 their prefix through vLLM's prefix cache (``enable_prefix_caching``); the request's ``num_cached_tokens`` is
 reported as re-used prefill. ``decode_counts`` are the engine's own iterations that produced tokens and those
-tokens (a stat logger on the engine). ``load_weights`` pushes updated policy weights into the engine (called after
-every policy update).
+tokens (a stat logger on the engine). ``load_weights`` pushes updated policy weights into the engine, and
+``load_bucket``/``end_push`` do the same one bucket of a push at a time (tracerl.models.buckets; after every policy
+update). An engine that cannot reload in place (the CPU build repacks its linear weights) is restarted on a
+checkpoint of the pushed weights instead, said once in the actor's log; the previous such checkpoint is removed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import itertools
+import logging
+import shutil
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tracerl.config import ModelConfig, SamplerConfig
 from tracerl.samplers.aio import run as on_loop
-from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop
+from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop, end_ids, stop_token_ids
 
 
 def engine_kwargs(cfg: SamplerConfig, gpus: float = 1.0) -> dict[str, Any]:
@@ -51,6 +56,14 @@ class VLLMSampler:
         self.engine_kwargs = engine_kwargs or {}
         self.counter = counter or DecodeCounter()
         self._ids = itertools.count()
+        self.ends = end_ids(tokenizer, _generation_config(path))
+        """Every token that ends a turn (the tokenizer's EOS and the checkpoint's generation config's list)."""
+        self.in_place = True
+        """Whether pushed weights load into the running engine; False once it could not (then every push restarts)."""
+        self._pending: list[tuple[str, Any]] = []
+        """A push's tensors, collected bucket by bucket for a restart (``in_place`` False)."""
+        self._weights_dir: str | None = None
+        """The checkpoint the engine was last restarted on (removed at the next restart and at exit)."""
 
     @classmethod
     def from_config(
@@ -135,9 +148,12 @@ class VLLMSampler:
             temperature=temperature,
             max_tokens=max_new_tokens,
             stop=list(stop) or None,
+            # Special tokens stay in the text so that stop strings made of them match; every end token and every
+            # one-token special stop string also stops by id.
+            stop_token_ids=stop_token_ids(self.tokenizer, stop, self.ends) or None,
             logprobs=0,
             seed=int(seed),
-            skip_special_tokens=True,
+            skip_special_tokens=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
         out = None
@@ -148,9 +164,9 @@ class VLLMSampler:
         o = out.outputs[0]
         # vLLM cuts the text at a stop string but returns the tokens that spell it: the next turn's context is built
         # from tokens, so they are cut as the hf backend cuts them.
-        ids, text, finish = cut_at_stop(self.tokenizer, list(o.token_ids), stop)
+        ids, text, finish = cut_at_stop(self.tokenizer, list(o.token_ids), stop, self.ends)
         if finish == "length" and o.finish_reason == "stop":  # stopped on a token it did not return
-            finish = "stop" if isinstance(o.stop_reason, str) else "eos"
+            finish = "eos" if o.stop_reason is None or o.stop_reason in self.ends else "stop"
         lps = [float(step[t].logprob) for step, t in zip(o.logprobs or [], ids)]
         cached = int(getattr(out, "num_cached_tokens", 0) or 0)
         return Generation(ids, lps, text, finish, prefill_tokens=len(context) - cached, reused_tokens=cached)
@@ -160,24 +176,69 @@ class VLLMSampler:
         return self.counter.steps, self.counter.rows
 
     def load_weights(self, weights: Iterable[tuple[str, Any]]) -> None:
-        """Push new policy weights (name, tensor) into the running engine."""
+        """Push new policy weights (name, tensor) into the running engine, all at once."""
         items = [(name, t.detach().cpu()) for name, t in weights]
+        if self.in_place and self._try_in_place(items, first=True):
+            return
+        self._restart_with(items)
+
+    def load_bucket(self, bucket: Any) -> None:
+        """One bucket of a weight push (``tracerl.models.buckets.Bucket``, index 0 first): loaded in place, or kept
+        for ``end_push`` where the engine cannot reload in place. Copied out of the store's buffer, which the pool
+        frees once every sampler loaded it."""
+        from tracerl.models.buckets import unpack
+
+        items = [(name, t.clone()) for name, t in unpack(bucket)]
+        if bucket.index == 0:
+            self._pending = []
+        if self.in_place and self._try_in_place(items, first=bucket.index == 0):
+            return
+        self._pending.extend(items)
+
+    def end_push(self) -> None:
+        """The push's last bucket arrived: restart the engine on the collected weights, if it could not load them in
+        place."""
+        if self._pending:
+            items, self._pending = self._pending, []
+            self._restart_with(items)
+
+    def _try_in_place(self, items: list[tuple[str, Any]], first: bool) -> bool:
+        """Load ``items`` into the running engine; False (and every later push restarts) where the engine refuses the
+        first tensors of a push and a checkpoint path to restart from exists.
+
+        Raises:
+            RuntimeError: the engine refused tensors after it took earlier ones of the same push (half-loaded)."""
         try:
             on_loop(self._load_in_place(items))
-        except Exception:  # noqa: BLE001 - e.g. the CPU build repacks linear weights and cannot reload in place
+            return True
+        except Exception as exc:  # noqa: BLE001 - e.g. the CPU build repacks linear weights and cannot reload
             if self.path is None:
                 raise
-            self._restart_with(items)
+            if not first:
+                raise RuntimeError(
+                    f"the vLLM engine refused part of a weight push after taking the rest ({exc}); "
+                    "its weights are mixed: restart the run from its last checkpoint"
+                ) from exc
+            logging.getLogger(__name__).warning(
+                "tracerl: the vLLM engine cannot load pushed weights in place (%s); every push restarts it on a "
+                "checkpoint of the new weights (slower; the CPU build does this)",
+                f"{type(exc).__name__}: {exc}",
+            )
+            self.in_place = False
+            return False
 
     async def _load_in_place(self, items: list[tuple[str, Any]]) -> None:
         # A module-level function (picklable) runs inside the engine's worker process.
         await self.engine.collective_rpc("apply_model", args=(functools.partial(_load_into, items),))
         await self.engine.reset_prefix_cache()  # cached prefixes were computed with the old weights
 
+    def _remove_weights_dir(self) -> None:
+        if self._weights_dir is not None:
+            shutil.rmtree(self._weights_dir, ignore_errors=True)
+
     def _restart_with(self, items: list[tuple[str, Any]]) -> None:
         """Fallback: write the weights as a checkpoint next to the original files and restart the engine on it."""
         import gc
-        import shutil
         import tempfile
         from pathlib import Path
 
@@ -185,6 +246,8 @@ class VLLMSampler:
 
         assert self.path is not None
         new = Path(tempfile.mkdtemp(prefix="tracerl-vllm-weights-"))
+        if self._weights_dir is None:
+            atexit.register(self._remove_weights_dir)
         for f in Path(self.path).iterdir():
             if (
                 f.is_file()
@@ -205,6 +268,24 @@ class VLLMSampler:
         del self.engine
         gc.collect()
         self.engine = on_loop(_start_engine({**self.engine_kwargs, "model": str(new)}, self.counter))
+        self._remove_weights_dir()  # the engine runs on ``new`` now
+        self._weights_dir = str(new)
+
+
+def _generation_config(path: str | None) -> Any:
+    """An object whose ``generation_config`` is the checkpoint directory's (its end tokens), or None without one."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    if path is None or not (Path(path) / "generation_config.json").is_file():
+        return None
+
+    from transformers import GenerationConfig
+
+    try:
+        return SimpleNamespace(generation_config=GenerationConfig.from_pretrained(path))
+    except (OSError, ValueError):  # an unreadable generation config: the tokenizer's EOS alone
+        return None
 
 
 def _load_into(items: list[tuple[str, Any]], model: Any) -> None:

@@ -1,0 +1,109 @@
+"""The built wheel is the whole package: one top-level name, ``tracerl``, with the shipped configs and tiny
+policies inside, so ``tracerl train`` on a shipped config runs from any directory of a fresh environment.
+
+The fresh environment borrows the project venv's third-party packages through a ``.pth`` line (a plain path:
+the venv's editable finder for this checkout is not loaded), so nothing is downloaded; the wheel itself is built
+from this checkout with ``pip wheel --no-build-isolation`` (the setuptools of the project venv).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+
+from tests.conftest import ROOT, sqlite_client
+
+RUN_LIMIT_S = 900
+
+
+def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(cwd), "OMP_NUM_THREADS": "1"}  # nothing of this checkout's
+    return subprocess.run(
+        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_LIMIT_S, check=False
+    )
+
+
+def test_the_wheel_installs_one_package_that_trains_from_any_directory(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(ROOT),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(dist),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=RUN_LIMIT_S,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = dist.glob("tracerl-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"tracerl"}  # no envs/, predictors/, workflows/ or conf/ beside it in site-packages
+    for inside in (
+        "tracerl/workflows/cli/app.py",
+        "tracerl/envs/math/env.py",
+        "tracerl/predictors/__init__.py",
+        "tracerl/share/conf/train/smoke.yaml",
+        "tracerl/share/models/tiny-math/config.json",
+    ):
+        assert inside in names, inside
+
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    site = Path(
+        _run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], tmp_path
+        ).stdout.strip()
+    )
+    (site / "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    installed = _run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+        tmp_path,
+    )
+    assert installed.returncode == 0, installed.stderr[-3000:]
+
+    where = tmp_path / "elsewhere"
+    where.mkdir()
+    found = _run([str(python), "-c", "import tracerl; print(tracerl.__file__)"], where)
+    assert found.stdout.strip().startswith(str(site / "tracerl")), found.stdout + found.stderr
+    smoke = site / "tracerl" / "share" / "conf" / "train" / "smoke.yaml"
+    train = _run(
+        [
+            str(env_dir / "bin" / "tracerl"),  # the console script the wheel installed
+            "train",
+            "--config",
+            str(smoke),
+            "--steps",
+            "1",
+            "cluster=inprocess",
+            "eval_at_start=false",
+            "eval_at_end=false",
+            f"tracking.uri=sqlite:///{where}/mlruns.db",
+            f"tracking.artifact_location={where}/art",
+            "--out",
+            str(where / "runs"),
+        ],
+        where,
+    )
+    assert train.returncode == 0, train.stderr[-3000:]
+    client = sqlite_client(where)
+    (run,) = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["model.path"] == str(site / "tracerl" / "share" / "models" / "tiny-math")
+    assert (
+        len(client.get_metric_history(run.info.run_id, "key/effective_ratio")) == 1
+    )  # one step, logged once
