@@ -48,6 +48,19 @@ def test_every_yaml_under_conf_loads() -> None:
     assert seen == len(yamls)
 
 
+def test_every_shipped_vllm_training_config_runs_the_per_path_driver() -> None:
+    """With vLLM a path's next turn and a continuation join the engine's running batch (``pipeline.mode=streaming``);
+    the round driver would hold each round to its slowest path."""
+    train = COMMANDS["train"]
+    vllm = []
+    for path in sorted((conf_dir() / "train").glob("*.yaml")):
+        cfg = compose(train.schema, path)
+        if cfg.sampler.backend == "vllm":
+            vllm.append(path.name)
+            assert cfg.pipeline.mode == "streaming", path.name
+    assert vllm == ["bfcl_qwen3_8b.yaml", "qwen3_8b.yaml"]
+
+
 def test_defaults_match_the_issue() -> None:
     cfg = compose(BenchAllocationConfig, BENCH)
     b = cfg.budget
@@ -133,6 +146,12 @@ def test_bad_config_fails_with_a_message_naming_the_key(override: str, message: 
             "allocator.name=trace_mc scores by Monte-Carlo rollouts between the step's phases, which "
             "pipeline.mode=streaming runs at once: set pipeline.mode=barrier",
         ),
+        (
+            ["pools.rollout_gpus=1"],
+            "sampler.backend=hf generates on the CPU, so pools.rollout_gpus > 0 would hold GPUs it never uses: set "
+            "pools.rollout_gpus=0, or sampler=vllm to sample on GPUs",
+        ),
+        (["eval_subset=-1"], "eval_every, log_trees_every, eval_every_tokens and eval_subset must be >= 0"),
     ],
 )
 def test_bad_trainer_config_names_the_key(overrides: list[str], message: str) -> None:

@@ -3,11 +3,13 @@ policies inside, so ``tracerl train`` on a shipped config runs from any director
 
 The fresh environment borrows the project venv's third-party packages through a ``.pth`` line (a plain path:
 the venv's editable finder for this checkout is not loaded), so nothing is downloaded; the wheel itself is built
-from this checkout with ``pip wheel --no-build-isolation`` (the setuptools of the project venv).
+from a copy of this checkout's files with ``pip wheel --no-build-isolation`` (the setuptools of the project venv).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -27,7 +29,30 @@ def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _checkout_copy(dest: Path) -> Path:
+    """The checkout's files as git sees them (tracked and untracked, not ignored; links kept as links)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for rel in filter(None, listed.split("\0")):
+        src, out = ROOT / rel, dest / rel
+        if not src.is_symlink() and not src.is_file():
+            continue  # deleted in the work tree
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            out.symlink_to(os.readlink(src))
+        else:
+            shutil.copy2(src, out)
+    return dest
+
+
 def test_the_wheel_installs_one_package_that_trains_from_any_directory(tmp_path: Path) -> None:
+    src = _checkout_copy(
+        tmp_path / "src"
+    )  # a build/ left in the checkout would add its stale files to the wheel
     dist = tmp_path / "dist"
     built = subprocess.run(
         [
@@ -35,7 +60,7 @@ def test_the_wheel_installs_one_package_that_trains_from_any_directory(tmp_path:
             "-m",
             "pip",
             "wheel",
-            str(ROOT),
+            str(src),
             "--no-deps",
             "--no-build-isolation",
             "-q",

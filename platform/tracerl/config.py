@@ -327,13 +327,8 @@ class TrainConfig(LMRolloutFields):
             "steps is null and no compute stop is set: set steps=N, stop.tokens=N or stop.cpu_s=S",
         )
         check(self.steps is None or self.steps >= 1, f"steps must be >= 1 or null (got {self.steps})")
-        check(
-            self.eval_every >= 0 and self.log_trees_every >= 0, "eval_every and log_trees_every must be >= 0"
-        )
-        check(
-            self.eval_every_tokens >= 0 and self.eval_subset >= 0,
-            "eval_every_tokens and eval_subset must be >= 0",
-        )
+        counts = (self.eval_every, self.log_trees_every, self.eval_every_tokens, self.eval_subset)
+        check(min(counts) >= 0, "eval_every, log_trees_every, eval_every_tokens and eval_subset must be >= 0")
         check(
             self.checkpoint_every >= 1 and self.keep_checkpoints >= 1,
             "checkpoint_every and keep_checkpoints must be >= 1",
@@ -371,17 +366,19 @@ class TrainConfig(LMRolloutFields):
             f"trainer.master_dtype={self.trainer.master_dtype} must be float32 or model.dtype "
             f"({self.model.dtype}): master weights at least as precise as the compute",
         )
+        fsdp = self.trainer.strategy == "fsdp" and self.trainer.num_workers > 1
         check(
-            not (
-                self.trainer.strategy == "fsdp"
-                and self.trainer.num_workers > 1
-                and self.predictor.features == "policy"
-            ),
+            not (fsdp and self.predictor.features == "policy"),
             "predictor.features=policy reads the trainer's policy on rank 0 alone, which FSDP shards over every "
             "rank: use predictor.features=hashed with trainer.strategy=fsdp",
         )
         if self.cluster.in_process:
             self._check_in_process()
+        check(
+            not (self.sampler.backend == "hf" and self.pools.rollout_gpus > 0),
+            "sampler.backend=hf generates on the CPU, so pools.rollout_gpus > 0 would hold GPUs it never uses: set "
+            "pools.rollout_gpus=0, or sampler=vllm to sample on GPUs",
+        )
 
     def _check_in_process(self) -> None:
         """What ``cluster.address=inprocess`` (one process, no Ray) cannot run, each with the key to change."""

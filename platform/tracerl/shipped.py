@@ -12,8 +12,8 @@ PACKAGE = Path(__file__).resolve().parent
 """The ``tracerl`` package directory; its parent is what ``PYTHONPATH`` needs for ``import tracerl``."""
 
 SHARE = PACKAGE / "share"
-CONF = SHARE / "conf"
-MODELS = SHARE / "models"
+CONF = (SHARE / "conf").resolve()  # a checkout: the repository's conf/ (messages name its files)
+MODELS = (SHARE / "models").resolve()
 
 
 def shipped_model(path: str) -> str:

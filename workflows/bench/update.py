@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from tracerl import metrics as M
 from tracerl.schema import check
 
 
@@ -165,7 +166,7 @@ def run_case(cfg: BenchUpdateConfig, chunk: int) -> dict[str, Any]:
         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "peak_kind": "max_memory_allocated" if cuda else "ru_maxrss",
         "rss_before_update_bytes": rss_before,
-        "loss": stats.get("train/loss"),
+        "loss": stats.get(M.LOSS),
         "micro_batches": len(micro_batch_groups([cfg.seq_len] * len(batch), 1, loss.micro_tokens)),
     }
 
