@@ -7,6 +7,7 @@ deadlines or its too-slow health check, and waits poll for a condition with gene
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -245,3 +246,30 @@ def small_tree() -> RolloutTree:
     chain(tree, 0, [(0.0, 2), (1.0, 2)])
     chain(tree, 1, [(1.0, 1), (1.0, 1)], bare=False)
     return tree
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: Path, size_mb: int) -> Iterator[Path]:
+    """A ``size_mb`` MiB tmpfs mounted at ``where`` (created), unmounted at the end; the calling test is skipped
+    where mounting needs a root or a capability it lacks."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs to fill needs root")
+    where.mkdir()
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(where)], capture_output=True
+    ).returncode:
+        pytest.skip("mount -t tmpfs failed (no CAP_SYS_ADMIN in this container)")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill_disk(disk: Path) -> None:
+    """Write zeros to ``disk/filler`` until the file system is full (ENOSPC)."""
+    with open(disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC

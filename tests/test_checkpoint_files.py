@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from tests.conftest import fill_disk, small_tmpfs
 from tracerl.workflows.ops.disk import EXIT_CODE, DiskFull, no_space
 from tracerl.workflows.tracking.checkpoint_files import STAGING, manifest_name, newest_good, problem, publish
 from tracerl.workflows.tracking.checkpoint_state import CheckpointState
@@ -266,27 +266,8 @@ def test_a_full_disk_is_not_retried_by_ray_train() -> None:
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A 2 MiB tmpfs (needs root: mount)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs to fill needs root")
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    if subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True
-    ).returncode:
-        pytest.skip("mount -t tmpfs failed (no CAP_SYS_ADMIN in this container)")
-    try:
+    with small_tmpfs(tmp_path / "tiny", 2) as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def _fill(disk: Path) -> None:
-    with open(disk / "filler", "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
 
 
 def test_a_full_disk_under_a_checkpoint_write_leaves_the_last_good_one(
@@ -323,7 +304,7 @@ def test_a_store_too_full_for_the_final_status_keeps_it_for_later(tiny_disk: Pat
     storage = tiny_disk / "runs" / "r"
     storage.mkdir(parents=True)
     PendingStatus(storage).reserve()
-    _fill(tiny_disk)
+    fill_disk(tiny_disk)
     said: list[str] = []
     where = end_run(client, run_id, storage, "FAILED", said.append, uri, failed_note=False)
     assert where == f"{tiny_disk}/mlruns.db" and said == []

@@ -10,7 +10,6 @@ as a user's disk fills, at whatever point of step 2 the process has reached.
 
 from __future__ import annotations
 
-import errno
 import os
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, UNHURRIED
+from tests.conftest import ROOT, UNHURRIED, fill_disk, small_tmpfs
 
 SMOKE = str(ROOT / "conf" / "train" / "smoke.yaml")
 HABIT = ROOT / "models" / "tiny-math-habit"
@@ -29,27 +28,8 @@ MAX_LINES = 20  # what the command may print in all on this fault (it printed 11
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[Path]:
     """A 16 MiB tmpfs (needs root: mount), unmounted at the end."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs to fill needs root")
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True
-    ).returncode:
-        pytest.skip("mount -t tmpfs failed (no CAP_SYS_ADMIN in this container)")
-    try:
+    with small_tmpfs(tmp_path / "disk", 16) as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def _fill(disk: Path) -> None:
-    with open(disk / "filler", "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
 
 
 def test_a_disk_that_fills_mid_run_is_one_line_and_exit_28(disk: Path, tmp_path: Path) -> None:
@@ -80,7 +60,7 @@ def test_a_disk_that_fills_mid_run_is_one_line_and_exit_28(disk: Path, tmp_path:
     for line in proc.stdout:
         lines.append(line.rstrip("\n"))
         if not filled and line.startswith("step 1/3"):
-            _fill(disk)
+            fill_disk(disk)
             filled = True
     assert proc.wait(timeout=600) == 28, "\n".join(lines)
     assert filled
