@@ -23,20 +23,18 @@ continuation costs and spent 3027 generated tokens against a 600-token budget.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
 
-from tracerl.algos.allocators import Allocator
-from tracerl.algos.trace_plus import LengthModel
+from tracerl.predictor import LENGTH_PREDICTORS
 from tracerl.predictors.features import Featurizer, NumericFeaturizer
-from tracerl.registry import Registry
 from tracerl.tree import Node, RolloutTree
 from tracerl.types import Anchor
 
-LENGTH_PREDICTORS: Registry[Callable[..., LengthModel]] = Registry("length predictor")
+__all__ = ["LENGTH_PREDICTORS", "LengthTargets", "RidgeLengthPredictor", "length_targets"]
 
 
 @dataclass(frozen=True)
@@ -98,7 +96,6 @@ class LengthFeatures(NumericFeaturizer):
         ).reshape(len(anchors), 2)
 
 
-@LENGTH_PREDICTORS.register("ridge")
 class RidgeLengthPredictor:
     """Weighted ridge regression of log(1 + tokens) on anchor features (module docstring)."""
 
@@ -189,9 +186,3 @@ class RidgeLengthPredictor:
             self.featurizer.prompt_dim, self.featurizer.prefix_dim = cast(
                 "tuple[int | None, int | None]", state["dims"]
             )
-
-
-def attach_lengths(allocator: Allocator) -> None:
-    """Give a cost-aware allocator (``allocator.length_predictor`` set: trace_plus) its length predictor."""
-    if allocator.length_predictor is not None:
-        allocator.lengths = LENGTH_PREDICTORS.get(allocator.length_predictor)()

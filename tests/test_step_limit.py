@@ -53,20 +53,16 @@ def step_trees(allocator: str, seed: int = 0) -> list[RolloutTree]:
     its allocator, text predictor and stepper), rolled out in this process on the committed tiny policy."""
     import numpy as np
 
-    from tracerl.algos.allocators import build_allocator
     from tracerl.config import TrainConfig
     from tracerl.config_loader import compose
     from tracerl.engine.stepper import Stepper
-    from tracerl.predictors.length import attach_lengths
-    from tracerl.workflows.lm.stack import build_stack, build_text_predictor, task_prompts
+    from tracerl.workflows.lm.stack import build_stack, stack_allocation, task_prompts
 
     cfg = compose(
         TrainConfig, SMOKE, [f"model.path={TINY}", f"allocator={allocator}", f"seed={seed}", *UNHURRIED]
     )
     stack = build_stack(cfg.model, cfg.sampler, cfg.env, cfg.seed)
-    alloc = build_allocator(cfg.allocator)
-    attach_lengths(alloc)
-    pred = build_text_predictor(cfg.predictor, stack, cfg.seed, name=alloc.predictor, targets=alloc.targets)
+    alloc, pred = stack_allocation(cfg.allocator, cfg.predictor, stack, cfg.seed)
     stepper = Stepper(
         task_prompts(cfg.env), alloc, pred, stack.engine, np.random.default_rng(cfg.seed), cfg.pipeline.mode
     )

@@ -4,20 +4,20 @@ import pytest
 from tracerl.algos.allocators import build_allocator
 from tracerl.algos.trace_plus import TracePlusAllocator
 from tracerl.config import AllocatorConfig, BudgetConfig, PredictorConfig
+from tracerl.engine.allocation import build_allocation
 from tracerl.engine.step import run_step
 from tracerl.envs.simulator import Simulator, SimulatorConfig
-from tracerl.predictors import build_predictor
-from tracerl.predictors.length import attach_lengths
 from tracerl.types import Anchor
 
 
 def test_trace_plus_spends_within_its_token_shares_on_the_simulator() -> None:
     budget = BudgetConfig()  # L = 288, M = 96, N = 2
-    alloc = build_allocator(AllocatorConfig(name="trace_plus"))
-    assert isinstance(alloc, TracePlusAllocator) and alloc.targets == "debiased"
-    attach_lengths(alloc)
     env = Simulator(SimulatorConfig(num_prompts=512), seed=0)
-    pred = build_predictor(PredictorConfig(name="tabular", warmup_steps=1), targets=alloc.targets)
+    alloc, pred = build_allocation(
+        AllocatorConfig(name="trace_plus"), PredictorConfig(name="tabular", warmup_steps=1), 0, env
+    )
+    assert isinstance(alloc, TracePlusAllocator) and alloc.targets == "debiased"
+    assert pred.cfg.targets == "debiased"  # the allocator's forced targets
     rng = np.random.default_rng(0)
     for step in range(4):
         pool = env.sample_pool(budget.num_candidates)
@@ -48,8 +48,7 @@ def test_trace_plus_spends_within_its_token_shares_on_the_simulator() -> None:
     costs = alloc.price([tree.anchor(0), tree.anchor(deep.node_id)])
     assert costs is not None and costs[0] > costs[1]
     # Checkpoints: a fresh trace_plus restored from the state prices the same.
-    fresh = build_allocator(AllocatorConfig(name="trace_plus"))
-    attach_lengths(fresh)
+    fresh, _ = build_allocation(AllocatorConfig(name="trace_plus"), PredictorConfig(name="tabular"), 0, env)
     fresh.load_state_dict(alloc.state_dict())
     again = fresh.price([tree.anchor(0), tree.anchor(deep.node_id)])
     assert again is not None and again.tolist() == costs.tolist()
@@ -58,5 +57,5 @@ def test_trace_plus_spends_within_its_token_shares_on_the_simulator() -> None:
 
 def test_trace_plus_without_a_length_predictor_says_how_to_attach_one() -> None:
     alloc = build_allocator(AllocatorConfig(name="trace_plus"))
-    with pytest.raises(ValueError, match="attach_lengths"):
+    with pytest.raises(ValueError, match="build_allocation"):
         alloc.price([])

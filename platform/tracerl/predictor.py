@@ -15,6 +15,7 @@ from typing import ClassVar, Literal, cast
 
 import numpy as np
 
+from tracerl.algos.trace_plus import LengthModel
 from tracerl.config import PredictorConfig
 from tracerl.registry import Registry
 from tracerl.tree import RolloutTree
@@ -107,3 +108,9 @@ def build_predictor(
     if targets is not None:
         cfg = replace(cfg, targets=targets)
     return PREDICTORS.get(name or cfg.name)(cfg, seed, features=features)
+
+
+LENGTH_PREDICTORS: Registry[Callable[..., LengthModel]] = Registry("length predictor")
+"""Length predictors for cost-aware allocators (trace_plus), built with no arguments; the built-in ``ridge`` lives in
+``tracerl.predictors.length`` and is imported on first use."""
+LENGTH_PREDICTORS.add_lazy("ridge", "tracerl.predictors.length:RidgeLengthPredictor")

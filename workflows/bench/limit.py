@@ -167,12 +167,10 @@ def own_step(tc: TrainConfig) -> dict[str, Any]:
     of its trees."""
     import numpy as np
 
-    from tracerl.algos.allocators import build_allocator
     from tracerl.algos.batch import collate
     from tracerl.engine.stepper import Stepper
     from tracerl.envs.math.reward import is_correct
-    from tracerl.predictors.length import attach_lengths
-    from tracerl.workflows.lm.stack import build_stack, build_text_predictor, task_prompts
+    from tracerl.workflows.lm.stack import build_stack, stack_allocation, task_prompts
 
     stack = build_stack(tc.model, tc.sampler, tc.env, tc.seed)
     env, sampler = stack.env, stack.engine.sampler
@@ -213,11 +211,7 @@ def own_step(tc: TrainConfig) -> dict[str, Any]:
     wrapped = ((sampler, "generate"), (env.sandbox, "run_cells"), (env, "reward"))
     for (obj, name), fn in zip(wrapped, (timed_generate, recorded_cells, recorded_reward)):
         setattr(obj, name, fn)  # on the instances: the engine and the environment call these
-    allocator = build_allocator(tc.allocator)
-    attach_lengths(allocator)
-    predictor = build_text_predictor(
-        tc.predictor, stack, tc.seed, name=allocator.predictor, targets=allocator.targets
-    )
+    allocator, predictor = stack_allocation(tc.allocator, tc.predictor, stack, tc.seed)
     stepper = Stepper(
         task_prompts(tc.env), allocator, predictor, stack.engine, np.random.default_rng(tc.seed), "barrier"
     )

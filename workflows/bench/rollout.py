@@ -17,16 +17,14 @@ from typing import Any
 import numpy as np
 
 from tracerl import metrics as M
-from tracerl.algos.allocators import build_allocator
 from tracerl.calibration import CalibrationData, collect_calibration, mean_calibration, summarize_calibration
 from tracerl.config_loader import to_flat_dict, to_yaml
-from tracerl.engine.mc_scorer import with_monte_carlo
 from tracerl.engine.step import StepOutcome
 from tracerl.engine.step_stats import step_metrics
 from tracerl.engine.stepper import Stepper
 from tracerl.envs.registry import check_data, env_section
 from tracerl.experiment_config import BenchRolloutConfig
-from tracerl.workflows.lm.stack import build_stack, build_text_predictor, task_prompts
+from tracerl.workflows.lm.stack import build_stack, stack_allocation, task_prompts
 from tracerl.workflows.ops.progress import bar
 from tracerl.workflows.tracking import store as tracking
 
@@ -62,11 +60,9 @@ def run_one(
 ) -> tuple[list[dict[str, float]], dict[str, dict[str, float]]]:
     """One allocator x seed: per-step metrics and the predictor's post-warm-up calibration."""
     stack = build_stack(cfg.model, cfg.sampler, cfg.env, seed)
-    allocator = build_allocator(dataclasses.replace(cfg.allocator, name=name))
-    predictor = build_text_predictor(
-        cfg.predictor, stack, seed, name=allocator.predictor, targets=allocator.targets
+    allocator, predictor = stack_allocation(
+        dataclasses.replace(cfg.allocator, name=name), cfg.predictor, stack, seed
     )
-    predictor = with_monte_carlo(allocator, predictor, stack.engine)  # trace_mc
     prompts = task_prompts(cfg.env)
     stepper = Stepper(
         prompts, allocator, predictor, stack.engine, np.random.default_rng([seed, 17]), cfg.pipeline.mode

@@ -8,15 +8,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracerl.algos.allocators import build_allocator
 from tracerl.calibration import CalibrationData, collect_calibration, summarize_calibration
-from tracerl.engine.mc_scorer import with_monte_carlo
+from tracerl.engine.allocation import build_allocation
 from tracerl.engine.step import StepOutcome, run_step
 from tracerl.engine.step_stats import step_metrics
 from tracerl.envs.simulator import Simulator, SimulatorConfig, with_noise_scale
 from tracerl.experiment_config import BenchAllocationConfig
-from tracerl.predictors import build_predictor
-from tracerl.predictors.length import attach_lengths
 
 
 @dataclass
@@ -42,11 +39,11 @@ def run_allocator(
     The simulator's pools and drift depend on the seed only, so every allocator sees the same prompts.
     ``on_step(step, outcome)`` sees each step's finished trees before the predictor fits on them.
     """
-    allocator = build_allocator(dataclasses.replace(cfg.allocator, name=name))
-    attach_lengths(allocator)
     env = Simulator(with_noise_scale(cfg.env.settings(SimulatorConfig), noise_scale), seed=seed)
-    predictor = build_predictor(cfg.predictor, seed=seed, name=allocator.predictor, targets=allocator.targets)
-    predictor = with_monte_carlo(allocator, predictor, env)  # trace_mc: scored by extra simulator rollouts
+    # trace_mc: scored by extra simulator rollouts
+    allocator, predictor = build_allocation(
+        dataclasses.replace(cfg.allocator, name=name), cfg.predictor, seed, env
+    )
     rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
     warm = int(cfg.steps * cfg.warmup_fraction)
     steps, calib = [], CalibrationData()

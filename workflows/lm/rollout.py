@@ -15,10 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from tracerl.algos.allocators import build_allocator
 from tracerl.config import RolloutConfig
 from tracerl.config_loader import to_yaml
-from tracerl.engine.mc_scorer import mc_metrics, with_monte_carlo
+from tracerl.engine.mc_scorer import mc_metrics
 from tracerl.engine.step import StepOutcome
 from tracerl.engine.step_stats import step_metrics
 from tracerl.engine.stepper import Stepper
@@ -32,9 +31,8 @@ from tracerl.metrics import (
     SUCCESS_RATE,
     TOOL_CALLS,
 )
-from tracerl.predictors.length import attach_lengths
 from tracerl.tree_io import tree_to_record
-from tracerl.workflows.lm.stack import LMStack, build_stack, build_text_predictor, task_prompts
+from tracerl.workflows.lm.stack import LMStack, build_stack, stack_allocation, task_prompts
 from tracerl.workflows.lm.viewer import render_html
 
 
@@ -91,12 +89,7 @@ def rollout_steps(
     # Only some environments have a sandbox (math); any may report protections the machine lacks.
     for w in getattr(stack.env, "warnings", []):
         progress(w)
-    allocator = build_allocator(cfg.allocator)
-    attach_lengths(allocator)
-    predictor = build_text_predictor(
-        cfg.predictor, stack, cfg.seed, name=allocator.predictor, targets=allocator.targets
-    )
-    predictor = with_monte_carlo(allocator, predictor, stack.engine)  # trace_mc
+    allocator, predictor = stack_allocation(cfg.allocator, cfg.predictor, stack, cfg.seed)
     prompts = task_prompts(cfg.env)
     stepper = Stepper(
         prompts, allocator, predictor, stack.engine, np.random.default_rng(cfg.seed), cfg.pipeline.mode

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tracerl.algos.allocators import Allocator
+from tracerl.algos.config import AllocatorConfig
 from tracerl.config import EnvConfig, ModelConfig, PredictorConfig, SamplerConfig
+from tracerl.engine.allocation import build_allocation
 from tracerl.engine.react import TEMPLATES
 from tracerl.engine.rollout import TreeRolloutEngine
 from tracerl.envs.registry import env_class
@@ -24,6 +27,7 @@ __all__ = [
     "make_env",
     "build_stack",
     "make_text_predictor",
+    "stack_allocation",
     "text_features",
     "LMStack",
 ]
@@ -57,24 +61,16 @@ def build_stack(model_cfg: ModelConfig, sampler_cfg: SamplerConfig, env_cfg: Env
     return LMStack(tok, model, env, engine)
 
 
-def build_text_predictor(
-    cfg: PredictorConfig,
-    stack: LMStack,
-    seed: int,
-    name: str | None = None,
-    targets: Literal["recursive", "debiased"] | None = None,
-) -> Predictor:
-    """The configured predictor, with a text featurizer for the learned one."""
+def stack_allocation(
+    allocator_cfg: AllocatorConfig, predictor_cfg: PredictorConfig, stack: LMStack, seed: int
+) -> tuple[Allocator, Predictor]:
+    """``build_allocation`` on a built stack: text features over histories in the stack's template, Monte-Carlo
+    scoring (trace_mc) on its engine."""
     template = stack.engine.template
-    return make_text_predictor(
-        cfg,
-        seed,
-        stack.model,
-        stack.tokenizer,
-        lambda q: template.prompt(q, stack.env.tools),
-        name=name,
-        targets=targets,
+    features = text_features(
+        predictor_cfg, stack.model, stack.tokenizer, lambda q: template.prompt(q, stack.env.tools)
     )
+    return build_allocation(allocator_cfg, predictor_cfg, seed, stack.engine, features)
 
 
 def text_features(cfg: PredictorConfig, model: Any, tokenizer: Any, render: Any) -> FeaturizerFactory:

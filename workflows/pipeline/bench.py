@@ -135,31 +135,19 @@ def run_one(
     name: str = "",
 ) -> list[dict[str, Any]]:
     """``num_steps`` steps of one (mode, seed) on ``pool``: per step its measurements."""
-    from tracerl.algos.allocators import build_allocator
-    from tracerl.engine.mc_scorer import with_monte_carlo
+    from tracerl.engine.allocation import build_allocation
     from tracerl.engine.react import TEMPLATES
     from tracerl.engine.step import same_allocation
     from tracerl.engine.stepper import Stepper
     from tracerl.engine.timer import PhaseTimer
     from tracerl.envs.registry import tool_env_class
-    from tracerl.predictors.length import attach_lengths
-    from tracerl.workflows.lm.stack import make_text_predictor, task_prompts
+    from tracerl.workflows.lm.stack import task_prompts, text_features
 
     tok, model = policy
     template = TEMPLATES.get(cfg.train.model.template)(tok)
     tools = list(tool_env_class(cfg.train.env.name).tools)
-    allocator = build_allocator(cfg.train.allocator)
-    attach_lengths(allocator)
-    predictor = make_text_predictor(
-        cfg.train.predictor,
-        seed,
-        model,
-        tok,
-        lambda q: template.prompt(q, tools),
-        name=allocator.predictor,
-        targets=allocator.targets,
-    )
-    predictor = with_monte_carlo(allocator, predictor, pool)  # trace_mc
+    features = text_features(cfg.train.predictor, model, tok, lambda q: template.prompt(q, tools))
+    allocator, predictor = build_allocation(cfg.train.allocator, cfg.train.predictor, seed, pool, features)
     prompts = task_prompts(cfg.train.env)
     rng = np.random.default_rng(seed)
     pool.seed = seed

@@ -82,12 +82,10 @@ class Driver:
         policy; None: started here) and wait until every sampler is up; log the run's thread counts."""
         import numpy as np
 
-        from tracerl.algos.allocators import build_allocator
-        from tracerl.engine.mc_scorer import with_monte_carlo
+        from tracerl.engine.allocation import build_allocation
         from tracerl.engine.react import TEMPLATES
         from tracerl.envs.registry import tool_env_class
-        from tracerl.predictors.length import attach_lengths
-        from tracerl.workflows.lm.stack import make_text_predictor, task_prompts
+        from tracerl.workflows.lm.stack import task_prompts, text_features
         from tracerl.workflows.tracking.local_runs import tracking_client
         from tracerl.workflows.tracking.log_file import tracking_logs_to
         from tracerl.workflows.tracking.spool import MetricLog, next_attempt
@@ -109,20 +107,13 @@ class Driver:
         log_threads(self.client, run_id, self.pool)
         self.startup: dict[str, float] = {}
         """``time/startup_s`` and its parts, logged with the next step (the first this launch runs)."""
-        self.allocator = build_allocator(cfg.allocator)
-        attach_lengths(self.allocator)  # trace_plus: its length predictor
         template = TEMPLATES.get(cfg.model.template)(tok)
         tools = list(tool_env_class(cfg.env.name).tools)
-        self.predictor = make_text_predictor(
-            cfg.predictor,
-            cfg.seed,
-            model,
-            tok,
-            lambda q: template.prompt(q, tools),
-            name=self.allocator.predictor,
-            targets=self.allocator.targets,
+        features = text_features(cfg.predictor, model, tok, lambda q: template.prompt(q, tools))
+        # trace_mc scores prefixes by extra rollouts on the pool
+        self.allocator, self.predictor = build_allocation(
+            cfg.allocator, cfg.predictor, cfg.seed, self.pool, features
         )
-        self.predictor = with_monte_carlo(self.allocator, self.predictor, self.pool)  # trace_mc
         self.prompts = task_prompts(cfg.env)
         self.eval_prompts = task_prompts(cfg.env, held_out=True)
         self.curve_prompts = [

@@ -62,8 +62,8 @@ class TracePlusAllocator(TraceAllocator):
     def price(self, anchors: Sequence[Anchor]) -> np.ndarray | None:
         if self.lengths is None:
             raise ValueError(
-                "allocator trace_plus needs a length predictor: the driver attaches one with "
-                "tracerl.predictors.length.attach_lengths(allocator)"
+                "allocator trace_plus needs a length predictor: build it with "
+                "tracerl.engine.allocation.build_allocation, which attaches one"
             )
         return self.lengths.predict(anchors) if self.lengths.ready else None
 
