@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tracerl.config import PredictorConfig
+from tracerl.algos.config import PredictorConfig
 from tracerl.predictors.base import FeaturizerFactory, Predictor, tree_targets
 from tracerl.predictors.features import Featurizer, NumericFeaturizer, prompt_bucket
 from tracerl.predictors.history import PromptHistory

@@ -12,7 +12,7 @@ from typing import cast
 
 import numpy as np
 
-from tracerl.config import PredictorConfig
+from tracerl.algos.config import PredictorConfig
 from tracerl.predictors.base import FeaturizerFactory, Predictor
 from tracerl.predictors.history import PromptHistory
 from tracerl.tree import RolloutTree

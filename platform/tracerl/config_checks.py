@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from tracerl.config import EnvConfig, PipelineConfig, env_config_class, section_key
+from tracerl.config import PipelineConfig
+from tracerl.env_config import EnvConfig, env_config_class, section_key
 from tracerl.env_registry import TOOL_ENVS, env_class, known_envs, section_schema
 from tracerl.registry import RegistryError
 from tracerl.schema import flat_parts, flat_values

@@ -16,8 +16,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from tracerl.config import section_key
 from tracerl.engine.protocol import Env, ToolEnv
+from tracerl.env_config import section_key
 from tracerl.registry import Registry, RegistryError
 
 ENTRY_POINT_GROUP = "tracerl.envs"

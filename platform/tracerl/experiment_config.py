@@ -14,17 +14,10 @@ from typing import Any, ClassVar, Literal
 from tracerl import metrics as M
 from tracerl.actors.config import ClusterConfig, TrackingConfig
 from tracerl.algos.config import AllocatorConfig, BudgetConfig, PredictorConfig
-from tracerl.config import (
-    EnvConfig,
-    LMRolloutFields,
-    ModelConfig,
-    PipelineConfig,
-    PipelineMode,
-    SamplerConfig,
-    TrainConfig,
-    TrainPipelineMode,
-    lm_env,
-)
+from tracerl.config import LMRolloutFields, PipelineConfig, TrainConfig, TrainPipelineMode, lm_env
+from tracerl.engine.config import PipelineMode, SamplerConfig
+from tracerl.env_config import EnvConfig
+from tracerl.models.config import ModelConfig
 from tracerl.schema import check, check_choices, check_flat_keys, flattened
 
 

@@ -22,8 +22,8 @@ import torch
 
 from tracerl import metrics as M
 from tracerl.algos.batch import PaddedBatch, TrainBatch, micro_batch_groups
+from tracerl.algos.config import LossConfig, OptimConfig
 from tracerl.algos.losses import LOSSES, LossInputs, token_logprobs
-from tracerl.config import LossConfig, OptimConfig
 from tracerl.models.logprob_head import scored_forward
 
 

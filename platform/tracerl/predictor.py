@@ -15,8 +15,8 @@ from typing import ClassVar, Literal, cast
 
 import numpy as np
 
+from tracerl.algos.config import PredictorConfig
 from tracerl.algos.trace_plus import LengthModel
-from tracerl.config import PredictorConfig
 from tracerl.registry import Registry
 from tracerl.tree import RolloutTree
 from tracerl.types import Anchor

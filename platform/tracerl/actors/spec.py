@@ -6,8 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tracerl.actors.config import PoolConfig
 from tracerl.actors.faults import NO_FAULTS, Faults
-from tracerl.config import EnvConfig, ModelConfig, PoolConfig, SamplerConfig
+from tracerl.engine.config import SamplerConfig
+from tracerl.env_config import EnvConfig
+from tracerl.models.config import ModelConfig
 
 
 @dataclass(frozen=True)

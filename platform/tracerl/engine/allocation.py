@@ -9,8 +9,7 @@ registered allocator to it).
 from __future__ import annotations
 
 from tracerl.algos.allocators import Allocator, build_allocator
-from tracerl.algos.config import AllocatorConfig
-from tracerl.config import PredictorConfig
+from tracerl.algos.config import AllocatorConfig, PredictorConfig
 from tracerl.engine.mc_scorer import SeededBackend, with_monte_carlo
 from tracerl.predictor import LENGTH_PREDICTORS, FeaturizerFactory, Predictor, build_predictor
 

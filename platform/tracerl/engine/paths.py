@@ -2,7 +2,7 @@
 
 The round driver (engine/stream.py's ``StreamRun``) advances all running paths one turn per round, so a path whose
 turn ended early waits for the round's slowest turn. Here each path runs on the sampler's event loop
-(``tracerl.samplers.aio``): its next turn is submitted as soon as its own previous turn and tool call are done, and
+(``tracerl.engine.aio``): its next turn is submitted as soon as its own previous turn and tool call are done, and
 a tree's continuations as soon as the step driver hands its expansion back; with vLLM's async engine they join the
 running batch per token. Tool calls and grading run off the loop, on a thread pool.
 
@@ -28,10 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from tracerl.algos.allocators import Expansion
+from tracerl.engine import aio
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.react import ActionKind
 from tracerl.engine.stream import OnBare, Served, StreamRun, expansion_tree
-from tracerl.samplers import aio
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt
 
@@ -73,7 +73,7 @@ class AsyncStreamRun:
         self, engine: Any, ids: Sequence[int], prompts: Sequence[Prompt], counts: Sequence[int]
     ) -> None:
         self.engine = engine
-        """A ``TreeRolloutEngine`` whose sampler has ``agenerate`` (``tracerl.samplers.aio.AsyncSampler``)."""
+        """A ``TreeRolloutEngine`` whose sampler has ``agenerate`` (``tracerl.engine.aio.AsyncSampler``)."""
         self.trees: dict[int, RolloutTree] = {}
         self.stage: dict[int, str] = {}
         self.running: dict[int, int] = {}

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracerl.algos.allocators import Expansion
-from tracerl.config import SamplerConfig
+from tracerl.engine.config import SamplerConfig
+from tracerl.engine.generation import Generation, Sampler
 from tracerl.engine.join import JoinRun
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.paths import drives_per_path, stream_in_process_async
@@ -37,7 +38,6 @@ from tracerl.engine.seeds import SeedKey, continuations_at, path_identity
 from tracerl.engine.stream import OnBare, stream_in_process
 from tracerl.engine.untrusted import encodable
 from tracerl.grading import GradeTimeout
-from tracerl.samplers.base import Generation, Sampler
 from tracerl.tree import RolloutTree
 from tracerl.types import Node, Prompt, Status
 

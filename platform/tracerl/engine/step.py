@@ -22,7 +22,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from tracerl.algos.allocators import Allocator, Expansion, PrefixCandidates, StepPlan
-from tracerl.config import BudgetConfig, PipelineMode
+from tracerl.algos.config import BudgetConfig
+from tracerl.engine.config import PipelineMode
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.protocol import TreeBackend, account
 from tracerl.engine.stream import OnBare

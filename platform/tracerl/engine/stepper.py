@@ -23,7 +23,8 @@ from typing import Protocol
 import numpy as np
 
 from tracerl.algos.allocators import Allocator
-from tracerl.config import BudgetConfig, PipelineMode
+from tracerl.algos.config import BudgetConfig
+from tracerl.engine.config import PipelineMode
 from tracerl.engine.ledger import ENGINE_COUNTS, BudgetLedger
 from tracerl.engine.protocol import TreeBackend
 from tracerl.engine.step import (

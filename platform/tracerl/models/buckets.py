@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tracerl.config import TrainerConfig
+from tracerl.actors.config import TrainerConfig
 from tracerl.models.wrap import _PEFT_PREFIX, lora_scaling, unwrap
 
 _ALIGN = 64

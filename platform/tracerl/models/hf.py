@@ -8,7 +8,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from tracerl.config import ModelConfig, SamplerConfig
+from tracerl.engine.config import SamplerConfig
+from tracerl.models.config import ModelConfig
 
 
 class SetupError(RuntimeError):

@@ -12,14 +12,34 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from tracerl.experiment_config import BootstrapConfig
-
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
+
+
+class TinyShape(Protocol):
+    """The sizes ``build_model`` reads (``tracerl bootstrap``'s config has them)."""
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def intermediate_size(self) -> int: ...
+
+    @property
+    def num_layers(self) -> int: ...
+
+    @property
+    def num_heads(self) -> int: ...
+
+    @property
+    def max_positions(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -57,7 +77,7 @@ def build_tokenizer(texts: Sequence[str], vocab_size: int = 1024) -> Any:
     )
 
 
-def build_model(tokenizer: Any, spec: BootstrapConfig) -> Any:
+def build_model(tokenizer: Any, spec: TinyShape) -> Any:
     """A freshly initialised LlamaForCausalLM sized by ``spec`` (seeded by ``spec.seed``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from tracerl.config import TrainerConfig
+from tracerl.actors.config import TrainerConfig
 from tracerl.models.hf import SetupError
 
 _PEFT_PREFIX = "base_model.model."

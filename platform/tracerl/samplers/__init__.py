@@ -2,7 +2,8 @@
 
 from typing import Any
 
-from tracerl.config import ModelConfig, SamplerConfig
+from tracerl.engine.config import SamplerConfig
+from tracerl.models.config import ModelConfig
 from tracerl.samplers.base import SAMPLERS, Generation, Sampler, SamplerBackend
 from tracerl.samplers.hf import HFSampler
 from tracerl.samplers.scripted import ScriptedSampler

@@ -1,33 +1,19 @@
-"""The sampler protocol: generate one turn for each of a batch of token contexts."""
+"""The sampler backends' registry and what every backend shares: the end tokens of a turn and cutting at a stop.
+
+The protocol itself (``Sampler``: one turn for each of a batch of token contexts, and ``Generation``) is the
+engine's (``tracerl.engine.generation``), re-exported here."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tracerl.config import ModelConfig, SamplerConfig
+__all__ = ["SAMPLERS", "Generation", "Sampler", "SamplerBackend", "cut_at_stop", "end_ids", "stop_token_ids"]
+
+from tracerl.engine.config import SamplerConfig
+from tracerl.engine.generation import Generation, Sampler
+from tracerl.models.config import ModelConfig
 from tracerl.registry import Registry
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One generated turn."""
-
-    token_ids: list[int]
-    """New tokens, cut before any stop string (the stop string itself is not kept)."""
-    logprobs: list[float]
-    """Sampling log-probability of each kept token."""
-    text: str
-    finish: str
-    """'stop' (a stop string), 'eos' (an end token, ``end_ids``), or 'length' (hit max_new_tokens: a runaway turn)."""
-    prefill_tokens: int = 0
-    """Context tokens the backend had to encode for this call."""
-    reused_tokens: int = 0
-    """Context tokens served from a cache."""
-    cache: object | None = None
-    """Opaque handle to the backend's KV cache of context + kept tokens; pass it back with a longer context
-    that starts with them (the next turn, or every continuation from this turn) to skip re-encoding."""
 
 
 def end_ids(tokenizer: Any, model: Any = None) -> list[int]:
@@ -92,24 +78,6 @@ def stop_token_ids(tokenizer: Any, stop: Sequence[str], ends: Sequence[int]) -> 
         if len(enc) == 1 and enc[0] in special:
             ids.append(int(enc[0]))
     return list(dict.fromkeys(ids))
-
-
-class Sampler(Protocol):
-    """Generates one turn per context (see ``Generation`` for what comes back)."""
-
-    def generate(
-        self,
-        contexts: Sequence[list[int]],
-        max_new_tokens: int,
-        stop: Sequence[str],
-        temperature: float,
-        seeds: Sequence[int],
-        caches: Sequence[object | None] | None = None,
-    ) -> list[Generation]:
-        """One turn per context. ``seeds[i]`` (``tracerl.engine.seeds.SeedKey.value``) alone decides context i's
-        random draws: its tokens must not depend on which other contexts share the call (up to the float
-        effects of batching and padding)."""
-        ...
 
 
 class SamplerBackend(Protocol):

@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from tracerl.config import ModelConfig, SamplerConfig
+from tracerl.engine.config import SamplerConfig
+from tracerl.models.config import ModelConfig
 from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop, end_ids
 from tracerl.samplers.hf_join import CACHE, JoinBatch
 

