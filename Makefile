@@ -14,7 +14,7 @@ FAST_TESTS := advantages allocators bench_peer checkpoint_files checkpoint_state
   costaware curves knapsack layout length_predictor math_tasks mc_scorer metric_names multiturn_engine predictors \
   prefixes react registry roots run_budget seeds simulator stated_answer stepper testbeds timer trace_plus tree
 
-.PHONY: install demo test test-fast lint typecheck unit bench bench-peer bench-limit clean test-vllm smollm2 test-bfcl-slow test-ui gpu-check test-kernels test-cluster
+.PHONY: install demo test test-fast lint typecheck unit bench bench-peer bench-limit clean test-vllm smollm2 test-bfcl-slow test-ui gpu-check test-kernels test-cluster test-e2e
 
 $(STAMP): pyproject.toml infra/constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -54,6 +54,12 @@ typecheck: install
 LANES ?= 2
 unit: install
 	$(VENV)/bin/pytest -q -n $(LANES) --dist loadfile --no-loadscope-reorder
+
+## The long end-to-end runs and fault drills (marker e2e: the Ray Train runs of tests/test_train.py, sweeps, studies,
+## tracking outages, the chaos drill, overlap under faults, cluster jobs, the wheel), in the same lanes. CI runs it
+## after `make test` (.ci/run); about 20 minutes on 2 cores.
+test-e2e: install
+	$(VENV)/bin/pytest -q -m e2e -n $(LANES) --dist loadfile --no-loadscope-reorder
 
 ## The inner loop (about a minute): the pure core and the config, no Ray, no model, no server.
 test-fast: install

@@ -14,6 +14,8 @@ import pytest
 from tests.conftest import ROOT
 from tracerl.workflows.cli.app import main
 
+pytestmark = pytest.mark.e2e  # a long end-to-end run: `make test-e2e` (CI runs it after `make test`)
+
 CHAOS = str(ROOT / "conf" / "train" / "chaos.yaml")
 
 

@@ -11,8 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT, WAIT_LIMIT_S, stop_process
 from tests.net_exposure import Listener, Watch, answer_without_token, listening, tree
+
+pytestmark = pytest.mark.e2e  # a long end-to-end run: `make test-e2e` (CI runs it after `make test`)
 
 SMOKE = str(ROOT / "conf" / "train" / "smoke.yaml")
 

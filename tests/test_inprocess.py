@@ -161,6 +161,7 @@ def test_a_restart_in_process_repeats_the_resumed_step(
 STUDY = str(ROOT / "conf" / "study" / "smoke.yaml")
 
 
+@pytest.mark.e2e
 def test_a_study_runs_its_baseline_and_cells_in_process(tmp_path: Path) -> None:
     """``tracerl study cluster=inprocess``: the testbed's baseline evaluation and a 1-step cell in the command's own
     process, one after another, no Ray imported; the cell is a FINISHED child of the study's run and starts from

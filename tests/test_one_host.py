@@ -15,6 +15,8 @@ from tests.conftest import ROOT, UNHURRIED
 from tracerl.config import TrainConfig
 from tracerl.config_loader import compose, conf_dir
 
+pytestmark = pytest.mark.e2e  # a long end-to-end run: `make test-e2e` (CI runs it after `make test`)
+
 
 @pytest.mark.parametrize(
     ("env", "override", "uri"),

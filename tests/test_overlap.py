@@ -19,6 +19,8 @@ from tests.conftest import ROOT, TOOL_TIMEOUT_S, UNHURRIED
 from tracerl import metrics as M
 from tracerl.workflows.cli.app import main
 
+pytestmark = pytest.mark.e2e  # a long end-to-end run: `make test-e2e` (CI runs it after `make test`)
+
 HABIT = ROOT / "models" / "tiny-math-habit"
 SIGNAL_SEED = 1  # as in tests/test_train.py: smoke steps with mixed groups on HABIT
 

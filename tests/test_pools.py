@@ -157,6 +157,7 @@ def _pool_step(workers: int, local: bool = False) -> dict[str, list[tuple[object
         pool.shutdown()
 
 
+@pytest.mark.e2e
 def test_one_and_three_rollout_workers_give_identical_trees(ray_local: Any) -> None:
     """Seeds are keyed by (seed, step, prompt, path, turn), not by worker shard or call: the same step on one
     sampler actor and on three (other shards, other batches, expansion on each owner) gives the same trees."""
@@ -166,6 +167,7 @@ def test_one_and_three_rollout_workers_give_identical_trees(ray_local: Any) -> N
     assert any(nodes[-1][2] >= 3 for nodes in one.values())  # continuations ran (path ids past the bare ones)
 
 
+@pytest.mark.e2e
 def test_the_in_process_pool_gives_the_actors_trees(ray_local: Any) -> None:
     """The in-process pool (no actors: one worker running the shards in turn, calls copied as across processes)
     gives the trees of the actor pool, on one shard and on three."""

@@ -96,6 +96,7 @@ def ray_local() -> Any:
     return ray
 
 
+@pytest.mark.e2e
 def test_a_replaced_sampler_copies_a_live_peers_pushed_weights(ray_local: Any) -> None:
     """Two real hf sampler actors: a push in several buckets lands in both; a sampler killed afterwards is
     replaced by one that loaded model.path and then copies its peer's weights bucket by bucket."""

@@ -185,6 +185,7 @@ def test_a_followed_bar_closed_while_its_poller_reads_ends_the_poller_cleanly(
     assert out.getvalue().splitlines() == ["train: 2/5 steps, 0:00 elapsed, ~0:00 left"]
 
 
+@pytest.mark.e2e
 def test_terminating_tracerl_ui_ends_the_mlflow_server(tmp_path: Path) -> None:
     """`mlflow ui` outlives a TERM of its server; `tracerl ui` runs it in its own process group and ends it all."""
     import os

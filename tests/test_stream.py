@@ -243,6 +243,7 @@ def barrier(engine: Any) -> tuple[object, ...]:
     return _in_process(engine, "barrier", True)[1]
 
 
+@pytest.mark.e2e
 def test_streaming_on_one_and_two_sampler_actors_gives_the_barrier_trees(
     ray_local: Any, barrier: tuple[object, ...]
 ) -> None:
@@ -292,6 +293,7 @@ def test_a_busy_owner_hands_the_expansion_to_the_least_loaded_actor() -> None:
     assert place(-1, [100, 0, 0]) == (0, [104, 0, 0])  # -1: never moved
 
 
+@pytest.mark.e2e
 def test_per_path_streaming_on_two_sampler_actors_gives_the_barrier_trees(
     ray_local: Any, barrier: tuple[object, ...]
 ) -> None:
@@ -303,6 +305,7 @@ def test_per_path_streaming_on_two_sampler_actors_gives_the_barrier_trees(
     assert led.decode_rows == led.decode_steps == led.generated_tokens and led.sampler_busy_s > 0
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sampler", [SAMPLER, ASYNC_SAMPLER], ids=["rounds", "per_path"])
 def test_a_sampler_actor_dying_mid_stream_is_replaced_and_the_step_completes(
     ray_local: Any, barrier: tuple[object, ...], tmp_path: Path, sampler: SamplerConfig

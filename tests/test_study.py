@@ -22,6 +22,8 @@ from tracerl.workflows.study.grid import run_study
 from tracerl.workflows.study.report import hierarchical_bootstrap, verdict
 from tracerl.workflows.study.token_budget import write_token_budget
 
+pytestmark = pytest.mark.e2e  # a long end-to-end run: `make test-e2e` (CI runs it after `make test`)
+
 MAIN = ROOT / "conf" / "study" / "main.yaml"
 SMOKE = ROOT / "conf" / "study" / "smoke.yaml"
 

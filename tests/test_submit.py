@@ -23,6 +23,8 @@ import pytest
 from tests.conftest import ROOT, stop_process
 from tracerl.workflows.cli.app import main
 
+pytestmark = pytest.mark.e2e  # a long end-to-end run: `make test-e2e` (CI runs it after `make test`)
+
 
 def _free_port() -> int:
     with socket.socket() as s:

@@ -18,6 +18,8 @@ from tests.conftest import ROOT, stop_process, wait_for
 from tracerl.workflows.cli.app import main
 from tracerl.workflows.tracking.ui import server_env
 
+pytestmark = pytest.mark.e2e  # a long end-to-end run: `make test-e2e` (CI runs it after `make test`)
+
 
 @pytest.fixture(scope="module", autouse=True)
 def long_lived_ray() -> None:

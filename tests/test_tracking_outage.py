@@ -20,6 +20,8 @@ from tracerl import metrics as M
 from tracerl.workflows.cli.app import main
 from tracerl.workflows.train.chaos import MlflowServer
 
+pytestmark = pytest.mark.e2e  # a long end-to-end run: `make test-e2e` (CI runs it after `make test`)
+
 SMOKE = str(ROOT / "conf" / "train" / "smoke.yaml")
 HABIT = ROOT / "models" / "tiny-math-habit"
 STEPS = 3

@@ -17,6 +17,8 @@ from tests.conftest import ROOT, UNHURRIED, sqlite_client
 from tracerl import metrics as M
 from tracerl.workflows.cli.app import main
 
+pytestmark = pytest.mark.e2e  # a long end-to-end run: `make test-e2e` (CI runs it after `make test`)
+
 SMOKE = str(ROOT / "conf" / "train" / "smoke.yaml")
 
 

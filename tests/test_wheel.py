@@ -17,7 +17,11 @@ import venv
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT, sqlite_client
+
+pytestmark = pytest.mark.e2e  # a long end-to-end run: `make test-e2e` (CI runs it after `make test`)
 
 RUN_LIMIT_S = 900
 
