@@ -9,7 +9,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +26,11 @@ from tracerl.workflows.tracking.runs import phase_marker
 from tracerl.workflows.train.budget import (
     Totals,
     append_point,
-    crosses,
     curve_point,
     eval_subset,
     overshoot,
-    stop_reason,
 )
+from tracerl.workflows.train.meter import RunMeter
 from tracerl.workflows.train.setup import ADAPTERS, say
 from tracerl.workflows.train.step_log import (
     log_threads,
@@ -121,18 +120,9 @@ class Driver:
         ]
         """The learning curve's held-out tasks: those of the token-schedule evaluations (``eval_subset``)."""
         self.rng = np.random.default_rng(cfg.seed)
-        # Token mode: generated tokens and leaves so far, for the mean cost of a leaf.
-        self.spent = [0.0, 0.0]
-        self.tokens_before = 0.0
-        """The run's generated tokens before the current step (the token schedule's crossing)."""
-        self.cpu_total = self.wall_total = 0.0
-        """The run's CPU and wall seconds so far, evaluation not counted (``total/``)."""
-        self._ranks_cpu = 0.0  # the trainer ranks' process CPU seconds at the last reading
-        self._eval_cpu = 0.0  # rank 0's CPU seconds spent evaluating since then
-        self._sampler_cpu = 0.0  # the samplers' training CPU seconds read since then (before an evaluation)
+        self.meter = RunMeter(cfg)
+        """Tokens, leaves, CPU and wall seconds so far; the stop checks and the token-mode budget."""
         self._point: tuple[dict[str, float], bool, dict[str, float]] | None = None  # this step's evaluation
-        self.stopped_by: str | None = None
-        """Why the run ends after the current step (``budget.stop_reason``); None: it goes on."""
         self.version = step
         """The policy version (updates applied) the samplers hold."""
         self.ledgers: dict[int, Any] = {}
@@ -146,8 +136,7 @@ class Driver:
         import torch
 
         self.rng.bit_generator.state = state.rng
-        self.spent = list(state.spent)
-        self.cpu_total, self.wall_total = state.cpu_s, state.wall_s
+        self.meter.restore(state)
         for name, part in (("predictor.pt", self.predictor), ("allocator.pt", self.allocator)):
             if name == "predictor.pt" or (Path(ckpt_dir) / name).exists():  # allocator.pt: trace_plus's
                 part.load_state_dict(
@@ -206,18 +195,8 @@ class Driver:
         return out, ahead.budget
 
     def budget(self, step: int) -> BudgetConfig:
-        """Step ``step``'s budget (0-based). Token mode: L re-set from the tokens this step may spend and the mean
-        tokens of a leaf so far. Unspent tokens carry over: the steps up to this one share ``(step + 1) x T``, so
-        the run's mean tokens per step tracks T (an overrun is made up by later steps)."""
-        budget = self.cfg.budget
-        if budget.token_budget is None or self.spent[1] <= 0:
-            return budget
-        left = max(1, int(budget.token_budget * (step + 1) - self.spent[0]))
-        return replace(budget, token_budget=left).for_tokens(
-            self.spent[0] / self.spent[1],
-            max_candidates=len(self.prompts),
-            min_roots=self.cfg.allocator.m_min,
-        )
+        """Step ``step``'s budget (``RunMeter.budget``: token mode sizes it from the tokens left)."""
+        return self.meter.budget(step, len(self.prompts))
 
     def rollout_metrics(self, out: Any, budget: BudgetConfig) -> dict[str, float]:
         """The step's rollout, budget and calibration metrics (before the predictor fits on the new trees); the
@@ -227,8 +206,7 @@ class Driver:
         from tracerl.engine.step_stats import step_metrics
         from tracerl.workflows.train.evaluate import leaf_score_means
 
-        self.tokens_before = self.spent[0]
-        self.spent = [self.spent[0] + out.ledger.generated_tokens, self.spent[1] + out.ledger.leaves]
+        self.meter.add_rollout(out.ledger)
         m = step_metrics(out)
         m[M.LEAF_BUDGET] = float(budget.leaves)
         m.update(mc_metrics(self.predictor))  # trace_mc: its Monte-Carlo rollouts, not in the ledger
@@ -275,28 +253,24 @@ class Driver:
         push(self.pool)
         self.version = version
 
-    def totals(self, updates: int) -> Totals:
-        """The run's compute after ``updates`` steps (the CPU total as of the last ``check_stop``)."""
-        return Totals(self.spent[0], self.spent[1], updates, self.cpu_total, self.wall_total)
+    @property
+    def stopped_by(self) -> str | None:
+        """Why the run ends after the current step; None: it goes on."""
+        return self.meter.stopped_by
 
     def start_meter(self, ranks_cpu: float) -> None:
         """Start counting CPU seconds here (the steps' loop): ``ranks_cpu`` is the trainer ranks' process CPU now;
         the samplers' counts start from their current readings."""
         self.pool.cpu_s()
-        self._ranks_cpu, self._eval_cpu, self._sampler_cpu = ranks_cpu, 0.0, 0.0
+        self.meter.start(ranks_cpu)
 
     def reached(self, done: int) -> bool:
-        """Whether step ``done`` ends the run on its tokens or ``steps`` alone (known before its update)."""
-        return stop_reason(self.cfg.stop, self.cfg.steps, self.totals(done)) in ("tokens", "steps")
+        return self.meter.reached(done)
 
     def check_stop(self, done: int, ranks_cpu: float) -> bool:
-        """After step ``done``'s update: add the CPU seconds used since the last check (trainer ranks' ``ranks_cpu``
-        less rank 0's evaluation, the samplers' less theirs) and whether a limit ends the run here."""
-        ranks = max(0.0, ranks_cpu - self._ranks_cpu - self._eval_cpu)
-        self.cpu_total += ranks + self._sampler_cpu + self.pool.cpu_s()
-        self._ranks_cpu, self._eval_cpu, self._sampler_cpu = ranks_cpu, 0.0, 0.0
-        self.stopped_by = stop_reason(self.cfg.stop, self.cfg.steps, self.totals(done))
-        return self.stopped_by is not None
+        """After step ``done``'s update: the meter adds the CPU used since the last check; whether a limit ends the
+        run here."""
+        return self.meter.check_stop(done, ranks_cpu, self.pool.cpu_s())
 
     def eval_due(self, done: int) -> str | None:
         """Which evaluation step ``done`` runs: ``"full"`` (every held-out task: every ``eval_every`` steps and the
@@ -304,7 +278,7 @@ class Driver:
         due = bool(self.cfg.eval_every and done % self.cfg.eval_every == 0)
         if due or (self.stopped_by is not None and self.cfg.eval_at_end):
             return "full"
-        if crosses(self.tokens_before, self.spent[0], self.cfg.eval_every_tokens):
+        if self.meter.crossed():
             return "curve"
         return None
 
@@ -316,7 +290,7 @@ class Driver:
         from tracerl.workflows.train.evaluate import evaluate_prompts, task_outcomes
 
         self.mark("eval", step)
-        self._sampler_cpu += self.pool.cpu_s()  # the samplers' training CPU up to here
+        samplers_before = self.pool.cpu_s()  # the samplers' training CPU up to here
         t0, c0, ledgers = time.perf_counter(), process_tree_cpu_s(), []
 
         def run(*args: Any) -> Any:
@@ -328,7 +302,7 @@ class Driver:
         m, traces = evaluate_prompts(run, prompts, 0, 0.0, self.cfg.seed + 10_000)
         outcomes = task_outcomes(traces)
         rank0 = process_tree_cpu_s() - c0
-        self._eval_cpu += rank0
+        self.meter.add_eval(rank0, samplers_before)
         cost = {k: float(sum(getattr(x, k) for x in ledgers)) for k in ("generated_tokens", *TIMEOUTS)}
         cost["wall_s"], cost["cpu_s"] = time.perf_counter() - t0, rank0 + self.pool.cpu_s()
         self._point = (outcomes, full, cost)
@@ -347,7 +321,7 @@ class Driver:
             )  # search: em, f1
         if step == 0:  # later evaluations are logged with their step's metrics
             self.metrics.log({**out, **key_metrics(out), M.RETRIED: float(self.pool.ledger.retried)}, step)
-            self._log_point(self.totals(0))
+            self._log_point(self.meter.totals(0))
         what = f"{len(prompts)} tasks" if full else f"{len(prompts)} curve tasks"
         say(f"held-out greedy accuracy after {step} steps: {m['accuracy']:.3f} ({what})")
         return out
@@ -392,12 +366,12 @@ class Driver:
         m[M.TIME_LOG] = timer.seconds["log"]
         m[M.TIME_STEP] = timer.elapsed()
         m[M.TOKENS_PER_S] = m.get(M.GENERATED_TOKENS, 0.0) / max(m[M.TIME_STEP], 1e-9)
-        self.wall_total += m[M.TIME_STEP] - m.get(M.phase_time("eval"), 0.0)
-        totals = self.totals(done)
+        self.meter.add_wall(m[M.TIME_STEP] - m.get(M.phase_time("eval"), 0.0))
+        totals = self.meter.totals(done)
         m.update(totals.metrics())
         if last:
             m.update(overshoot(self.cfg.stop, totals))
-        self.metrics.log({**m, **key_metrics(m, self.spent[0])}, done)
+        self.metrics.log({**m, **key_metrics(m, self.meter.tokens)}, done)
         self._log_point(totals)
         if last and self.cfg.stop.enabled:
             say(f"stopped after step {done} on {self.stopped_by}: {totals_line(totals)}")
@@ -422,14 +396,7 @@ class Driver:
         torch.save(self.predictor.state_dict(), path / "predictor.pt")
         if self.allocator.state_dict():
             torch.save(self.allocator.state_dict(), path / "allocator.pt")
-        CheckpointState(
-            step,
-            self.run_id,
-            self.rng.bit_generator.state,
-            (self.spent[0], self.spent[1]),
-            self.cpu_total,
-            self.wall_total,
-        ).write(path)
+        self.meter.state(step, self.run_id, self.rng.bit_generator.state).write(path)
         (path / "config.yaml").write_text(to_yaml(self.cfg))
 
     def close(self) -> None:

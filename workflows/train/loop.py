@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,29 @@ from tracerl.engine.timer import PhaseTimer
 from tracerl.workflows.train.budget import Totals, stop_reason
 from tracerl.workflows.train.driver import Ahead, Driver, overlaps_next
 from tracerl.workflows.train.setup import Worker, quiet_train_reports, ranks_cpu, setup_worker
-from tracerl.workflows.train.step_log import start_pool
+from tracerl.workflows.train.step_log import StartupClock, start_pool
+
+LOOP_INPUT = "run"
+"""The one key of the loop's config dict (Ray Train's ``train_loop_config``): a ``LoopInput``."""
 
 
-def guarded_loop(config: dict[str, Any]) -> None:
+@dataclass(frozen=True)
+class LoopInput:
+    """What every rank's loop is started with (through Ray Train, or in this process)."""
+
+    cfg: TrainConfig
+    run_id: str
+    storage: Path
+    """The run's storage directory (``out_dir/<run name>``): checkpoints, spooled metrics, curve.jsonl."""
+    reported: tuple[str, ...] = ()
+    """Checkpoints newer than the one a resume starts from (the driver said which of them were damaged)."""
+    startup: tuple[StartupClock, int] | None = None
+    """The launch's start-up clock and the attempt number whose first step logs ``time/startup_s``."""
+    context: Any = None
+    """An ``InProcessContext`` (the in-process mode); None: a Ray Train worker's context."""
+
+
+def guarded_loop(config: dict[str, LoopInput]) -> None:
     """``train_loop``, a full disk re-raised as ``DiskFull`` and a bad value or unknown name as ``LoopFailed`` (one
     line each, which the controller does not retry and the driver reports; workflows/ops/disk.py, no_retry.py)."""
     from tracerl.workflows.ops.disk import DiskFull, no_space, quiet_disk_full
@@ -31,28 +51,27 @@ def guarded_loop(config: dict[str, Any]) -> None:
     quiet_disk_full("ray.train.v2._internal.util")  # it logs the error's traceback from every rank
     quiet_loop_failed("ray.train.v2._internal.util")
     try:
-        train_loop(config)
+        train_loop(config[LOOP_INPUT])
     except Exception as exc:
         full = no_space(exc)
         if full is not None:
-            raise DiskFull(full or config["storage"]) from None
+            raise DiskFull(full or str(config[LOOP_INPUT].storage)) from None
         failed = as_permanent(exc)
         if failed is None or failed is exc:
             raise
         raise failed from exc
 
 
-def train_loop(config: dict[str, Any]) -> None:
-    """The loop of every rank (a Ray Train worker function, or the command's own process with ``config["context"]``,
-    an ``InProcessContext``): set up and restore, then ``train_step`` until a limit (``steps``, ``stop.tokens``,
+def train_loop(run: LoopInput) -> None:
+    """The loop of every rank (a Ray Train worker function, or the command's own process with ``run.context``, an
+    ``InProcessContext``): set up and restore, then ``train_step`` until a limit (``steps``, ``stop.tokens``,
     ``stop.cpu_s``) ends the run. A failure shuts rank 0's samplers down before it propagates (in-process, a restart
     builds new ones)."""
     import torch
 
-    cfg: TrainConfig = config["cfg"]
-    storage = Path(config["storage"])
-    clock = (config.get("startup") or (None, 0))[0]
-    ctx = config.get("context")
+    cfg, storage = run.cfg, run.storage
+    clock = run.startup[0] if run.startup is not None else None
+    ctx = run.context
     if ctx is None:
         from tracerl.workflows.train.context import RayTrainContext
 
@@ -65,7 +84,7 @@ def train_loop(config: dict[str, Any]) -> None:
     # Rank 0's samplers load their policy copies in their own processes while this one loads the trainer's.
     pool = start_pool(cfg, storage) if ctx.rank == 0 else None
     try:
-        run_steps(config, ctx, pool)
+        run_steps(run, ctx, pool)
     except BaseException:
         if pool is not None:
             with contextlib.suppress(Exception):  # the failure is what the caller needs to see
@@ -73,12 +92,11 @@ def train_loop(config: dict[str, Any]) -> None:
         raise
 
 
-def run_steps(config: dict[str, Any], ctx: Any, pool: Any) -> None:
+def run_steps(run: LoopInput, ctx: Any, pool: Any) -> None:
     """``train_loop`` after the samplers started: this rank's worker, rank 0's driver, the steps."""
-    cfg: TrainConfig = config["cfg"]
-    run_id, storage = config["run_id"], Path(config["storage"])
-    clock, first_attempt = config.get("startup") or (None, 0)
-    worker = setup_worker(cfg, storage, ctx, config.get("reported", ()))
+    cfg, run_id, storage = run.cfg, run.run_id, run.storage
+    clock, first_attempt = run.startup or (None, 0)
+    worker = setup_worker(cfg, storage, ctx, run.reported)
     start = worker.state.step
     driver = None
     if worker.rank == 0:

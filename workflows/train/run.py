@@ -40,7 +40,7 @@ from tracerl.envs.registry import check_data, resolve_env_paths
 from tracerl.workflows.tracking.checkpoint_state import CheckpointState
 from tracerl.workflows.tracking.runs import RunSummary, create_run, resumed_config, run_summary
 from tracerl.workflows.tracking.store import resolve_uri, where
-from tracerl.workflows.train.loop import guarded_loop
+from tracerl.workflows.train.loop import LOOP_INPUT, LoopInput, guarded_loop
 from tracerl.workflows.train.preflight import check_budget, check_context, longest_prompt, training_tasks
 from tracerl.workflows.train.step_log import StartupClock
 from tracerl.workflows.train.summary import compute_summary, progress_bar
@@ -281,11 +281,7 @@ def ray_trainer(
     return torch_trainer(cfg.cluster)(
         guarded_loop,
         train_loop_config={
-            "cfg": cfg,
-            "run_id": run_id,
-            "storage": str(storage),
-            "reported": reported(storage, resume_ckpt),
-            "startup": startup,
+            LOOP_INPUT: LoopInput(cfg, run_id, storage, reported(storage, resume_ckpt), startup)
         },
         # The process group's timeout must outlast rank 0's rollout phase, which ranks 1..n wait through in a
         # broadcast (Ray's default is 1800 s).
@@ -314,9 +310,11 @@ class TrainingFailed(RuntimeError):
     """The in-process loop failed on its last attempt (``max_failures`` restarts spent); the cause is chained."""
 
 
-def reported(storage: Path, resume_ckpt: Path | None) -> list[str]:
+def reported(storage: Path, resume_ckpt: Path | None) -> tuple[str, ...]:
     """Checkpoints newer than the one a resume starts from: the driver said which of them were damaged already."""
-    return [p.name for p in storage.glob("checkpoint_*") if resume_ckpt is None or p.name > resume_ckpt.name]
+    return tuple(
+        p.name for p in storage.glob("checkpoint_*") if resume_ckpt is None or p.name > resume_ckpt.name
+    )
 
 
 def run_in_process(
@@ -335,14 +333,8 @@ def run_in_process(
     from tracerl.workflows.ops.no_retry import LoopFailed
     from tracerl.workflows.train.context import InProcessContext
 
-    config: dict[str, Any] = {
-        "cfg": cfg,
-        "run_id": run_id,
-        "storage": str(storage),
-        "reported": reported(storage, resume_ckpt),
-        "startup": startup,
-        "context": InProcessContext(storage, cfg.keep_checkpoints),
-    }
+    context = InProcessContext(storage, cfg.keep_checkpoints)
+    config = {LOOP_INPUT: LoopInput(cfg, run_id, storage, reported(storage, resume_ckpt), startup, context)}
     for failures in range(cfg.max_failures + 1):
         try:
             guarded_loop(config)
