@@ -4,13 +4,17 @@ Every rank iterates the policy's tensors (``tracerl.models.buckets.policy_tensor
 ``full_tensor()`` at a time, a collective), so no rank gathers the whole model; rank 0 casts them into buckets of at
 most ``trainer.push_bucket_mb`` in ``model.dtype`` and hands each to its sampler pool (``RolloutPool.push``: one
 object in the store per bucket, freed once every sampler loaded it; ``LocalPool.push`` in-process). The other
-ranks' tensors are dropped as soon as the collective returns them.
+ranks' tensors are dropped as soon as the collective returns them. ``EngineRestarts`` is what rank 0 logs about
+sampler engines that restart to take a push.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from tracerl import metrics as M
 from tracerl.config import TrainerConfig
 
 
@@ -30,3 +34,33 @@ def push_policy(model: Any, trainer: TrainerConfig, pool: Any, dtype: str) -> No
         return
     bucket_bytes = trainer.push_bucket_mb << 20
     pool.push(pack(tensors, getattr(torch, dtype), bucket_bytes), bucket_bytes)
+
+
+class EngineRestarts:
+    """What rank 0 logs about sampler engines that restart to take a push (vLLM without in-place loading, e.g. the
+    CPU build): their number each step (``sampler/engine_restarts``, from the pool's count), and one warning per
+    run, the first time any restarted (a marker file in the run's storage keeps a restarted trainer or a resumed
+    run from saying it again)."""
+
+    MARKER = ".engine_restart_warned"
+
+    def __init__(self, storage: Path, say: Callable[[str], None]) -> None:
+        self.marker = Path(storage) / self.MARKER
+        self.say = say
+        self.logged = 0
+        """The pool's count at the last step's log."""
+
+    def metrics(self, pool: Any) -> dict[str, float]:
+        """The restarts since the last step's log (a restored run's first push counts at its first step); says the
+        warning if this is the run's first."""
+        count = int(getattr(pool, "engine_restarts", 0))
+        new, self.logged = count - self.logged, count
+        if new > 0 and not self.marker.exists():
+            self.say(
+                "tracerl: warning: a sampler's vLLM engine cannot load pushed weights in place "
+                f"({getattr(pool, 'restart_reason', None)}): every weight push restarts every sampler engine on a "
+                f"checkpoint of the new weights (much slower; the CPU build does this); counted each step as "
+                f"{M.ENGINE_RESTARTS}"
+            )
+            self.marker.touch()
+        return {M.ENGINE_RESTARTS: float(new)}

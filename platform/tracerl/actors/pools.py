@@ -30,6 +30,9 @@ from tracerl.types import Prompt
 
 __all__ = ["RolloutPool", "RolloutWorker", "balanced_shards", "strip_caches"]
 
+SHUTDOWN_WAIT_S = 30.0
+"""How long the pool's shutdown waits for its samplers to shut their engines down before it kills them."""
+
 
 class RolloutPool(ShardedPool):
     """The step driver's ``TreeBackend`` over a pool of ``RolloutWorker`` actors."""
@@ -129,7 +132,7 @@ class RolloutPool(ShardedPool):
                 del ref, calls  # the store frees the bucket once every sampler loaded it
             if loading is not None:
                 loading.result()
-        self._call_all([(w, "end_push", ()) for w in range(len(self.workers))])
+        self._pushed_to(self._call_all([(w, "end_push", ()) for w in range(len(self.workers))]))
         self._pushed = True
         if not self._push_checked:  # the same sizes every step: once a run
             self._push_checked = True
@@ -150,13 +153,13 @@ class RolloutPool(ShardedPool):
         if self._keep:
             for ref in self._kept:
                 ray.get(new.load_bucket.remote(ref))
-            ray.get(new.end_push.remote())
+            self._pushed_to([ray.get(new.end_push.remote())])
             return
         peer = self.workers[(w + 1) % len(self.workers)]
         for index in itertools.count():
             ref = peer.export_bucket.remote(index, self._bucket_bytes)
             if ray.get(ref) is None:
-                ray.get(new.end_push.remote())
+                self._pushed_to([ray.get(new.end_push.remote())])
                 return
             ray.get(new.load_bucket.remote(ref))
 
@@ -199,8 +202,15 @@ class RolloutPool(ShardedPool):
         return PoolStream(self, shards, prompts, counts, on_bare).run()
 
     def shutdown(self) -> None:
+        """Each sampler shuts its engine down and removes its files (``RolloutWorker.shutdown``; a dead or stuck one is
+        not waited for past ``SHUTDOWN_WAIT_S``), then the actors and shared services are killed."""
         from tracerl.actors.services import stop_services
 
+        ray.wait(
+            [w.shutdown.remote() for w in self.workers],
+            num_returns=len(self.workers),
+            timeout=SHUTDOWN_WAIT_S,
+        )
         for w in self.workers:
             ray.kill(w)
         stop_services(self.services)

@@ -111,10 +111,11 @@ class RolloutWorker:
         self.trees.clear()  # caches of trees from the old weights must not be re-used
         self._drop_stream()
 
-    def end_push(self) -> None:
-        """The last bucket of a push arrived (an engine sampler that restarts on the pushed weights does it now)."""
-        if hasattr(self.sampler, "end_push"):
-            self.sampler.end_push()
+    def end_push(self) -> str | None:
+        """The last bucket of a push arrived (an engine sampler that restarts on the pushed weights does it now);
+        why the engine restarted, or None (loaded in place, or an hf sampler)."""
+        end = getattr(self.sampler, "end_push", None)
+        return end() if end is not None else None
 
     def export_bucket(self, index: int, bucket_bytes: int) -> Any:
         """Bucket ``index`` of this sampler's current weights (None past the last): what a replaced peer loads."""
@@ -213,6 +214,14 @@ class RolloutWorker:
         """Drop the trees kept for expansion and any streaming step's share (its tasks and threads stop)."""
         self.trees.clear()
         self._drop_stream()
+
+    def shutdown(self) -> None:
+        """``close``, and the sampler's engine and its files (a vLLM restart's checkpoint) go: the pool calls it
+        before it kills the actor, whose exit hooks would then not run."""
+        self.close()
+        end = getattr(self.sampler, "close", None)
+        if end is not None:
+            end()
 
     def _drop_stream(self) -> None:
         """Forget the last streaming step's share (a per-path run's tasks and threads stop)."""
