@@ -218,3 +218,47 @@ def test_a_run_logs_its_restarts_once_a_step_and_warns_once(
     assert sorted(history) == [(1, 1.0), (2, 1.0), (3, 2.0)]
     warning = "tracerl: warning: a sampler's vLLM engine cannot load pushed weights in place"
     assert (first + second).count(warning) == 1 and first.count(warning) == 1
+
+
+def test_a_vllm_sampler_actor_loads_the_tokenizer_alone_and_refuses_to_export(
+    started: list[FakeEngine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sampler actor (``RolloutWorker``, here in the in-process pool) of the vllm backend never builds the HF model
+    (its engine is a fake, and building an HF model raises); pushes restart the fake engine, the pool counts them,
+    and its shutdown removes the restart's checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    from tracerl.actors.local import LocalPool
+    from tracerl.actors.spec import WorkerSpec
+    from tracerl.config import EnvConfig, ModelConfig, PoolConfig, SamplerConfig
+
+    def no_hf_model(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a sampler actor built the HF model")
+
+    def engine_sampler(cls: Any, model_cfg: Any, cfg: Any, model: Any, tok: Any, gpus: float = 1.0) -> Any:
+        assert model is None
+        return cls(FakeEngine(), tok, path=model_cfg.path)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", no_hf_model)
+    monkeypatch.setattr(VLLMSampler, "from_config", classmethod(engine_sampler))
+
+    def spec(backend: str) -> WorkerSpec:
+        sampler = SamplerConfig(backend=backend)
+        return WorkerSpec(
+            ModelConfig(path=str(TINY)), sampler, EnvConfig(name="math"), PoolConfig(env_workers=0)
+        )
+
+    with pytest.raises(AssertionError, match="built the HF model"):
+        LocalPool(spec("hf"), 1, seed=0)  # the hf backend needs it (so the patch would catch a vllm actor)
+    pool = LocalPool(spec("vllm"), 2, seed=0)
+    worker = pool.worker
+    assert worker.model is None and isinstance(worker.sampler, VLLMSampler)
+    assert worker.tok.pad_token_id is not None and worker.sampler.tokenizer is worker.tok
+    for push in (1, 2):
+        pool.push(pack(iter([("a", torch.ones(3) * push)]), torch.bfloat16, 64), 64)
+        assert pool.engine_restarts == push and pool.restart_reason == REASON
+    assert len(_weights_dirs(tmp_path)) == 1
+    with pytest.raises(RuntimeError, match="sampler.backend=vllm holds no HF copy of the policy to export"):
+        worker.export_bucket(0, 1 << 20)
+    pool.shutdown()
+    assert _weights_dirs(tmp_path) == [] and started[-1].down

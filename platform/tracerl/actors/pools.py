@@ -143,8 +143,11 @@ class RolloutPool(ShardedPool):
     @property
     def _keep(self) -> bool:
         """Whether the pool keeps the last push's buckets for a replaced sampler: where no peer can hand its weights
-        over (one sampler, or an engine sampler with no HF model to export from)."""
-        return len(self.workers) == 1 or self.spec.sampler.backend != "hf"
+        over (one sampler, or an engine sampler with no HF model to export from: ``loads_own_weights``)."""
+        from tracerl.samplers import SAMPLERS
+
+        backend = SAMPLERS.get(self.spec.sampler.backend)
+        return len(self.workers) == 1 or bool(getattr(backend, "loads_own_weights", False))
 
     def _catch_up(self, w: int) -> None:
         """Give the fresh sampler ``w`` the pool's current weights: the kept buckets, else a live peer's, bucket by

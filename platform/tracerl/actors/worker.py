@@ -46,8 +46,8 @@ class RolloutWorker:
         from tracerl.engine.react import TEMPLATES
         from tracerl.engine.rollout import TreeRolloutEngine
         from tracerl.env_registry import env_class
-        from tracerl.models.hf import load_policy
-        from tracerl.samplers import make_sampler
+        from tracerl.models.hf import load_policy, load_tokenizer
+        from tracerl.samplers import SAMPLERS, make_sampler
 
         if own_threads:
             torch.set_num_threads(spec.threads)
@@ -80,7 +80,12 @@ class RolloutWorker:
         else:
             env = env_factory()
         self.env = env
-        self.tok, self.model = load_policy(model_cfg)
+        self.model: Any = None
+        """The HF policy copy the hf sampler generates with; None for an engine that loads its own (vLLM)."""
+        if getattr(SAMPLERS.get(sampler_cfg.backend), "loads_own_weights", False):
+            self.tok = load_tokenizer(model_cfg)
+        else:
+            self.tok, self.model = load_policy(model_cfg)
         self.sampler = make_sampler(model_cfg, sampler_cfg, self.model, self.tok, pools.rollout_gpus)
         self.engine = TreeRolloutEngine(
             self.sampler, env, TEMPLATES.get(model_cfg.template)(self.tok), self.tok, sampler_cfg
@@ -118,9 +123,18 @@ class RolloutWorker:
         return end() if end is not None else None
 
     def export_bucket(self, index: int, bucket_bytes: int) -> Any:
-        """Bucket ``index`` of this sampler's current weights (None past the last): what a replaced peer loads."""
+        """Bucket ``index`` of this sampler's current weights (None past the last): what a replaced peer loads.
+
+        Raises:
+            RuntimeError: an engine sampler (vLLM) holds no HF copy of the weights to export."""
         from tracerl.models.buckets import export
 
+        if self.model is None:
+            raise RuntimeError(
+                f"sampler.backend={self.sampler_cfg.backend} holds no HF copy of the policy to export (its engine "
+                "loads and holds the weights itself, under its own names): a replaced sampler of this backend "
+                "loads the last push's buckets, which the pool keeps for it"
+            )
         return export(self.model, index, bucket_bytes)
 
     def cpu_s(self) -> float:

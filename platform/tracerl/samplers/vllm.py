@@ -43,6 +43,10 @@ def engine_kwargs(cfg: SamplerConfig, gpus: float = 1.0) -> dict[str, Any]:
 
 @SAMPLERS.register("vllm")
 class VLLMSampler:
+    loads_own_weights = True
+    """The engine loads ``model.path`` itself: a sampler actor loads no HF copy of the policy for it
+    (``tracerl.actors.worker``); pushed weights reach the engine through ``load_bucket``."""
+
     def __init__(
         self,
         engine: Any,
@@ -76,7 +80,8 @@ class VLLMSampler:
     def from_config(
         cls, model_cfg: ModelConfig, cfg: SamplerConfig, model: Any, tokenizer: Any, gpus: float = 1.0
     ) -> VLLMSampler:
-        """An engine of its own on ``model_cfg.path`` (``model`` is not used: weights arrive by ``load_weights``)."""
+        """An engine of its own on ``model_cfg.path`` (``model`` is not used, and None in a sampler actor: weights
+        arrive by ``load_bucket``)."""
         return cls.from_pretrained(model_cfg.path, model_cfg.dtype, **engine_kwargs(cfg, gpus))
 
     @classmethod
