@@ -46,6 +46,7 @@ class RolloutWorker:
         from tracerl.engine.react import TEMPLATES
         from tracerl.engine.rollout import TreeRolloutEngine
         from tracerl.env_registry import env_class
+        from tracerl.models.buckets import LoraBase
         from tracerl.models.hf import load_policy, load_tokenizer
         from tracerl.samplers import SAMPLERS, make_sampler
 
@@ -86,6 +87,10 @@ class RolloutWorker:
             self.tok = load_tokenizer(model_cfg)
         else:
             self.tok, self.model = load_policy(model_cfg)
+        self.lora = (
+            LoraBase(self.model, spec.lora_targets) if spec.lora_targets and self.model is not None else None
+        )
+        """The base weights that a LoRA run's adapter pushes merge into (taken before any push)."""
         self.sampler = make_sampler(model_cfg, sampler_cfg, self.model, self.tok, pools.rollout_gpus)
         self.engine = TreeRolloutEngine(
             self.sampler, env, TEMPLATES.get(model_cfg.template)(self.tok), self.tok, sampler_cfg
@@ -106,10 +111,21 @@ class RolloutWorker:
 
     def load_bucket(self, bucket: Any) -> None:
         """One bucket of a weight push (``tracerl.models.buckets``) into the policy: copied into the hf model's
-        parameters, or handed to an engine sampler's own ``load_bucket`` (vLLM)."""
+        parameters, LoRA adapters merged into the base copy (``lora_scaling`` set), or handed to an engine
+        sampler's own ``load_bucket`` (vLLM).
+
+        Raises:
+            RuntimeError: adapters for a worker that keeps no base copy (its spec names no ``lora_targets``)."""
         from tracerl.models.buckets import load_bucket
 
-        if hasattr(self.sampler, "load_bucket"):
+        if getattr(bucket, "lora_scaling", None) is not None:
+            if self.lora is None:
+                raise RuntimeError(
+                    "a LoRA adapter push reached a sampler that keeps no base copy to merge it into: "
+                    "adapter pushes need sampler.backend=hf and the pool's spec to name trainer.lora_targets"
+                )
+            self.lora.load(self.model, bucket)
+        elif hasattr(self.sampler, "load_bucket"):
             self.sampler.load_bucket(bucket)
         else:
             load_bucket(self.model, bucket)
