@@ -26,7 +26,7 @@ def push_policy(model: Any, trainer: TrainerConfig, pool: Any, dtype: str, adapt
     rank must pass the same)."""
     import torch
 
-    from tracerl.models.buckets import adapter_tensors, pack, policy_tensors
+    from tracerl.models.buckets import adapter_tensors, batched, pack, policy_tensors
     from tracerl.models.wrap import is_fsdp, lora_scaling
 
     tensors = adapter_tensors(model) if adapters else policy_tensors(model, trainer)
@@ -36,6 +36,9 @@ def push_policy(model: Any, trainer: TrainerConfig, pool: Any, dtype: str, adapt
                 pass
         return
     bucket_bytes = trainer.push_bucket_mb << 20
+    if trainer.push_transport == "nccl":  # broadcast to the engines' GPUs (tracerl/actors/collective.py)
+        pool.push_collective(batched(tensors, getattr(torch, dtype), bucket_bytes))
+        return
     if adapters:
         pool.push(pack(tensors, torch.float32, bucket_bytes, lora_scaling(trainer)), bucket_bytes)
         return

@@ -57,7 +57,15 @@ def start_pool(cfg: TrainConfig, storage: Path) -> Any:
 
     faults = Faults.from_config(cfg.faults, storage / ".faults")
     lora = tuple(cfg.trainer.lora_targets) if adapter_pushes(cfg.trainer, cfg.sampler.backend) else ()
-    spec = WorkerSpec(cfg.model, cfg.sampler, cfg.env, cfg.pools, faults=faults, lora_targets=lora)
+    spec = WorkerSpec(
+        cfg.model,
+        cfg.sampler,
+        cfg.env,
+        cfg.pools,
+        faults=faults,
+        push_transport=cfg.trainer.push_transport,
+        lora_targets=lora,
+    )
     p = cfg.pools
     if cfg.cluster.in_process:
         from tracerl.actors.local import LocalPool

@@ -39,6 +39,9 @@ class RolloutPool(ShardedPool):
 
     worker_class: type[RolloutWorker] = RolloutWorker
     """The actors' class (workflows/pipeline/pool.py times a subclass's calls)."""
+    push_group: Any = None
+    """How this process joins a collective push's group: None is NCCL (``collective.nccl_group``); the tests' fake
+    engines use gloo."""
 
     def __init__(
         self,
@@ -73,6 +76,8 @@ class RolloutPool(ShardedPool):
         self._kept: list[Any] = []
         self._bucket_bytes = 0
         self._push_checked = False
+        self._collective: Any = None
+        """The collective push's rank 0 side (``trainer.push_transport=nccl``), formed at the first push."""
 
     def _new(self) -> Any:
         return (
@@ -140,6 +145,22 @@ class RolloutPool(ShardedPool):
             if warning:
                 print(f"tracerl: warning: {warning}", file=sys.stderr, flush=True)
 
+    def push_collective(self, batches: Iterable[Any]) -> None:
+        """A collective weight push (``trainer.push_transport=nccl``; tracerl/actors/collective.py): this process
+        broadcasts each batch's tensors to the samplers' engines over a group formed before the first push."""
+        from tracerl.actors.collective import CollectivePush, nccl_group
+
+        if self._collective is None:
+            self._collective = CollectivePush(
+                lambda m, args: [getattr(w, m).remote(*a) for w, a in zip(self.workers, args)],
+                ray.get,
+                len(self.workers),
+                str(ray.util.get_node_ip_address()),
+                self.push_group or nccl_group,
+            )
+        self._pushed_to(self._collective.push(batches))
+        self._pushed = True
+
     @property
     def _keep(self) -> bool:
         """Whether the pool keeps the last push's buckets for a replaced sampler: where no peer can hand its weights
@@ -153,6 +174,12 @@ class RolloutPool(ShardedPool):
         """Give the fresh sampler ``w`` the pool's current weights: the kept buckets, else a live peer's, bucket by
         bucket."""
         new = self.workers[w]
+        if self._collective is not None:
+            raise RuntimeError(
+                "a sampler was replaced after a collective weight push (trainer.push_transport=nccl), which cannot "
+                "catch it up: the run restarts from its last checkpoint (max_failures), or use "
+                "trainer.push_transport=ray"
+            )
         if self._keep:
             for ref in self._kept:
                 ray.get(new.load_bucket.remote(ref))

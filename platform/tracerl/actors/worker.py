@@ -91,7 +91,8 @@ class RolloutWorker:
             LoraBase(self.model, spec.lora_targets) if spec.lora_targets and self.model is not None else None
         )
         """The base weights that a LoRA run's adapter pushes merge into (taken before any push)."""
-        self.sampler = make_sampler(model_cfg, sampler_cfg, self.model, self.tok, pools.rollout_gpus)
+        extra = {"push_transport": spec.push_transport} if spec.push_transport != "ray" else {}
+        self.sampler = make_sampler(model_cfg, sampler_cfg, self.model, self.tok, pools.rollout_gpus, **extra)
         self.engine = TreeRolloutEngine(
             self.sampler, env, TEMPLATES.get(model_cfg.template)(self.tok), self.tok, sampler_cfg
         )
@@ -138,13 +139,41 @@ class RolloutWorker:
         end = getattr(self.sampler, "end_push", None)
         return end() if end is not None else None
 
+    def transfer_ranks(self) -> int:
+        """Ranks this sampler's engine brings to a collective push's group (tracerl/actors/collective.py)."""
+        return int(self._collective("transfer_ranks")())
+
+    def init_transfer(self, address: str, port: int, rank_offset: int, world: int) -> None:
+        """The engine's ranks join the collective push's group as ``rank_offset ..`` of ``world``."""
+        self._collective("init_transfer")(address, port, rank_offset, world)
+
+    def receive_weights(self, names: list[str], dtypes: list[str], shapes: list[tuple[int, ...]]) -> int:
+        """One batch of a collective push, broadcast by trainer rank 0, into the engine; the bytes it took."""
+        got = int(self._collective("receive_weights")(names, dtypes, shapes))
+        self.trees.clear()  # caches of trees from the old weights must not be re-used
+        self._drop_stream()
+        return got
+
+    def _collective(self, method: str) -> Any:
+        fn = getattr(self.sampler, method, None)
+        if fn is None:
+            raise RuntimeError(
+                f"sampler.backend={self.sampler_cfg.backend} takes no collective weight push: set "
+                "trainer.push_transport=ray"
+            )
+        return fn
+
     def export_bucket(self, index: int, bucket_bytes: int) -> Any:
-        """Bucket ``index`` of this sampler's current weights (None past the last): what a replaced peer loads.
+        """Bucket ``index`` of this sampler's current weights (None past the last): what a replaced peer loads
+        (from an engine sampler that can export its own, else from the HF copy).
 
         Raises:
             RuntimeError: an engine sampler (vLLM) holds no HF copy of the weights to export."""
         from tracerl.models.buckets import export
 
+        own = getattr(self.sampler, "export_bucket", None)
+        if own is not None:
+            return own(index, bucket_bytes)
         if self.model is None:
             raise RuntimeError(
                 f"sampler.backend={self.sampler_cfg.backend} holds no HF copy of the policy to export (its engine "

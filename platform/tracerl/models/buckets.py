@@ -128,6 +128,25 @@ def pack(
         yield bucket
 
 
+def batched(
+    tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype, bucket_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """``tensors`` (floating point ones cast to ``dtype`` where they are: a GPU tensor stays on its GPU) in lists of
+    at most ``bucket_bytes`` (a larger tensor alone): the batches of a collective push (tracerl/actors/collective.py)."""
+    batch: list[tuple[str, torch.Tensor]] = []
+    used = 0
+    for name, t in tensors:
+        out = t.to(dtype) if t.is_floating_point() else t
+        size = out.numel() * out.element_size()
+        if batch and used + size > bucket_bytes:
+            yield batch
+            batch, used = [], 0
+        batch.append((name, out))
+        used += size
+    if batch:
+        yield batch
+
+
 def unpack(bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
     """The bucket's tensors as views of its buffer (read-only when it came out of the object store: copy them)."""
     with warnings.catch_warnings():  # a read-only buffer out of the object store: only ever read here

@@ -30,6 +30,7 @@ from typing import Any
 from tracerl.config import ModelConfig, SamplerConfig
 from tracerl.samplers.aio import run as on_loop
 from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop, end_ids, stop_token_ids
+from tracerl.samplers.vllm_transfer import VLLMTransfer, transfer_engine_kwargs
 
 
 def engine_kwargs(cfg: SamplerConfig, gpus: float = 1.0) -> dict[str, Any]:
@@ -42,7 +43,7 @@ def engine_kwargs(cfg: SamplerConfig, gpus: float = 1.0) -> dict[str, Any]:
 
 
 @SAMPLERS.register("vllm")
-class VLLMSampler:
+class VLLMSampler(VLLMTransfer):
     loads_own_weights = True
     """The engine loads ``model.path`` itself: a sampler actor loads no HF copy of the policy for it
     (``tracerl.actors.worker``); pushed weights reach the engine through ``load_bucket``."""
@@ -78,11 +79,18 @@ class VLLMSampler:
 
     @classmethod
     def from_config(
-        cls, model_cfg: ModelConfig, cfg: SamplerConfig, model: Any, tokenizer: Any, gpus: float = 1.0
+        cls,
+        model_cfg: ModelConfig,
+        cfg: SamplerConfig,
+        model: Any,
+        tokenizer: Any,
+        gpus: float = 1.0,
+        push_transport: str = "ray",
     ) -> VLLMSampler:
         """An engine of its own on ``model_cfg.path`` (``model`` is not used, and None in a sampler actor: weights
-        arrive by ``load_bucket``)."""
-        return cls.from_pretrained(model_cfg.path, model_cfg.dtype, **engine_kwargs(cfg, gpus))
+        arrive by ``load_bucket``, or with ``push_transport='nccl'`` by vLLM's weight transfer: vllm_transfer.py)."""
+        kwargs = {**engine_kwargs(cfg, gpus), **transfer_engine_kwargs(push_transport)}
+        return cls.from_pretrained(model_cfg.path, model_cfg.dtype, **kwargs)
 
     @classmethod
     def from_pretrained(
@@ -209,7 +217,9 @@ class VLLMSampler:
 
     def end_push(self) -> str | None:
         """The push's last bucket arrived: restart the engine on the collected weights, if it could not load them in
-        place. Returns why it restarted (``restart_reason``), or None where the push loaded in place."""
+        place. Returns why it restarted (``restart_reason``), or None where the push loaded in place (or arrived by
+        a collective push, which ends here)."""
+        self.finish_transfer()
         if not self._pending:
             return None
         items, self._pending = self._pending, []
