@@ -13,7 +13,9 @@ tokens (a stat logger on the engine). ``load_weights`` pushes updated policy wei
 update). An engine that cannot reload in place (the CPU build repacks its linear weights) is restarted on a
 checkpoint of the pushed weights instead: ``end_push`` returns why, the pool counts it (``sampler/engine_restarts``)
 and the training driver says it once per run. Each restart's checkpoint (a temporary directory) is removed at the
-next restart, at ``close`` (the pool's shutdown) and at the process's normal exit.
+next restart, at ``close`` (the pool's shutdown) and at the process's normal exit. With
+``trainer.push_transport=nccl`` the engine takes pushes by vLLM's own weight transfer instead (vllm_transfer.py).
+A sampler actor loads no HF copy of the policy for it (``loads_own_weights``).
 """
 
 from __future__ import annotations
