@@ -124,6 +124,7 @@ HEAVY_FIRST = (
     "test_study_curves.py",
     "test_step_limit.py",
     "test_inprocess.py",
+    "test_push_restarts.py",
 )
 """Files with end-to-end runs (a Ray Train run, a sweep, a study, a cluster), longest first. ``make test`` runs the
 suite in two lanes (pytest-xdist, whole files per lane): handed out first, they run beside each other and the many

@@ -25,6 +25,7 @@ NAMESPACES = (
     "stop",
     "curve",
     "mc",
+    "sampler",
 )
 DOC_NAMES = {
     n

@@ -54,6 +54,7 @@ def check_components(cfg: Any) -> None:
         ValueError: naming the keys to change.
     """
     values = flat_values(cfg)
+    check_push_transport(values.get("trainer"), values.get("sampler"), values.get("pools"))
     env = values.get("env")
     if not isinstance(env, EnvConfig):
         return
@@ -105,3 +106,30 @@ def check_components(cfg: Any) -> None:
                 f"{env.name!r} does not have (Env.true_values; only the simulator has them): with a language "
                 "model use allocator=trace and predictor=learned_text"
             )
+
+
+def check_push_transport(trainer: Any, sampler: Any, pools: Any) -> None:
+    """``trainer.push_transport=nccl`` needs a sampler backend whose engine takes a collective push
+    (``collective_push``: vLLM) and CUDA on both sides (``trainer.use_gpu``, ``pools.rollout_gpus > 0``).
+
+    Raises:
+        ValueError: one line naming the keys to change."""
+    if sampler is None or getattr(trainer, "push_transport", "ray") != "nccl":
+        return
+    from tracerl.samplers import SAMPLERS
+
+    try:
+        collective = bool(getattr(SAMPLERS.get(sampler.backend), "collective_push", False))
+    except RegistryError as exc:
+        raise ValueError(f"sampler.backend={sampler.backend!r}: {exc}") from None
+    if not collective:
+        raise ValueError(
+            f"trainer.push_transport=nccl broadcasts the weights into a sampler engine's GPUs (vLLM's weight "
+            f"transfer), which sampler.backend={sampler.backend} does not take: set sampler=vllm, or "
+            "trainer.push_transport=ray"
+        )
+    if not trainer.use_gpu or pools is None or pools.rollout_gpus <= 0:
+        raise ValueError(
+            "trainer.push_transport=nccl needs CUDA on the trainer and on the samplers: set trainer.use_gpu=true "
+            "and pools.rollout_gpus > 0 (GPU machines), or trainer.push_transport=ray"
+        )

@@ -107,7 +107,7 @@ def startup_phase(phase: str) -> str:
     return f"time/startup_{phase}_s"
 
 
-# -- train/, throughput/, system/ (per step of tracerl train) ----------------------------------------------------
+# -- train/, throughput/, system/, sampler/ (per step of tracerl train) -------------------------------------------
 LOSS = "train/loss"
 CLIP_FRACTION = "train/clip_fraction"
 APPROX_KL = "train/approx_kl"
@@ -131,6 +131,7 @@ GENERATED_TOKENS_PER_S = "throughput/generated_tokens_per_s"
 PEAK_MEMORY_MB = "system/peak_memory_mb"
 CPU_S = "system/cpu_s"
 ATTEMPT = "system/attempt"
+ENGINE_RESTARTS = "sampler/engine_restarts"
 
 # -- total/ and stop/ (per step of tracerl train: the run's compute so far, its compute stop) ---------------------
 TOTAL_GENERATED_TOKENS = "total/generated_tokens"

@@ -31,6 +31,7 @@ from tracerl.workflows.train.budget import (
     overshoot,
 )
 from tracerl.workflows.train.meter import RunMeter
+from tracerl.workflows.train.push import EngineRestarts
 from tracerl.workflows.train.setup import ADAPTERS, say
 from tracerl.workflows.train.step_log import (
     log_threads,
@@ -100,6 +101,7 @@ class Driver:
         self.mark = phase_marker(storage, cfg.chaos.enabled, step, cfg.steps, cfg.chaos.phase_wait_s)
         self.pool = pool if pool is not None else start_pool(cfg, storage)
         self.faults: Faults = self.pool.spec.faults
+        self.restarts = EngineRestarts(storage, say)
         self.pool.wait_ready()  # every sampler up: start-up ends here, not inside the first step
         for w in self.pool.warnings():
             say(f"sandbox: {w}")
@@ -349,12 +351,10 @@ class Driver:
             # after the next step had started count in the next step's ledger).
             m[M.RETRIED] = float(self.ledgers.pop(done - 1, self.pool.ledger).retried)
             m[M.ATTEMPT] = float(self.metrics.attempt)
+            m.update(self.restarts.metrics(self.pool))  # sampler/engine_restarts (and its one warning)
             m.update(timer.metrics())
             rollout_s = m.get(M.TIME_ROLLOUT, 0.0)
-            overhead = sum(
-                m.get(M.phase_time(k), 0.0)
-                for k in ("score", "allocate_roots", "expand_prefixes", "fit_predictor")
-            )
+            overhead = sum(m.get(M.phase_time(k), 0.0) for k in M.ALLOC_PREDICTOR_PHASES)
             m[M.ALLOC_PREDICTOR_FRACTION] = overhead / rollout_s if rollout_s else 0.0
             m[M.PEAK_MEMORY_MB] = peak_memory_mb()
             m[M.CPU_S] = timer.cpu()  # rank 0's process: step driver and learner

@@ -50,6 +50,8 @@ class Worker:
     """The run's storage directory (checkpoints are written there)."""
     ctx: TrainContext
     """Where it runs (a Ray Train worker or the command's process): reports and checkpoints go through it."""
+    pushed: bool = False
+    """Whether this launch pushed the policy whole once (a LoRA run with hf samplers then pushes adapters alone)."""
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
@@ -70,10 +72,13 @@ class Worker:
 
     def push(self, pool: Any) -> None:
         """The policy into ``pool``'s samplers bucket by bucket (rank 0; None on the others, which take part in
-        the gathers under FSDP): workflows/train/push.py."""
-        from tracerl.workflows.train.push import push_policy
+        the gathers under FSDP): workflows/train/push.py. The launch's first push is whole; later ones of a LoRA run
+        with hf samplers carry the adapters alone (every rank decides alike)."""
+        from tracerl.workflows.train.push import adapter_pushes, push_policy
 
-        push_policy(self.model, self.cfg.trainer, pool, self.cfg.model.dtype)
+        adapters = self.pushed and adapter_pushes(self.cfg.trainer, self.cfg.sampler.backend)
+        push_policy(self.model, self.cfg.trainer, pool, self.cfg.model.dtype, adapters)
+        self.pushed = True
 
     def gather(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The policy's HF-named full weights (LoRA adapters merged) and the LoRA adapters alone, on rank 0.

@@ -53,9 +53,19 @@ def start_pool(cfg: TrainConfig, storage: Path) -> Any:
     returns, running the work of ``pools.rollout_workers`` actors one shard after another (the same trees)."""
     from tracerl.actors.faults import Faults
     from tracerl.actors.spec import WorkerSpec
+    from tracerl.workflows.train.push import adapter_pushes
 
     faults = Faults.from_config(cfg.faults, storage / ".faults")
-    spec = WorkerSpec(cfg.model, cfg.sampler, cfg.env, cfg.pools, faults=faults)
+    lora = tuple(cfg.trainer.lora_targets) if adapter_pushes(cfg.trainer, cfg.sampler.backend) else ()
+    spec = WorkerSpec(
+        cfg.model,
+        cfg.sampler,
+        cfg.env,
+        cfg.pools,
+        faults=faults,
+        push_transport=cfg.trainer.push_transport,
+        lora_targets=lora,
+    )
     p = cfg.pools
     if cfg.cluster.in_process:
         from tracerl.actors.local import LocalPool

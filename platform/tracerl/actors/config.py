@@ -110,6 +110,11 @@ class TrainerConfig:
     of at most this many bytes in ``model.dtype`` (a larger tensor goes alone), each its own object in Ray's object
     store, loaded by every sampler and freed before the next but one is put (workflows/train/push.py). Peak extra
     memory of the push on rank 0 is about two buckets; smaller buckets lower it, at more round trips."""
+    push_transport: Literal["ray", "nccl"] = "ray"
+    """How a weight push reaches the samplers: 'ray' (buckets through Ray's object store, any sampler) or 'nccl'
+    (trainer rank 0 broadcasts each tensor to the sampler engines' GPUs over a NCCL group of their own, vLLM's weight
+    transfer: tracerl/actors/collective.py; needs sampler=vllm, trainer.use_gpu and pools.rollout_gpus > 0; not
+    yet run on a GPU here)."""
     gpu_memory_gb: float | None = None
     """Memory of one trainer GPU in GB (1e9 bytes), e.g. 80 for an H100/A100 80GB. Set with ``use_gpu``, a run is
     refused before it starts when the update's largest micro-batch (``loss.micro_tokens``, or

@@ -67,7 +67,7 @@ class LocalPool(ShardedPool):
         """A weight push (``tracerl.models.buckets``) into the worker's own policy copy, bucket by bucket."""
         for bucket in buckets:
             self.worker.load_bucket(bucket)
-        self.worker.end_push()
+        self._pushed_to([self.worker.end_push()])
 
     def stream(self, prompts: Sequence[Prompt], counts: Sequence[int], on_bare: OnBare) -> list[RolloutTree]:
         """A streaming step (``pipeline.mode=streaming``) on the one engine, as ``tracerl rollout`` streams
@@ -84,5 +84,6 @@ class LocalPool(ShardedPool):
         return 0.0
 
     def shutdown(self) -> None:
-        """Drop the worker's trees and streaming state (the policy copy goes with the pool)."""
-        self.worker.close()
+        """Drop the worker's trees and streaming state, and its sampler's engine (the policy copy goes with the
+        pool)."""
+        self.worker.shutdown()

@@ -30,12 +30,18 @@ from tracerl.types import Prompt
 
 __all__ = ["RolloutPool", "RolloutWorker", "balanced_shards", "strip_caches"]
 
+SHUTDOWN_WAIT_S = 30.0
+"""How long the pool's shutdown waits for its samplers to shut their engines down before it kills them."""
+
 
 class RolloutPool(ShardedPool):
     """The step driver's ``TreeBackend`` over a pool of ``RolloutWorker`` actors."""
 
     worker_class: type[RolloutWorker] = RolloutWorker
     """The actors' class (workflows/pipeline/pool.py times a subclass's calls)."""
+    push_group: Any = None
+    """How this process joins a collective push's group: None is NCCL (``collective.nccl_group``); the tests' fake
+    engines use gloo."""
 
     def __init__(
         self,
@@ -70,6 +76,8 @@ class RolloutPool(ShardedPool):
         self._kept: list[Any] = []
         self._bucket_bytes = 0
         self._push_checked = False
+        self._collective: Any = None
+        """The collective push's rank 0 side (``trainer.push_transport=nccl``), formed at the first push."""
 
     def _new(self) -> Any:
         return (
@@ -129,7 +137,7 @@ class RolloutPool(ShardedPool):
                 del ref, calls  # the store frees the bucket once every sampler loaded it
             if loading is not None:
                 loading.result()
-        self._call_all([(w, "end_push", ()) for w in range(len(self.workers))])
+        self._pushed_to(self._call_all([(w, "end_push", ()) for w in range(len(self.workers))]))
         self._pushed = True
         if not self._push_checked:  # the same sizes every step: once a run
             self._push_checked = True
@@ -137,26 +145,51 @@ class RolloutPool(ShardedPool):
             if warning:
                 print(f"tracerl: warning: {warning}", file=sys.stderr, flush=True)
 
+    def push_collective(self, batches: Iterable[Any]) -> None:
+        """A collective weight push (``trainer.push_transport=nccl``; tracerl/actors/collective.py): this process
+        broadcasts each batch's tensors to the samplers' engines over a group formed before the first push."""
+        from tracerl.actors.collective import CollectivePush, nccl_group
+
+        if self._collective is None:
+            self._collective = CollectivePush(
+                lambda m, args: [getattr(w, m).remote(*a) for w, a in zip(self.workers, args)],
+                ray.get,
+                len(self.workers),
+                str(ray.util.get_node_ip_address()),
+                self.push_group or nccl_group,
+            )
+        self._pushed_to(self._collective.push(batches))
+        self._pushed = True
+
     @property
     def _keep(self) -> bool:
         """Whether the pool keeps the last push's buckets for a replaced sampler: where no peer can hand its weights
-        over (one sampler, or an engine sampler with no HF model to export from)."""
-        return len(self.workers) == 1 or self.spec.sampler.backend != "hf"
+        over (one sampler, or an engine sampler with no HF model to export from: ``loads_own_weights``)."""
+        from tracerl.samplers import SAMPLERS
+
+        backend = SAMPLERS.get(self.spec.sampler.backend)
+        return len(self.workers) == 1 or bool(getattr(backend, "loads_own_weights", False))
 
     def _catch_up(self, w: int) -> None:
         """Give the fresh sampler ``w`` the pool's current weights: the kept buckets, else a live peer's, bucket by
         bucket."""
         new = self.workers[w]
+        if self._collective is not None:
+            raise RuntimeError(
+                "a sampler was replaced after a collective weight push (trainer.push_transport=nccl), which cannot "
+                "catch it up: the run restarts from its last checkpoint (max_failures), or use "
+                "trainer.push_transport=ray"
+            )
         if self._keep:
             for ref in self._kept:
                 ray.get(new.load_bucket.remote(ref))
-            ray.get(new.end_push.remote())
+            self._pushed_to([ray.get(new.end_push.remote())])
             return
         peer = self.workers[(w + 1) % len(self.workers)]
         for index in itertools.count():
             ref = peer.export_bucket.remote(index, self._bucket_bytes)
             if ray.get(ref) is None:
-                ray.get(new.end_push.remote())
+                self._pushed_to([ray.get(new.end_push.remote())])
                 return
             ray.get(new.load_bucket.remote(ref))
 
@@ -199,8 +232,15 @@ class RolloutPool(ShardedPool):
         return PoolStream(self, shards, prompts, counts, on_bare).run()
 
     def shutdown(self) -> None:
+        """Each sampler shuts its engine down and removes its files (``RolloutWorker.shutdown``; a dead or stuck one is
+        not waited for past ``SHUTDOWN_WAIT_S``), then the actors and shared services are killed."""
         from tracerl.actors.services import stop_services
 
+        ray.wait(
+            [w.shutdown.remote() for w in self.workers],
+            num_returns=len(self.workers),
+            timeout=SHUTDOWN_WAIT_S,
+        )
         for w in self.workers:
             ray.kill(w)
         stop_services(self.services)

@@ -45,6 +45,17 @@ class ShardedPool:
         self._cpu_seen: list[
             tuple[Any, float]
         ] = []  # per worker slot: (actor, its CPU seconds at the last read)
+        self.engine_restarts = 0
+        """Sampler engines restarted to take a weight push (vLLM without in-place loading), over the pool's life."""
+        self.restart_reason: str | None = None
+        """Why the last of them restarted (the engine's error on an in-place load)."""
+
+    def _pushed_to(self, reasons: Sequence[str | None]) -> None:
+        """Count the engine restarts a push caused: each worker's ``end_push`` value (why it restarted, or None)."""
+        for why in reasons:
+            if why is not None:
+                self.engine_restarts += 1
+                self.restart_reason = why
 
     @property
     def threads(self) -> int:

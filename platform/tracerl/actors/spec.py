@@ -27,6 +27,13 @@ class WorkerSpec:
     services: Mapping[str, Any] = field(default_factory=dict)
     """The run's shared service actors by name (e.g. the search retriever); empty: each environment builds its
     own."""
+    push_transport: str = "ray"
+    """``trainer.push_transport``: 'nccl' starts the sampler's engine ready for a collective push
+    (tracerl/actors/collective.py)."""
+    lora_targets: tuple[str, ...] = ()
+    """A LoRA run whose pushes after the first carry the adapters alone (``trainer.lora_targets``): the worker keeps
+    a copy of these layers' base weights to merge them into (``tracerl.models.buckets.LoraBase``). Empty: every
+    push carries whole weights."""
 
     @property
     def threads(self) -> int:

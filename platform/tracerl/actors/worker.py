@@ -46,8 +46,9 @@ class RolloutWorker:
         from tracerl.engine.react import TEMPLATES
         from tracerl.engine.rollout import TreeRolloutEngine
         from tracerl.env_registry import env_class
-        from tracerl.models.hf import load_policy
-        from tracerl.samplers import make_sampler
+        from tracerl.models.buckets import LoraBase
+        from tracerl.models.hf import load_policy, load_tokenizer
+        from tracerl.samplers import SAMPLERS, make_sampler
 
         if own_threads:
             torch.set_num_threads(spec.threads)
@@ -80,8 +81,18 @@ class RolloutWorker:
         else:
             env = env_factory()
         self.env = env
-        self.tok, self.model = load_policy(model_cfg)
-        self.sampler = make_sampler(model_cfg, sampler_cfg, self.model, self.tok, pools.rollout_gpus)
+        self.model: Any = None
+        """The HF policy copy the hf sampler generates with; None for an engine that loads its own (vLLM)."""
+        if getattr(SAMPLERS.get(sampler_cfg.backend), "loads_own_weights", False):
+            self.tok = load_tokenizer(model_cfg)
+        else:
+            self.tok, self.model = load_policy(model_cfg)
+        self.lora = (
+            LoraBase(self.model, spec.lora_targets) if spec.lora_targets and self.model is not None else None
+        )
+        """The base weights that a LoRA run's adapter pushes merge into (taken before any push)."""
+        extra = {"push_transport": spec.push_transport} if spec.push_transport != "ray" else {}
+        self.sampler = make_sampler(model_cfg, sampler_cfg, self.model, self.tok, pools.rollout_gpus, **extra)
         self.engine = TreeRolloutEngine(
             self.sampler, env, TEMPLATES.get(model_cfg.template)(self.tok), self.tok, sampler_cfg
         )
@@ -101,25 +112,74 @@ class RolloutWorker:
 
     def load_bucket(self, bucket: Any) -> None:
         """One bucket of a weight push (``tracerl.models.buckets``) into the policy: copied into the hf model's
-        parameters, or handed to an engine sampler's own ``load_bucket`` (vLLM)."""
+        parameters, LoRA adapters merged into the base copy (``lora_scaling`` set), or handed to an engine
+        sampler's own ``load_bucket`` (vLLM).
+
+        Raises:
+            RuntimeError: adapters for a worker that keeps no base copy (its spec names no ``lora_targets``)."""
         from tracerl.models.buckets import load_bucket
 
-        if hasattr(self.sampler, "load_bucket"):
+        if getattr(bucket, "lora_scaling", None) is not None:
+            if self.lora is None:
+                raise RuntimeError(
+                    "a LoRA adapter push reached a sampler that keeps no base copy to merge it into: "
+                    "adapter pushes need sampler.backend=hf and the pool's spec to name trainer.lora_targets"
+                )
+            self.lora.load(self.model, bucket)
+        elif hasattr(self.sampler, "load_bucket"):
             self.sampler.load_bucket(bucket)
         else:
             load_bucket(self.model, bucket)
         self.trees.clear()  # caches of trees from the old weights must not be re-used
         self._drop_stream()
 
-    def end_push(self) -> None:
-        """The last bucket of a push arrived (an engine sampler that restarts on the pushed weights does it now)."""
-        if hasattr(self.sampler, "end_push"):
-            self.sampler.end_push()
+    def end_push(self) -> str | None:
+        """The last bucket of a push arrived (an engine sampler that restarts on the pushed weights does it now);
+        why the engine restarted, or None (loaded in place, or an hf sampler)."""
+        end = getattr(self.sampler, "end_push", None)
+        return end() if end is not None else None
+
+    def transfer_ranks(self) -> int:
+        """Ranks this sampler's engine brings to a collective push's group (tracerl/actors/collective.py)."""
+        return int(self._collective("transfer_ranks")())
+
+    def init_transfer(self, address: str, port: int, rank_offset: int, world: int) -> None:
+        """The engine's ranks join the collective push's group as ``rank_offset ..`` of ``world``."""
+        self._collective("init_transfer")(address, port, rank_offset, world)
+
+    def receive_weights(self, names: list[str], dtypes: list[str], shapes: list[tuple[int, ...]]) -> int:
+        """One batch of a collective push, broadcast by trainer rank 0, into the engine; the bytes it took."""
+        got = int(self._collective("receive_weights")(names, dtypes, shapes))
+        self.trees.clear()  # caches of trees from the old weights must not be re-used
+        self._drop_stream()
+        return got
+
+    def _collective(self, method: str) -> Any:
+        fn = getattr(self.sampler, method, None)
+        if fn is None:
+            raise RuntimeError(
+                f"sampler.backend={self.sampler_cfg.backend} takes no collective weight push: set "
+                "trainer.push_transport=ray"
+            )
+        return fn
 
     def export_bucket(self, index: int, bucket_bytes: int) -> Any:
-        """Bucket ``index`` of this sampler's current weights (None past the last): what a replaced peer loads."""
+        """Bucket ``index`` of this sampler's current weights (None past the last): what a replaced peer loads
+        (from an engine sampler that can export its own, else from the HF copy).
+
+        Raises:
+            RuntimeError: an engine sampler (vLLM) holds no HF copy of the weights to export."""
         from tracerl.models.buckets import export
 
+        own = getattr(self.sampler, "export_bucket", None)
+        if own is not None:
+            return own(index, bucket_bytes)
+        if self.model is None:
+            raise RuntimeError(
+                f"sampler.backend={self.sampler_cfg.backend} holds no HF copy of the policy to export (its engine "
+                "loads and holds the weights itself, under its own names): a replaced sampler of this backend "
+                "loads the last push's buckets, which the pool keeps for it"
+            )
         return export(self.model, index, bucket_bytes)
 
     def cpu_s(self) -> float:
@@ -213,6 +273,14 @@ class RolloutWorker:
         """Drop the trees kept for expansion and any streaming step's share (its tasks and threads stop)."""
         self.trees.clear()
         self._drop_stream()
+
+    def shutdown(self) -> None:
+        """``close``, and the sampler's engine and its files (a vLLM restart's checkpoint) go: the pool calls it
+        before it kills the actor, whose exit hooks would then not run."""
+        self.close()
+        end = getattr(self.sampler, "close", None)
+        if end is not None:
+            end()
 
     def _drop_stream(self) -> None:
         """Forget the last streaming step's share (a per-path run's tasks and threads stop)."""

@@ -19,7 +19,18 @@ class SetupError(RuntimeError):
 def load_policy(cfg: ModelConfig) -> tuple[Any, Any]:
     """Tokenizer and model from an HF checkpoint directory (no hub access)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    tok = load_tokenizer(cfg)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
+    model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=dtype, local_files_only=True).eval()
+    return tok, model
+
+
+def load_tokenizer(cfg: ModelConfig) -> Any:
+    """The tokenizer of the HF checkpoint directory ``model.path`` (its weights files checked whole, not loaded: an
+    engine sampler such as vLLM loads them itself), with a pad token (the EOS where it has none)."""
+    from transformers import AutoTokenizer
 
     path = Path(cfg.path)
     if not path.is_dir():
@@ -29,11 +40,9 @@ def load_policy(cfg: ModelConfig) -> tuple[Any, Any]:
         )
     check_weights(path)
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).eval()
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    return tok, model
+    return tok
 
 
 def check_window(path: str, cfg: SamplerConfig) -> None:

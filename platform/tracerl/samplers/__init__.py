@@ -22,8 +22,9 @@ __all__ = [
 
 
 def make_sampler(
-    model_cfg: ModelConfig, cfg: SamplerConfig, model: Any, tokenizer: Any, gpus: float = 1.0
+    model_cfg: ModelConfig, cfg: SamplerConfig, model: Any, tokenizer: Any, gpus: float = 1.0, **extra: Any
 ) -> Sampler:
     """The backend ``sampler.backend`` names, from the registry (``SamplerBackend.from_config``): ``hf`` around the
-    loaded ``model``; ``vllm`` an engine of its own on ``model_cfg.path``, holding a ``gpus`` share of a GPU."""
-    return SAMPLERS.get(cfg.backend).from_config(model_cfg, cfg, model, tokenizer, gpus)
+    loaded ``model``; ``vllm`` an engine of its own on ``model_cfg.path``, holding a ``gpus`` share of a GPU.
+    ``extra``: keywords only some backends take (``push_transport``: those with ``collective_push``)."""
+    return SAMPLERS.get(cfg.backend).from_config(model_cfg, cfg, model, tokenizer, gpus, **extra)

@@ -11,7 +11,11 @@ reported as re-used prefill. ``decode_counts`` are the engine's own iterations t
 tokens (a stat logger on the engine). ``load_weights`` pushes updated policy weights into the engine, and
 ``load_bucket``/``end_push`` do the same one bucket of a push at a time (tracerl.models.buckets; after every policy
 update). An engine that cannot reload in place (the CPU build repacks its linear weights) is restarted on a
-checkpoint of the pushed weights instead, said once in the actor's log; the previous such checkpoint is removed.
+checkpoint of the pushed weights instead: ``end_push`` returns why, the pool counts it (``sampler/engine_restarts``)
+and the training driver says it once per run. Each restart's checkpoint (a temporary directory) is removed at the
+next restart, at ``close`` (the pool's shutdown) and at the process's normal exit. With
+``trainer.push_transport=nccl`` the engine takes pushes by vLLM's own weight transfer instead (vllm_transfer.py).
+A sampler actor loads no HF copy of the policy for it (``loads_own_weights``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from tracerl.engine.aio import run as on_loop
 from tracerl.engine.config import SamplerConfig
 from tracerl.models.config import ModelConfig
 from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop, end_ids, stop_token_ids
+from tracerl.samplers.vllm_transfer import VLLMTransfer, transfer_engine_kwargs
 
 
 def engine_kwargs(cfg: SamplerConfig, gpus: float = 1.0) -> dict[str, Any]:
@@ -41,7 +46,11 @@ def engine_kwargs(cfg: SamplerConfig, gpus: float = 1.0) -> dict[str, Any]:
 
 
 @SAMPLERS.register("vllm")
-class VLLMSampler:
+class VLLMSampler(VLLMTransfer):
+    loads_own_weights = True
+    """The engine loads ``model.path`` itself: a sampler actor loads no HF copy of the policy for it
+    (``tracerl.actors.worker``); pushed weights reach the engine through ``load_bucket``."""
+
     def __init__(
         self,
         engine: Any,
@@ -64,14 +73,27 @@ class VLLMSampler:
         self._pending: list[tuple[str, Any]] = []
         """A push's tensors, collected bucket by bucket for a restart (``in_place`` False)."""
         self._weights_dir: str | None = None
-        """The checkpoint the engine was last restarted on (removed at the next restart and at exit)."""
+        """The checkpoint the engine was last restarted on (removed at the next restart, at ``close`` and at exit)."""
+        self.restarts = 0
+        """Engine restarts that pushes caused (``in_place`` False: one per push)."""
+        self.restart_reason: str | None = None
+        """Why the engine could not load a push in place (the error it raised); None while it could."""
+        self._exit_hook = False
 
     @classmethod
     def from_config(
-        cls, model_cfg: ModelConfig, cfg: SamplerConfig, model: Any, tokenizer: Any, gpus: float = 1.0
+        cls,
+        model_cfg: ModelConfig,
+        cfg: SamplerConfig,
+        model: Any,
+        tokenizer: Any,
+        gpus: float = 1.0,
+        push_transport: str = "ray",
     ) -> VLLMSampler:
-        """An engine of its own on ``model_cfg.path`` (``model`` is not used: weights arrive by ``load_weights``)."""
-        return cls.from_pretrained(model_cfg.path, model_cfg.dtype, **engine_kwargs(cfg, gpus))
+        """An engine of its own on ``model_cfg.path`` (``model`` is not used, and None in a sampler actor: weights
+        arrive by ``load_bucket``, or with ``push_transport='nccl'`` by vLLM's weight transfer: vllm_transfer.py)."""
+        kwargs = {**engine_kwargs(cfg, gpus), **transfer_engine_kwargs(push_transport)}
+        return cls.from_pretrained(model_cfg.path, model_cfg.dtype, **kwargs)
 
     @classmethod
     def from_pretrained(
@@ -196,12 +218,24 @@ class VLLMSampler:
             return
         self._pending.extend(items)
 
-    def end_push(self) -> None:
+    def end_push(self) -> str | None:
         """The push's last bucket arrived: restart the engine on the collected weights, if it could not load them in
-        place."""
-        if self._pending:
-            items, self._pending = self._pending, []
-            self._restart_with(items)
+        place. Returns why it restarted (``restart_reason``), or None where the push loaded in place (or arrived by
+        a collective push, which ends here)."""
+        self.finish_transfer()
+        if not self._pending:
+            return None
+        items, self._pending = self._pending, []
+        self._restart_with(items)
+        return self.restart_reason
+
+    def close(self) -> None:
+        """Shut the engine down and remove the last restart's checkpoint (the pool's shutdown calls it; a process
+        that exits normally removes it too, a killed one cannot)."""
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+        self._remove_weights_dir()
 
     def _try_in_place(self, items: list[tuple[str, Any]], first: bool) -> bool:
         """Load ``items`` into the running engine; False (and every later push restarts) where the engine refuses the
@@ -220,11 +254,9 @@ class VLLMSampler:
                     f"the vLLM engine refused part of a weight push after taking the rest ({exc}); "
                     "its weights are mixed: restart the run from its last checkpoint"
                 ) from exc
-            logging.getLogger(__name__).warning(
-                "tracerl: the vLLM engine cannot load pushed weights in place (%s); every push restarts it on a "
-                "checkpoint of the new weights (slower; the CPU build does this)",
-                f"{type(exc).__name__}: {exc}",
-            )
+            # Not logged here: every sampler actor would say it; the driver says it once a run (end_push's value).
+            logging.getLogger(__name__).info("vLLM engine cannot load weights in place: %s", exc)
+            self.restart_reason = f"{type(exc).__name__}: {exc}"
             self.in_place = False
             return False
 
@@ -236,19 +268,38 @@ class VLLMSampler:
     def _remove_weights_dir(self) -> None:
         if self._weights_dir is not None:
             shutil.rmtree(self._weights_dir, ignore_errors=True)
+            self._weights_dir = None
 
     def _restart_with(self, items: list[tuple[str, Any]]) -> None:
-        """Fallback: write the weights as a checkpoint next to the original files and restart the engine on it."""
-        import gc
+        """Fallback: write the weights as a checkpoint (a temporary directory with the original's other files) and
+        restart the engine on it; the previous restart's checkpoint is removed once the engine runs on the new one, the
+        new one if the engine does not start."""
         import tempfile
+        from pathlib import Path
+
+        assert self.path is not None
+        new = Path(tempfile.mkdtemp(prefix="tracerl-vllm-weights-"))
+        if not self._exit_hook:
+            atexit.register(self._remove_weights_dir)
+            self._exit_hook = True
+        try:
+            self._write_and_start(new, items)
+        except BaseException:
+            shutil.rmtree(new, ignore_errors=True)
+            raise
+        self._remove_weights_dir()  # the engine runs on ``new`` now
+        self._weights_dir = str(new)
+        self.restarts += 1
+
+    def _write_and_start(self, new: Any, items: list[tuple[str, Any]]) -> None:
+        """Write ``items`` as a safetensors checkpoint in the directory ``new`` beside the original's config and
+        tokenizer files, and restart the engine on it."""
+        import gc
         from pathlib import Path
 
         from safetensors.torch import save_file
 
         assert self.path is not None
-        new = Path(tempfile.mkdtemp(prefix="tracerl-vllm-weights-"))
-        if self._weights_dir is None:
-            atexit.register(self._remove_weights_dir)
         for f in Path(self.path).iterdir():
             if (
                 f.is_file()
@@ -266,11 +317,9 @@ class VLLMSampler:
             del tensors["lm_head.weight"]  # safetensors refuses shared storage
         save_file(tensors, str(new / "model.safetensors"))
         self.engine.shutdown()
-        del self.engine
+        self.engine = None  # the old engine's memory goes before the new one takes its own
         gc.collect()
         self.engine = on_loop(_start_engine({**self.engine_kwargs, "model": str(new)}, self.counter))
-        self._remove_weights_dir()  # the engine runs on ``new`` now
-        self._weights_dir = str(new)
 
 
 def _generation_config(path: str | None) -> Any:
