@@ -184,6 +184,7 @@ class FakeRestartingSampler(HFSampler):
         return REASON
 
 
+@pytest.mark.e2e  # two in-process launches of a run: `make test-e2e`
 def test_a_run_logs_its_restarts_once_a_step_and_warns_once(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
