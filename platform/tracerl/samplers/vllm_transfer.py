@@ -15,7 +15,7 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
-from tracerl.samplers.aio import run as on_loop
+from tracerl.engine.aio import run as on_loop
 
 
 def transfer_engine_kwargs(push_transport: str) -> dict[str, Any]:
