@@ -267,10 +267,11 @@ def small_tmpfs(where: Path, size_mb: int) -> Iterator[Path]:
 
 
 def fill_disk(disk: Path) -> None:
-    """Write zeros to ``disk/filler`` until the file system is full (ENOSPC)."""
-    with open(disk / "filler", "wb") as f:
-        try:
+    """Write zeros to ``disk/filler`` until the file system is full (ENOSPC). Unbuffered: a buffered file would
+    raise ENOSPC again when it flushes on close; a disk the run already filled is full as well."""
+    try:
+        with open(disk / "filler", "wb", buffering=0) as f:
             while True:
                 f.write(b"\0" * 65536)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC, exc
