@@ -11,7 +11,7 @@ from scipy import stats
 from tests.test_tree import nested_tree
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt, Status
-from tracerl.workflows.bench.baseline import baseline_records, over_seeds, seed_errors
+from tracerl.workflows.bench.baseline import baseline_records, over_bins, over_seeds, seed_errors
 from tracerl.workflows.cli.app import main
 
 
@@ -98,6 +98,25 @@ def test_over_seeds_interval() -> None:
     assert over_seeds([a])["all"]["leaf_mean"]["bias_ci95"] is None
 
 
+def test_over_bins_counts_intervals_that_exclude_zero() -> None:
+    # Three seeds with the leaf mean +0.10..0.12 off in bin 0.0-0.2 and -0.10..-0.08 in 0.8-1.0: a pull towards 1/2
+    # that nearly cancels in "all"; the debiased value is off by at most 0.01, either way, around 0.
+    a = seed_errors([(0.1, 0.2, 0.11), (0.9, 0.8, 0.89)])
+    b = seed_errors([(0.1, 0.22, 0.09), (0.9, 0.82, 0.91)])
+    c = seed_errors([(0.1, 0.21, 0.1), (0.9, 0.81, 0.9)])
+    groups = over_seeds([a, b, c])
+    assert groups["all"]["leaf_mean"]["bias"] == pytest.approx(0.01)
+    s = over_bins(groups)
+    assert (
+        s["leaf_mean"]["mean_abs_bias"] == pytest.approx(0.1) and s["leaf_mean"]["bins_excluding_zero"] == 2
+    )
+    assert (
+        s["debiased"]["mean_abs_bias"] == pytest.approx(0.0, abs=1e-12)
+        and s["debiased"]["bins_excluding_zero"] == 0
+    )
+    assert s["debiased"]["bins"] == 2 and groups["all"]["seeds"] == 3
+
+
 def test_records_need_true_values() -> None:
     with pytest.raises(ValueError, match="only the simulator provides"):
         baseline_records([nested_tree()])
@@ -126,10 +145,20 @@ def test_bench_baseline_command_on_a_small_sample(tmp_path: Path, capsys: pytest
     assert summary["warmup_steps"] == 1 and summary["seeds"] == 2
     grpo, trace = summary["allocators"]["grpo"], summary["allocators"]["oracle_trace"]
     # No continuations: the mean of the leaves is the mean of the bare rollouts, in every tree; no subgroups.
-    for group in grpo["root"].values():
+    for group in grpo["root"]["groups"].values():
         assert group["leaf_mean"] == group["debiased"]
         assert group["difference"]["bias"] in (0.0, None)
-    assert grpo["root"]["all"]["count"] == 3 * 36 * 2 and grpo["subgroups"]["all"]["count"] == 0
+    assert (
+        grpo["root"]["groups"]["all"]["count"] == 3 * 36 * 2
+        and grpo["subgroups"]["groups"]["all"]["count"] == 0
+    )
+    assert grpo["root"]["over_bins"]["leaf_mean"] == grpo["root"]["over_bins"]["debiased"]
+    assert grpo["subgroups"]["over_bins"]["debiased"] == {
+        "mean_abs_bias": None,
+        "bins_excluding_zero": 0,
+        "bins": 0,
+    }
     # A branching allocator: both values differ somewhere, and there are subgroups.
-    assert trace["subgroups"]["all"]["count"] > 0
-    assert trace["root"]["all"]["leaf_mean"]["rmse"] != trace["root"]["all"]["debiased"]["rmse"]
+    assert trace["subgroups"]["groups"]["all"]["count"] > 0
+    root = trace["root"]["groups"]["all"]
+    assert root["leaf_mean"]["rmse"] != root["debiased"]["rmse"]

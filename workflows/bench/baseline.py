@@ -13,8 +13,9 @@ Both are read off the same trees, so one run per (allocator, seed) measures the 
 (level ``root``) and every subgroup node (level ``subgroups``: a non-leaf node at depth >= 1 with two or more
 leaves below, as the estimator groups them) the error is value - V, V the simulator's true success probability at
 the node. Per seed: the mean error (the bias) and the root mean squared error, over all nodes and per bin of the
-true V (width 1 / ``BINS``); over seeds: the mean and a 95 % t interval (seeds as the independent units). Prints a
-table and writes JSON to ``out_dir/results.json`` (and ``json_path``).
+true V (width 1 / ``BINS``); over seeds: the mean and a 95 % t interval (seeds as the independent units). Over the
+bins (``over_bins``): the mean |bias| and how many bins' intervals exclude 0, since a pull towards 1/2 cancels in
+the all-nodes row. Prints a table and writes JSON to ``out_dir/results.json`` (and ``json_path``).
 """
 
 from __future__ import annotations
@@ -111,6 +112,21 @@ def over_seeds(per_seed: Sequence[dict[str, dict[str, Any]]]) -> dict[str, dict[
     return out
 
 
+def over_bins(groups: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per kind, over the V bins that hold nodes: the mean |bias| and how many bins' 95 % intervals exclude 0 (the
+    "all" row's bias can be near 0 while every bin is biased: a pull towards 1/2 cancels over V)."""
+    bins = [r for g, r in groups.items() if g != "all" and r["count"] > 0]
+    out: dict[str, dict[str, Any]] = {}
+    for kind in KINDS:
+        excl = [abs(r[kind]["bias"]) > r[kind]["bias_ci95"] for r in bins if r[kind]["bias_ci95"] is not None]
+        out[kind] = {
+            "mean_abs_bias": float(np.mean([abs(r[kind]["bias"]) for r in bins])) if bins else None,
+            "bins_excluding_zero": int(sum(excl)),
+            "bins": len(bins),
+        }
+    return out
+
+
 def _collect(
     cfg: BenchAllocationConfig, name: str, warm: int, progress: Callable[[str], None]
 ) -> list[dict[str, list[Record]]]:
@@ -163,9 +179,10 @@ def run_baseline(
     }
     for name in cfg.allocators:
         per_seed = _collect(cfg, name, warm, progress)
-        summary["allocators"][name] = {
-            level: over_seeds([seed_errors(s[level]) for s in per_seed]) for level in LEVELS
-        }
+        summary["allocators"][name] = {}
+        for level in LEVELS:
+            groups = over_seeds([seed_errors(s[level]) for s in per_seed])
+            summary["allocators"][name][level] = {"groups": groups, "over_bins": over_bins(groups)}
     text = format_baseline_table(summary)
     (out_dir / "table.txt").write_text(text + "\n")
     for p in [out_dir / "results.json"] + ([Path(cfg.json_path)] if cfg.json_path else []):
@@ -193,9 +210,12 @@ def format_baseline_table(summary: dict[str, Any]) -> str:
         f"  {'true V':<8} {'nodes':>8}  {'leaf mean bias':>18} {'rmse':>6}  {'debiased bias':>18} {'rmse':>6}"
     )
     for name, levels in summary["allocators"].items():
-        for level, groups in levels.items():
+        for level, s in levels.items():
+            if s["groups"]["all"]["count"] == 0:
+                lines += ["", f"{name}, {level}: none"]
+                continue
             lines += ["", f"{name}, {level}:", head]
-            for g, r in groups.items():
+            for g, r in s["groups"].items():
                 if r["count"] == 0:
                     lines.append(f"  {g:<8} {0:>8}")
                     continue
@@ -206,4 +226,10 @@ def format_baseline_table(summary: dict[str, Any]) -> str:
                 lines.append(
                     f"  {g:<8} {r['count']:>8d}  {cells[0]:>18} {cells[1]:>6}  {cells[2]:>18} {cells[3]:>6}"
                 )
+            lm, db = s["over_bins"]["leaf_mean"], s["over_bins"]["debiased"]
+            lines.append(
+                f"  over the V bins, mean |bias| (bins whose interval excludes 0): leaf mean "
+                f"{lm['mean_abs_bias']:.4f} ({lm['bins_excluding_zero']}/{lm['bins']}), "
+                f"debiased {db['mean_abs_bias']:.4f} ({db['bins_excluding_zero']}/{db['bins']})"
+            )
     return "\n".join(lines)
