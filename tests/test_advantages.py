@@ -120,3 +120,22 @@ def test_debiased_values_golden(small_tree: RolloutTree) -> None:
     assert tg[4][0] == pytest.approx(z[1], rel=1e-5)
     # The flag off is the recursive estimator, unchanged.
     assert adv("tree_subgroup", small_tree, debiased=False) == adv("tree_subgroup", small_tree)
+
+
+def test_a_prefix_is_pushed_by_the_sum_of_its_leaves_advantages() -> None:
+    # docs/method.md, "Loss": a prefix's tokens appear once per leaf below it, each with that leaf's advantage, so
+    # under token_mean they move with the sum of those advantages. tree_subgroup with leaf means: where every leaf
+    # below y keeps the same number D of depth terms, the groups at y's depth and below sum to 0 over y's leaves,
+    # leaving (n_y / D) * sum over kept d < depth(y) of (V^(y) - b_d).
+    from tests.test_tree import nested_tree
+
+    t = nested_tree()  # node 2 (depth 2) has leaves 3, 6, 7, each with terms at d = 0, 1 (node 1), 2 (node 2)
+    v, d = t.targets(), t.debiased_targets()[0]
+    a = adv("tree_subgroup", t)
+    assert sum(a[i][0] for i in (3, 6, 7)) == pytest.approx((3 / 3) * ((v[2] - v[0]) + (v[2] - v[1])))
+    # Debiased values: a group g at y's depth or below adds n_g (V^(g) - D(g)) instead of 0 (0 again here, since
+    # node 2's children are its leaves: D(2) = V^(2)); the shallower terms use D(1) = 0 and D(0) = 1/2.
+    b = adv("tree_subgroup", t, debiased=True)
+    assert sum(b[i][0] for i in (3, 6, 7)) == pytest.approx(
+        (3 / 3) * ((v[2] - d[0]) + (v[2] - d[1]) + (v[2] - d[2]))
+    )

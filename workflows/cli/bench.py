@@ -1,4 +1,4 @@
-"""``tracerl bench ...``: the benchmark subcommands (allocation, targets, rollout, train, env, testbeds, peer, limit,
+"""``tracerl bench ...``: the benchmark subcommands (allocation, targets, baseline, rollout, train, env, testbeds, peer, limit,
 update, sync), each a configured
 job that prints a table and writes JSON."""
 
@@ -166,6 +166,17 @@ def _bench_targets(cfg: BenchAllocationConfig) -> int:
     return 0
 
 
+def _bench_baseline(cfg: BenchAllocationConfig) -> int:
+    from tracerl.workflows.bench.baseline import format_baseline_table, run_baseline
+
+    summary = run_baseline(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(format_baseline_table(summary))
+    print(
+        f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
+    )
+    return 0
+
+
 def _bench_env(cfg: BenchEnvConfig) -> int:
     import json
 
@@ -288,6 +299,9 @@ BENCH_COMMANDS: dict[str, Command] = {
     "bench targets": Command(
         BenchAllocationConfig, "bench/targets.yaml", BENCH_TARGETS_FLAGS, _bench_targets
     ),
+    "bench baseline": Command(
+        BenchAllocationConfig, "bench/baseline.yaml", BENCH_TARGETS_FLAGS, _bench_baseline
+    ),
     "bench rollout": Command(BenchRolloutConfig, "bench/rollout.yaml", BENCH_ROLLOUT_FLAGS, _bench_rollout),
     "bench train": Command(BenchTrainConfig, "bench/train.yaml", BENCH_TRAIN_FLAGS, _bench_train),
     "bench pipeline": Command(
@@ -304,6 +318,7 @@ BENCH_COMMANDS: dict[str, Command] = {
 BENCH_HELP = {
     "allocation": "every allocator at equal leaf budget on the simulator",
     "targets": "bias of the predictor's fit targets vs the true V (simulator)",
+    "baseline": "bias of the advantage baseline (leaf mean vs debiased node values) vs the true V (simulator)",
     "rollout": "allocators at equal leaves with the frozen tiny policy",
     "train": "training runs of TRACE and GRPO at equal leaves, several seeds",
     "pipeline": "barrier vs streaming steps (frozen policy) and, with --train-steps, barrier vs overlap in train runs",
