@@ -20,7 +20,6 @@ the all-nodes row. Prints a table and writes JSON to ``out_dir/results.json`` (a
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,7 +33,7 @@ from tracerl.config_loader import to_yaml
 from tracerl.engine.step import StepOutcome
 from tracerl.experiment_config import BenchAllocationConfig
 from tracerl.tree import RolloutTree
-from tracerl.workflows.bench.sim_runs import run_allocator
+from tracerl.workflows.bench.sim_runs import run_allocator, sim_summary, write_summary
 
 BINS = 5
 KINDS = ("leaf_mean", "debiased")
@@ -165,29 +164,14 @@ def run_baseline(
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.yaml").write_text(to_yaml(cfg))
     warm = int(cfg.steps * cfg.warmup_fraction)
-    summary: dict[str, Any] = {
-        "steps": cfg.steps,
-        "seeds": cfg.seeds,
-        "first_seed": cfg.seed,
-        "warmup_steps": warm,
-        "budget": {
-            "leaves": cfg.budget.leaves,
-            "roots": cfg.budget.roots,
-            "continuations": cfg.budget.continuations,
-        },
-        "allocators": {},
-    }
+    summary = {**sim_summary(cfg, warm), "first_seed": cfg.seed}
     for name in cfg.allocators:
         per_seed = _collect(cfg, name, warm, progress)
         summary["allocators"][name] = {}
         for level in LEVELS:
             groups = over_seeds([seed_errors(s[level]) for s in per_seed])
             summary["allocators"][name][level] = {"groups": groups, "over_bins": over_bins(groups)}
-    text = format_baseline_table(summary)
-    (out_dir / "table.txt").write_text(text + "\n")
-    for p in [out_dir / "results.json"] + ([Path(cfg.json_path)] if cfg.json_path else []):
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(summary, indent=2))
+    write_summary(out_dir, cfg.json_path, summary, format_baseline_table(summary))
     return summary
 
 

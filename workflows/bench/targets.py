@@ -19,7 +19,6 @@ judged bin. Prints a table and writes JSON to ``out_dir/results.json`` (and ``js
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,7 +30,7 @@ from tracerl.config_loader import to_yaml
 from tracerl.engine.step import StepOutcome
 from tracerl.experiment_config import BenchAllocationConfig
 from tracerl.tree import RolloutTree
-from tracerl.workflows.bench.sim_runs import run_allocator
+from tracerl.workflows.bench.sim_runs import run_allocator, sim_summary, write_summary
 
 BINS = 10
 TOLERANCE = 0.02
@@ -130,30 +129,14 @@ def run_targets(
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.yaml").write_text(to_yaml(cfg))
     warm = int(cfg.steps * cfg.warmup_fraction)
-    summary: dict[str, Any] = {
-        "tolerance": TOLERANCE,
-        "min_count": min_count,
-        "steps": cfg.steps,
-        "seeds": cfg.seeds,
-        "warmup_steps": warm,
-        "budget": {
-            "leaves": cfg.budget.leaves,
-            "roots": cfg.budget.roots,
-            "continuations": cfg.budget.continuations,
-        },
-        "allocators": {},
-    }
+    summary = {"tolerance": TOLERANCE, "min_count": min_count, **sim_summary(cfg, warm)}
     for name in cfg.allocators:
         recs = _collect(cfg, name, warm, progress)
         summary["allocators"][name] = {}
         for level in LEVELS:
             rows = bias_by_bin(np.array(recs[level]), min_count)
             summary["allocators"][name][level] = {"bins": rows, **_verdict(rows)}
-    text = format_targets_table(summary)
-    (out_dir / "table.txt").write_text(text + "\n")
-    for p in [out_dir / "results.json"] + ([Path(cfg.json_path)] if cfg.json_path else []):
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(summary, indent=2))
+    write_summary(out_dir, cfg.json_path, summary, format_targets_table(summary))
     return summary
 
 
