@@ -46,22 +46,7 @@ def test_metrics_spooled_past_the_end_of_a_run_reach_the_store_once_by_sync(
         return real(step, *args, **kwargs)
 
     monkeypatch.setattr(loop_module, "train_step", train_step)
-    argv = [
-        "train",
-        "--config",
-        SMOKE,
-        f"model.path={HABIT}",
-        "cluster=inprocess",
-        f"steps={STEPS}",
-        "checkpoint_every=1",
-        "keep_checkpoints=1",
-        "eval_at_start=false",
-        "eval_at_end=false",
-        f"tracking.uri={server.uri}",
-        "tracking.flush_timeout_s=2",
-        f"out_dir={tmp_path}/runs",
-        *UNHURRIED,
-    ]
+    argv = _argv(server, tmp_path, 2)
     try:
         assert main(argv) == 75
         out = capsys.readouterr()
