@@ -30,14 +30,22 @@ def check(cond: bool, msg: str) -> None:
 
 
 def literal_choices(tp: Any) -> tuple[Any, ...] | None:
-    """The allowed values of a ``Literal[...]`` type (also inside ``X | None`` and ``list[...]``), else None."""
+    """The allowed values of a ``Literal[...]`` type (also inside ``X | None`` and ``list[...]``), else None.
+
+    ``bool | Literal[...]`` allows true and false too (``loss.debiased_values``: true, false or 'auto')."""
     if get_origin(tp) is Literal:
         return get_args(tp)
-    for arg in get_args(tp):
+    args = get_args(tp)
+    for arg in args:
         found = literal_choices(arg)
         if found is not None:
-            return found
+            return (True, False, *found) if bool in args else found
     return None
+
+
+def _allowed(value: Any, choices: tuple[Any, ...]) -> bool:
+    # bool is an int: True == 1 must not pass for a Literal[1] or a string choice, nor 1 for a bool choice.
+    return any(value == c and isinstance(value, bool) == isinstance(c, bool) for c in choices)
 
 
 _CHOICES: dict[type, dict[str, tuple[Any, ...]]] = {}
@@ -56,7 +64,8 @@ def _choice_fields(cls: type) -> dict[str, tuple[Any, ...]]:
 
 def choice_message(key: str, value: Any, choices: tuple[Any, ...]) -> str:
     """The one wording of a bad closed choice: the key, the value given and the allowed values."""
-    allowed = ", ".join(repr(c) for c in choices)
+    # Bools as YAML writes them (loss.debiased_values: true, false, 'auto').
+    allowed = ", ".join(str(c).lower() if isinstance(c, bool) else repr(c) for c in choices)
     return f"{key} must be one of {allowed} (got {value!r})"
 
 
@@ -73,8 +82,7 @@ def check_choices(obj: Any, prefix: str) -> None:
         value = getattr(obj, name)
         values = value if isinstance(value, list | tuple) else [value]
         for v in values:
-            # bool is an int: True == 1 must not pass for a Literal[1] or a string choice.
-            if isinstance(v, bool) or v not in choices:
+            if not _allowed(v, choices):
                 if v is None and type(None) in get_args(typing.get_type_hints(type(obj))[name]):
                     continue
                 raise ValueError(choice_message(f"{prefix}.{name}" if prefix else name, v, choices))

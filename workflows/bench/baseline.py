@@ -4,10 +4,12 @@
 depth 0 the prompt's value, at depth d >= 1 the value of the leaf's ancestor at depth d where two or more leaves
 share it (a subgroup). Two choices of that value (``loss.debiased_values``):
 
-* ``leaf_mean`` (false, the default): V^, the mean reward of the leaves below the node. At the root that averages
-  the continuations too, whose prefixes the allocator chose after seeing the bare rollouts' rewards.
-* ``debiased`` (true): D, the mean over the node's children of each child's path reward (platform/tracerl/tree.py);
-  at the root, the mean of the bare rollouts.
+* ``leaf_mean`` (false; 'auto', the default, for flat allocators): V^, the mean reward of the leaves below the node.
+  At the root that averages the continuations too, whose prefixes the allocator chose after seeing the bare
+  rollouts' rewards.
+* ``debiased`` (true; 'auto' for tree allocators, as this bench decided, docs/results/baseline_bias.md): D, the mean
+  over the node's children of each child's path reward (platform/tracerl/tree.py); at the root, the mean of the bare
+  rollouts.
 
 Both are read off the same trees, so one run per (allocator, seed) measures the pair. For every post-warm-up tree
 (level ``root``) and every subgroup node (level ``subgroups``: a non-leaf node at depth >= 1 with two or more

@@ -167,7 +167,7 @@ def own_step(tc: TrainConfig) -> dict[str, Any]:
     of its trees."""
     import numpy as np
 
-    from tracerl.algos.batch import collate
+    from tracerl.algos.batch import collate, debiased_setting
     from tracerl.engine.stepper import Stepper
     from tracerl.envs.math.reward import is_correct
     from tracerl.workflows.lm.stack import build_stack, stack_allocation, task_prompts
@@ -220,7 +220,8 @@ def own_step(tc: TrainConfig) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     for obj, name in wrapped:
         delattr(obj, name)  # the methods again
-    batch = collate(out.trees, tc.loss.advantage, tc.loss.normalize_std, tc.loss.debiased_values)
+    debiased = debiased_setting(tc.loss.debiased_values, allocator, tc.loss.advantage)
+    batch = collate(out.trees, tc.loss.advantage, tc.loss.normalize_std, debiased)
     sampled = sum(len(t.leaves()) for t in out.sampled_trees)
     return {
         "stack": stack,

@@ -147,7 +147,7 @@ def train_step(
     (``Driver.check_stop``) and every rank learns whether this step is the last (returned with ``ahead``); the last
     evaluates on every held-out task and checkpoints.
     """
-    from tracerl.algos.batch import collate
+    from tracerl.algos.batch import collate, debiased_setting
     from tracerl.learner import denominator
 
     cfg, done = w.cfg, step + 1
@@ -166,7 +166,8 @@ def train_step(
         with timer("fit_predictor"):
             m.update(d.fit(out))
         with timer("collate"):
-            batch = collate(out.trees, cfg.loss.advantage, cfg.loss.normalize_std, cfg.loss.debiased_values)
+            debiased = debiased_setting(cfg.loss.debiased_values, d.allocator, cfg.loss.advantage)
+            batch = collate(out.trees, cfg.loss.advantage, cfg.loss.normalize_std, debiased)
         m.update(d.batch_metrics(batch, out))
         nxt = (
             d.start_ahead(done) if overlaps_next(cfg, done) and not d.reached(done) else None

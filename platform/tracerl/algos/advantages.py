@@ -17,7 +17,8 @@ turn's advantage to that turn's model-generated tokens only (tool / observation 
 
 All per-leaf estimators (grpo, tree_subgroup, tree_grpo) give every turn of a leaf the same value.
 
-``debiased=True`` (``loss.debiased_values``): every node value an estimator uses (the prompt's mean,
+``debiased=True`` (``loss.debiased_values``, by default on for tree allocators: ``tracerl.algos.batch``'s
+``debiased_setting``): every node value an estimator uses (the prompt's mean,
 a subgroup's mean, V^) is the node's debiased target D instead (platform/tracerl/tree.py): the mean,
 over the node's children, of each child's path reward, free of the allocator's selection of where
 continuations went. Group membership and std normalisation are unchanged.

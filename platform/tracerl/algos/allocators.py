@@ -118,6 +118,9 @@ class Allocator:
     """Force this predictor (oracle_trace uses the simulator's oracle)."""
     targets: Literal["recursive", "debiased"] | None = None
     """Force the predictor's fit targets (predictor.targets); trace_debiased uses 'debiased'."""
+    branches: bool = False
+    """Places continuations after seeing the bare rollouts' rewards (tree allocators): ``loss.debiased_values: auto``
+    then takes the debiased node values (docs/results/baseline_bias.md); False keeps the leaf means."""
     monte_carlo: bool = False
     """Score roots and prefixes by Monte-Carlo rollouts of the current policy instead of the predictor: the
     workflow wraps its predictor in ``tracerl.engine.mc_scorer.MonteCarloScorer`` over its backend (trace_mc)."""
@@ -227,6 +230,7 @@ class TreeAllocator(Allocator):
 
     root_mode = "active"
     prefix_mode = "active"
+    branches = True
 
     def roots(
         self, v: np.ndarray | None, num_candidates: int, budget: BudgetConfig, rng: np.random.Generator

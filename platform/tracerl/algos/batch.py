@@ -14,11 +14,34 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
-from tracerl.algos.advantages import ADVANTAGES
+from tracerl.algos.advantages import (
+    ADVANTAGES,
+    grpo_advantages,
+    node_mc_advantages,
+    tree_grpo_advantages,
+    tree_subgroup_advantages,
+)
 from tracerl.tree import RolloutTree
 
 if TYPE_CHECKING:  # torch is imported where tensors are built: collating trees needs none
     import torch
+
+    from tracerl.algos.allocators import Allocator
+
+# The estimators whose node values come from the tree (V^ or D): 'auto' may switch them to D.
+_TREE_VALUED = (grpo_advantages, tree_subgroup_advantages, node_mc_advantages, tree_grpo_advantages)
+
+
+def debiased_setting(setting: bool | str, allocator: Allocator, estimator: str) -> bool:
+    """The run's ``loss.debiased_values``: true or false as given; 'auto': true for an allocator that ``branches``
+    (its continuations sit where it chose after seeing rewards, so the root's leaf mean is selection-biased;
+    docs/results/baseline_bias.md) with a built-in estimator, false otherwise: flat allocators and estimators
+    registered by users keep the leaf means, exactly as with false."""
+    if isinstance(setting, bool):
+        return setting
+    if setting != "auto":
+        raise ValueError(f"loss.debiased_values must be one of true, false, 'auto' (got {setting!r})")
+    return allocator.branches and ADVANTAGES.get(estimator) in _TREE_VALUED
 
 
 @dataclass

@@ -251,8 +251,10 @@ class LossConfig:
     """Registered advantage estimator: grpo, tree_subgroup, node_mc, tree_grpo."""
     normalize_std: bool = False
     """Divide advantages by the group's reward std (GRPO-style); off = mean-centred (Dr. GRPO)."""
-    debiased_values: bool = False
-    """The estimator's node values (baselines) are the debiased targets D instead of leaf means V^ (tree.py)."""
+    debiased_values: bool | Literal["auto"] = "auto"
+    """true: the estimator's node values (baselines) are the debiased targets D instead of leaf means V^ (tree.py);
+    'auto': true for tree allocators with a built-in estimator, false otherwise (flat allocators: unchanged), the
+    choice docs/results/baseline_bias.md measured (``tracerl.algos.batch.debiased_setting``)."""
     eps_low: float = 0.2
     eps_high: float = 0.28
     aggregation: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
