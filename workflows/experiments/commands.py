@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from tracerl.workflows.cli.args import Command, CommandFamily, Shorthand, Switch, progress, run_bench
+from tracerl.workflows.cli.args import Command, CommandFamily, Shorthand, Switch, run_bench
 from tracerl.workflows.experiments.limit import BenchLimitConfig, run_limit_bench
 from tracerl.workflows.experiments.limit_report import format_table as format_limit_table
 from tracerl.workflows.experiments.peer import BenchPeerConfig, run_peer_bench
@@ -44,15 +44,10 @@ BENCH_LIMIT_FLAGS = (
 
 def _bench_peer(cfg: BenchPeerConfig) -> int:
     try:
-        summary = run_peer_bench(cfg, progress=progress)
-    except (FileNotFoundError, RuntimeError, ValueError) as exc:
+        return run_bench(cfg, run_peer_bench, format_peer_table)
+    except (FileNotFoundError, RuntimeError, ValueError) as exc:  # no peer venv, a side that failed: one line
         print(f"tracerl: {exc}", file=sys.stderr)
         return 2
-    print(format_peer_table(summary))
-    print(
-        f"wrote {Path(cfg.bench_out) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
-    )
-    return 0
 
 
 def _bench_limit(cfg: BenchLimitConfig) -> int:
