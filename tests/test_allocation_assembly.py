@@ -22,9 +22,9 @@ from tracerl.engine.mc_scorer import MonteCarloScorer
 from tracerl.engine.step import run_step
 from tracerl.envs.simulator import Simulator, SimulatorConfig
 from tracerl.experiment_config import BenchRolloutConfig
-from tracerl.workflows.bench.limit import BenchLimitConfig, own_step
 from tracerl.workflows.bench.rollout import run_one
 from tracerl.workflows.cli.app import main
+from tracerl.workflows.experiments.limit import BenchLimitConfig, own_step
 
 HABIT = ROOT / "models" / "tiny-math-habit"
 SMALL = [

@@ -15,16 +15,16 @@ from tests.conftest import ROOT, UNHURRIED
 from tracerl.config import TrainConfig
 from tracerl.config_loader import ConfigError, compose
 from tracerl.envs.math.config import MathEnvConfig
-from tracerl.workflows.bench import limit_report
-from tracerl.workflows.bench.limit import BenchLimitConfig, cpu_per_step, measured, own_step
-from tracerl.workflows.bench.limit_micro import (
+from tracerl.workflows.experiments import limit_report
+from tracerl.workflows.experiments.limit import BenchLimitConfig, cpu_per_step, measured, own_step
+from tracerl.workflows.experiments.limit_micro import (
     grade_costs,
     matmul_flops,
     model_rates,
     tool_costs,
     update_time,
 )
-from tracerl.workflows.bench.limit_report import (
+from tracerl.workflows.experiments.limit_report import (
     Layout,
     Rates,
     StepCounts,

@@ -22,16 +22,22 @@ from tracerl.engine.react import PlainTemplate
 from tracerl.envs.math.config import MathEnvConfig
 from tracerl.envs.sandbox import SandboxConfig
 from tracerl.workflows.bench.env import gold_engine
-from tracerl.workflows.bench.peer_report import (
+from tracerl.workflows.experiments.peer_report import (
     aggregate,
     format_table,
     side_stats,
     wall_to_target,
     write_json,
 )
-from tracerl.workflows.bench.peer_settings import BenchPeerConfig, run_order, settings, side_config, side_mode
-from tracerl.workflows.bench.peer_sides import run_process
-from tracerl.workflows.bench.peer_trl import PeerRollout, env_reward, group_runs, rollout_outputs
+from tracerl.workflows.experiments.peer_settings import (
+    BenchPeerConfig,
+    run_order,
+    settings,
+    side_config,
+    side_mode,
+)
+from tracerl.workflows.experiments.peer_sides import run_process
+from tracerl.workflows.experiments.peer_trl import PeerRollout, env_reward, group_runs, rollout_outputs
 from tracerl.workflows.ops.proc_memory import TreeMemory, tree_pss_mb
 
 PEER = ROOT / "conf/bench/peer.yaml"
@@ -299,7 +305,7 @@ def test_a_prompt_in_two_groups_gets_distinct_ids() -> None:
 )
 def test_trl_side_runs_one_step(tmp_path: Path) -> None:
     """TRL's GRPOTrainer for one step on the tiny policy, through the bench's own subprocess runner."""
-    from tracerl.workflows.bench.peer_sides import run_trl_side
+    from tracerl.workflows.experiments.peer_sides import run_trl_side
 
     cfg = compose(
         BenchPeerConfig,

@@ -8,7 +8,7 @@ from tracerl.config_loader import ConfigError, compose, conf_dir, group_names
 from tracerl.experiment_config import BenchAllocationConfig
 from tracerl.schema import flat_routes
 from tracerl.workflows.cli.app import COMMANDS, build_parser, load
-from tracerl.workflows.pipeline.profile import PROFILE_DIR, load_profile
+from tracerl.workflows.experiments.pipeline_profile import PROFILE_DIR, load_profile
 
 BENCH = conf_dir() / "bench/allocation.yaml"
 GROUPS = ["allocator", "predictor", "env", "budget", "tracking", "cluster"]

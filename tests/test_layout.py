@@ -174,12 +174,35 @@ def test_workflows_rooms_import_one_way() -> None:
     )
     bad = {}
     for i, room in enumerate(ROOMS):
-        allowed = set(ROOMS[: i + 1]) | {"ROOMS"}
+        allowed = set(ROOMS[: i + 1]) | {"ROOMS", "COMMAND_ROOMS", "COMMAND_FAMILIES"}
         for f in files(f"workflows/{room}"):
             up = _rooms_imported(f) - allowed
             if up:
                 bad[str(f.relative_to(ROOT))] = sorted(up)
     assert bad == {}
+
+
+def test_no_command_room_imports_or_names_the_experiments() -> None:
+    """The experiments (``bench peer``, ``bench limit``, the pipeline scale model) sit behind one boundary: no command
+    room imports them, and outside their room only ``tracerl.workflows.COMMAND_FAMILIES`` names them (the CLI loads
+    them from there, workflows/cli/families.py); nothing below workflows names them either."""
+    from tracerl.workflows import COMMAND_FAMILIES, COMMAND_ROOMS, ROOMS
+
+    assert (*COMMAND_ROOMS, "experiments") == ROOMS
+    imported = {
+        str(f.relative_to(ROOT)): "experiments" in _rooms_imported(f)
+        for room in COMMAND_ROOMS
+        for f in files(f"workflows/{room}")
+    }
+    assert [k for k, v in imported.items() if v] == []
+    outside = [f for rel in ("platform", "envs", "predictors", "workflows") for f in files(rel)]
+    naming = [
+        str(f.relative_to(ROOT))
+        for f in outside
+        if "experiments" not in f.parts and "workflows.experiments" in f.read_text()
+    ]
+    assert naming == ["workflows/__init__.py"]
+    assert list(COMMAND_FAMILIES.values()) == ["tracerl.workflows.experiments.commands:FAMILY"]
 
 
 PLATFORM_ORDER: list[set[str]] = [

@@ -1,4 +1,4 @@
-"""The pipeline scale model (workflows/pipeline/sim.py): hand-computed engine runs, step times and utilisation of
+"""The pipeline scale model (workflows/experiments/pipeline_sim.py): hand-computed engine runs, step times and utilisation of
 each mode, properties on the shipped profiles, validation against a CPU bench JSON, and ``bench pipeline --sim``."""
 
 import json
@@ -10,15 +10,15 @@ import pytest
 import yaml
 
 from tracerl.workflows.cli.app import main
-from tracerl.workflows.pipeline.profile import (
+from tracerl.workflows.experiments.pipeline_profile import (
     Dist,
     Profile,
     load_profile,
     profile_from_dict,
     shipped_profiles,
 )
-from tracerl.workflows.pipeline.report import validation_error
-from tracerl.workflows.pipeline.sim import (
+from tracerl.workflows.experiments.pipeline_report import validation_error
+from tracerl.workflows.experiments.pipeline_sim import (
     Path_,
     _follow,
     run_continuous,
@@ -235,7 +235,7 @@ def test_a_bad_profile_file_is_one_line_naming_it_and_exit_2(
 
 def test_tree_shapes_for_the_profile(tmp_path: Path) -> None:
     """pipeline_measure reads turns of bare rollouts, tokens per turn and observation tokens from trees.jsonl."""
-    from tracerl.workflows.pipeline.measure import summarize_trees
+    from tracerl.workflows.experiments.pipeline_measure import summarize_trees
 
     def node(i: int, parent: int | None, depth: int, path: int, tokens: int, model: int) -> dict[str, object]:
         return {
@@ -269,7 +269,7 @@ def test_tree_shapes_for_the_profile(tmp_path: Path) -> None:
     assert set(out["tool_turn_tokens"]) == {20} and len(final) == 20 and (min(final), max(final)) == (16, 22)
 
     # the same step recorded for the profile's recorded_steps: both trees on one sampler, or one each on two
-    from tracerl.workflows.pipeline.measure import record_steps
+    from tracerl.workflows.experiments.pipeline_measure import record_steps
 
     one = record_steps(tmp_path, 1)
     assert one["samplers"] == 1 and len(one["steps"]) == 1
@@ -284,7 +284,7 @@ def test_recorded_steps_are_the_work_the_samplers_run(tmp_path: Path) -> None:
     """With ``recorded_steps`` each simulated sampler runs one recorded share's episodes (tokens as recorded, a
     tool call after every turn but the last), the samplers of one recorded step together; without the file the
     profile says so when it loads."""
-    from tracerl.workflows.pipeline.sim import workload
+    from tracerl.workflows.experiments.pipeline_sim import workload
 
     rec = {
         "samplers": 2,
@@ -312,7 +312,7 @@ def test_recorded_steps_are_the_work_the_samplers_run(tmp_path: Path) -> None:
 
 
 def test_final_turn_tokens_are_drawn_for_the_last_turn_only() -> None:
-    from tracerl.workflows.pipeline.sim import workload
+    from tracerl.workflows.experiments.pipeline_sim import workload
 
     p = profile(turns={"const": 3}, turn_tokens={"const": 30}, final_turn_tokens={"const": 5})
     bare, _ = workload(p, np.random.default_rng(0))
@@ -324,7 +324,7 @@ def test_pool_records_give_the_profile_s_overheads() -> None:
     """``summarize_pool``: an actor's time in a call outside generate and tool calls, per path-turn; a phase's
     driver time outside its slowest actor's call; a tool batch of n calls over 2 environment actors as
     ceil(n / 2) calls."""
-    from tracerl.workflows.pipeline.pool import summarize_pool
+    from tracerl.workflows.experiments.pipeline_pool import summarize_pool
 
     def call(seconds: float, gen: float, tools: float, turns: int) -> dict[str, object]:
         return {"what": "rollout", "seconds": seconds, "generate_s": gen, "tools_s": tools, "grade_s": 0.01,

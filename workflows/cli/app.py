@@ -7,7 +7,8 @@ keys and are applied after the positional overrides.
 
 This module has the job commands (bootstrap, rollout, train, sweep, study, eval), the parser and ``main``;
 the benchmarks are in workflows/cli/bench.py, the commands on tracked runs and clusters (register, compare,
-submit, ui) in workflows/cli/runs.py.
+submit, ui) in workflows/cli/runs.py, and the bench commands of the families outside the command rooms (the
+experiments) come through workflows/cli/families.py.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tracerl.workflows.cli import bench as cli_bench
 from tracerl.workflows.cli import runs as cli_mlflow
 from tracerl.workflows.cli.args import Command, Shorthand, add_job_args
 from tracerl.workflows.cli.args import progress as _progress
+from tracerl.workflows.cli.families import load_families
 from tracerl.workflows.ops.ray_utils import exit_code
 from tracerl.workflows.tracking.store import resolve_uri
 
@@ -167,6 +169,10 @@ COMMANDS: dict[str, Command] = {
     "eval": Command(EvalConfig, "eval/math.yaml", EVAL_FLAGS, _eval),
     "study": Command(StudyConfig, "study/main.yaml", STUDY_FLAGS, _study),
 }
+FAMILIES = load_families(taken=COMMANDS)
+for _family in FAMILIES:
+    COMMANDS.update(_family.commands)
+SWITCHES = [switch for family in FAMILIES for switch in family.switches]
 JOB_HELP = {
     "bootstrap": "build the built-in tiny policy (tokenizer + small LM, SFT warm start)",
     "rollout": "allocation-and-rollout steps; writes trees.jsonl and trees.html",
@@ -196,7 +202,7 @@ def load(name: str, args: argparse.Namespace) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tracerl", description="TRACE rollout allocation for agentic RL.")
     sub = parser.add_subparsers(dest="command", required=True)
-    cli_bench.add_parsers(sub)
+    cli_bench.add_parsers(sub, FAMILIES)
     jobs = {
         name: add_job_args(sub.add_parser(name, help=text), COMMANDS[name]) for name, text in JOB_HELP.items()
     }
@@ -234,8 +240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in cli_mlflow.HANDLERS:
             return cli_mlflow.HANDLERS[args.command](args)
         name = f"{args.command} {args.bench}" if args.command == "bench" else args.command
-        if name == "bench pipeline" and (getattr(args, "sim", False) or name not in COMMANDS):
-            return cli_bench.bench_pipeline_sim(args)
+        for switch in SWITCHES:  # e.g. bench pipeline --sim: the switch's own job in place of the command's
+            if switch.command == name and getattr(args, switch.dest, False):
+                return switch.run(args)
         if name == "bench env":
             cli_bench.bench_env_overrides(args)
         return COMMANDS[name].run(load(name, args))

@@ -1,11 +1,13 @@
-"""``tracerl bench ...``: the benchmark subcommands (allocation, targets, baseline, rollout, train, env, testbeds, peer, limit,
-update, sync), each a configured
-job that prints a table and writes JSON."""
+"""``tracerl bench ...``: the benchmark subcommands of the command rooms (allocation, targets, baseline, rollout,
+train, pipeline, env, testbeds, update, sync), each a configured job that prints a table and writes JSON, and the
+parsers of those the command families add (workflows/cli/families.py: the experiments' peer, limit and
+``pipeline --sim``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +19,10 @@ from tracerl.experiment_config import (
     BenchRolloutConfig,
     BenchTrainConfig,
 )
-from tracerl.workflows.bench.limit import BenchLimitConfig
-from tracerl.workflows.bench.peer import BenchPeerConfig
 from tracerl.workflows.bench.sync import BenchSyncConfig
 from tracerl.workflows.bench.testbeds import BenchTestbedsConfig
 from tracerl.workflows.bench.update import BenchUpdateConfig
-from tracerl.workflows.cli.args import Command, Shorthand, add_job_args, progress
+from tracerl.workflows.cli.args import Command, CommandFamily, Shorthand, add_job_args, progress, run_bench
 from tracerl.workflows.tracking.store import resolve_uri, where
 
 BENCH_ALLOCATION_FLAGS = (
@@ -81,28 +81,6 @@ BENCH_TESTBEDS_FLAGS = (
     Shorthand("--only", ("only",), "measure these testbeds (comma-separated names)", str),
     Shorthand("--tasks", ("eval_tasks",), "held-out tasks per testbed"),
     Shorthand("--out", ("out_dir",), "output directory", str),
-)
-BENCH_PEER_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
-    Shorthand("--steps", ("steps",), "RL steps per run"),
-    Shorthand("--seeds", ("seeds",), "seeds per side (the sides' order rotates each seed)"),
-    Shorthand("--threads", ("threads",), "CPUs of every side (the first N of the affinity)"),
-    Shorthand("--torch-threads", ("torch_threads",), "torch threads of TRL's process and tracerl's trainer"),
-    Shorthand(
-        "--sides",
-        ("sides",),
-        "sides to run, comma-separated: trl, grpo, trace (in-process), grpo-ray, trace-ray (on Ray)",
-        lambda s: f"[{s}]",
-    ),
-    Shorthand("--model", ("model.path",), "the policy checkpoint every side starts from", str),
-    Shorthand("--eval-every", ("eval_every",), "held-out accuracy every N steps (0: none; curves need it)"),
-    Shorthand("--out", ("bench_out",), "output directory", str),
-)
-BENCH_LIMIT_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
-    Shorthand("--steps", ("steps",), "steps of the real run (the first and the last are not measured)"),
-    Shorthand("--repeats", ("repeats",), "timed repeats of each microbenchmark"),
-    Shorthand("--out", ("bench_out",), "output directory", str),
 )
 BENCH_UPDATE_FLAGS = (
     Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
@@ -219,66 +197,28 @@ def _bench_rollout(cfg: BenchRolloutConfig) -> int:
     return 0
 
 
-def _lm_bench(
-    cfg: BenchTrainConfig | BenchPipelineConfig | BenchLimitConfig | BenchUpdateConfig | BenchSyncConfig,
-    run: Any,
-    format_table: Any,
-) -> int:
-    """A benchmark of training steps on the LM stack: run, print its table, say where its JSON went."""
-
-    summary = run(cfg, progress=progress)
-    print(format_table(summary))
-    print(
-        f"wrote {Path(cfg.bench_out) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
-    )
-    return 0
-
-
 def _bench_train(cfg: BenchTrainConfig) -> int:
     from tracerl.workflows.bench.train import format_table, run_train_bench
 
-    return _lm_bench(cfg, run_train_bench, format_table)
+    return run_bench(cfg, run_train_bench, format_table)
 
 
 def _bench_pipeline(cfg: BenchPipelineConfig) -> int:
     from tracerl.workflows.pipeline.bench import format_table, run_pipeline_bench
 
-    return _lm_bench(cfg, run_pipeline_bench, format_table)
-
-
-def _bench_peer(cfg: BenchPeerConfig) -> int:
-    from tracerl.workflows.bench.peer import run_peer_bench
-    from tracerl.workflows.bench.peer_report import format_table
-
-    try:
-        summary = run_peer_bench(cfg, progress=progress)
-    except (FileNotFoundError, RuntimeError, ValueError) as exc:
-        print(f"tracerl: {exc}", file=sys.stderr)
-        return 2
-    print(format_table(summary))
-    print(
-        f"wrote {Path(cfg.bench_out) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
-    )
-    return 0
-
-
-def _bench_limit(cfg: BenchLimitConfig) -> int:
-    from tracerl.workflows.bench.limit import run_limit_bench
-    from tracerl.workflows.bench.limit_report import format_table
-
-    return _lm_bench(cfg, run_limit_bench, format_table)
+    return run_bench(cfg, run_pipeline_bench, format_table)
 
 
 def _bench_update(cfg: BenchUpdateConfig) -> int:
     from tracerl.workflows.bench.update import format_table, run_update_bench
 
-    return _lm_bench(cfg, run_update_bench, format_table)
+    return run_bench(cfg, run_update_bench, format_table)
 
 
 def _bench_sync(cfg: BenchSyncConfig) -> int:
     from tracerl.workflows.bench.sync import format_table, run_sync_bench
 
-    return _lm_bench(cfg, run_sync_bench, format_table)
+    return run_bench(cfg, run_sync_bench, format_table)
 
 
 def _bench_testbeds(cfg: BenchTestbedsConfig) -> int:
@@ -310,8 +250,6 @@ BENCH_COMMANDS: dict[str, Command] = {
     "bench testbeds": Command(
         BenchTestbedsConfig, "bench/testbeds.yaml", BENCH_TESTBEDS_FLAGS, _bench_testbeds
     ),
-    "bench peer": Command(BenchPeerConfig, "bench/peer.yaml", BENCH_PEER_FLAGS, _bench_peer),
-    "bench limit": Command(BenchLimitConfig, "bench/limit.yaml", BENCH_LIMIT_FLAGS, _bench_limit),
     "bench update": Command(BenchUpdateConfig, "bench/update.yaml", BENCH_UPDATE_FLAGS, _bench_update),
     "bench sync": Command(BenchSyncConfig, "bench/sync.yaml", BENCH_SYNC_FLAGS, _bench_sync),
 }
@@ -323,8 +261,6 @@ BENCH_HELP = {
     "train": "training runs of TRACE and GRPO at equal leaves, several seeds",
     "pipeline": "barrier vs streaming steps (frozen policy) and, with --train-steps, barrier vs overlap in train runs",
     "testbeds": "acceptance of the study's testbeds: accuracy, depth profile, habit choices",
-    "peer": "TRL's GRPOTrainer vs tracerl grpo and trace on the same work (needs `make bench-peer`'s venv)",
-    "limit": "the embedded default's step at the limit this machine allows, next to a real step (per phase)",
     "update": "one learner update of a chosen shape: seconds, tokens/s, peak memory and the estimate",
     "sync": "a weight push of a chosen model size to N sampler actors: seconds, peak host memory per side",
     "env": "an environment's gold replay (--gold) or tiny policy pass@1: "
@@ -332,67 +268,18 @@ BENCH_HELP = {
 }
 
 
-def add_pipeline_sim(bench_sub: Any) -> None:
-    """``bench pipeline --sim``: the scale model's flags, added to the CPU bench's ``pipeline`` parser when there
-    is one, else on a ``pipeline`` parser of its own (the sim needs no config, Ray or model)."""
-    p = bench_sub.choices.get("pipeline") or bench_sub.add_parser(
-        "pipeline", help="the rollout pipeline: barrier vs streaming vs overlap (--sim: the scale model)"
-    )
-    p.add_argument("--sim", action="store_true", help="run the scale model (docs/pipeline_model.md)")
-    p.add_argument(
-        "--profile",
-        action="append",
-        help="a profile YAML (repeatable; default: every file in conf/bench/pipeline_profiles/)",
-    )
-    p.add_argument("--samplers", default="2,8,16,32,64", help="sampler counts S, comma-separated")
-    p.add_argument("--validate", metavar="PATH", help="the CPU bench's JSON: error of the S = 2 prediction")
-    if "--json" not in p._option_string_actions:
-        p.add_argument("--json", help="also write the JSON summary here")
-
-
-def bench_pipeline_sim(args: argparse.Namespace) -> int:
-    """The scale model on every profile: a table, and the issue's "sim" JSON part (merged into ``--json``)."""
-    import json
-
-    from tracerl.workflows.pipeline.profile import load_profile, shipped_profiles
-    from tracerl.workflows.pipeline.report import format_table, read_cpu, sim_entry
-
-    if not getattr(args, "sim", False):
-        print(
-            "tracerl: the CPU part of bench pipeline is not on this branch; run bench pipeline --sim",
-            file=sys.stderr,
-        )
-        return 2
-    if getattr(args, "overrides", None):
-        print(
-            f"tracerl: bench pipeline --sim takes no key=value overrides (got {args.overrides})",
-            file=sys.stderr,
-        )
-        return 2
-    samplers = tuple(int(x) for x in args.samplers.split(","))
-    if not samplers or min(samplers) < 1:
-        raise ValueError(f"--samplers must be positive integers, got {args.samplers!r}")
-    profiles = [load_profile(Path(x)) for x in (args.profile or shipped_profiles())]
-    cpu = read_cpu(Path(args.validate)) if args.validate else None
-    entries = [sim_entry(p, samplers, cpu if p.cpu_bench else None) for p in profiles]
-    print(format_table(entries))
-    path = getattr(args, "json", None)
-    if path:
-        out = Path(path)
-        data = json.loads(out.read_text()) if out.is_file() else {}  # keep the CPU bench's part
-        data["sim"] = entries
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(data, indent=2))
-        print(f"wrote {out}")
-    return 0
-
-
-def add_parsers(sub: Any) -> None:
-    """``bench`` and its subcommands, on ``sub`` (the top-level ``add_subparsers`` result)."""
+def add_parsers(sub: Any, families: Sequence[CommandFamily] = ()) -> None:
+    """``bench`` and its subcommands, on ``sub`` (the top-level ``add_subparsers`` result): the command rooms' and
+    then those of ``families`` with their switches (``bench pipeline --sim``)."""
     bench = sub.add_parser("bench", help="benchmarks that print tables and write JSON")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     for name, text in BENCH_HELP.items():
         add_job_args(bench_sub.add_parser(name, help=text), BENCH_COMMANDS[f"bench {name}"])
-    add_pipeline_sim(bench_sub)
+    for family in families:
+        for name, text in family.help.items():
+            add_job_args(bench_sub.add_parser(name.removeprefix("bench "), help=text), family.commands[name])
+    for family in families:
+        for switch in family.switches:
+            switch.add_arguments(bench_sub.choices[switch.command.removeprefix("bench ")])
     env_p = bench_sub.choices["env"]
     env_p.add_argument("--gold", action="store_true", help="replay the reference actions (sets gold=true)")

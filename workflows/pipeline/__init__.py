@@ -1,5 +1,6 @@
-"""The pipelined-rollout model: profiles, the simulator and its report, pool measurements and
-``tracerl bench pipeline``. Imports ops, lm, tracking, train.
+"""``tracerl bench pipeline``: barrier vs streaming steps with the policy frozen (bench) and barrier vs overlap in
+train runs (bench_train). The scale model behind ``bench pipeline --sim`` is in workflows/experiments/. Imports ops,
+lm, tracking, train.
 
-Public face: ``bench.run_pipeline_bench``, ``sim.run_rounds``, ``report.format_table``.
+Public face: ``bench.run_pipeline_bench``, ``bench.format_table``.
 """

@@ -95,7 +95,7 @@ def run_frozen_modes(cfg: BenchPipelineConfig, progress: Callable[[str], None]) 
 
 def bench_pool(cfg: BenchPipelineConfig, pool_class: Any = None) -> Any:
     """The bench's sampler pool (``cfg.train.pools``: its actors, their environment actors), seeded with
-    ``cfg.train.seed``; ``pool_class``: a ``RolloutPool`` subclass (workflows/pipeline/pool.py times its actors)."""
+    ``cfg.train.seed``; ``pool_class``: a ``RolloutPool`` subclass (workflows/experiments/pipeline_pool.py times its actors)."""
     from tracerl.actors.pools import RolloutPool
     from tracerl.actors.spec import WorkerSpec
 

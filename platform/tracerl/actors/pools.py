@@ -38,7 +38,7 @@ class RolloutPool(ShardedPool):
     """The step driver's ``TreeBackend`` over a pool of ``RolloutWorker`` actors."""
 
     worker_class: type[RolloutWorker] = RolloutWorker
-    """The actors' class (workflows/pipeline/pool.py times a subclass's calls)."""
+    """The actors' class (workflows/experiments/pipeline_pool.py times a subclass's calls)."""
     push_group: Any = None
     """How this process joins a collective push's group: None is NCCL (``collective.nccl_group``); the tests' fake
     engines use gloo."""

@@ -1,6 +1,6 @@
 """``tracerl bench peer``: TRL's ``GRPOTrainer`` and ``tracerl train`` side by side on the same work.
 
-Sides: ``trl`` (TRL's trainer, the project's environment inside its ``rollout_func``: workflows/bench/peer_trl.py, run
+Sides: ``trl`` (TRL's trainer, the project's environment inside its ``rollout_func``: workflows/experiments/peer_trl.py, run
 with the peer venv's interpreter), ``grpo`` (``tracerl train`` with ``allocator=grpo`` and grpo advantages) and
 ``trace`` (``tracerl train`` as configured: ``allocator=trace``), both in-process (``cluster.address=inprocess``: one
 process, no Ray), and ``grpo-ray`` and ``trace-ray``, the same on an embedded Ray (the JSON's ``modes`` and each
@@ -13,9 +13,9 @@ this process's affinity), ``OMP_NUM_THREADS=torch_threads`` and Ray's workers at
 sampler actors ``pools.sampler_threads=1`` each (the run's params ``threads/trainer``, ``threads/sampler``; an
 in-process side's one process runs ``torch_threads`` for both), as recorded in the JSON.
 
-``settings`` (workflows/bench/peer_settings.py) is the one place where the training setup is turned into TRL's
+``settings`` (workflows/experiments/peer_settings.py) is the one place where the training setup is turned into TRL's
 arguments; its rows are printed into the JSON, so a reader can check both sides do the same work. Running a side
-and reading its steps back: workflows/bench/peer_sides.py.
+and reading its steps back: workflows/experiments/peer_sides.py.
 
 Per step and side: wall seconds between step ends (an evaluation's own seconds left out), split into rollout
 (tracerl: select, score, allocate_roots, rollout, expand_prefixes; TRL: the rollout function), update (tracerl:
@@ -36,9 +36,16 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.config import TrainConfig
-from tracerl.workflows.bench.peer_report import KEYS, SideRun, SideStats, aggregate, side_stats, write_json
-from tracerl.workflows.bench.peer_settings import BenchPeerConfig, run_order, settings, side_mode
-from tracerl.workflows.bench.peer_sides import peer_interpreter, run_tracerl_side, run_trl_side
+from tracerl.workflows.experiments.peer_report import (
+    KEYS,
+    SideRun,
+    SideStats,
+    aggregate,
+    side_stats,
+    write_json,
+)
+from tracerl.workflows.experiments.peer_settings import BenchPeerConfig, run_order, settings, side_mode
+from tracerl.workflows.experiments.peer_sides import peer_interpreter, run_tracerl_side, run_trl_side
 
 __all__ = ["BenchPeerConfig", "checkpoint_accuracy", "run_peer_bench"]
 

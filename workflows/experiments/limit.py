@@ -14,7 +14,7 @@ Three parts, in this process, one after the other:
    a KV cache and its prefill rate at the real run's decode occupancy B and mean context, one update (forward,
    backward, optimizer step at ``loss.micro_batch_size``) of the bench step's batch, and a matmul's FLOP/s.
 
-``tracerl.workflows.bench.limit_report`` composes the limit from the real run's counts and these rates with the default
+``tracerl.workflows.experiments.limit_report`` composes the limit from the real run's counts and these rates with the default
 layout's parallelism and divides the real step by it, per phase and in total (docs/results/limit.md).
 """
 
@@ -32,12 +32,12 @@ from typing import Any
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
 from tracerl.schema import check, check_flat_keys, flattened
-from tracerl.workflows.bench.limit_micro import (
+from tracerl.workflows.experiments.limit_micro import (
     Micro,
     clock,
     since,
 )
-from tracerl.workflows.bench.limit_report import (
+from tracerl.workflows.experiments.limit_report import (
     Layout,
     StepCounts,
     compose,

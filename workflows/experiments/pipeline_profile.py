@@ -1,4 +1,4 @@
-"""The inputs of the pipeline scale model (workflows/pipeline/sim.py): one profile per YAML file under
+"""The inputs of the pipeline scale model (workflows/experiments/pipeline_sim.py): one profile per YAML file under
 conf/bench/pipeline_profiles/, each fixed and cited before the model runs (docs/pipeline_model.md).
 
 A profile says what one sampler is asked to do in a step (prompts, bare rollouts per prompt, continuations per bare
@@ -155,7 +155,7 @@ class Profile:
     weight_sync_s: float = 0.0
     """Pushing the new weights to the samplers (they pause)."""
     recorded_steps: str | None = None
-    """A JSON file of recorded steps (``python -m tracerl.workflows.pipeline.measure --record-steps``; relative paths are
+    """A JSON file of recorded steps (``python -m tracerl.workflows.experiments.pipeline_measure --record-steps``; relative paths are
     in conf/bench/pipeline_profiles/): each simulated sampler then does the work one sampler actor did in a
     recorded step (its episodes' turns and tokens), the samplers of one recorded step drawn together, instead of
     episodes drawn turn by turn from ``turns`` and ``turn_tokens``. Tool latencies are still drawn from
@@ -219,7 +219,7 @@ class Profile:
         if not ok:
             raise ValueError(
                 f"profile {self.name}: recorded_steps {path} needs 'samplers' >= 1 and 'steps', each with one "
-                "share per sampler (write it with python -m tracerl.workflows.pipeline.measure --record-steps DIR --out PATH)"
+                "share per sampler (write it with python -m tracerl.workflows.experiments.pipeline_measure --record-steps DIR --out PATH)"
             )
         return dict(data)
 

@@ -1,5 +1,5 @@
 """The scale model's output (``tracerl bench pipeline --sim``): the issue's JSON "sim" entry of a profile, its
-validation against the CPU bench's JSON, and the printed table. The simulation itself is workflows/pipeline/sim.py.
+validation against the CPU bench's JSON, and the printed table. The simulation itself is workflows/experiments/pipeline_sim.py.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tracerl.workflows.pipeline.profile import Profile
-from tracerl.workflows.pipeline.sim import MODES, SAMPLERS, simulate
+from tracerl.workflows.experiments.pipeline_profile import Profile
+from tracerl.workflows.experiments.pipeline_sim import MODES, SAMPLERS, simulate
 
 
 def validation_error(

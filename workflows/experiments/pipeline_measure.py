@@ -1,5 +1,5 @@
 """Measures the speeds the tiny profile (conf/bench/pipeline_profiles/tiny_cpu.yaml) is built from, on this
-machine: ``python -m tracerl.workflows.pipeline.measure [--trees DIR]``.
+machine: ``python -m tracerl.workflows.experiments.pipeline_measure [--trees DIR]``.
 
 - decode: ``HFSampler.generate`` on the tiny policy (the sampler the rollouts use: Gumbel rows, log-probs, KV
   handles), at each batch size, for two lengths with no stop; seconds per decode iteration = the difference of the
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from tracerl.actors.pools import balanced_shards
-from tracerl.workflows.pipeline.pool import measure_pool, summarize_pool
+from tracerl.workflows.experiments.pipeline_pool import measure_pool, summarize_pool
 
 MODEL = "models/tiny-math-habit"
 
@@ -233,7 +233,7 @@ def record_steps(root: Path, samplers: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m tracerl.workflows.pipeline.measure", description=__doc__.split("\n")[0]
+        prog="python -m tracerl.workflows.experiments.pipeline_measure", description=__doc__.split("\n")[0]
     )
     ap.add_argument("--batches", default="1,2,4,8,16,32", help="batch sizes, comma-separated")
     ap.add_argument("--reps", type=int, default=3, help="timed calls per point (the fastest is kept)")

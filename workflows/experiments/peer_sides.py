@@ -14,8 +14,8 @@ from pathlib import Path
 from tracerl import metrics as M
 from tracerl.actors.spec import WorkerSpec
 from tracerl.shipped import PACKAGE
-from tracerl.workflows.bench.peer_report import EvalPoint, ProcessRun, SideRun, StepRecord
-from tracerl.workflows.bench.peer_settings import BenchPeerConfig, settings, side_config, side_mode
+from tracerl.workflows.experiments.peer_report import EvalPoint, ProcessRun, SideRun, StepRecord
+from tracerl.workflows.experiments.peer_settings import BenchPeerConfig, settings, side_config, side_mode
 from tracerl.workflows.ops.proc_memory import TreeMemory
 
 ROLLOUT_PHASES = ("select", "score", "allocate_roots", "rollout", "expand_prefixes")
@@ -95,7 +95,7 @@ def peer_interpreter(cfg: BenchPeerConfig) -> Path:
 
 
 def run_trl_side(cfg: BenchPeerConfig, seed: int, tag: str, progress: Callable[[str], None]) -> SideRun:
-    """TRL's side for ``seed``: the spec and config written under ``bench_out/tag``, tracerl.workflows.bench.peer_trl run."""
+    """TRL's side for ``seed``: the spec and config written under ``bench_out/tag``, tracerl.workflows.experiments.peer_trl run."""
     from tracerl.config_loader import to_yaml
 
     py = peer_interpreter(cfg)
@@ -112,9 +112,9 @@ def run_trl_side(cfg: BenchPeerConfig, seed: int, tag: str, progress: Callable[[
         "out": str(work / "steps.json"),
     }
     (work / "spec.json").write_text(json.dumps(spec, indent=2))
-    progress(f"   trl: {py} -m tracerl.workflows.bench.peer_trl {work / 'spec.json'}")
+    progress(f"   trl: {py} -m tracerl.workflows.experiments.peer_trl {work / 'spec.json'}")
     proc = run_process(
-        [str(py), "-m", "tracerl.workflows.bench.peer_trl", str(work / "spec.json")],
+        [str(py), "-m", "tracerl.workflows.experiments.peer_trl", str(work / "spec.json")],
         work / "log.txt",
         cfg.threads,
         cfg.sample_s,

@@ -1,5 +1,5 @@
 """The pipeline scale model (``tracerl bench pipeline --sim``): a discrete-event simulation of one RL step on S
-samplers in three modes, from a profile (workflows/pipeline/profile.py). docs/pipeline_model.md states the model.
+samplers in three modes, from a profile (workflows/experiments/pipeline_profile.py). docs/pipeline_model.md states the model.
 
 Each sampler gets the same kind of work (weak scaling): ``prompts_per_sampler`` prompts, m bare rollouts each,
 then m N continuations forked from the bare rollouts' prefixes. The modes differ only in when the continuations
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from tracerl.workflows.pipeline.profile import Profile
+from tracerl.workflows.experiments.pipeline_profile import Profile
 
 SAMPLERS = (2, 8, 16, 32, 64)
 MODES = ("barrier", "streaming", "overlap")

@@ -19,7 +19,7 @@ from typing import Any
 
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
-from tracerl.workflows.bench.limit_report import (
+from tracerl.workflows.experiments.limit_report import (
     Rates,
     StepCounts,
     decode_flops_per_token,

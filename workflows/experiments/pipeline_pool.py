@@ -1,4 +1,4 @@
-"""The embedded default's sampler actors as deployed, timed from inside (``python -m tracerl.workflows.pipeline.measure
+"""The embedded default's sampler actors as deployed, timed from inside (``python -m tracerl.workflows.experiments.pipeline_measure
 --pool STEPS``): the speeds and overheads of the tiny pipeline profile (conf/bench/pipeline_profiles/tiny_cpu.yaml).
 
 The bench's own pool (conf/bench/pipeline.yaml: 2 hf sampler actors, their environment actors, the frozen policy)

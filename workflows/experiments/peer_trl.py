@@ -1,6 +1,6 @@
 """TRL's side of ``tracerl bench peer``: TRL's ``GRPOTrainer`` on the project's environment, in the peer venv.
 
-Run by the bench as a subprocess (``python -m tracerl.workflows.bench.peer_trl SPEC.json``) with the interpreter of the venv that
+Run by the bench as a subprocess (``python -m tracerl.workflows.experiments.peer_trl SPEC.json``) with the interpreter of the venv that
 holds TRL (``make bench-peer`` builds ``.venv-peer``); nothing else imports TRL, and this module imports it only
 inside ``PeerRun.train``, so its adapter (``group_runs``, ``rollout_outputs``, ``PeerRollout``) is tested without TRL.
 
@@ -16,7 +16,7 @@ environment graded the answer in the loop), handed to TRL's reward function as a
 
 The optimizer and schedule are the project's (``torch.optim.AdamW`` with ``tracerl.learner.lr_lambda``), passed as
 ``optimizers=``: TRL's scheduler types start warm-up at 0 where tracerl starts at lr / (warmup + 1). Everything
-else TRL is told comes from ``tracerl.workflows.bench.peer_settings.settings`` (the one mapping of settings), written into the spec.
+else TRL is told comes from ``tracerl.workflows.experiments.peer_settings.settings`` (the one mapping of settings), written into the spec.
 
 Written to ``out``: per step its wall-clock begin and end (``time.time()``, so the parent can measure start-up from
 its launch), the rollout function's seconds, the generation-and-scoring seconds (rollout, log-probs, rewards,
@@ -157,11 +157,11 @@ def concurrent_env(cfg: Any) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tracerl.workflows.bench.peer_trl SPEC.json``: train with TRL as the spec says; write the step records."""
+    """``python -m tracerl.workflows.experiments.peer_trl SPEC.json``: train with TRL as the spec says; write the step records."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
         print(
-            "usage: python -m tracerl.workflows.bench.peer_trl SPEC.json (written by tracerl bench peer)",
+            "usage: python -m tracerl.workflows.experiments.peer_trl SPEC.json (written by tracerl bench peer)",
             file=sys.stderr,
         )
         return 2

@@ -1,0 +1,102 @@
+"""Command families: the bench commands that live outside the command rooms (the experiments' ``bench peer``,
+``bench limit`` and ``bench pipeline --sim``) reach the CLI through workflows/cli/families.py, as lazy built-ins or
+through an installed package's entry point (group ``tracerl.commands``), and a broken plug-in is left out."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tracerl.registry import RegistryError
+from tracerl.workflows.cli.app import COMMANDS, build_parser
+from tracerl.workflows.cli.families import load_families, registry
+
+TOY = textwrap.dedent(
+    """
+    from dataclasses import dataclass
+
+    from tracerl.workflows.cli.args import Command, CommandFamily, Shorthand
+
+
+    @dataclass(frozen=True)
+    class ToyConfig:
+        n: int = 1
+
+
+    def run(cfg):
+        print(f"toy ran with n={cfg.n}")
+        return 0
+
+
+    FLAGS = (Shorthand("--n", ("n",), "the toy's number"),)
+    FAMILY = CommandFamily({"bench toy": Command(ToyConfig, "bench/toy.yaml", FLAGS, run)}, {"bench toy": "a toy"})
+    CLASH = CommandFamily({"bench train": Command(ToyConfig, "bench/toy.yaml", (), run)}, {"bench train": "again"})
+    TOP = CommandFamily({"toy": Command(ToyConfig, "bench/toy.yaml", (), run)}, {"toy": "not a bench"})
+    NOT_A_FAMILY = 3
+    """
+)
+
+
+def fake_distribution(root: Path, entry_points: str) -> None:
+    """An installed distribution as importlib.metadata finds one (a dist-info on sys.path) with the toy module."""
+    (root / "toy_commands.py").write_text(TOY)
+    info = root / "toy_commands-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-commands\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[tracerl.commands]\n{entry_points}")
+
+
+def test_the_experiments_are_bench_commands_of_the_cli() -> None:
+    assert {"bench peer", "bench limit"} <= set(COMMANDS)
+    args = build_parser().parse_args(["bench", "pipeline", "--sim", "--samplers", "2,4"])
+    assert (args.sim, args.samplers) == (True, "2,4")
+    args = build_parser().parse_args(["bench", "limit", "--repeats", "2"])
+    assert (args.bench, args.repeats) == ("limit", 2)
+
+
+def test_installed_families_load_and_broken_ones_are_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_distribution(
+        tmp_path,
+        "toy = toy_commands:FAMILY\nclash = toy_commands:CLASH\ntop = toy_commands:TOP\n"
+        "odd = toy_commands:NOT_A_FAMILY\nmissing = toy_commands:NOPE\n"
+        "experiments = toy_commands:FAMILY\n",  # a built-in's name: the built-in wins
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    families = load_families(taken={"bench train"}, found=registry())
+    assert [sorted(f.commands) for f in families] == [["bench limit", "bench peer"], ["bench toy"]]
+    err = capsys.readouterr().err
+    assert "command family 'clash' left out: names commands already taken: bench train" in err
+    assert "command family 'top' left out: adds commands outside `tracerl bench`: toy" in err
+    assert "command family 'odd' left out: is a int, not a CommandFamily" in err
+    assert "command family 'missing' (entry point 'toy_commands:NOPE'" in err
+
+
+def test_a_broken_builtin_family_raises() -> None:
+    with pytest.raises(RegistryError, match="command family 'gone' .*failed to load"):
+        load_families(taken=(), found=registry({"gone": "tracerl.workflows.no_such_room:FAMILY"}))
+    with pytest.raises(
+        ValueError, match="command family 'experiments' names commands already taken: bench peer"
+    ):
+        load_families(taken={"bench peer"}, found=registry())
+
+
+def test_an_installed_family_runs_from_the_command_line(tmp_path: Path) -> None:
+    fake_distribution(tmp_path, "toy = toy_commands:FAMILY\n")
+    (tmp_path / "toy.yaml").write_text("n: 2\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "platform")])}
+    argv = ["bench", "toy", "--config", str(tmp_path / "toy.yaml"), "--n", "5"]
+    run = subprocess.run(
+        [sys.executable, "-m", "tracerl.workflows.cli", *argv],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (run.returncode, run.stdout) == (0, "toy ran with n=5\n"), run.stderr
