@@ -71,3 +71,9 @@ class FakeAsyncSeededSampler(FakeSeededSampler):
         await asyncio.sleep(0.002 * (seed % 7))
         (g,) = self.generate([context], max_new_tokens, stop, temperature, [seed])
         return g
+
+
+class FakeEngineSampler(FakeSeededSampler):
+    """Fake sampler standing for an engine that loads the policy's weights itself (as vLLM does)."""
+
+    loads_own_weights = True

@@ -45,3 +45,19 @@ def test_a_shape_the_model_cannot_take_is_a_config_error() -> None:
         BenchUpdateConfig(hidden=48)
     with pytest.raises(ValueError, match=r"tokens \(1000\) must be a multiple of seq_len"):
         BenchUpdateConfig(tokens=1000)
+    with pytest.raises(ValueError, match=r"startup_ranks must be 0 \(off\) or >= 2"):
+        BenchUpdateConfig(startup_ranks=1)
+
+
+def test_startup_ranks_measures_each_rank_of_both_set_ups(tmp_path: Path) -> None:
+    cfg = BenchUpdateConfig(**SMALL, startup_ranks=2, bench_out=str(tmp_path))  # type: ignore[arg-type]
+    summary = run_update_bench(cfg)
+    rows = [(r["case"], r["rank"]) for r in summary["startup"]]
+    assert rows == [("every_rank", 0), ("every_rank", 1), ("from_rank0", 0), ("from_rank0", 1)]
+    assert summary["params"] > 0 and all(r["peak_growth_bytes"] >= 0 for r in summary["startup"])
+    assert (tmp_path / "startup-checkpoint" / "tokenizer.json").exists()
+    assert json.loads((tmp_path / "results.json").read_text())["startup"] == summary["startup"]
+    assert (
+        format_table(summary).splitlines()[0]
+        == "start-up of 2 FSDP ranks, 0 M parameters (0.00 GB in float32)"
+    )

@@ -20,7 +20,14 @@ from tracerl.config import LossConfig, OptimConfig, TrainerConfig
 from tracerl.learner import PolicyLearner, denominator, lr_lambda
 from tracerl.models.buckets import unpack
 from tracerl.models.hf import SetupError
-from tracerl.models.wrap import adapter_weights, apply_lora, fully_shard_model, gather_state, hf_weights
+from tracerl.models.wrap import (
+    adapter_weights,
+    apply_lora,
+    fill_from_rank0,
+    fully_shard_model,
+    gather_state,
+    hf_weights,
+)
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt, Status
 from tracerl.workflows.train.push import push_policy
@@ -180,8 +187,21 @@ def _ddp_case(rank: int, aggregation: str) -> dict[str, Any]:
     return {"params": model.module.state_dict(), "stats": stats}
 
 
-def _fsdp_case(rank: int, lora: bool, compute: torch.dtype | None = None) -> dict[str, Any]:
-    model = fully_shard_model(_lora_model() if lora else _model(), compute_dtype=compute)
+def _fsdp_case(
+    rank: int, lora: bool, compute: torch.dtype | None = None, from_rank0: bool = False
+) -> dict[str, Any]:
+    """``from_rank0``: as a run's set-up does it (workflows/train/setup.py), rank 1 builds the model on the meta
+    device and receives its shards from rank 0's weights (rank 0's seed alone decides them)."""
+    if from_rank0 and rank != 0:
+        with torch.device("meta"):
+            model = apply_lora(_model(), LORA) if lora else _model()
+        whole = None
+    else:
+        model = _lora_model() if lora else _model()
+        whole = model.state_dict() if from_rank0 else None
+    model = fully_shard_model(model, compute_dtype=compute)
+    if from_rank0:
+        fill_from_rank0(model, whole, torch.device("cpu"))
     batch = _batch()
     stats = _update(model, batch.shard(rank, 2), batch, LossConfig(micro_batch_size=1))
     weights = hf_weights(
@@ -203,6 +223,8 @@ TWO_RANK_CASES: dict[str, Callable[[int], dict[str, Any]]] = {
     "fsdp-full": lambda rank: _fsdp_case(rank, False),
     "fsdp-lora": lambda rank: _fsdp_case(rank, True),
     "fsdp-bf16": lambda rank: _fsdp_case(rank, False, torch.bfloat16),
+    "fsdp-full-from-rank0": lambda rank: _fsdp_case(rank, False, from_rank0=True),
+    "fsdp-lora-from-rank0": lambda rank: _fsdp_case(rank, True, from_rank0=True),
 }
 """The data-parallel updates the tests below check, each by two gloo ranks on unequal shards of ``_batch()``."""
 
@@ -345,6 +367,21 @@ def test_two_fsdp_workers_match_one_on_unequal_shards(
         assert torch.equal(got["pushed"][k], got["params"][k]), k
     assert got["stats"]["train/loss"] == pytest.approx(stats1["train/loss"], rel=1e-5)
     assert got["stats"]["train/grad_norm"] == pytest.approx(stats1["train/grad_norm"], rel=1e-4)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_fsdp_ranks_filled_from_rank0_train_exactly_as_ranks_that_load_the_weights(
+    two_ranks: dict[str, dict[str, Any]], lora: bool
+) -> None:
+    """Rank 1 never loads the model: it starts on the meta device and receives its shards from rank 0; the update,
+    its statistics and the pushed weights are those of two ranks that each built the same weights."""
+    loaded = two_ranks["fsdp-lora" if lora else "fsdp-full"]
+    filled = two_ranks["fsdp-lora-from-rank0" if lora else "fsdp-full-from-rank0"]
+    assert filled["stats"] == loaded["stats"]
+    assert sorted(filled["params"]) == sorted(loaded["params"])
+    for k, v in loaded["params"].items():
+        assert torch.equal(filled["params"][k], v), k
+        assert torch.equal(filled["pushed"][k], v), k
 
 
 def test_mixed_precision_keeps_small_updates_that_bf16_weights_round_away() -> None:

@@ -49,6 +49,9 @@ class BenchUpdateConfig:
     seed: int = 0
     json_path: str | None = None
     bench_out: str = "bench_out/update"
+    startup_ranks: int = 0
+    """> 0: measure a run's set-up instead of an update: the host memory each of this many FSDP ranks takes to load
+    the model, every rank reading it or rank 0 alone (workflows/bench/rank_load.py)."""
 
     def __post_init__(self) -> None:
         check(
@@ -59,6 +62,7 @@ class BenchUpdateConfig:
         check(self.tokens % self.seq_len == 0, f"tokens ({self.tokens}) must be a multiple of seq_len")
         check(self.micro_tokens >= 0 and self.max_gb >= 0, "micro_tokens and max_gb must be >= 0")
         check(all(c >= 0 for c in self.chunks), f"logit_chunks must be >= 0 (got {self.logit_chunks})")
+        check(self.startup_ranks != 1 and self.startup_ranks >= 0, "startup_ranks must be 0 (off) or >= 2")
 
     @property
     def chunks(self) -> list[int]:
@@ -184,7 +188,16 @@ def _child(cfg_json: str, chunk: int, max_gb: float, out: Any) -> None:
 
 
 def run_update_bench(cfg: BenchUpdateConfig, progress: Any = lambda s: None) -> dict[str, Any]:
-    """Every case of ``cfg.chunks`` in its own subprocess; results.json under ``bench_out``."""
+    """Every case of ``cfg.chunks`` in its own subprocess (or the start-up cases of ``startup_ranks``);
+    results.json under ``bench_out``."""
+    out = Path(cfg.bench_out)
+    if cfg.startup_ranks:
+        from tracerl.workflows.bench.rank_load import dump, run_startup_bench
+
+        summary = {"config": asdict(cfg), **run_startup_bench(_model(cfg), cfg.startup_ranks, out, progress)}
+        for path in (out / "results.json", *([Path(cfg.json_path)] if cfg.json_path else [])):
+            dump(summary, path)
+        return summary
     ctx = multiprocessing.get_context("spawn")
     cases = []
     for chunk in cfg.chunks:
@@ -198,7 +211,6 @@ def run_update_bench(cfg: BenchUpdateConfig, progress: Any = lambda s: None) -> 
         row["estimate_bytes"] = estimate(cfg, chunk)
         cases.append(row)
     summary = {"config": asdict(cfg), "cases": cases}
-    out = Path(cfg.bench_out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(summary, indent=1))
     if cfg.json_path:
@@ -208,6 +220,10 @@ def run_update_bench(cfg: BenchUpdateConfig, progress: Any = lambda s: None) -> 
 
 
 def format_table(summary: dict[str, Any]) -> str:
+    if "startup" in summary:
+        from tracerl.workflows.bench.rank_load import format_startup
+
+        return format_startup(summary)
     c = summary["config"]
     head = (
         f"one update: vocab {c['vocab']}, hidden {c['hidden']}, {c['layers']} layers, {c['tokens']} tokens "

@@ -12,12 +12,12 @@ from tracerl.engine.allocation import build_allocation
 from tracerl.engine.react import TEMPLATES
 from tracerl.engine.rollout import TreeRolloutEngine
 from tracerl.envs.registry import env_class
-from tracerl.models.hf import SetupError, check_window, load_policy
+from tracerl.models.hf import SetupError, check_window, load_policy, load_tokenizer
 from tracerl.predictors import build_predictor
 from tracerl.predictors.base import FeaturizerFactory, Predictor
 from tracerl.predictors.features import Featurizer
 from tracerl.predictors.text import HashedNgramFeaturizer, PolicyHiddenFeaturizer
-from tracerl.samplers import make_sampler
+from tracerl.samplers import SAMPLERS, make_sampler
 from tracerl.types import Prompt
 
 __all__ = [
@@ -52,8 +52,13 @@ class LMStack:
 
 
 def build_stack(model_cfg: ModelConfig, sampler_cfg: SamplerConfig, env_cfg: EnvConfig, seed: int) -> LMStack:
+    """The engine over a sampler of ``sampler_cfg``'s backend. An engine that loads the weights itself (vLLM:
+    ``loads_own_weights``) gets the tokenizer only: no HF copy of the policy in this process (``model`` None)."""
     check_window(model_cfg.path, sampler_cfg)
-    tok, model = load_policy(model_cfg)
+    if getattr(SAMPLERS.get(sampler_cfg.backend), "loads_own_weights", False):
+        tok, model = load_tokenizer(model_cfg), None
+    else:
+        tok, model = load_policy(model_cfg)
     sampler = make_sampler(model_cfg, sampler_cfg, model, tok)
     env = make_env(env_cfg)
     template = TEMPLATES.get(model_cfg.template)(tok)
@@ -79,6 +84,11 @@ def text_features(cfg: PredictorConfig, model: Any, tokenizer: Any, render: Any)
 
     def make() -> Featurizer:
         if cfg.features == "policy":
+            if model is None:
+                raise SetupError(
+                    "predictor.features=policy reads the policy's hidden states, and this process holds no copy "
+                    "of the policy (its sampler backend loads its own weights): use predictor.features=hashed"
+                )
             return PolicyHiddenFeaturizer(model, tokenizer, render)
         if cfg.features == "hashed":
             return HashedNgramFeaturizer()

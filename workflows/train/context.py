@@ -73,11 +73,15 @@ class RayTrainContext:
             )
         import torch
 
-        from tracerl.models.wrap import fully_shard_model
+        from tracerl.models.wrap import fully_shard_model, is_meta
 
-        return fully_shard_model(
-            model.to(ray.train.torch.get_device()), compute_dtype=getattr(torch, cfg.model.dtype)
-        )
+        device = ray.train.torch.get_device()
+        if is_meta(
+            model
+        ):  # a rank but 0 (workflows/train/setup.py): sharded first, then given memory and weights
+            sharded = fully_shard_model(model, compute_dtype=getattr(torch, cfg.model.dtype))
+            return sharded.to_empty(device=device)
+        return fully_shard_model(model.to(device), compute_dtype=getattr(torch, cfg.model.dtype))
 
     def report(
         self, metrics: dict[str, float], staged: Path | None = None, upload: Upload | None = None

@@ -5,7 +5,6 @@ checkpointing, placed by DDP or FSDP2), the frozen reference model, the learner,
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
 from collections.abc import Iterable
@@ -101,7 +100,8 @@ def setup_worker(cfg: TrainConfig, storage: Path, ctx: TrainContext, reported: I
     import torch
 
     from tracerl.learner import PolicyLearner
-    from tracerl.models.wrap import fully_shard_model, is_fsdp
+    from tracerl.models.hf import load_policy
+    from tracerl.models.wrap import fill_from_rank0, fully_shard_model, is_fsdp, is_meta, skeleton
 
     rank, world = ctx.rank, ctx.world
     if world > 1:  # before anything is loaded: every rank must see the storage the others write to
@@ -117,17 +117,32 @@ def setup_worker(cfg: TrainConfig, storage: Path, ctx: TrainContext, reported: I
         state = CheckpointState.read(ckpt_dir)
         if rank == 0:
             say(f"restoring from {ckpt_dir} (step {state.step})")
-    tok, model = load_model(cfg, ckpt_dir)
+    # FSDP: rank 0 alone reads the weights; the others start from the architecture on the meta device and receive
+    # their shards from it (fill_from_rank0), so no rank but 0 ever holds the whole model.
+    from_rank0 = world > 1 and cfg.trainer.strategy == "fsdp"
+    tok, model = load_model(cfg, ckpt_dir, weights=rank == 0 or not from_rank0)
+    whole = (
+        model.state_dict() if from_rank0 and rank == 0 else None
+    )  # before sharding replaces the parameters
     ref_model = None
-    if cfg.loss.kl_coef > 0:
-        from tracerl.workflows.lm.stack import load_policy
-
-        _, ref_model = load_policy(cfg.model)  # the initial policy
+    if cfg.loss.kl_coef > 0:  # the initial policy, frozen
+        if rank == 0 or not from_rank0:
+            _, ref_model = load_policy(cfg.model)
+        else:
+            ref_model = skeleton(cfg.model.path, getattr(torch, cfg.model.dtype))
         ref_model.requires_grad_(False)
+    ref_whole = ref_model.state_dict() if ref_model is not None and from_rank0 and rank == 0 else None
     model = ctx.place(model, cfg)
+    device = next(model.parameters()).device
+    if from_rank0:
+        fill_from_rank0(model, whole, device)
+        del whole
     if ref_model is not None:  # sharded like the policy under FSDP (a full frozen replica per GPU otherwise)
-        ref_model = ref_model.to(next(model.parameters()).device)
+        ref_model = ref_model if is_meta(ref_model) else ref_model.to(device)
         ref_model = fully_shard_model(ref_model) if is_fsdp(model) else ref_model
+        if from_rank0:
+            fill_from_rank0(ref_model, ref_whole, device)
+            del ref_whole
     compute = getattr(torch, cfg.model.dtype)
     # FSDP2 casts the gathered parameters itself (its MixedPrecisionPolicy); a replica computes under autocast.
     autocast = compute if compute != getattr(torch, cfg.trainer.master_dtype) and not is_fsdp(model) else None
@@ -166,32 +181,33 @@ def _all_gather(obj: Any) -> list[Any]:
     return out
 
 
-def load_model(cfg: TrainConfig, ckpt_dir: str | None) -> tuple[Any, Any]:
+def load_model(cfg: TrainConfig, ckpt_dir: str | None, weights: bool = True) -> tuple[Any, Any]:
     """The tokenizer and the trainable policy in ``trainer.master_dtype``: the checkpoint's weights (a LoRA run: its
-    adapters on the base policy) or ``model.path``'s, with gradient checkpointing and LoRA as configured."""
+    adapters on the base policy) or ``model.path``'s, with gradient checkpointing and LoRA as configured. Without
+    ``weights``, the architecture alone on the meta device (an FSDP rank but 0: ``fill_from_rank0`` gives it its
+    shards)."""
     import torch
 
-    from tracerl.models.wrap import adapter_weights, apply_lora
-    from tracerl.workflows.lm.stack import load_policy
+    from tracerl.models.hf import check_weights, load_tokenizer
+    from tracerl.models.wrap import adapter_weights, apply_lora, skeleton
 
-    master = dataclasses.replace(
-        cfg.model, dtype=cfg.trainer.master_dtype
-    )  # mixed precision: the master weights
-    tok, model = load_policy(master)
     lora = cfg.trainer.lora_rank > 0
-    if ckpt_dir is not None and not lora:  # a LoRA run restores its adapters onto the base policy below
+    # a LoRA run restores its adapters onto the base policy below; a full run reads the checkpoint's policy alone
+    path = Path(ckpt_dir) / "policy" if ckpt_dir is not None and not lora else Path(cfg.model.path)
+    tok = load_tokenizer(cfg.model)
+    dtype = getattr(torch, cfg.trainer.master_dtype)  # mixed precision: the master weights
+    model: Any
+    if not weights:
+        model = skeleton(str(path), dtype)
+    else:
         from transformers import AutoModelForCausalLM
 
-        from tracerl.models.hf import check_weights
-
-        check_weights(Path(ckpt_dir) / "policy")
-        model = AutoModelForCausalLM.from_pretrained(
-            Path(ckpt_dir) / "policy", dtype=model.dtype, local_files_only=True
-        )
+        check_weights(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).eval()
     if cfg.trainer.gradient_checkpointing:  # transformers 5.x renamed it; older versions have only the first
         getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
     model = apply_lora(model, cfg.trainer)
-    if lora and ckpt_dir is not None:
+    if lora and ckpt_dir is not None and weights:
         saved = torch.load(Path(ckpt_dir) / ADAPTERS, map_location="cpu", weights_only=True)
         missing = set(adapter_weights(model.state_dict())) - set(saved)
         if missing:

@@ -91,6 +91,39 @@ def merge_lora(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torc
     return out
 
 
+def skeleton(path: str, dtype: torch.dtype) -> torch.nn.Module:
+    """The architecture of the checkpoint directory ``path`` on the meta device: no memory, no weights. An FSDP
+    rank other than 0 starts from it and receives only its shards (``fill_from_rank0``)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(path, local_files_only=True), dtype=dtype
+        )
+    return model.eval()
+
+
+def is_meta(model: torch.nn.Module) -> bool:
+    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+
+
+def fill_from_rank0(model: torch.nn.Module, full_state: dict[str, Any] | None, device: torch.device) -> None:
+    """Every rank's shards of the FSDP2 ``model`` from rank 0's whole state dict ``full_state`` (taken before
+    sharding; None on the other ranks, whose ``model`` is a sharded ``skeleton`` still on the meta device, given
+    memory on ``device`` here), one tensor at a time, and the buffers a state dict leaves out (RoPE's
+    ``inv_freq``) broadcast as rank 0 holds them. A collective: every rank calls it. No rank but 0 ever holds more
+    than its shards and the tensor in flight."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if is_meta(model):
+        model.to_empty(device=device)
+    set_model_state_dict(
+        model, full_state or {}, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    )
+    for buf in model.buffers():
+        torch.distributed.broadcast(buf, src=0)
+
+
 def is_fsdp(model: torch.nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
