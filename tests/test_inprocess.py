@@ -100,7 +100,7 @@ def failed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from tracerl.workflows.tracking.runs import metric_series, run_storage
 
     tmp = tmp_path_factory.mktemp("inprocess")
-    from tracerl.workflows.train.run import TrainingFailed
+    from tracerl.workflows.train.fit import TrainingFailed
 
     with (
         pytest.MonkeyPatch.context() as mp,

@@ -5,7 +5,8 @@ FSDP as an option). The RL loop runs inside the worker function: rank 0 owns the
 actor pools, the predictor and the allocator, drives the step, and broadcasts the collated batch;
 every rank updates on its shard. After each update rank 0 pushes the weights to the samplers. With
 ``cluster.address=inprocess`` the same loop runs in this process as rank 0 of 1 with one in-process sampler and no
-Ray (``run_in_process``; what differs is behind workflows/train/context.py).
+Ray (``run_in_process``, workflows/train/fit.py; what differs is behind workflows/train/context.py). ``train`` is
+``launch`` (checks, Ray, the tracking run), the loop (``Launch.fit``) and ``close`` (final status, summary).
 
 One step is ``train_step`` (workflows/train/loop.py, with the rest of the worker side), top to bottom, each phase
 timed by one ``PhaseTimer``: select (candidate pool), score / allocate_roots / rollout / expand_prefixes
@@ -31,6 +32,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,7 @@ from tracerl.envs.registry import check_data, resolve_env_paths
 from tracerl.workflows.tracking.checkpoint_state import CheckpointState
 from tracerl.workflows.tracking.runs import RunSummary, create_run, resumed_config, run_summary
 from tracerl.workflows.tracking.store import resolve_uri, where
-from tracerl.workflows.train.loop import LOOP_INPUT, LoopInput, guarded_loop
+from tracerl.workflows.train.fit import ray_trainer, run_in_process
 from tracerl.workflows.train.preflight import check_budget, check_context, longest_prompt, training_tasks
 from tracerl.workflows.train.step_log import StartupClock
 from tracerl.workflows.train.summary import compute_summary, progress_bar
@@ -74,6 +76,22 @@ def resolve_paths(cfg: TrainConfig) -> TrainConfig:
     )
 
 
+@dataclass
+class Launch:
+    """A run made ready by ``launch``: its MLflow run (or local run) open, Ray up (or the in-process mode ready), and
+    ``fit`` the call that runs its loop to the end."""
+
+    cfg: TrainConfig
+    run_id: str
+    storage: Path
+    resume_ckpt: Path | None
+    client: Any
+    """The run's tracking client (MLflow's, or the local-runs one with tracking off)."""
+    patient: Any
+    """``client`` waiting up to ``tracking.flush_timeout_s`` for a server that stops answering (outage.py)."""
+    fit: Callable[[], None]
+
+
 def train(
     cfg: TrainConfig,
     overrides: list[str] | None = None,
@@ -88,7 +106,33 @@ def train(
     user callbacks (a sweep forwards every report to Tune). ``launched``: when the command's process started
     (seconds since the epoch; default now), where ``time/startup_s`` counts from. With ``tracking.enabled: false``
     the run is kept in files under its storage (workflows/tracking/local_runs.py) instead of MLflow.
+    Three parts: ``launch`` (checks, Ray, the run), its ``fit``, ``close`` (the run's status and summary).
     """
+    run = launch(cfg, overrides, progress, tags, callbacks, launched)
+    return close(run, progress)
+
+
+def launch(
+    cfg: TrainConfig,
+    overrides: list[str] | None,
+    progress: Callable[[str], None],
+    tags: dict[str, str] | None,
+    callbacks: list[Any] | None,
+    launched: float | None,
+) -> Launch:
+    """Everything before the loop: the config checked against the data, the budget and the model (before Ray
+    starts or a run exists, so a mistake leaves nothing behind), Ray or the in-process mode, the tracking run
+    created (or reopened for ``resume``)."""
+    # Ray, MLflow and the tracking modules import slowly: loaded when a run launches, not with the CLI.
+    from tracerl.workflows.ops.ray_utils import check_resources, end_on_signals, init_ray
+    from tracerl.workflows.tracking import store as trk
+    from tracerl.workflows.tracking.local_runs import tracking_client
+    from tracerl.workflows.tracking.log_file import tracking_logs_to
+    from tracerl.workflows.tracking.outage import PatientClient
+    from tracerl.workflows.tracking.run_info import train_tags
+    from tracerl.workflows.tracking.runs import failing_run
+    from tracerl.workflows.tracking.spool import ATTEMPTS, PendingStatus, fail_fast_http, replay_statuses
+
     clock = StartupClock(launched if launched is not None else time.time())
     tracked = cfg.tracking.enabled
     if cfg.resume and not tracked:
@@ -107,24 +151,6 @@ def train(
         if tracked
         else f"tracking off: each run's metrics go to its storage under {cfg.out_dir}"
     )
-    from tracerl.workflows.ops.disk import DiskFull, no_space
-    from tracerl.workflows.ops.no_retry import loop_failed
-    from tracerl.workflows.ops.progress import bar
-    from tracerl.workflows.ops.ray_utils import check_resources, end_on_signals, init_ray
-    from tracerl.workflows.tracking import store as trk
-    from tracerl.workflows.tracking.local_runs import tracking_client
-    from tracerl.workflows.tracking.log_file import tracking_logs_to
-    from tracerl.workflows.tracking.outage import PatientClient
-    from tracerl.workflows.tracking.run_info import train_tags
-    from tracerl.workflows.tracking.runs import end_run, failing_run
-    from tracerl.workflows.tracking.spool import (
-        ATTEMPTS,
-        MetricsPending,
-        PendingStatus,
-        fail_fast_http,
-        replay_statuses,
-    )
-
     cfg = resolve_paths(cfg)
     check_model(cfg)
     check_context(cfg, longest_prompt(cfg))  # a prompt the context cannot hold: refused before Ray starts
@@ -179,13 +205,27 @@ def train(
         if cfg.cluster.in_process
         else ray_trainer(cfg, run_id, storage, resume_ckpt, callbacks, startup).fit
     )
+    return Launch(cfg, run_id, storage, resume_ckpt, client, patient, fit)
+
+
+def close(run: Launch, progress: Callable[[str], None]) -> RunSummary:
+    """The loop run to its end (``run.fit``), then the run's final status sent (or kept, when the store or the
+    disk cannot take it), and its summary read back and written to <storage>/summary.json."""
+    from tracerl.workflows.ops.disk import DiskFull, no_space
+    from tracerl.workflows.ops.no_retry import loop_failed
+    from tracerl.workflows.ops.progress import bar
+    from tracerl.workflows.tracking.runs import end_run
+    from tracerl.workflows.tracking.spool import MetricsPending
+
+    cfg, run_id, storage, client = run.cfg, run.run_id, run.storage, run.client
+    tracked = cfg.tracking.enabled
     t0 = time.perf_counter()
     status = "FAILED"
-    state = CheckpointState.read(resume_ckpt) if resume_ckpt is not None else CheckpointState(0)
+    state = CheckpointState.read(run.resume_ckpt) if run.resume_ckpt is not None else CheckpointState(0)
     steps_bar = progress_bar(cfg, client, run_id, state, lambda n, s, u, i: bar(progress, n, s, u, i))
     full = stuck = failed = None
     try:
-        fit()
+        run.fit()
         status = "FINISHED"
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM / SIGHUP (tracerl.workflows.ops.ray_utils.Terminated)
         status = "KILLED"
@@ -217,7 +257,7 @@ def train(
 
     if full is not None or stuck is not None:
         raise DiskFull(full or stuck or str(storage), kept_note(run_id, storage, cfg) if stuck else "")
-    summary = read_summary(run_id, cfg, patient if tracked else client, progress)
+    summary = read_summary(run_id, cfg, run.patient if tracked else client, progress)
     summary.update(
         RunSummary(
             run_id=run_id,
@@ -257,98 +297,6 @@ def read_summary(run_id: str, cfg: TrainConfig, client: Any, say: Callable[[str]
         say(f"the run is complete in the store, but its summary could not be read back: {exc}")
         return RunSummary()
     return summary
-
-
-def ray_trainer(
-    cfg: TrainConfig,
-    run_id: str,
-    storage: Path,
-    resume_ckpt: Path | None,
-    callbacks: list[Any] | None,
-    startup: tuple[StartupClock, int] | None = None,
-) -> Any:
-    """The Ray Train trainer of a run: ``guarded_loop`` on ``trainer.num_workers`` ranks, restarted from the newest
-    intact checkpoint up to ``max_failures`` times (never on a full disk), the last ``keep_checkpoints`` kept.
-    ``startup``: the launch's start-up clock and the attempt number whose first step logs it."""
-    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig
-
-    from tracerl.workflows.ops.disk_callback import StopOnDiskFull
-    from tracerl.workflows.ops.ray_utils import torch_trainer
-
-    t = cfg.trainer
-    run_callbacks: list[Any] = [StopOnDiskFull(), *(callbacks or [])]  # a full disk is not retried
-    return torch_trainer(cfg.cluster)(
-        guarded_loop,
-        train_loop_config={
-            LOOP_INPUT: LoopInput(cfg, run_id, storage, reported(storage, resume_ckpt), startup)
-        },
-        # The process group's timeout must outlast rank 0's rollout phase, which ranks 1..n wait through in a
-        # broadcast (Ray's default is 1800 s).
-        torch_config=TorchConfig(timeout_s=t.collective_timeout_s),
-        scaling_config=ScalingConfig(
-            num_workers=t.num_workers,
-            use_gpu=t.use_gpu,
-            resources_per_worker={
-                "CPU": t.cpus_per_worker,
-                **({"GPU": 1} if t.use_gpu else {}),
-                **t.resources,
-            },
-        ),
-        run_config=RunConfig(
-            name=storage.name,
-            storage_path=str(storage.parent),  # type: ignore[call-arg]
-            failure_config=FailureConfig(max_failures=cfg.max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints),
-            logging_config=LoggingConfig(log_level="WARNING"),
-            callbacks=run_callbacks,
-        ),
-    )
-
-
-class TrainingFailed(RuntimeError):
-    """The in-process loop failed on its last attempt (``max_failures`` restarts spent); the cause is chained."""
-
-
-def reported(storage: Path, resume_ckpt: Path | None) -> tuple[str, ...]:
-    """Checkpoints newer than the one a resume starts from: the driver said which of them were damaged already."""
-    return tuple(
-        p.name for p in storage.glob("checkpoint_*") if resume_ckpt is None or p.name > resume_ckpt.name
-    )
-
-
-def run_in_process(
-    cfg: TrainConfig,
-    run_id: str,
-    storage: Path,
-    resume_ckpt: Path | None,
-    startup: tuple[StartupClock, int],
-    progress: Callable[[str], None],
-) -> None:
-    """The run's loop in this process (``cluster.address=inprocess``): ``guarded_loop`` as rank 0 of 1, restarted
-    from the newest intact checkpoint up to ``max_failures`` times, as Ray Train restarts its workers (never on a
-    full disk or a signal). Each attempt is a new ``system/attempt``; the last failure is raised as
-    ``TrainingFailed`` (the run ends FAILED)."""
-    from tracerl.workflows.ops.disk import DiskFull
-    from tracerl.workflows.ops.no_retry import LoopFailed
-    from tracerl.workflows.train.context import InProcessContext
-
-    context = InProcessContext(storage, cfg.keep_checkpoints)
-    config = {LOOP_INPUT: LoopInput(cfg, run_id, storage, reported(storage, resume_ckpt), startup, context)}
-    for failures in range(cfg.max_failures + 1):
-        try:
-            guarded_loop(config)
-            return
-        except (DiskFull, LoopFailed):  # a restart cannot get past either
-            raise
-        except Exception as exc:
-            if failures == cfg.max_failures:  # a bug keeps its traceback, as with Ray's TrainingFailedError
-                msg = f"the training loop failed after {failures + 1} attempt(s): {exc}"
-                raise TrainingFailed(msg) from exc
-            progress(
-                f"the training loop failed ({type(exc).__name__}: {exc}); restarting from the newest intact "
-                f"checkpoint ({failures + 1} of max_failures={cfg.max_failures})"
-            )
 
 
 def check_model(cfg: TrainConfig) -> None:
