@@ -185,9 +185,16 @@ def test_train_step_s_every_step_and_startup_once(offline: Path) -> None:
     assert all(p >= 0 for p in parts) and sum(parts) <= first[M.TIME_STARTUP] + 1e-6
 
 
+@pytest.mark.skipif(
+    os.environ.get("TRACERL_RECORDED_HASHES") != "1",
+    reason="a recorded hash after an update: only under `make test-kernels` (TRACERL_RECORDED_HASHES=1)",
+)
 def test_the_train_paths_trees_are_unchanged(offline: Path) -> None:
-    """Step 2 (after an update and a weight push) under pinned kernels gives the recorded trees on any x86-64
-    processor: see ``PINNED_KERNELS`` for why the machine's own kernels cannot hold a recorded hash."""
+    """Step 2 (after an update and a weight push) under pinned kernels gives the recorded trees. Not in `make test`:
+    on 2026-12-06 an AVX-512 (VNNI) Xeon gave another hash under the same pins, packages and code that CI's processor
+    matched (aaf27f36... against 35f23e86...; numpy's AVX-512 paths off did not change it), so the pins do not make
+    an update's floats the same on every x86-64 processor and CI must not assert them. `make test-kernels` runs it
+    for a change meant to leave the train path's numerics alone, on a machine known to give the recorded hash."""
     trees = offline / "artifacts" / "trees" / "step_00002" / "trees.jsonl"
     assert hashlib.sha256(trees.read_bytes()).hexdigest() == TRAIN_TREES
 
