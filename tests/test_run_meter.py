@@ -56,3 +56,16 @@ def test_the_checkpoint_state_round_trips_the_totals() -> None:
     again = RunMeter(TrainConfig())
     again.restore(state)
     assert again.totals(1) == meter.totals(1)
+
+
+def test_an_evaluation_gives_one_curve_point_at_the_step_s_totals() -> None:
+    meter = RunMeter(TrainConfig())
+    assert meter.curve_point(0, ["a"], attempt=1) is None  # no evaluation held
+    meter.add_rollout(ledger(300, 6))
+    meter.add_evaluation({"a": 1.0, "b": 0.0, "c": 1.0}, full=True, cost={"wall_s": 2.0})
+    point = meter.curve_point(1, ["a", "b"], attempt=2)
+    assert point is not None
+    assert (point.accuracy, point.tasks, point.full, point.attempt) == (0.5, ["a", "b"], True, 2)
+    assert (point.totals.generated_tokens, point.totals.leaves, point.totals.updates) == (300.0, 6.0, 1)
+    assert point.eval_cost == {"wall_s": 2.0}
+    assert meter.curve_point(1, ["a", "b"], attempt=2) is None  # taken once

@@ -24,9 +24,7 @@ from tracerl.engine.timer import PhaseTimer, process_tree_cpu_s
 from tracerl.workflows.tracking.checkpoint_state import CheckpointState
 from tracerl.workflows.tracking.runs import phase_marker
 from tracerl.workflows.train.budget import (
-    Totals,
     append_point,
-    curve_point,
     eval_subset,
     overshoot,
 )
@@ -124,7 +122,6 @@ class Driver:
         self.rng = np.random.default_rng(cfg.seed)
         self.meter = RunMeter(cfg)
         """Tokens, leaves, CPU and wall seconds so far; the stop checks and the token-mode budget."""
-        self._point: tuple[dict[str, float], bool, dict[str, float]] | None = None  # this step's evaluation
         self.version = step
         """The policy version (updates applied) the samplers hold."""
         self.ledgers: dict[int, Any] = {}
@@ -307,7 +304,7 @@ class Driver:
         self.meter.add_eval(rank0, samplers_before)
         cost = {k: float(sum(getattr(x, k) for x in ledgers)) for k in ("generated_tokens", *TIMEOUTS)}
         cost["wall_s"], cost["cpu_s"] = time.perf_counter() - t0, rank0 + self.pool.cpu_s()
-        self._point = (outcomes, full, cost)
+        self.meter.add_evaluation(outcomes, full, cost)
         out = {M.EVAL + k: v for k, v in cost.items()}  # eval/generated_tokens, wall_s, cpu_s, the timeouts
         if full:
             with (
@@ -323,22 +320,19 @@ class Driver:
             )  # search: em, f1
         if step == 0:  # later evaluations are logged with their step's metrics
             self.metrics.log({**out, **key_metrics(out), M.RETRIED: float(self.pool.ledger.retried)}, step)
-            self._log_point(self.meter.totals(0))
+            self._log_point(0)
         what = f"{len(prompts)} tasks" if full else f"{len(prompts)} curve tasks"
         say(f"held-out greedy accuracy after {step} steps: {m['accuracy']:.3f} ({what})")
         return out
 
-    def _log_point(self, totals: Totals) -> None:
-        """The learning-curve point of the evaluation just run: ``curve/`` metrics at MLflow step = the run's
-        generated tokens, and a line of ``<storage>/curve.jsonl``."""
-        if self._point is None:
-            return
-        outcomes, full, cost = self._point
-        self._point = None
+    def _log_point(self, updates: int) -> None:
+        """The learning-curve point of the evaluation just run, if one ran: ``curve/`` metrics at MLflow step = the
+        run's generated tokens, and a line of ``<storage>/curve.jsonl``."""
         tasks = [p.prompt_id for p in self.curve_prompts]
-        point = curve_point(totals, outcomes, tasks, full, cost, self.metrics.attempt)
-        append_point(self.storage, point)
-        self.metrics.log(point.metrics(), int(totals.generated_tokens))
+        point = self.meter.curve_point(updates, tasks, self.metrics.attempt)
+        if point is not None:
+            append_point(self.storage, point)
+            self.metrics.log(point.metrics(), int(point.totals.generated_tokens))
 
     def close_step(self, m: dict[str, float], done: int, out: Any, timer: PhaseTimer) -> dict[str, float]:
         """The step's last metrics (retries, attempt, phase times, memory, CPU) and, when due, a sample of its
@@ -372,7 +366,7 @@ class Driver:
         if last:
             m.update(overshoot(self.cfg.stop, totals))
         self.metrics.log({**m, **key_metrics(m, self.meter.tokens)}, done)
-        self._log_point(totals)
+        self._log_point(done)
         if last and self.cfg.stop.enabled:
             say(f"stopped after step {done} on {self.stopped_by}: {totals_line(totals)}")
         of = f"/{self.cfg.steps}" if self.cfg.steps is not None else ""

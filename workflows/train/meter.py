@@ -1,18 +1,19 @@
 """The run's meter: generated tokens, leaves, CPU and wall seconds so far (evaluation never counted), the stop checks
-that read them, the token-mode budget of the next step, and the token schedule's crossing. What a checkpoint saves
+that read them, the token-mode budget of the next step, the token schedule's crossing, and each evaluation's
+learning-curve point. What a checkpoint saves
 of it is ``CheckpointState``'s ``spent``, ``cpu_s`` and ``wall_s``; the rules themselves are workflows/train/budget.py's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from tracerl.config import BudgetConfig, TrainConfig
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.workflows.tracking.checkpoint_state import CheckpointState
-from tracerl.workflows.train.budget import Totals, crosses, stop_reason
+from tracerl.workflows.train.budget import CurvePoint, Totals, crosses, curve_point, stop_reason
 
 
 @dataclass
@@ -39,6 +40,9 @@ class RunMeter:
     """Rank 0's CPU seconds spent evaluating since that reading."""
     sampler_cpu: float = 0.0
     """The samplers' training CPU seconds read since then (before an evaluation)."""
+    evaluated: tuple[dict[str, float], bool, dict[str, float]] | None = None
+    """The evaluation just run (per-task outcomes, whether on every held-out task, its cost), until its learning-
+    curve point is taken with the step's totals (``curve_point``)."""
 
     def restore(self, state: CheckpointState) -> None:
         """Continue the totals a checkpoint saved."""
@@ -72,6 +76,19 @@ class RunMeter:
         just before it (``samplers_before``) is kept for it."""
         self.eval_cpu += rank0_cpu
         self.sampler_cpu += samplers_before
+
+    def add_evaluation(self, outcomes: dict[str, float], full: bool, cost: dict[str, float]) -> None:
+        """An evaluation's result, held for the learning-curve point of its step."""
+        self.evaluated = (outcomes, full, cost)
+
+    def curve_point(self, updates: int, tasks: Sequence[str], attempt: int) -> CurvePoint | None:
+        """The learning-curve point of the evaluation held (None: none since the last), at the totals after
+        ``updates`` steps, read on the curve's ``tasks``."""
+        if self.evaluated is None:
+            return None
+        outcomes, full, cost = self.evaluated
+        self.evaluated = None
+        return curve_point(self.totals(updates), outcomes, tasks, full, cost, attempt)
 
     def add_wall(self, seconds: float) -> None:
         self.wall_s += seconds
