@@ -142,7 +142,7 @@ def cell_record(
 def collect_cells(cfg: StudyConfig, client: Any, exp_id: str, parent: str) -> list[dict[str, Any]]:
     """Every finished cell of the study with its curve; a cell without one is recorded with an ``error``."""
     from tracerl.workflows.study.baseline import finished_baselines
-    from tracerl.workflows.study.report import newest_finished, run_outcomes
+    from tracerl.workflows.study.cell_runs import newest_finished, run_outcomes
 
     starts = {tb: run_outcomes(client, rid) for tb, rid in finished_baselines(client, exp_id, parent).items()}
     out = []

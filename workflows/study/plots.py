@@ -5,17 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from tracerl.workflows.study.cell_runs import StudyCell
+from tracerl.workflows.study.curve_results import TestbedStats
 from tracerl.workflows.study.curves import bootstrap_curve
 from tracerl.workflows.study.curves_report import eval_curves
 from tracerl.workflows.tracking import figures
-
-if TYPE_CHECKING:  # types only: the reports import this module
-    from tracerl.workflows.study.curve_results import TestbedStats
-    from tracerl.workflows.study.report import StudyCell
 
 
 def study_plots(cells: Sequence[StudyCell], out: Path) -> list[str]:
