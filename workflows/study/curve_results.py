@@ -143,23 +143,29 @@ class TestbedStats:
 
 
 @dataclass(frozen=True)
-class HypothesisCase:
-    testbed: str
-    verdict: str
-    ratio: Interval
-
-
-@dataclass(frozen=True)
 class Hypothesis:
     """A hypothesis of the config checked testbed by testbed: 'held', 'failed', 'partly held', 'not decided' or
     'not measured'."""
 
     claim: str
+    """As the config states it."""
     allocator: str
     vs: str
     expect: str
+    """The verdict the claim expects of ``allocator`` against ``vs``."""
     state: str
     cases: Sequence[HypothesisCase]
+
+
+@dataclass(frozen=True)
+class HypothesisCase:
+    """One testbed of a hypothesis: the decision rule's verdict and the ratio it was read off."""
+
+    testbed: str
+    """One of the testbeds the hypothesis names."""
+    verdict: str
+    """'win', 'loss', 'tie' or 'n/a'."""
+    ratio: Interval
 
 
 __all__ = [
