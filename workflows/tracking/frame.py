@@ -46,11 +46,13 @@ def children(client: Any, exp_id: str, parent: str) -> pd.DataFrame:
 
 
 def newest_finished(frame: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
-    """Per distinct value of the ``keys`` columns, the newest FINISHED run that has them all; sorted by ``keys``."""
+    """Per distinct value of the ``keys`` columns, the newest FINISHED run that has them all (of two started in the
+    same millisecond, the first in the frame's order); sorted by ``keys``."""
     if frame.empty or any(k not in frame for k in keys):
         return frame.iloc[0:0]
     done = frame[(frame["status"] == "FINISHED") & frame[list(keys)].notna().all(axis=1)]
-    return done.sort_values("start_time", kind="stable").groupby(list(keys)).tail(1).sort_values(list(keys))
+    newest = done.sort_values("start_time", ascending=False, kind="stable").groupby(list(keys)).head(1)
+    return newest.sort_values(list(keys))
 
 
 def value(row: Any, column: str, default: Any = None) -> Any:
