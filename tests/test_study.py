@@ -17,9 +17,11 @@ from tests.conftest import ROOT
 from tracerl.config import TrackingConfig
 from tracerl.config_loader import compose
 from tracerl.experiment_config import StudyConfig
+from tracerl.workflows.study.bootstrap import Interval, paired_difference
+from tracerl.workflows.study.cell_runs import StudyCell
 from tracerl.workflows.study.cells import Cell, Child, enumerate_cells, plan, select
 from tracerl.workflows.study.grid import run_study
-from tracerl.workflows.study.report import hierarchical_bootstrap, verdict
+from tracerl.workflows.study.report import PairedComparison, verdict
 from tracerl.workflows.study.token_budget import write_token_budget
 
 pytestmark = pytest.mark.e2e  # a long end-to-end run: `make test-e2e` (CI runs it after `make test`)
@@ -83,16 +85,17 @@ def test_write_token_budget_keeps_the_file(tmp_path: Path) -> None:
 
 def test_bootstrap_golden_cases() -> None:
     # Constant per-task differences: no spread, the interval is the point.
-    diff, ci = hierarchical_bootstrap({0: np.ones(5), 1: np.ones(5)}, {0: np.zeros(5), 1: np.zeros(5)}, 500)
-    assert diff == 1.0 and ci == (1.0, 1.0)
+    assert paired_difference(
+        {0: np.ones(5), 1: np.ones(5)}, {0: np.zeros(5), 1: np.zeros(5)}, 500
+    ) == Interval(1.0, 1.0, 1.0)
     # Seed 0 differs on 2 of 4 tasks, seed 1 on 1 of 4: observed 0.375; the interval (frozen, seed 0, 2000 draws).
     a = {0: np.array([1, 1, 0, 0]), 1: np.array([1, 0, 0, 0]), 2: np.array([0, 0, 0, 1])}
     b = {0: np.zeros(4), 1: np.zeros(4), 7: np.ones(4)}  # seeds 2 and 7 are not paired: left out
-    diff, ci = hierarchical_bootstrap(a, b, 2000, seed=0)
-    assert diff == pytest.approx(0.375)
-    assert ci == pytest.approx((0.0, 0.75))
+    d = paired_difference(a, b, 2000, seed=0)
+    assert d.estimate == pytest.approx(0.375)
+    assert (d.low, d.high) == pytest.approx((0.0, 0.75))
     with pytest.raises(ValueError, match="no seed common"):
-        hierarchical_bootstrap({0: np.ones(2)}, {1: np.ones(2)})
+        paired_difference({0: np.ones(2)}, {1: np.ones(2)})
 
 
 @settings(deadline=None, max_examples=40)
@@ -104,16 +107,16 @@ def test_bootstrap_golden_cases() -> None:
 def test_bootstrap_interval_contains_the_observed_difference(seeds: list[list[int]]) -> None:
     a = {i: np.clip(np.array(d, float), 0, 1) for i, d in enumerate(seeds)}
     b = {i: np.clip(-np.array(d, float), 0, 1) for i, d in enumerate(seeds)}
-    diff, (lo, hi) = hierarchical_bootstrap(a, b, 300, seed=1)
-    assert diff == pytest.approx(np.mean([np.mean(a[i] - b[i]) for i in a]))
-    assert lo - 1e-9 <= diff <= hi + 1e-9
+    d = paired_difference(a, b, 300, seed=1)
+    assert d.estimate == pytest.approx(np.mean([np.mean(a[i] - b[i]) for i in a]))
+    assert d.low - 1e-9 <= d.estimate <= d.high + 1e-9
 
 
 def test_verdict_applies_the_decision_rule() -> None:
-    c = {"testbed": "math-late", "budget": "tokens", "allocator": "trace", "diff": 0.05, "ci95": [0.01, 0.09]}
+    c = PairedComparison("math-late", "tokens", "trace", "grpo", Interval(0.05, 0.01, 0.09))
     assert verdict(c).startswith("trace beats grpo on math-late at equal tokens: +5.0 points")
-    assert "does not beat grpo" in verdict({**c, "ci95": [-0.01, 0.09]})
-    assert verdict({**c, "diff": -0.05, "ci95": [-0.09, -0.01]}).startswith("grpo beats trace")
+    assert "does not beat grpo" in verdict(dataclasses.replace(c, diff=Interval(0.05, -0.01, 0.09)))
+    assert verdict(dataclasses.replace(c, diff=Interval(-0.05, -0.09, -0.01))).startswith("grpo beats trace")
 
 
 def test_the_report_header_names_every_commit_its_cells_ran_at() -> None:
@@ -133,15 +136,8 @@ def test_the_report_header_names_every_commit_its_cells_ran_at() -> None:
 def test_answer_checks_the_hypothesis_case_by_case() -> None:
     from tracerl.workflows.study.report import answer
 
-    def comp(tb: str, budget: str, alloc: str, lo: float, hi: float, vs: str = "grpo") -> dict[str, Any]:
-        return {
-            "testbed": tb,
-            "budget": budget,
-            "allocator": alloc,
-            "vs": vs,
-            "diff": (lo + hi) / 2,
-            "ci95": [lo, hi],
-        }
+    def comp(tb: str, budget: str, alloc: str, lo: float, hi: float, vs: str = "grpo") -> PairedComparison:
+        return PairedComparison(tb, budget, alloc, vs, Interval((lo + hi) / 2, lo, hi))
 
     comps = [
         comp("math-late", "tokens", "trace", 0.01, 0.09),
@@ -455,13 +451,32 @@ def test_fill_tokens_waits_for_every_leaves_mode_grpo_seed(tmp_path: Path) -> No
 def test_token_check_names_the_cells_off_their_token_budget() -> None:
     from tracerl.workflows.study.report import token_check
 
-    def cell(alloc: str, seed: int, per_step: float) -> dict[str, object]:
-        return {
-            "allocator": alloc,
-            "seed": seed,
-            "token_budget": 1000.0,
-            "tokens_vs_budget": per_step / 1000 - 1,
-        }
+    def cell(alloc: str, seed: int, per_step: float, budget: float | None = 1000.0) -> StudyCell:
+        return StudyCell(
+            *(
+                "tb",
+                "tokens",
+                alloc,
+                seed,
+                "r",
+                10,
+                0.2,
+                0.3,
+                0.5,
+                None,
+                1.0,
+                100,
+                10 * per_step,
+                per_step,
+                1.0,
+                1.0,
+            ),
+            token_budget=budget,
+            tokens_vs_budget=per_step / budget - 1 if budget else None,
+            tool_calls=0,
+            step_s=None,
+            outcomes=None,
+        )
 
     ok = [cell("grpo", 0, 1020.0), cell("trace", 0, 960.0)]
     assert token_check(ok) == (
@@ -469,6 +484,6 @@ def test_token_check_names_the_cells_off_their_token_budget() -> None:
     )
     assert token_check([*ok, cell("trace", 1, 1100.0)]).endswith("; outside +-5 %: trace/s1 (+10.0 %).")
     assert (
-        token_check([{"tokens_vs_budget": None}])
+        token_check([cell("grpo", 0, 1000.0, budget=None)])
         == "- Realised tokens per step: no T recorded for these cells."
     )

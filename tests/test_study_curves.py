@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -17,9 +18,11 @@ from tests.conftest import ROOT
 from tracerl.config import TrackingConfig
 from tracerl.config_loader import compose
 from tracerl.experiment_config import StudyConfig
+from tracerl.workflows.study.bootstrap import Interval
 from tracerl.workflows.study.cells import enumerate_cells
 from tracerl.workflows.study.curve_cells import check_curve_study, eval_points
-from tracerl.workflows.study.curves_doc import _iv, _ratio, _resolution, answer, markdown
+from tracerl.workflows.study.curve_results import AllocatorStats, CurveVerdict, Fit, TestbedStats
+from tracerl.workflows.study.curves_doc import CurvesReport, _iv, _ratio, _resolution, answer, markdown
 from tracerl.workflows.study.curves_report import cell_record, per_testbed_stats
 from tracerl.workflows.study.grid import cell_config, run_study
 from tracerl.workflows.train.budget import Totals, append_point, curve_point, read_curve
@@ -115,7 +118,7 @@ def test_report_statistics_have_the_known_answers(tmp_path: Path) -> None:
     cells = _cells(tmp_path)
     first = cells[0]["points"][0]
     assert first["generated_tokens"] == 0 and first["accuracy"] == pytest.approx(START)
-    st = per_testbed_stats(cells, 400.0, samples=200)
+    st = per_testbed_stats(cells, 400.0, samples=200).to_json()
     assert st["start"] == pytest.approx(START) and st["grpo_final"] == pytest.approx(0.7)
     assert st["target"] == pytest.approx(0.65)
     a = st["allocators"]
@@ -153,29 +156,30 @@ def test_the_answer_and_hypotheses_read_off_the_rule(tmp_path: Path) -> None:
     ]
     cfg = dataclasses.replace(compose(StudyConfig, CURVES), hypotheses=hyps)
     got = hypothesis_verdicts(cfg, st, cells, 200)
-    assert [h["state"] for h in got] == ["held", "failed", "held", "not measured"]
+    assert [h.state for h in got] == ["held", "failed", "held", "not measured"]
     for i, c in enumerate(cells):  # a grid resumed across sessions: cells from two commits
         c["git_sha"] = "c1" if i == 0 else "c0"
-    doc = {
-        "sha": "abc",
-        "decision_rule": "r",
-        "target": "t",
-        "cells": cells,
-        "testbeds": st,
-        "hypotheses": got,
-    }
-    text = markdown(doc, [])
+    text = markdown(CurvesReport("abc", cells, st, got, decision_rule="r", target="t"), [])
     assert (
         f"Cells ran at commit `c0` ({len(cells) - 1}), `c1` (1); this report at `abc`; {len(cells)} cells."
         in text
     )
+    # the numbers in tables, one sentence per verdict
     assert (
-        "- trace, to reach what grpo reaches: on tb it needs 50 % (50 to 50 %) of grpo's tokens and 100 % (100 to 100 %) "
-        "of its CPU time." in text
+        "| trace | tb | 50 % (50 to 50 %) | 100 % (100 to 100 %) | more compute-efficient than grpo |" in text
     )
-    assert "More compute-efficient than grpo by the rule on tb." in text
-    assert "- trace wins (expect win of trace against grpo): **held**" in text
-    assert "it needs 50 % (50 to 50 %) of trace's tokens to the target" in text
+    assert "| pcl | tb | " in text and "| neither more nor less compute-efficient than grpo |" in text
+    assert "- trace: more compute-efficient than grpo by the rule on tb." in text
+    assert "- pcl: more compute-efficient than grpo by the rule nowhere, not on tb." in text
+    assert (
+        "- trace on tb: more compute-efficient than grpo by the rule (the tokens ratio's interval lies below 1)."
+        in text
+    )
+    assert "| trace wins | win of trace against grpo | **held** | tb: win, 50 % (50 to 50 %) |" in text
+    assert "| elsewhere | win of trace against grpo | **not measured** | - |" in text
+    assert (
+        "| trace_mc_k2 | 50 % (50 to 50 %) | 50 % |" in text
+    )  # the headroom: half trace's tokens, half saved
     assert "every cell within 5 %" in text
 
 
@@ -187,15 +191,7 @@ def test_a_cell_more_than_5_percent_off_its_budget_is_flagged(tmp_path: Path) ->
     flagged = {(c["allocator"], c["seed"]) for c in cells if c["budget_flag"]}
     assert flagged == {("trace", 1), ("pcl", 2)}
     stats = {"tb": per_testbed_stats(cells, 400.0, samples=100)}
-    doc = {
-        "sha": "x",
-        "decision_rule": "r",
-        "target": "t",
-        "cells": cells,
-        "testbeds": stats,
-        "hypotheses": [],
-    }
-    text = markdown(doc, [])
+    text = markdown(CurvesReport("x", cells, stats, []), [])
     assert "**2 cells are more than 5 % off its token budget**" in text
     assert "more than 5 % off: pcl/s2 (+5.2 %), trace/s1 (-7.5 %)" in text
 
@@ -213,29 +209,34 @@ def test_evaluations_past_a_wall_clock_limit_are_named(tmp_path: Path) -> None:
     assert (clean["eval_timeouts"], timed["eval_timeouts"]) == (0, 3)
     keep = [c for c in cells if (c["allocator"], c["seed"]) not in {("pcl", 0), ("trace", 1)}]
     cells = [*keep, clean, timed]
-    doc = {"sha": "x", "decision_rule": "r", "target": "t", "cells": cells, "hypotheses": []}
-    text = markdown({**doc, "testbeds": {"tb": per_testbed_stats(cells, 400.0, samples=50)}}, [])
+    text = markdown(CurvesReport("x", cells, {"tb": per_testbed_stats(cells, 400.0, samples=50)}, []), [])
     assert "- Evaluations that hit a wall-clock limit" in text and "): trace/s1 (3)." in text
 
 
 def test_a_target_reached_before_the_first_point_is_called_out_and_never_reads_plainly() -> None:
-    only = {"verdict": "win", "ratio": {"estimate": 0.0, "low": 0.0, "high": 0.83}}
-    only |= {"tokens_to_target": {"estimate": 102221.8}, "vs_tokens_to_target": {"estimate": None}}
+    inf = math.inf
+
+    def verdict(ratio: Interval, mine: float = 1.0, base: float = 1.0, v: str = "tie") -> CurveVerdict:
+        t, b = Interval(mine, mine, mine), Interval(base, base, base)
+        return CurveVerdict(ratio, ratio, t, b, ratio, 1.0, True, v)
+
+    only = verdict(Interval(0.0, 0.0, 0.83), mine=102221.8, base=inf, v="win")
     assert _ratio(only) == "0 %: only it reaches the target (0 % (0 to 83 %))"  # the baseline never does
-    never = {"estimate": None, "low": 0.16, "high": None}
-    st = {"allocators": {"pcl": {"tokens": {"verdict": "tie", "ratio": never}, "cpu_s": {"ratio": never}}}}
-    (line,) = [x for x in answer({"testbeds": {"tb": st}, "hypotheses": []}) if x.startswith("- pcl")]
-    assert line.startswith(
-        "- pcl, to reach what grpo reaches: on tb it does not reach the target within the budget (its mean curve "
-        "stays below it; tokens ratio never (16 to inf %))."
-    )
-    assert _iv({"estimate": None, "low": 0.16, "high": None}, pct=True) == "never (16 to inf %)"
-    assert _iv({"estimate": 0.85, "low": 0.0, "high": 1.1}, pct=True) == "85 % (0 to 110 %)"
+    never = Interval(inf, 0.16, inf)
+    fit = Fit(*[math.nan] * 5, identified=False, poor=True, why_poor="")
+    pcl = AllocatorStats(3, None, None, verdict(never, mine=inf), verdict(never, mine=inf), None, fit, 1.0)
+    st = TestbedStats(400.0, {"pcl": pcl}, start=0.4, grpo_final=0.7, target=0.67)
+    text = "\n".join(answer({"tb": st}, []))
+    assert "| pcl | tb | never (16 to inf %) | never (16 to inf %) |" in text
+    assert _iv(Interval(inf, 0.16, inf), pct=True) == "never (16 to inf %)"
+    assert _iv(Interval(0.85, 0.0, 1.1), pct=True) == "85 % (0 to 110 %)"
     cells = [{"points": [{"generated_tokens": 0.0}, {"generated_tokens": x}]} for x in (17100.0, 17400.0)]
-    stats = lambda t: {"allocators": {"grpo": {"tokens": {"tokens_to_target": {"estimate": t}}}}}  # noqa: E731
+    stats = lambda t: dataclasses.replace(  # noqa: E731
+        st, allocators={"grpo": dataclasses.replace(pcl, tokens=verdict(Interval(1.0, 1.0, 1.0), mine=t))}
+    )
     (line,) = _resolution(stats(14250.0), cells)
     assert "grpo reaches the target at 14250 tokens, before the first evaluation point (17100 tokens)" in line
-    assert _resolution(stats(20000.0), cells) == [] and _resolution(stats(None), cells) == []
+    assert _resolution(stats(20000.0), cells) == [] and _resolution(stats(inf), cells) == []
 
 
 # -- the grid and the report on a real MLflow store ------------------------------------------------------------
@@ -315,7 +316,7 @@ def test_grid_keeps_curves_in_mlflow_and_the_report_survives_moved_runs(tmp_path
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlruns.db")
     logged = {f.path for f in client.list_artifacts(s["parent_run_id"], "report")}
     assert "report/curves_accuracy_vs_generated_tokens.png" in logged and "report/curves.md" in logged
-    assert "trace, to reach what grpo reaches: on math-late it needs 50 %" in (out / "curves.md").read_text()
+    assert "| trace | math-late | 50 % (" in (out / "curves.md").read_text()
 
 
 def test_a_study_resumes_in_a_fresh_store_from_its_archive(tmp_path: Path) -> None:

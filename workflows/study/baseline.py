@@ -16,6 +16,7 @@ from typing import Any
 
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
+from tracerl.workflows.tracking import frame
 
 BASELINE_TAG = "tracerl.study.baseline"
 
@@ -44,16 +45,8 @@ def _ray_evaluate(cfg: TrainConfig) -> dict[str, float]:
 
 def finished_baselines(client: Any, exp_id: str, parent: str) -> dict[str, str]:
     """Testbed -> run id of its newest FINISHED baseline child run."""
-    newest: dict[str, Any] = {}
-    for r in client.search_runs(
-        [exp_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'", max_results=5000
-    ):
-        tb = r.data.tags.get(BASELINE_TAG)
-        if tb is None or r.info.status != "FINISHED":
-            continue
-        if tb not in newest or r.info.start_time > newest[tb].info.start_time:
-            newest[tb] = r
-    return {tb: str(r.info.run_id) for tb, r in newest.items()}
+    rows = frame.newest_finished(frame.children(client, exp_id, parent), [f"tags.{BASELINE_TAG}"])
+    return {str(r[f"tags.{BASELINE_TAG}"]): str(r["run_id"]) for _, r in rows.iterrows()}
 
 
 def baseline_accuracy(client: Any, run_id: str) -> float:

@@ -7,7 +7,7 @@ increasing. [choice] Between points the curve is linear; before its first point 
 after its last point at its last value (a run is taken to stay where it was last measured), both for the area and
 for putting seeds with different evaluation points on one grid.
 
-Statistics of a set of runs (``EvalCurves``: per seed its points x and per task 0/1 correctness at each point) are
+The bootstrap (seeds, then tasks) is workflows/study/bootstrap.py's. Statistics of a set of runs (``EvalCurves``: per seed its points x and per task 0/1 correctness at each point) are
 read off its mean curve: the seeds' curves put on a common grid (the union of their points) and averaged.
 [choice] Tokens to target is that of the mean curve, not the mean of per-seed times (a seed that never reaches the
 target would make the latter infinite).
@@ -15,10 +15,11 @@ target would make the latter infinite).
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
+
+from tracerl.workflows.study.bootstrap import Draws, Interval, bounds, draw, interval, replicate_means
 
 # -- one curve -----------------------------------------------------------------------------------------------
 
@@ -158,64 +159,6 @@ class EvalCurves:
 
 
 @dataclass(frozen=True)
-class Draws:
-    """One hierarchical bootstrap's resampling: which seeds each replicate draws, and how often each task."""
-
-    seeds: np.ndarray
-    """Seed drawn in each slot, shape (B, S)."""
-    task_counts: np.ndarray
-    """Times each task is drawn for each slot's seed, shape (B, S, T); each row sums to T."""
-
-
-def draw(seeds: int, tasks: int, samples: int, rng: np.random.Generator) -> Draws:
-    """Resample ``seeds`` seeds with replacement, then ``tasks`` tasks with replacement within each drawn seed."""
-    picks = rng.integers(0, seeds, size=(samples, seeds))
-    counts = rng.multinomial(tasks, np.full(tasks, 1.0 / tasks), size=(samples, seeds))
-    return Draws(picks, counts)
-
-
-def replicate_means(curves: EvalCurves, grid: np.ndarray, draws: Draws) -> np.ndarray:
-    """The mean curve on ``grid`` of each bootstrap replicate, shape (B, G)."""
-    per_task = curves.task_curves(grid)  # (S, T, G)
-    slots = np.empty(draws.seeds.shape + (grid.size,))
-    for s in range(curves.seeds):
-        mine = draws.seeds == s
-        slots[mine] = draws.task_counts[mine] @ per_task[s] / curves.tasks
-    return slots.mean(axis=1)
-
-
-@dataclass(frozen=True)
-class Interval:
-    """A statistic's estimate on the data and its bootstrap percentile interval."""
-
-    estimate: float
-    low: float
-    high: float
-
-    def contains(self, value: float) -> bool:
-        return self.low <= value <= self.high
-
-
-def _quantiles(values: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
-    """Lower and upper ``level`` percentile bounds along axis 0, ignoring NaN; inverted-CDF, so inf stays inf.
-
-    [choice] The inverted-CDF percentile (an order statistic, no interpolation): a replicate that never reaches the
-    target (inf) cannot turn the bound into NaN.
-    """
-    alpha = (1.0 - level) / 2
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: NaN bounds
-        low = np.nanquantile(values, alpha, axis=0, method="inverted_cdf")
-        high = np.nanquantile(values, 1.0 - alpha, axis=0, method="inverted_cdf")
-    return np.asarray(low, float), np.asarray(high, float)
-
-
-def _interval(estimate: float, values: np.ndarray, level: float) -> Interval:
-    low, high = _quantiles(values, level)
-    return Interval(float(estimate), float(low), float(high))
-
-
-@dataclass(frozen=True)
 class CurveStats:
     """One allocator's mean curve with its band, and the derived statistics with intervals."""
 
@@ -241,16 +184,16 @@ def _stats(
     """The curve's statistics, plus the replicates' tokens to target and areas, shape (B,) each."""
     grid = curves.grid()
     mean = curves.mean_curve(grid)
-    reps = replicate_means(curves, grid, draws)
-    low, high = _quantiles(reps, level)
+    reps = replicate_means(list(curves.task_curves(grid)), draws)
+    low, high = bounds(reps, level)
     t_reps, a_reps = first_crossing(grid, reps, target), auc_batch(grid, reps, budget)
     stats = CurveStats(
         grid=grid,
         mean=mean,
         low=low,
         high=high,
-        tokens_to_target=_interval(tokens_to_target(grid, mean, target), t_reps, level),
-        auc=_interval(normalised_auc(grid, mean, budget), a_reps, level),
+        tokens_to_target=interval(tokens_to_target(grid, mean, target), t_reps, level),
+        auc=interval(normalised_auc(grid, mean, budget), a_reps, level),
         reached=float(np.isfinite(t_reps).mean()),
     )
     return stats, t_reps, a_reps
@@ -335,8 +278,8 @@ def compare_curves(
         draws_b = draw(baseline.seeds, baseline.tasks, samples, gen)
     a, t_a, auc_a = _stats(curves, draws_a, tgt, horizon, level)
     b, t_b, auc_b = _stats(baseline, draws_b, tgt, horizon, level)
-    ratio = _interval(
+    ratio = interval(
         float(_ratio(a.tokens_to_target.estimate, b.tokens_to_target.estimate)), _ratio(t_a, t_b), level
     )
-    diff = _interval(a.auc.estimate - b.auc.estimate, auc_a - auc_b, level)
+    diff = interval(a.auc.estimate - b.auc.estimate, auc_a - auc_b, level)
     return Comparison(a, b, tgt, horizon, ratio, diff, paired)

@@ -1,8 +1,9 @@
 """A learning-curve study's report (issue 29), rebuilt from MLflow by ``tracerl study --report-only``: per cell its
 evaluation points (``curve.jsonl``: the MLflow artifact ``curve/curve.jsonl`` the grid keeps, else the file in the
 run's storage), per testbed the statistics of workflows/study/curves.py against grpo and ScaleRL's fit
-(workflows/study/sigmoid.py), the hypotheses' verdicts. workflows/study/curves_doc.py writes curves.md, curves.json
-and the plots to ``out_dir`` and onto the study's parent run.
+(workflows/study/sigmoid.py), the hypotheses' verdicts, as the typed results of workflows/study/curve_results.py.
+workflows/study/curves_doc.py writes curves.md, curves.json and the plots to ``out_dir`` and onto the study's parent
+run.
 
 Decision rule (stated in conf/study/curves.yaml before the grid runs): an allocator is more compute-efficient than
 grpo on a testbed when the 95 % interval of its tokens-to-target ratio lies below 1 ("win"), less when it lies above
@@ -12,6 +13,7 @@ its budget, on the curve's tasks; the start is the testbed's baseline (its start
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -21,8 +23,19 @@ from typing import Any
 import numpy as np
 
 from tracerl.experiment_config import StudyConfig
-from tracerl.workflows.study.curves import Comparison, EvalCurves, Interval, compare_curves, target_accuracy
+from tracerl.workflows.study.bootstrap import Interval, paired_difference
+from tracerl.workflows.study.curve_results import (
+    AllocatorStats,
+    CurveVerdict,
+    Fit,
+    Headroom,
+    Hypothesis,
+    HypothesisCase,
+    TestbedStats,
+)
+from tracerl.workflows.study.curves import Comparison, EvalCurves, compare_curves, target_accuracy
 from tracerl.workflows.study.sigmoid import fit_sigmoid
+from tracerl.workflows.tracking import frame
 
 BUDGET_TOLERANCE = 0.05
 """A cell whose realised generated tokens are more than this fraction off its budget is flagged."""
@@ -49,7 +62,7 @@ def read_cell_curve(client: Any, run: Any) -> tuple[list[dict[str, Any]], str]:
     from tracerl.workflows.study.curve_cells import CURVE_ARTIFACT_DIR
     from tracerl.workflows.train.budget import CURVE_FILE, read_curve
 
-    rid = run.info.run_id
+    rid = str(run["run_id"])
     try:
         names = {f.path for f in client.list_artifacts(rid, CURVE_ARTIFACT_DIR)}
     except Exception:  # noqa: BLE001 - MLflow raises its own types per artifact store; none listed: try the storage
@@ -59,7 +72,7 @@ def read_cell_curve(client: Any, run: Any) -> tuple[list[dict[str, Any]], str]:
             return read_curve(
                 client.download_artifacts(rid, f"{CURVE_ARTIFACT_DIR}/{CURVE_FILE}", tmp)
             ), "mlflow"
-    storage = run.data.tags.get("tracerl.storage")
+    storage = frame.value(run, "tags.tracerl.storage")
     if storage and (Path(storage) / CURVE_FILE).is_file():
         return read_curve(storage), "storage"
     raise ValueError(
@@ -129,36 +142,22 @@ def cell_record(
 def collect_cells(cfg: StudyConfig, client: Any, exp_id: str, parent: str) -> list[dict[str, Any]]:
     """Every finished cell of the study with its curve; a cell without one is recorded with an ``error``."""
     from tracerl.workflows.study.baseline import finished_baselines
-    from tracerl.workflows.study.report import newest_finished, run_outcomes
+    from tracerl.workflows.study.cell_runs import newest_finished, run_outcomes
 
     starts = {tb: run_outcomes(client, rid) for tb, rid in finished_baselines(client, exp_id, parent).items()}
     out = []
-    for key, run in sorted(newest_finished(client, exp_id, parent).items()):
-        raw = run.data.params.get("stop.tokens")
-        budget = (
-            float(raw) if raw not in (None, "None", "null") else float(cfg.testbeds[key[0]]["stop_tokens"])
-        )
+    for key, run in newest_finished(client, exp_id, parent):
+        raw = frame.param(run, "stop.tokens")
+        budget = raw if raw is not None else float(cfg.testbeds[key[0]]["stop_tokens"])
+        rid = str(run["run_id"])
         try:
             points, source = read_cell_curve(client, run)
-            rec = cell_record(key, run.info.run_id, points, budget, starts.get(key[0]), source)
+            rec = cell_record(key, rid, points, budget, starts.get(key[0]), source)
         except ValueError as e:
-            rec = {**cell_record(key, run.info.run_id, [], budget, None), "error": str(e)}
-        rec["git_sha"] = run.data.tags.get("tracerl.git_sha", "unknown")  # archived cells keep their own
+            rec = {**cell_record(key, rid, [], budget, None), "error": str(e)}
+        rec["git_sha"] = frame.value(run, "tags.tracerl.git_sha", "unknown")  # archived cells keep their own
         out.append(rec)
     return out
-
-
-def finite(obj: Any) -> Any:
-    """``obj`` with every NaN or infinite float as None (strict JSON; None: never reached or not measured)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, Mapping):
-        return {str(k): finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [finite(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return finite(obj.item())
-    return obj
 
 
 # -- statistics per testbed ----------------------------------------------------------------------------------
@@ -181,15 +180,6 @@ def eval_curves(cells: Sequence[Mapping[str, Any]], x: str = "generated_tokens")
     )
 
 
-def interval(i: Interval, scale: float = 1.0) -> dict[str, float | None]:
-    """An interval as JSON (``None``: infinite or undefined, e.g. never reached)."""
-
-    def f(v: float) -> float | None:
-        return float(v * scale) if math.isfinite(v) else None
-
-    return {"estimate": f(i.estimate), "low": f(i.low), "high": f(i.high)}
-
-
 def rule(ratio: Interval) -> str:
     """The decision rule on a tokens-to-target ratio's interval: 'win' (below 1), 'loss' (above 1), else 'tie';
     'n/a' when undefined (neither reached the target in some replicate's mean, so no bound)."""
@@ -198,17 +188,17 @@ def rule(ratio: Interval) -> str:
     return "win" if ratio.high < 1 else "loss" if ratio.low > 1 else "tie"
 
 
-def _comparison(c: Comparison) -> dict[str, Any]:
-    return {
-        "ratio": interval(c.ratio),
-        "auc_difference": interval(c.auc_difference),
-        "tokens_to_target": interval(c.allocator.tokens_to_target),
-        "vs_tokens_to_target": interval(c.baseline.tokens_to_target),
-        "auc": interval(c.allocator.auc),
-        "reached": c.allocator.reached,
-        "paired": c.paired,
-        "verdict": rule(c.ratio),
-    }
+def _comparison(c: Comparison) -> CurveVerdict:
+    return CurveVerdict(
+        ratio=c.ratio,
+        auc_difference=c.auc_difference,
+        tokens_to_target=c.allocator.tokens_to_target,
+        vs_tokens_to_target=c.baseline.tokens_to_target,
+        auc=c.allocator.auc,
+        reached=c.allocator.reached,
+        paired=c.paired,
+        verdict=rule(c.ratio),
+    )
 
 
 def _pair(
@@ -227,7 +217,7 @@ def compare(
     budget: float | None,
     samples: int,
     x: str = "generated_tokens",
-) -> dict[str, Any] | None:
+) -> CurveVerdict | None:
     """``compare_curves`` of two allocators' cells (paired on common seeds when their task counts match)."""
     a, b = _pair(mine, base)
     if not a:
@@ -239,10 +229,8 @@ def compare(
 
 def final_difference(
     mine: Sequence[Mapping[str, Any]], base: Sequence[Mapping[str, Any]], samples: int
-) -> dict[str, Any] | None:
+) -> Interval | None:
     """Final full-set accuracy of ``mine`` minus ``base``, paired by seed and task (hierarchical bootstrap)."""
-    from tracerl.workflows.study.report import hierarchical_bootstrap
-
     a, b = _pair(mine, base)
     va, vb = {}, {}
     for ca, cb in zip(a, b):
@@ -250,13 +238,10 @@ def final_difference(
         if tasks:
             va[ca["seed"]] = np.array([ca["final_outcomes"][t] for t in tasks])
             vb[cb["seed"]] = np.array([cb["final_outcomes"][t] for t in tasks])
-    if not va:
-        return None
-    diff, (lo, hi) = hierarchical_bootstrap(va, vb, samples)
-    return {"estimate": diff, "low": lo, "high": hi}
+    return paired_difference(va, vb, samples) if va else None
 
 
-def _fit(cs: Sequence[Mapping[str, Any]], start: float) -> dict[str, Any]:
+def _fit(cs: Sequence[Mapping[str, Any]], start: float) -> Fit:
     curves = eval_curves(cs)
     f = fit_sigmoid(curves.grid(), curves.mean_curve(), start=start)
     flat = f.converged and abs(f.asymptote - f.start) < 1e-3
@@ -272,83 +257,85 @@ def _fit(cs: Sequence[Mapping[str, Any]], start: float) -> dict[str, Any]:
         if not f.identified
         else ""
     )
-    num = lambda v: float(v) if math.isfinite(v) else None  # noqa: E731
-    return {
-        "asymptote": num(f.asymptote),
-        "midpoint": num(f.midpoint),
-        "exponent": num(f.exponent),
-        "r2": num(f.r2),
-        "rmse": num(f.rmse),
-        "identified": f.identified,
-        "poor": poor,
-        "why_poor": why,
-    }
+    return Fit(f.asymptote, f.midpoint, f.exponent, f.r2, f.rmse, f.identified, poor, why)
 
 
 def per_testbed_stats(
     cells: Sequence[Mapping[str, Any]], budget: float, samples: int, frac: float = TARGET_FRAC
-) -> dict[str, Any]:
+) -> TestbedStats:
     """One testbed's statistics: start, target, per allocator its curve statistics against grpo (in tokens and
     in CPU seconds), final accuracy, fit; and the trace vs trace_mc headroom."""
     usable = [c for c in cells if c["points"] and "error" not in c]
     by: dict[str, list[Mapping[str, Any]]] = {}
     for c in usable:
         by.setdefault(c["allocator"], []).append(c)
-    out: dict[str, Any] = {"budget_tokens": budget, "allocators": {}, "headroom": None}
     base = by.get(BASELINE)
     if not base:
-        out["note"] = f"no finished {BASELINE} cell: no target"
-        return out
+        return TestbedStats(budget, note=f"no finished {BASELINE} cell: no target")
     gm = eval_curves(base).mean_curve()
     start, end = float(gm[0]), float(gm[-1])
     target = target_accuracy(start, end, frac)
-    out.update(start=start, grpo_final=end, target=target, grpo_gain=end - start)
+    allocators = {}
     for alloc, cs in sorted(by.items(), key=lambda kv: (kv[0] != BASELINE, kv[0])):
         finals = np.array([c["final_accuracy"] for c in cs], float)
-        entry: dict[str, Any] = {
-            "seeds": len(cs),
-            "final_accuracy": float(np.nanmean(finals)) if np.isfinite(finals).any() else None,
-            "final_std": float(np.nanstd(finals)) if np.isfinite(finals).any() else None,
-            "tokens": compare(cs, base, target, budget, samples),
-            "cpu_s": compare(cs, base, target, None, samples, x="cpu_s"),
-            "final_difference": None if alloc == BASELINE else final_difference(cs, base, samples),
-            "fit": _fit(cs, start),
-            "mean_cpu_s": float(np.mean([c["cpu_s"] for c in cs])),
-        }
-        for unit in ("tokens", "cpu_s"):
-            if end <= start and entry[unit] is not None:
-                entry[unit]["verdict"] = "n/a"  # grpo gained nothing: no target to reach sooner
-        out["allocators"][alloc] = entry
+        measured = bool(np.isfinite(finals).any())
+        tokens = compare(cs, base, target, budget, samples)
+        cpu = compare(cs, base, target, None, samples, x="cpu_s")
+        if end <= start:  # grpo gained nothing: no target to reach sooner
+            tokens, cpu = (
+                None if v is None else dataclasses.replace(v, verdict="n/a") for v in (tokens, cpu)
+            )
+        allocators[alloc] = AllocatorStats(
+            seeds=len(cs),
+            final_accuracy=float(np.nanmean(finals)) if measured else None,
+            final_std=float(np.nanstd(finals)) if measured else None,
+            tokens=tokens,
+            cpu_s=cpu,
+            final_difference=None if alloc == BASELINE else final_difference(cs, base, samples),
+            fit=_fit(cs, start),
+            mean_cpu_s=float(np.mean([c["cpu_s"] for c in cs])),
+        )
     ceiling = next((a for a in sorted(by) if a.startswith(CEILING[1])), None)
+    headroom = None
     if ceiling and CEILING[0] in by:
         mc, tr = by[ceiling], by[CEILING[0]]
-        out["ceiling"] = ceiling
-        out["headroom"] = {
-            "tokens": compare(mc, tr, target, budget, samples),
-            "cpu_s": compare(mc, tr, target, None, samples, x="cpu_s"),
-            "final_difference": final_difference(mc, tr, samples),
-        }
-    if end <= start:
-        out["note"] = (
-            f"{BASELINE} did not improve on the start ({start:.3f} -> {end:.3f}): no target to reach"
+        headroom = Headroom(
+            tokens=compare(mc, tr, target, budget, samples),
+            cpu_s=compare(mc, tr, target, None, samples, x="cpu_s"),
+            final_difference=final_difference(mc, tr, samples),
         )
-    return out
+    note = (
+        f"{BASELINE} did not improve on the start ({start:.3f} -> {end:.3f}): no target to reach"
+        if end <= start
+        else None
+    )
+    return TestbedStats(
+        budget,
+        allocators,
+        headroom,
+        start=start,
+        grpo_final=end,
+        target=target,
+        ceiling=ceiling if headroom else None,
+        note=note,
+    )
 
 
 def hypothesis_verdicts(
-    cfg: StudyConfig, stats: Mapping[str, Any], cells: Sequence[Mapping[str, Any]], samples: int
-) -> list[dict[str, Any]]:
+    cfg: StudyConfig, stats: Mapping[str, TestbedStats], cells: Sequence[Mapping[str, Any]], samples: int
+) -> list[Hypothesis]:
     """Each hypothesis of the config, checked testbed by testbed with the decision rule: 'held', 'failed',
     'partly held' or 'not measured'."""
     out = []
     for h in cfg.hypotheses:
         cases = []
         for tb in h["testbeds"]:
-            st = stats.get(tb, {})
-            if "target" not in st:
+            st = stats.get(tb)
+            if st is None or st.target is None:
                 continue
             if h["vs"] == BASELINE:
-                got = st["allocators"].get(h["allocator"], {}).get("tokens")
+                entry = st.allocators.get(h["allocator"])
+                got = entry.tokens if entry else None
             else:
                 mine = [
                     c
@@ -356,12 +343,10 @@ def hypothesis_verdicts(
                     if c["testbed"] == tb and c["allocator"] == h["allocator"] and c["points"]
                 ]
                 base = [c for c in cells if c["testbed"] == tb and c["allocator"] == h["vs"] and c["points"]]
-                got = (
-                    compare(mine, base, st["target"], st["budget_tokens"], samples) if mine and base else None
-                )
+                got = compare(mine, base, st.target, st.budget_tokens, samples) if mine and base else None
             if got is not None:
-                cases.append({"testbed": tb, "verdict": got["verdict"], "ratio": got["ratio"]})
-        hits = [c["verdict"] == h["expect"] for c in cases if c["verdict"] != "n/a"]
+                cases.append(HypothesisCase(tb, got.verdict, got.ratio))
+        hits = [c.verdict == h["expect"] for c in cases if c.verdict != "n/a"]
         state = (
             "not measured"
             if not cases
@@ -373,7 +358,5 @@ def hypothesis_verdicts(
             if not any(hits)
             else "partly held"
         )
-        out.append(
-            {**{k: h[k] for k in ("claim", "allocator", "vs", "expect")}, "state": state, "cases": cases}
-        )
+        out.append(Hypothesis(h["claim"], h["allocator"], h["vs"], h["expect"], state, cases))
     return out

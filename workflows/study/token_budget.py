@@ -50,7 +50,7 @@ def fill_tokens(
 ) -> dict[str, int]:
     """T per testbed: mean generated tokens per step over all steps of its leaves-mode grpo cells, written into the
     config file once every one of those cells has finished (a testbed with some unfinished is left as it is)."""
-    from tracerl.workflows.study.report import collect
+    from tracerl.workflows.study.cell_runs import collect
 
     parents = client.search_runs(
         [exp_id], filter_string=f"tags.`tracerl.command` = 'study' and tags.`{TAG}` = '{cfg.name}'"
@@ -61,7 +61,7 @@ def fill_tokens(
         c
         for p in parents
         for c in collect(client, exp_id, p.info.run_id, cfg.tracking)
-        if c["budget"] == "leaves" and c["allocator"] == "grpo"
+        if c.budget == "leaves" and c.allocator == "grpo"
     ]
     want = {
         tb: {
@@ -73,15 +73,15 @@ def fill_tokens(
     }
     filled = {}
     for tb in cfg.testbeds:
-        cs = [c for c in cells if c["testbed"] == tb and c["steps"]]
-        missing = sorted(want[tb] - {c["seed"] for c in cs})
+        cs = [c for c in cells if c.testbed == tb and c.steps]
+        missing = sorted(want[tb] - {c.seed for c in cs})
         if not cs or missing:  # T is the mean over all of them: a partial mean would fix another T
             if cs:
                 progress(
                     f"testbed {tb}: T not written, its leaves-mode grpo seeds {missing} have not finished"
                 )
             continue
-        t = round(sum(c["generated_tokens"] for c in cs) / sum(c["steps"] for c in cs))
+        t = round(sum(c.generated_tokens for c in cs) / sum(c.steps for c in cs))
         write_token_budget(config_path, tb, t)
         filled[tb] = t
     if not filled:

@@ -20,27 +20,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from tracerl import metrics as M
+from tracerl.workflows.tracking import tables
+from tracerl.workflows.tracking.frame import frame_of, metric_series, param, runs_frame, value
+from tracerl.workflows.tracking.tables import num
 
 
-def _series(client: Any, run_id: str, key: str) -> dict[int, float]:
-    from tracerl.workflows.tracking.runs import metric_series
-
-    return metric_series(client, run_id, key)
-
-
-def collect(client: Any, runs: Sequence[Any]) -> list[dict[str, Any]]:
-    """Per run: name, allocator, budget shape, per-step series and the summary numbers."""
+def collect(client: Any, runs: Sequence[Any] | pd.DataFrame) -> list[dict[str, Any]]:
+    """Per run (MLflow runs, or their frame: ``frame.runs_frame``): name, allocator, budget shape, per-step series
+    and the summary numbers."""
     out = []
-    for r in runs:
-        rid = r.info.run_id
-        p = r.data.params
-        er = _series(client, rid, M.EFFECTIVE_RATIO)
-        leaves = _series(client, rid, M.LEAVES)
-        tokens = _series(client, rid, M.GENERATED_TOKENS)
-        acc = _series(client, rid, M.EVAL_ACCURACY)
-        curve = _series(client, rid, M.CURVE_ACCURACY)  # the learning curve: MLflow step = generated tokens
-        curve_cpu = _series(client, rid, M.CURVE_CPU_S) if curve else {}
+    for _, r in (runs if isinstance(runs, pd.DataFrame) else frame_of(runs)).iterrows():
+        rid = r["run_id"]
+        er = metric_series(client, rid, M.EFFECTIVE_RATIO)
+        leaves = metric_series(client, rid, M.LEAVES)
+        tokens = metric_series(client, rid, M.GENERATED_TOKENS)
+        acc = metric_series(client, rid, M.EVAL_ACCURACY)
+        curve = metric_series(
+            client, rid, M.CURVE_ACCURACY
+        )  # the learning curve: MLflow step = generated tokens
+        curve_cpu = metric_series(client, rid, M.CURVE_CPU_S) if curve else {}
         cum_l, cum_t, tl, tt = {}, {}, 0.0, 0.0
         for s in sorted(set(leaves) | set(tokens)):
             tl += leaves.get(s, 0.0)
@@ -49,13 +50,13 @@ def collect(client: Any, runs: Sequence[Any]) -> list[dict[str, Any]]:
         out.append(
             {
                 "run_id": rid,
-                "name": r.info.run_name,
-                "status": r.info.status,
-                "allocator": p.get("allocator.name", "?"),
-                "continuations": _num(p.get("budget.continuations")),
-                "m_max": _num(p.get("allocator.m_max")),
-                "num_leaves": _num(p.get("budget.num_leaves")),
-                "lr": _num(p.get("optim.lr")),
+                "name": r["run_name"],
+                "status": r["status"],
+                "allocator": value(r, "params.allocator.name", "?"),
+                "continuations": _num(param(r, "budget.continuations")),
+                "m_max": _num(param(r, "allocator.m_max")),
+                "num_leaves": _num(param(r, "budget.num_leaves")),
+                "lr": _num(param(r, "optim.lr")),
                 "steps": len(er),
                 "effective_ratio": sum(er.values()) / len(er) if er else math.nan,
                 "acc_before": acc[min(acc)] if acc else math.nan,
@@ -75,37 +76,55 @@ def collect(client: Any, runs: Sequence[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _num(v: Any) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan
+def _num(v: float | None) -> float:
+    return math.nan if v is None else v
+
+
+COLUMNS = (
+    ("rank", "rank", 4, ">"),
+    ("run", "run", 34, "<"),
+    ("allocator", "allocator", 10, "<"),
+    ("N", "N", 3, ">"),
+    ("m_max", "m_max", 5, ">"),
+    ("steps", "steps", 5, ">"),
+    ("eff.ratio", "eff. ratio", 9, ">"),
+    ("acc before", "acc before", 10, ">"),
+    ("acc after", "acc after", 9, ">"),
+    ("leaves", "leaves", 7, ">"),
+    ("gen.tokens", "gen. tokens", 10, ">"),
+)
+"""The ranking's columns: title in table.txt, title in report.html, width and alignment in table.txt."""
+
+
+def ranked(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """The ranking's cells: runs by final held-out accuracy, then mean effective ratio."""
+    best = sorted(rows, key=lambda r: (-_nan0(r["acc_after"]), -_nan0(r["effective_ratio"])))
+    return [
+        [
+            str(i),
+            str(r["name"]),
+            str(r["allocator"]),
+            num(r["continuations"], ".0f", "-"),
+            num(r["m_max"], ".0f", "-"),
+            str(r["steps"]),
+            num(r["effective_ratio"], ".3f", "-"),
+            num(r["acc_before"], ".3f", "-"),
+            num(r["acc_after"], ".3f", "-"),
+            str(int(r["leaves"])),
+            str(int(r["generated_tokens"])),
+        ]
+        for i, r in enumerate(best, 1)
+    ]
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """Runs ranked by final held-out accuracy, then mean effective ratio."""
-    ranked = sorted(rows, key=lambda r: (-_nan0(r["acc_after"]), -_nan0(r["effective_ratio"])))
-    head = (
-        f"{'rank':>4} {'run':<34} {'allocator':<10} {'N':>3} {'m_max':>5} {'steps':>5} {'eff.ratio':>9} "
-        f"{'acc before':>10} {'acc after':>9} {'leaves':>7} {'gen.tokens':>10}"
-    )
-    lines = [head]
-    for i, r in enumerate(ranked, 1):
-        lines.append(
-            f"{i:>4} {str(r['name'])[:34]:<34} {r['allocator']:<10} {_fmt(r['continuations'], 0):>3} "
-            f"{_fmt(r['m_max'], 0):>5} {r['steps']:>5} {_fmt(r['effective_ratio'], 3):>9} "
-            f"{_fmt(r['acc_before'], 3):>10} {_fmt(r['acc_after'], 3):>9} {int(r['leaves']):>7} "
-            f"{int(r['generated_tokens']):>10}"
-        )
-    return "\n".join(lines)
+    cells = [[c[:34] if j == 1 else c for j, c in enumerate(row)] for row in ranked(rows)]
+    return tables.text([(title, width, align) for title, _, width, align in COLUMNS], cells)
 
 
 def _nan0(x: float) -> float:
     return -1.0 if x is None or math.isnan(x) else x
-
-
-def _fmt(x: float, digits: int) -> str:
-    return "-" if x is None or math.isnan(x) else f"{x:.{digits}f}"
 
 
 Series = tuple[Sequence[float], Sequence[float]]
@@ -204,19 +223,6 @@ _CSS = """body{font:14px system-ui,sans-serif;margin:1.5em;max-width:1200px}
 table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}
 th{background:#f3f3f3}td.name,td.alloc{text-align:left;font-family:ui-monospace,monospace;font-size:12px}
 img{max-width:100%;border:1px solid #eee;margin:.5em 0;display:block}"""
-_COLUMNS = (
-    "rank",
-    "run",
-    "allocator",
-    "N",
-    "m_max",
-    "steps",
-    "eff. ratio",
-    "acc before",
-    "acc after",
-    "leaves",
-    "gen. tokens",
-)
 
 
 def report_html(rows: Sequence[dict[str, Any]], plot_files: Sequence[Path]) -> str:
@@ -225,24 +231,9 @@ def report_html(rows: Sequence[dict[str, Any]], plot_files: Sequence[Path]) -> s
     import base64
     import html
 
-    ranked = sorted(rows, key=lambda r: (-_nan0(r["acc_after"]), -_nan0(r["effective_ratio"])))
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in _COLUMNS)
-    body = []
-    for i, r in enumerate(ranked, 1):
-        cells = [
-            f"<td>{i}</td>",
-            f"<td class='name'>{html.escape(str(r['name']))}</td>",
-            f"<td class='alloc'>{html.escape(str(r['allocator']))}</td>",
-            f"<td>{_fmt(r['continuations'], 0)}</td>",
-            f"<td>{_fmt(r['m_max'], 0)}</td>",
-            f"<td>{r['steps']}</td>",
-            f"<td>{_fmt(r['effective_ratio'], 3)}</td>",
-            f"<td>{_fmt(r['acc_before'], 3)}</td>",
-            f"<td>{_fmt(r['acc_after'], 3)}</td>",
-            f"<td>{int(r['leaves'])}</td>",
-            f"<td>{int(r['generated_tokens'])}</td>",
-        ]
-        body.append(f"<tr>{''.join(cells)}</tr>")
+    table = tables.html_table(
+        [title for _, title, _, _ in COLUMNS], ranked(rows), classes=("", "name", "alloc"), id_="ranking"
+    )
     imgs = [
         f"<h2>{html.escape(f.stem.replace('_', ' '))}</h2><img alt='{html.escape(f.stem)}' "
         f"src='data:image/png;base64,{base64.b64encode(f.read_bytes()).decode()}'>"
@@ -252,7 +243,7 @@ def report_html(rows: Sequence[dict[str, Any]], plot_files: Sequence[Path]) -> s
         f"<!doctype html><meta charset='utf-8'><title>tracerl compare: {len(rows)} runs</title><style>{_CSS}</style>"
         f"<h1>{len(rows)} training runs, ranked</h1><p>By final held-out accuracy, then mean effective ratio. "
         "N: continuations; m_max: most prefixes expanded per prompt; leaves and generated tokens: spent over the "
-        f"run.</p><table id='ranking'><tr>{head}</tr>{''.join(body)}</table>{''.join(imgs)}"
+        f"run.</p>{table}{''.join(imgs)}"
     )
 
 
@@ -294,17 +285,13 @@ def compare(
     client = mlflow.MlflowClient()
     name = experiment or tracking.experiment
     if run_ids:
-        runs = [client.get_run(r) for r in run_ids]
+        runs = frame_of(client.get_run(r) for r in run_ids)
     else:
         exp = client.get_experiment_by_name(name)
         if exp is None:
             raise LookupError(f"no MLflow experiment {name!r} at {tracking.uri}")
-        runs = [
-            r
-            for r in client.search_runs([exp.experiment_id], max_results=1000)
-            if r.data.tags.get("tracerl.command") == "train"
-        ]
-    if not runs:
+        runs = runs_frame(client, [exp.experiment_id], "tags.`tracerl.command` = 'train'", max_results=1000)
+    if runs.empty:
         raise LookupError(f"no training runs to compare in experiment {name!r} at {tracking.uri}")
     rows = collect(client, runs)
     out = Path(out_dir)
@@ -319,7 +306,7 @@ def compare(
     files.append(out / "report.html")
     run_id = None
     if log_to_mlflow:
-        exp_id = runs[0].info.experiment_id
+        exp_id = str(runs.iloc[0]["experiment_id"])
         cmp = client.create_run(
             exp_id,
             run_name=f"compare-{len(rows)}-runs",
