@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,7 +98,7 @@ def test_what_the_second_node_opens_beyond_loopback_refuses_a_client_without_the
 PLACED = {"placement/trainer": "127.0.0.1", "placement/samplers": "127.0.0.2", "placement/env": "127.0.0.2"}
 
 
-def _client(cluster: Cluster) -> object:
+def _client(cluster: Cluster) -> Any:
     import mlflow
 
     return mlflow.MlflowClient(tracking_uri=cluster.mlflow)
@@ -140,7 +141,7 @@ def test_the_readme_steps_from_a_client_venv_train_on_both_nodes_register_and_ev
     run.run(steps[0], job_done)
     run_id = run.subs[RUN_ID]
     client = _client(cluster)
-    params = client.get_run(run_id).data.params  # type: ignore[attr-defined]
+    params = client.get_run(run_id).data.params
     assert {k: v for k, v in params.items() if k.startswith("placement/")} == PLACED
     assert params["tracking.uri"] == cluster.mlflow
     run.run(steps[1])
@@ -208,7 +209,7 @@ def test_a_node_lost_mid_run_fails_in_one_line_and_resume_completes_the_run(
 
     def logged(step: int) -> bool:
         assert job.poll() is None, log.read_text()[-4000:]
-        return any(m.step == step for m in client.get_metric_history(run_id, "key/effective_ratio"))  # type: ignore[attr-defined]
+        return any(m.step == step for m in client.get_metric_history(run_id, "key/effective_ratio"))
 
     wait_for(lambda: logged(2), "step 2's metrics", limit_s=JOB_LIMIT_S, every_s=0.5)
     lost = time.monotonic()
@@ -221,6 +222,7 @@ def test_a_node_lost_mid_run_fails_in_one_line_and_resume_completes_the_run(
         return job.poll() is not None
 
     wait_for(failed, "the job's end after the node's loss", limit_s=JOB_LIMIT_S, every_s=0.5)
+    ended_s = time.monotonic() - lost
     text = log.read_text()
     assert job.returncode == 1 and re.search(r"^job \S+: FAILED$", text, re.M), text[-4000:]
     [line] = [ln for ln in text.splitlines() if "cannot be placed" in ln]
@@ -230,10 +232,12 @@ def test_a_node_lost_mid_run_fails_in_one_line_and_resume_completes_the_run(
         r"pools\.lost_node_wait_s\): .*`tracerl train resume=RUN_ID`",
         line,
     ), line
-    assert client.get_run(run_id).info.status == "FAILED"  # type: ignore[attr-defined]
+    assert client.get_run(run_id).info.status == "FAILED"
 
+    restarted = time.monotonic()
     cluster.start_node2()
     back = driver(cluster)
+    back_s = time.monotonic() - restarted
     assert back.returncode == 0 and json.loads(back.stdout.strip().splitlines()[-1])["placed"]["node2"] == (
         "127.0.0.2"
     ), (back.stdout + back.stderr)[-3000:]
@@ -243,11 +247,11 @@ def test_a_node_lost_mid_run_fails_in_one_line_and_resume_completes_the_run(
     )
     resume_s = time.monotonic() - began
     assert re.search(r"^job \S+: SUCCEEDED$", resumed.stdout, re.M), (resumed.stdout + resumed.stderr)[-4000:]
-    assert client.get_run(run_id).info.status == "FINISHED"  # type: ignore[attr-defined]
+    assert client.get_run(run_id).info.status == "FINISHED"
     assert check_steps(client, run_id, steps) == []
-    params = client.get_run(run_id).data.params  # type: ignore[attr-defined]
+    params = client.get_run(run_id).data.params
     assert {k: v for k, v in params.items() if k.startswith("placement/")} == PLACED
     print(
-        f"node loss: failure line {failed_after[0]:.0f} s after the loss, job ended {time.monotonic() - lost:.0f} s"
-        f" after it; resume {resume_s:.0f} s"
+        f"node loss: the failure line {failed_after[0]:.0f} s after the loss, the job ended at {ended_s:.0f} s; "
+        f"node 2 back and placing in {back_s:.0f} s; the resume job took {resume_s:.0f} s"
     )
