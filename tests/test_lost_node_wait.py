@@ -125,9 +125,9 @@ def test_a_real_ray_s_node_list_names_a_resource_it_lacks() -> None:
     from tracerl.config import ClusterConfig
     from tracerl.workflows.ops.ray_utils import init_ray
 
-    init_ray(ClusterConfig(num_cpus=1))
+    init_ray(ClusterConfig(num_cpus=1))  # or the Ray an earlier test of this process started
     nodes = live_nodes()
-    assert len(nodes) == 1 and nodes[0]["CPU"] == 1.0
+    assert len(nodes) == 1 and nodes[0]["CPU"] == ray.cluster_resources()["CPU"] >= 1.0
     assert missing(needs(0.5, 0.0, {}), nodes) == []
     assert missing(needs(0.5, 0.0, {"node2": 0.01}), nodes) == ["node2"]
     actor = ray.remote(num_cpus=0.01, resources={"node2": 0.01})(FakeCluster).remote(lambda t: [], None)
