@@ -84,7 +84,7 @@ test: lint typecheck unit
 ## wheel: a smoke training with the trainer on node 1 and the samplers and env actors on node 2 (the run's
 ## placement/* params) logged to an MLflow server named by the nodes' MLFLOW_TRACKING_URI, registered and evaluated
 ## from the client; then node 2 killed mid-run (one line after pools.lost_node_wait_s) and the run resumed to its end.
-## Every process it starts is stopped by its process group's id. About 11 minutes on 2 busy cores; not in
+## Every process it starts is stopped by its process group's id. 8 to 11 minutes on 2 busy cores; not in
 ## `make test` (marker `cluster`).
 test-cluster: install
 	$(VENV)/bin/pytest -q -m cluster -p no:cacheprovider tests/test_cluster.py

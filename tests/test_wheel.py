@@ -39,7 +39,7 @@ def test_the_wheel_installs_one_package_that_trains_from_any_directory(tmp_path:
     found = run([str(python), "-c", "import tracerl; print(tracerl.__file__)"], where)
     assert found.stdout.strip().startswith(str(site / "tracerl")), found.stdout + found.stderr
     # the experiments reach the installed CLI as a command family (no entry point needed) and find their profiles
-    sim = _run([str(env_dir / "bin" / "tracerl"), "bench", "pipeline", "--sim", "--samplers", "2"], where)
+    sim = run([str(env.bin / "tracerl"), "bench", "pipeline", "--sim", "--samplers", "2"], where)
     assert sim.returncode == 0, sim.stderr[-3000:]
     assert [x for x in sim.stdout.split() if x.endswith(("-vllm", "-cpu"))] == [
         "qwen3-8b-h100-vllm",
