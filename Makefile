@@ -80,10 +80,13 @@ test: lint typecheck unit
 
 ## A two-node Ray cluster on this machine (tests/test_cluster.py): a head on 127.0.0.1 and a node on 127.0.0.2, each
 ## with its own temp dir, ports and custom resource, token auth on with the token in RAY_AUTH_TOKEN (nothing written
-## to $$HOME); placement by resource, a client without the token refused, what each node listens on, and a
-## `tracerl submit` smoke training with the trainer on node 1 and the samplers and env actors on node 2 (the run's
-## placement/* params). Every process it starts is stopped by its process group's id. About 7 minutes on 2 busy
-## cores; not in `make test` (marker `cluster`).
+## to $$HOME); placement by resource, a client without the token refused, what each node listens on;
+## infra/README.md's "Run on your cluster" lines as written (tests/cluster_steps.py), from a venv holding only the
+## wheel: a smoke training with the trainer on node 1 and the samplers and env actors on node 2 (the run's
+## placement/* params) logged to an MLflow server named by the nodes' MLFLOW_TRACKING_URI, registered and evaluated
+## from the client; then node 2 killed mid-run (one line after pools.lost_node_wait_s) and the run resumed to its end.
+## Every process it starts is stopped by its process group's id. 8 to 11 minutes on 2 busy cores; not in
+## `make test` (marker `cluster`).
 test-cluster: install
 	$(VENV)/bin/pytest -q -m cluster -p no:cacheprovider tests/test_cluster.py
 

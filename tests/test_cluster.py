@@ -1,177 +1,50 @@
-"""A two-node Ray cluster on this machine (issue 43, item 1; `make test-cluster`, marker ``cluster``).
-
-A head on 127.0.0.1 and a second node on 127.0.0.2, each from its own temporary directory with its own ports and a
-custom resource (``node1``, ``node2``) that places work on it; token authentication on, the token handed to both
-nodes and every client in ``RAY_AUTH_TOKEN`` (as infra/ hands the ``ray-auth`` secret to the pods) and ``HOME`` a
-temporary folder, so nothing is written to the user's home. Every process is stopped by its process group's id.
-
-The head runs in Ray's single-machine mode (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``), which keeps its node address
-127.0.0.1 and so every head service on loopback; the second node joins at the GCS's IPv4-mapped address
-``[::ffff:127.0.0.1]``, because Ray rewrites the literal ``127.0.0.1`` of a joining node to the machine's primary
-address (measured with Ray 2.60: the join then failed to reach the GCS).
-"""
+"""A two-node Ray cluster on this machine (issue 43; `make test-cluster`, marker ``cluster``): tests/cluster_nodes.py
+starts it (a head on 127.0.0.1 offering ``node1``, a node on 127.0.0.2 offering ``node2``, token authentication on,
+an MLflow server whose address the nodes have in ``MLFLOW_TRACKING_URI``). Here: the join and placement, a client
+without the token refused, what each node listens on, infra/README.md's "Run on your cluster" lines run as they
+stand from a virtualenv holding only the project's wheel (tests/cluster_steps.py), and the second node lost in the
+middle of a run: one line, then ``resume=RUN_ID`` on the node brought back completes it."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
+import shlex
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, WAIT_LIMIT_S, stop_process, wait_for
+from tests.cluster_nodes import Cluster, driver, mlflow_server, two_nodes
+from tests.cluster_steps import JOBS, MLFLOW, RUN_ID, SHARED, Steps, lines
+from tests.conftest import ROOT, wait_for
 from tests.net_exposure import answer_without_token, listening, tree
+from tests.wheel_venv import bare_env, build_wheel, wheel_venv
+from tracerl.config import TrackingConfig
+from tracerl.workflows.tracking.checkpoint_files import newest_good
+from tracerl.workflows.tracking.runs import run_storage
 
 pytestmark = pytest.mark.cluster
 
-RAY = str(Path(sys.executable).parent / "ray")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Cluster:
-    head: subprocess.Popen[bytes]
-    node2: subprocess.Popen[bytes]
-    address: str
-    """What a client passes to ``ray.init`` (the GCS)."""
-    env: dict[str, str]
-    """A client's environment: the token, and a HOME of its own."""
-    home: Path
-    metrics_port2: int
-    """The second node's metrics exporter (the one socket beyond loopback without token authentication)."""
-    jobs: str
-    """The head's job API (the dashboard, on loopback): what `tracerl submit --address` takes."""
-
-
-def _node_args(temp: Path, resource: str) -> list[str]:
-    """What both nodes are given: a temp dir of their own, every port chosen here (another Ray on this machine may
-    hold Ray's defaults), two CPUs and the resource that places work on the node."""
-    return [
-        "--block",
-        "--num-cpus=2",
-        f"--resources={json.dumps({resource: 1})}",
-        "--disable-usage-stats",
-        f"--temp-dir={temp}",
-        f"--dashboard-agent-listen-port={_free_port()}",
-        f"--dashboard-agent-grpc-port={_free_port()}",
-        f"--runtime-env-agent-port={_free_port()}",
-    ]
-
-
-def _start(args: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [RAY, "start", *args],
-        cwd=cwd,
-        env=env,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group: stopped as a whole, by its id
-    )
-
-
-DRIVER = """
-import json, sys, time, ray
-ray.init(address=sys.argv[1])
-deadline = time.monotonic() + float(sys.argv[2])
-while sum(n["Alive"] for n in ray.nodes()) < 2 and time.monotonic() < deadline:
-    time.sleep(0.5)
-where = ray.remote(num_cpus=0)(lambda: ray.util.get_node_ip_address())
-print(json.dumps({
-    "nodes": sorted(
-        [n["NodeManagerAddress"], sorted(k for k in n["Resources"] if k.startswith("node") and ":" not in k)]
-        for n in ray.nodes() if n["Alive"]
-    ),
-    "placed": {r: ray.get(where.options(resources={r: 0.01}).remote()) for r in ("node1", "node2")},
-}))
-"""
-
-
-def _driver(cluster: Cluster, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", DRIVER, cluster.address, str(WAIT_LIMIT_S)],
-        cwd=cluster.home,
-        env=env or cluster.env,
-        capture_output=True,
-        text=True,
-        timeout=WAIT_LIMIT_S + 120,
-    )
+JOB_LIMIT_S = 1800
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    # Short temp dirs of their own: Ray's socket paths under them must fit AF_UNIX's 107 bytes.
-    temps = [Path(tempfile.mkdtemp(prefix=f"ray{n}-", dir="/tmp")) for n in ("head", "node2")]
-    logs = tmp_path_factory.mktemp("cluster-logs")
     home = tmp_path_factory.mktemp("home")
-    env = {
-        **{
-            k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_")) and k != "PYTHONPATH"
-        },
-        "HOME": str(home),
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN": secrets.token_hex(32),
-        # the suite's start-up limits (tests/conftest.py), for the nodes and the jobs they run: a loaded machine
-        "RAY_worker_register_timeout_seconds": "600",
-        "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "600",
-        "RAY_worker_niceness": "0",
-    }
-    gcs, dash = _free_port(), _free_port()
-    head = _start(
-        [
-            "--head",
-            "--node-ip-address=127.0.0.1",
-            f"--port={gcs}",
-            "--include-dashboard=true",  # the job API `tracerl submit` sends to (on loopback)
-            "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={dash}",
-            f"--metrics-export-port={_free_port()}",
-            *_node_args(temps[0], "node1"),
-        ],
-        {**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
-        logs / "head.log",
-        home,
-    )
-    node2: subprocess.Popen[bytes] | None = None
-    try:
-        wait_for(
-            lambda: head.poll() is not None or any(s.port == gcs for s in listening(tree(head.pid))),
-            "the head's GCS listening",
-        )
-        assert head.poll() is None, (logs / "head.log").read_text()[-3000:]
-        address = f"[::ffff:127.0.0.1]:{gcs}"
-        metrics2 = _free_port()
-        node2 = _start(
-            [
-                f"--address={address}",
-                "--node-ip-address=127.0.0.2",
-                f"--metrics-export-port={metrics2}",
-                *_node_args(temps[1], "node2"),
-            ],
-            env,
-            logs / "node2.log",
-            home,
-        )
-        yield Cluster(head, node2, address, env, home, metrics2, f"http://127.0.0.1:{dash}")
-    finally:
-        for proc in (node2, head):
-            if proc is not None:
-                stop_process(proc, group=True)
-        for t in temps:
-            shutil.rmtree(t, ignore_errors=True)
+    logs = tmp_path_factory.mktemp("cluster-logs")
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as url, two_nodes(home, logs, url) as c:
+        yield c
+
+
+def _driver(cluster: Cluster, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return driver(cluster, env)
 
 
 def test_the_second_node_joins_with_the_token_and_takes_what_its_resource_places(cluster: Cluster) -> None:
@@ -207,11 +80,11 @@ def test_what_the_second_node_opens_beyond_loopback_refuses_a_client_without_the
     exporter (Prometheus text, read-only) binds all interfaces and answers anyone, and Ray 2.60 has no switch for
     it. The probe goes to the socket through loopback (a socket bound to all interfaces is the same socket)."""
     wait_for(
-        lambda: any(s.name == "raylet" for s in listening(tree(cluster.node2.pid))),
+        lambda: any(s.name == "raylet" for s in listening(tree(cluster.node2_pid))),
         "node 2's raylet",
         every_s=1,
     )
-    seen = listening(tree(cluster.node2.pid))
+    seen = listening(tree(cluster.node2_pid))
     beyond = [s for s in seen if not s.loopback]
     assert {s.name for s in beyond} >= {"raylet"}, sorted(map(str, seen))
     answers = {str(s): answer_without_token("127.0.0.1", s.port) for s in beyond}
@@ -222,52 +95,163 @@ def test_what_the_second_node_opens_beyond_loopback_refuses_a_client_without_the
     assert refused and all(v.startswith("refused:") for v in refused.values()), answers
 
 
-def test_a_submitted_smoke_training_places_the_trainer_on_node1_and_the_samplers_on_node2(
+PLACED = {"placement/trainer": "127.0.0.1", "placement/samplers": "127.0.0.2", "placement/env": "127.0.0.2"}
+
+
+def _client(cluster: Cluster) -> Any:
+    import mlflow
+
+    return mlflow.MlflowClient(tracking_uri=cluster.mlflow)
+
+
+def test_the_readme_steps_from_a_client_venv_train_on_both_nodes_register_and_evaluate(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    """`tracerl submit` with the token in the environment (infra/README.md, step 5): two smoke steps whose trainer
-    asks for ``node1`` and whose samplers and environment actors ask for ``node2``; the run's own params say where
-    each ran."""
-    import sqlite3
-
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tracerl.workflows.cli.app",
-            "submit",
-            "--address",
-            cluster.jobs,
-            "--python",
-            sys.executable,
-            "train",
-            "--config",
-            "conf/train/smoke.yaml",
-            "--steps",
-            "2",
-            "eval_at_start=false",
-            "env.math.eval_tasks=2",
-            "trainer.resources={node1: 0.01}",
-            "pools.rollout_resources={node2: 0.01}",
-            "pools.env_resources={node2: 0.01}",
-            f"out_dir={tmp_path / 'runs'}",
-            f"tracking.uri=sqlite:///{tmp_path / 'mlruns.db'}",
-            f"tracking.artifact_location={tmp_path / 'mlartifacts'}",
-        ],
-        cwd=ROOT,
-        env={**cluster.env, "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}"},
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    out = res.stdout + res.stderr
-    assert res.returncode == 0 and re.search(r"^job \S+: SUCCEEDED$", res.stdout, re.M), out[-4000:]
-    with sqlite3.connect(tmp_path / "mlruns.db") as db:
-        params = dict(db.execute("select key, value from params where key like 'placement/%'").fetchall())
-        steps = db.execute("select count(distinct step) from metrics where key like 'train/%'").fetchone()[0]
-    assert params == {
-        "placement/trainer": "127.0.0.1",
-        "placement/samplers": "127.0.0.2",
-        "placement/env": "127.0.0.2",
+    """infra/README.md's "Run on your cluster", line for line, from a virtualenv holding only the project's wheel (not
+    the cluster's venv): the job logs to the MLflow the nodes' ``MLFLOW_TRACKING_URI`` names (over
+    ``tracking=server``'s default), the trainer on node 1, the samplers and environment actors on node 2 (the run's
+    own placement params); the client registers the run's last checkpoint and evaluates ``models:/NAME/1``."""
+    steps = lines()
+    assert [ln.split()[:2] for ln in steps] == [
+        ["tracerl", "submit"],
+        ["export", f"MLFLOW_TRACKING_URI={MLFLOW}"],
+        ["tracerl", "register"],
+        ["tracerl", "eval"],
+    ]
+    for old in (JOBS, SHARED, RUN_ID):
+        assert old in "\n".join(steps), old
+    client_venv = wheel_venv(build_wheel(tmp_path / "wheel"), tmp_path / "client")
+    shared = tmp_path / "shared"
+    env = {
+        **bare_env(cluster.home),
+        "PATH": f"{client_venv.bin}:/usr/bin:/bin",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": cluster.env["RAY_AUTH_TOKEN"],
     }
-    assert steps >= 2
+    assert shutil.which("tracerl", path=env["PATH"]) == str(
+        client_venv.bin / "tracerl"
+    )  # the wheel's, not ours
+    run = Steps({JOBS: cluster.jobs, MLFLOW: cluster.mlflow, SHARED: str(shared)}, env, ROOT, JOB_LIMIT_S)
+
+    def job_done(res: subprocess.CompletedProcess[str]) -> None:
+        assert re.search(r"^job \S+: SUCCEEDED$", res.stdout, re.M), (res.stdout + res.stderr)[-4000:]
+        run.subs[RUN_ID] = re.findall(r"MLflow run ([0-9a-f]{32}) \((http://\S+)\)", res.stdout)[0][0]
+        assert f"MLflow run {run.subs[RUN_ID]} ({cluster.mlflow})" in res.stdout  # the nodes' URI won
+
+    run.run(steps[0], job_done)
+    run_id = run.subs[RUN_ID]
+    client = _client(cluster)
+    params = client.get_run(run_id).data.params
+    assert {k: v for k, v in params.items() if k.startswith("placement/")} == PLACED
+    assert params["tracking.uri"] == cluster.mlflow
+    run.run(steps[1])
+    assert env["MLFLOW_TRACKING_URI"] == cluster.mlflow
+    run.run(steps[2])
+    assert f"registered tracerl-smoke version 1 from run {run_id}: " in run.ran[-1][1].stdout
+    run.run(steps[3])
+    summary = json.loads((shared / "eval" / "summary.json").read_text())
+    loaded = Path(summary["model"])  # where models:/tracerl-smoke/1 was downloaded to
+    assert summary["task_set"].startswith("math:")
+    ckpt = newest_good(run_storage(run_id, TrackingConfig(uri=cluster.mlflow))).path
+    assert ckpt is not None and str(ckpt).startswith(str(shared / "runs"))
+    assert (loaded / "model.safetensors").read_bytes() == (ckpt / "policy" / "model.safetensors").read_bytes()
+    print("cluster README steps ran:", *(shlex.join(argv) for argv, _ in run.ran), sep="\n  ")
+
+
+def test_a_node_lost_mid_run_fails_in_one_line_and_resume_completes_the_run(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Item 4: the samplers and environment actors on node 2, node 2 killed (SIGKILL, its whole process tree) once
+    step 2 is logged: the replacements find no node offering ``node2`` for ``pools.lost_node_wait_s`` (20 s here)
+    and the job fails with one ``tracerl:`` line naming it; node 2 started again, ``resume=RUN_ID`` completes the
+    run with each step's metrics once (the chaos drill's exactly-once rule)."""
+    from tracerl.workflows.train.chaos import check_steps
+
+    steps = 4
+    submit = [sys.executable, "-m", "tracerl.workflows.cli.app", "submit", "--address", cluster.jobs, "train"]
+    env = {**cluster.env, "PYTHONPATH": f"{ROOT}:{ROOT / 'platform'}"}
+    log = tmp_path / "job.log"
+    with log.open("w") as out:
+        job = subprocess.Popen(
+            [
+                *submit,
+                "--config",
+                "conf/train/smoke.yaml",
+                "tracking=server",
+                "--steps",
+                str(steps),
+                "checkpoint_every=1",
+                "eval_at_start=false",
+                "eval_at_end=false",
+                "env.math.eval_tasks=2",
+                "pools.lost_node_wait_s=20",
+                "trainer.resources={node1: 0.01}",
+                "pools.rollout_resources={node2: 0.01}",
+                "pools.env_resources={node2: 0.01}",
+                f"out_dir={tmp_path / 'runs'}",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    client = _client(cluster)
+    found: list[str] = []
+
+    def started() -> bool:
+        assert job.poll() is None, log.read_text()[-4000:]
+        found[:] = re.findall(r"MLflow run ([0-9a-f]{32}) ", log.read_text())
+        return bool(found)
+
+    wait_for(started, "the run's creation", limit_s=JOB_LIMIT_S)
+    run_id = found[0]
+
+    def logged(step: int) -> bool:
+        assert job.poll() is None, log.read_text()[-4000:]
+        return any(m.step == step for m in client.get_metric_history(run_id, "key/effective_ratio"))
+
+    wait_for(lambda: logged(2), "step 2's metrics", limit_s=JOB_LIMIT_S, every_s=0.5)
+    lost = time.monotonic()
+    assert cluster.lose_node2()
+    failed_after: list[float] = []
+
+    def failed() -> bool:
+        if not failed_after and "cannot be placed" in log.read_text():
+            failed_after.append(time.monotonic() - lost)
+        return job.poll() is not None
+
+    wait_for(failed, "the job's end after the node's loss", limit_s=JOB_LIMIT_S, every_s=0.5)
+    ended_s = time.monotonic() - lost
+    text = log.read_text()
+    assert job.returncode == 1 and re.search(r"^job \S+: FAILED$", text, re.M), text[-4000:]
+    [line] = [ln for ln in text.splitlines() if "cannot be placed" in ln]
+    assert re.fullmatch(
+        r"tracerl: the training loop stopped \(Unplaceable\): a replacement for sampler actor \d cannot be placed: "
+        r"it asks for CPU=0\.5, node2=0\.01, and no live node of the Ray cluster has node2 \(for 20 s, "
+        r"pools\.lost_node_wait_s\): .*`tracerl train resume=RUN_ID`",
+        line,
+    ), line
+    assert client.get_run(run_id).info.status == "FAILED"
+
+    restarted = time.monotonic()
+    cluster.start_node2()
+    back = driver(cluster)
+    back_s = time.monotonic() - restarted
+    assert back.returncode == 0 and json.loads(back.stdout.strip().splitlines()[-1])["placed"]["node2"] == (
+        "127.0.0.2"
+    ), (back.stdout + back.stderr)[-3000:]
+    began = time.monotonic()
+    resumed = subprocess.run(
+        [*submit, f"resume={run_id}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=JOB_LIMIT_S
+    )
+    resume_s = time.monotonic() - began
+    assert re.search(r"^job \S+: SUCCEEDED$", resumed.stdout, re.M), (resumed.stdout + resumed.stderr)[-4000:]
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert check_steps(client, run_id, steps) == []
+    params = client.get_run(run_id).data.params
+    assert {k: v for k, v in params.items() if k.startswith("placement/")} == PLACED
+    print(
+        f"node loss: the failure line {failed_after[0]:.0f} s after the loss, the job ended at {ended_s:.0f} s; "
+        f"node 2 back and placing in {back_s:.0f} s; the resume job took {resume_s:.0f} s"
+    )

@@ -33,6 +33,11 @@ def as_permanent(exc: BaseException) -> LoopFailed | None:
     if isinstance(exc, LoopFailed):
         return exc
     if isinstance(exc, PERMANENT) and not isinstance(exc, OSError):
+        inner = getattr(
+            exc, "cause", None
+        )  # Ray's RayTaskError(X) from an actor: X's message, not the traceback
+        if isinstance(inner, PERMANENT) and not isinstance(inner, OSError):
+            exc = inner
         text = " ".join(str(exc).split()) or type(exc).__name__
         return LoopFailed(f"the training loop stopped ({type(exc).__name__}): {text}")
     return None

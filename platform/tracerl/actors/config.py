@@ -178,6 +178,11 @@ class PoolConfig:
     """The same for the environment actors (tool calls and shared services such as the search retriever)."""
     max_retries: int = 3
     """Times a work item is retried on a fresh actor after the one running it died."""
+    lost_node_wait_s: float = 300.0
+    """How long a new sampler, environment or service actor may wait while no live node of the cluster has what it
+    asks for (its node was lost: ``rollout_resources`` or ``env_resources`` that only that node offered) before the
+    run fails in one line naming the missing resource (actors/placement.py); a node that comes back within it takes
+    the actor and the run goes on. A slow start on a node that exists is not bounded by it."""
 
     def __post_init__(self) -> None:
         check(self.rollout_workers >= 1, f"pools.rollout_workers must be >= 1 (got {self.rollout_workers})")
@@ -194,6 +199,9 @@ class PoolConfig:
         )
         check_resources("pools.rollout_resources", self.rollout_resources)
         check_resources("pools.env_resources", self.env_resources)
+        check(
+            self.lost_node_wait_s >= 0, f"pools.lost_node_wait_s must be >= 0 (got {self.lost_node_wait_s})"
+        )
 
 
 @dataclass(frozen=True)

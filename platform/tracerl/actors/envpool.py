@@ -51,8 +51,14 @@ class EnvPool(WrappedEnv):
         max_retries: int,
         faults: Faults = NO_FAULTS,
         resources: dict[str, float] | None = None,
+        lost_node_wait_s: float = 300.0,
     ) -> None:
+        from tracerl.actors.placement import needs
+
         super().__init__(env_factory())
+        self._want = needs(cpus, 0.0, resources or {})
+        self.lost_node_wait_s = lost_node_wait_s
+        """How long a replacement waits while no live node can take it (``pools.lost_node_wait_s``)."""
         self._new = lambda: (
             ray.remote(num_cpus=cpus, resources=resources or {})(EnvWorker)
             .options(scheduling_strategy=OWN)
@@ -90,7 +96,10 @@ class EnvPool(WrappedEnv):
             return self.actors[actor[i]].execute.remote(self.step, *calls[i])  # type: ignore[attr-defined]
 
         def on_dead(i: int) -> None:
-            self.actors[actor[i]] = self._new()
+            from tracerl.actors.placement import wait_placed
+
+            self.actors[actor[i]] = new = self._new()
+            wait_placed([new], self._want, self.lost_node_wait_s, "a replacement environment actor")
 
         results, retried = call_with_retries(len(calls), submit, on_dead, self.max_retries)
         return [replace(r, retried=r.retried + n) for r, n in zip(results, retried)]

@@ -60,7 +60,11 @@ class RolloutPool(ShardedPool):
         if spec.pools.env_workers > 0 and not spec.services:
             # One actor per shared service for the whole run; env_workers=0 keeps everything in-process.
             services = start_services(
-                env_class(spec.env.name), spec.env, spec.pools.env_cpus, dict(spec.pools.env_resources)
+                env_class(spec.env.name),
+                spec.env,
+                spec.pools.env_cpus,
+                dict(spec.pools.env_resources),
+                spec.pools.lost_node_wait_s,
             )
             spec = replace(spec, services=services)
         super().__init__(spec, seed)
@@ -105,8 +109,16 @@ class RolloutPool(ShardedPool):
         }
 
     def wait_ready(self) -> None:
-        """Block until every sampler actor has finished its constructor (loaded its policy)."""
+        """Block until every sampler actor has finished its constructor (loaded its policy); one that no live node
+        can take fails the run after ``pools.lost_node_wait_s`` (actors/placement.py)."""
+        self._placed(list(self.workers), f"{len(self.workers)} sampler actor(s)")
         ray.get([w.warnings.remote() for w in self.workers])
+
+    def _placed(self, actors: list[Any], what: str) -> None:
+        from tracerl.actors.placement import needs, wait_placed
+
+        want = needs(self.cpus, self.gpus, self.spec.pools.rollout_resources)
+        wait_placed(actors, want, self.spec.pools.lost_node_wait_s, what)
 
     def push(self, buckets: Iterable[Any], bucket_bytes: int) -> None:
         """A weight push (``tracerl.models.buckets``): each bucket its own object in the store, loaded by every
@@ -198,6 +210,8 @@ class RolloutPool(ShardedPool):
             self.max_retries + 1
         ):  # the fresh worker may die too (the chaos drill kills at random)
             self.workers[w] = self._new()
+            # a sampler lost with its node: its replacement waits for a node that can take it, within bounds
+            self._placed([self.workers[w]], f"a replacement for sampler actor {w}")
             if not self._pushed:
                 return  # it loads model.path, which the samplers still hold
             try:

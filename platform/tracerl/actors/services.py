@@ -56,19 +56,29 @@ def service_factories(env_cls: Any, env_cfg: Any) -> dict[str, Callable[[], Any]
 
 
 def start_services(
-    env_cls: Any, env_cfg: Any, cpus: float = 0.25, resources: dict[str, float] | None = None
+    env_cls: Any,
+    env_cfg: Any,
+    cpus: float = 0.25,
+    resources: dict[str, float] | None = None,
+    lost_node_wait_s: float = 300.0,
 ) -> dict[str, RemoteService]:
     """One actor per declared service, built once (blocks until each is up, so build errors surface here).
 
     Raises:
         ray.exceptions.RayActorError: a service failed to build (the message carries the cause).
+        tracerl.actors.placement.Unplaceable: no live node offered ``resources`` for ``lost_node_wait_s`` seconds.
     """
+    from tracerl.actors.placement import needs, wait_placed
+
     out: dict[str, RemoteService] = {}
     for name, factory in service_factories(env_cls, env_cfg).items():
         handle = (
             ray.remote(num_cpus=cpus, resources=resources or {})(ServiceActor)
             .options(scheduling_strategy=_OWN)
             .remote(factory)
+        )
+        wait_placed(
+            [handle], needs(cpus, 0.0, resources or {}), lost_node_wait_s, f"the {name} service actor"
         )
         # ray's annotations make .remote() of an actor class return ObjectRef | ActorHandle; this is the handle.
         ray.get(handle.__ray_ready__.remote())  # type: ignore[union-attr]

@@ -73,6 +73,7 @@ class RolloutWorker:
                 pools.max_retries,
                 self.faults,
                 dict(pools.env_resources),
+                pools.lost_node_wait_s,
             )
         elif tool_threads > 1:
             from tracerl.engine.concurrent_env import ConcurrentEnv
