@@ -277,13 +277,13 @@ def nothing_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     absent: no run created, no store opened)."""
     import ray
 
-    import tracerl.workflows.ops.ray_utils
+    import tracerl.workflows.train.run
 
     def boom(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("Ray was started before the data was checked")
 
     monkeypatch.setattr(ray, "init", boom)
-    monkeypatch.setattr(tracerl.workflows.ops.ray_utils, "init_ray", boom)
+    monkeypatch.setattr(tracerl.workflows.train.run, "init_ray", boom)  # the name launch() calls
     monkeypatch.chdir(tmp_path)
     return tmp_path / "m.db"
 

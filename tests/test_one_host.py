@@ -144,7 +144,9 @@ def test_checkpoint_files_are_staged_under_the_run_storage(
         staged.append((Path(src), Path(storage)))
         return real(src, storage, *args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(cf, "publish", spy)
+    import tracerl.workflows.train.loop as loop
+
+    monkeypatch.setattr(loop, "publish", spy)  # the name the loop's checkpoint step calls
     rc = main(
         [
             "train",

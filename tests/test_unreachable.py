@@ -81,12 +81,12 @@ def test_a_tracking_server_that_never_answers_is_one_line(
 def test_train_refuses_a_dead_tracking_server_before_ray_starts(
     closed_port: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tracerl.workflows.ops.ray_utils
+    import tracerl.workflows.train.run
 
     def boom(*args: object, **kwargs: object) -> None:
         raise AssertionError("Ray was started before the tracking server was checked")
 
-    monkeypatch.setattr(tracerl.workflows.ops.ray_utils, "init_ray", boom)
+    monkeypatch.setattr(tracerl.workflows.train.run, "init_ray", boom)  # the name launch() calls
     uri = f"http://127.0.0.1:{closed_port}"
     assert main(["train", "--config", "conf/train/smoke.yaml", f"tracking.uri={uri}"]) == 2
     assert f"tracking server {uri}: cannot connect" in _one_line(capsys)

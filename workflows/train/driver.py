@@ -17,17 +17,27 @@ from tracerl import metrics as M
 from tracerl.actors.faults import Faults
 from tracerl.config import BudgetConfig, TrainConfig
 from tracerl.config_loader import to_yaml
+from tracerl.engine.allocation import build_allocation
 from tracerl.engine.ledger import BudgetLedger
+from tracerl.engine.mc_scorer import mc_metrics
+from tracerl.engine.react import TEMPLATES
 from tracerl.engine.step import BareRollouts, PlannedStep, StepOutcome
+from tracerl.engine.step_stats import step_metrics, weight_staleness
 from tracerl.engine.stepper import Stepper
 from tracerl.engine.timer import PhaseTimer, process_tree_cpu_s
+from tracerl.envs.registry import tool_env_class
 from tracerl.workflows.tracking.checkpoint_state import CheckpointState
+from tracerl.workflows.tracking.local_runs import tracking_client
+from tracerl.workflows.tracking.log_file import tracking_logs_to
+from tracerl.workflows.tracking.run_info import key_metrics
 from tracerl.workflows.tracking.runs import phase_marker
+from tracerl.workflows.tracking.spool import MetricLog, next_attempt
 from tracerl.workflows.train.budget import (
     append_point,
     eval_subset,
     overshoot,
 )
+from tracerl.workflows.train.evaluate import evaluate_prompts, leaf_score_means, task_outcomes
 from tracerl.workflows.train.meter import RunMeter
 from tracerl.workflows.train.push import EngineRestarts
 from tracerl.workflows.train.setup import ADAPTERS, say
@@ -38,6 +48,9 @@ from tracerl.workflows.train.step_log import (
     start_pool,
     totals_line,
 )
+
+# Slow imports (torch, transformers, Ray, scipy: seconds) stay inside the functions that use them: this module loads
+# with the CLI, which starts without them (docs/results/startup.md).
 
 TIMEOUTS = ("tool_timeouts", "grade_timeouts")  # wall-clock limits an evaluation logs as eval/<name>
 
@@ -80,13 +93,7 @@ class Driver:
         policy; None: started here) and wait until every sampler is up; log the run's thread counts."""
         import numpy as np
 
-        from tracerl.engine.allocation import build_allocation
-        from tracerl.engine.react import TEMPLATES
-        from tracerl.envs.registry import tool_env_class
         from tracerl.workflows.lm.stack import task_prompts, text_features
-        from tracerl.workflows.tracking.local_runs import tracking_client
-        from tracerl.workflows.tracking.log_file import tracking_logs_to
-        from tracerl.workflows.tracking.spool import MetricLog, next_attempt
 
         self.cfg, self.run_id, self.storage, self.tok = cfg, run_id, storage, tok
         # The HF model class and config that checkpoints are written with (a LoRA run's base model).
@@ -201,9 +208,6 @@ class Driver:
         """The step's rollout, budget and calibration metrics (before the predictor fits on the new trees); the
         step's ledger holds the samplers' counts (tokens, tool calls, retries, generation time) for it."""
         from tracerl.calibration import collect_calibration, summarize_calibration
-        from tracerl.engine.mc_scorer import mc_metrics
-        from tracerl.engine.step_stats import step_metrics
-        from tracerl.workflows.train.evaluate import leaf_score_means
 
         self.meter.add_rollout(out.ledger)
         m = step_metrics(out)
@@ -222,7 +226,6 @@ class Driver:
     def batch_metrics(self, batch: Any, out: Any) -> dict[str, float]:
         """Reward, accuracy and response length of the collated batch (one sequence per leaf); with overlap, how
         stale the weights that sampled it are (at most one update)."""
-        from tracerl.engine.step_stats import weight_staleness
 
         rewards = batch.rewards
         m = {
@@ -285,8 +288,6 @@ class Driver:
         """Greedy held-out accuracy on every held-out task (``full``: per source; search: em, f1; per-task outcomes
         as an artifact) or on the curve's tasks; the evaluation's own tokens, wall and CPU seconds (not counted in
         the run's totals). The learning-curve point is logged with the step (``close_step``)."""
-        from tracerl.workflows.tracking.run_info import key_metrics
-        from tracerl.workflows.train.evaluate import evaluate_prompts, task_outcomes
 
         self.mark("eval", step)
         samplers_before = self.pool.cpu_s()  # the samplers' training CPU up to here
@@ -337,7 +338,6 @@ class Driver:
     def close_step(self, m: dict[str, float], done: int, out: Any, timer: PhaseTimer) -> dict[str, float]:
         """The step's last metrics (retries, attempt, phase times, memory, CPU) and, when due, a sample of its
         trees as artifacts; then everything is logged at step ``done`` (spooled while the server is down)."""
-        from tracerl.workflows.tracking.run_info import key_metrics
 
         self.mark("log")
         with timer("log"):

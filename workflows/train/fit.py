@@ -9,8 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.config import TrainConfig
+from tracerl.workflows.ops.disk import DiskFull
+from tracerl.workflows.ops.no_retry import LoopFailed
+from tracerl.workflows.ops.ray_utils import torch_trainer
+from tracerl.workflows.train.context import InProcessContext
 from tracerl.workflows.train.loop import LOOP_INPUT, LoopInput, guarded_loop
 from tracerl.workflows.train.step_log import StartupClock
+
+# Slow imports (torch, transformers, Ray, scipy: seconds) stay inside the functions that use them: this module loads
+# with the CLI, which starts without them (docs/results/startup.md).
 
 
 def ray_trainer(
@@ -28,7 +35,6 @@ def ray_trainer(
     from ray.train.torch import TorchConfig
 
     from tracerl.workflows.ops.disk_callback import StopOnDiskFull
-    from tracerl.workflows.ops.ray_utils import torch_trainer
 
     t = cfg.trainer
     run_callbacks: list[Any] = [StopOnDiskFull(), *(callbacks or [])]  # a full disk is not retried
@@ -83,9 +89,6 @@ def run_in_process(
     from the newest intact checkpoint up to ``max_failures`` times, as Ray Train restarts its workers (never on a
     full disk or a signal). Each attempt is a new ``system/attempt``; the last failure is raised as
     ``TrainingFailed`` (the run ends FAILED)."""
-    from tracerl.workflows.ops.disk import DiskFull
-    from tracerl.workflows.ops.no_retry import LoopFailed
-    from tracerl.workflows.train.context import InProcessContext
 
     context = InProcessContext(storage, cfg.keep_checkpoints)
     config = {LOOP_INPUT: LoopInput(cfg, run_id, storage, reported(storage, resume_ckpt), startup, context)}

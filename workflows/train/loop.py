@@ -15,12 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from tracerl import metrics as M
+from tracerl.algos.batch import collate, debiased_setting
 from tracerl.config import TrainConfig
 from tracerl.engine.timer import PhaseTimer
+from tracerl.workflows.ops.disk import DiskFull, no_space, quiet_disk_full
+from tracerl.workflows.ops.no_retry import as_permanent, quiet_loop_failed
+from tracerl.workflows.tracking.checkpoint_files import publish, scratch
 from tracerl.workflows.train.budget import Totals, stop_reason
+from tracerl.workflows.train.context import RayTrainContext, checkpoint_name
 from tracerl.workflows.train.driver import Ahead, Driver, overlaps_next
 from tracerl.workflows.train.setup import Worker, quiet_train_reports, ranks_cpu, setup_worker
 from tracerl.workflows.train.step_log import StartupClock, start_pool
+
+# Slow imports (torch, transformers, Ray, scipy: seconds) stay inside the functions that use them: this module loads
+# with the CLI, which starts without them (docs/results/startup.md).
 
 LOOP_INPUT = "run"
 """The one key of the loop's config dict (Ray Train's ``train_loop_config``): a ``LoopInput``."""
@@ -45,8 +53,6 @@ class LoopInput:
 def guarded_loop(config: dict[str, LoopInput]) -> None:
     """``train_loop``, a full disk re-raised as ``DiskFull`` and a bad value or unknown name as ``LoopFailed`` (one
     line each, which the controller does not retry and the driver reports; workflows/ops/disk.py, no_retry.py)."""
-    from tracerl.workflows.ops.disk import DiskFull, no_space, quiet_disk_full
-    from tracerl.workflows.ops.no_retry import as_permanent, quiet_loop_failed
 
     quiet_disk_full("ray.train.v2._internal.util")  # it logs the error's traceback from every rank
     quiet_loop_failed("ray.train.v2._internal.util")
@@ -73,8 +79,6 @@ def train_loop(run: LoopInput) -> None:
     clock = run.startup[0] if run.startup is not None else None
     ctx = run.context
     if ctx is None:
-        from tracerl.workflows.train.context import RayTrainContext
-
         ctx = RayTrainContext()
         quiet_train_reports()
     if clock is not None:
@@ -147,7 +151,6 @@ def train_step(
     (``Driver.check_stop``) and every rank learns whether this step is the last (returned with ``ahead``); the last
     evaluates on every held-out task and checkpoints.
     """
-    from tracerl.algos.batch import collate, debiased_setting
     from tracerl.learner import denominator
 
     cfg, done = w.cfg, step + 1
@@ -234,9 +237,6 @@ def report(
     renamed into place), the last ``keep_checkpoints`` kept (workflows/train/context.py).
     """
     import torch
-
-    from tracerl.workflows.tracking.checkpoint_files import publish, scratch
-    from tracerl.workflows.train.context import checkpoint_name
 
     if not checkpoint_due(w.cfg.checkpoint_every, done, last):
         w.ctx.report({"step": done, **metrics})

@@ -38,14 +38,42 @@ from typing import Any
 
 from tracerl.config import TrainConfig
 from tracerl.config_loader import to_yaml
-from tracerl.envs.registry import check_data, resolve_env_paths
+from tracerl.envs.registry import check_data, env_class, resolve_env_paths
+from tracerl.models.hf import check_weights, check_window
+from tracerl.workflows.ops.disk import DiskFull, no_space
+from tracerl.workflows.ops.no_retry import loop_failed
+from tracerl.workflows.ops.progress import bar
+from tracerl.workflows.ops.ray_utils import check_resources, end_on_signals, init_ray
+from tracerl.workflows.tracking import store as trk
 from tracerl.workflows.tracking.checkpoint_state import CheckpointState
-from tracerl.workflows.tracking.runs import RunSummary, create_run, resumed_config, run_summary
-from tracerl.workflows.tracking.store import resolve_uri, where
+from tracerl.workflows.tracking.local_runs import tracking_client
+from tracerl.workflows.tracking.log_file import tracking_logs_to
+from tracerl.workflows.tracking.outage import PatientClient
+from tracerl.workflows.tracking.run_info import train_tags
+from tracerl.workflows.tracking.runs import (
+    RunSummary,
+    create_run,
+    end_run,
+    failing_run,
+    resumed_config,
+    run_summary,
+)
+from tracerl.workflows.tracking.spool import (
+    ATTEMPTS,
+    STATUS,
+    MetricsPending,
+    PendingStatus,
+    fail_fast_http,
+    replay_statuses,
+)
+from tracerl.workflows.tracking.store import TrackingUnreachable, resolve_uri, where
 from tracerl.workflows.train.fit import ray_trainer, run_in_process
 from tracerl.workflows.train.preflight import check_budget, check_context, longest_prompt, training_tasks
 from tracerl.workflows.train.step_log import StartupClock
 from tracerl.workflows.train.summary import compute_summary, progress_bar
+
+# Slow imports (torch, transformers, Ray, scipy: seconds) stay inside the functions that use them: this module loads
+# with the CLI, which starts without them (docs/results/startup.md).
 
 # -- driver side ------------------------------------------------------------------------------------
 
@@ -123,15 +151,6 @@ def launch(
     """Everything before the loop: the config checked against the data, the budget and the model (before Ray
     starts or a run exists, so a mistake leaves nothing behind), Ray or the in-process mode, the tracking run
     created (or reopened for ``resume``)."""
-    # Ray, MLflow and the tracking modules import slowly: loaded when a run launches, not with the CLI.
-    from tracerl.workflows.ops.ray_utils import check_resources, end_on_signals, init_ray
-    from tracerl.workflows.tracking import store as trk
-    from tracerl.workflows.tracking.local_runs import tracking_client
-    from tracerl.workflows.tracking.log_file import tracking_logs_to
-    from tracerl.workflows.tracking.outage import PatientClient
-    from tracerl.workflows.tracking.run_info import train_tags
-    from tracerl.workflows.tracking.runs import failing_run
-    from tracerl.workflows.tracking.spool import ATTEMPTS, PendingStatus, fail_fast_http, replay_statuses
 
     clock = StartupClock(launched if launched is not None else time.time())
     tracked = cfg.tracking.enabled
@@ -211,11 +230,6 @@ def launch(
 def close(run: Launch, progress: Callable[[str], None]) -> RunSummary:
     """The loop run to its end (``run.fit``), then the run's final status sent (or kept, when the store or the
     disk cannot take it), and its summary read back and written to <storage>/summary.json."""
-    from tracerl.workflows.ops.disk import DiskFull, no_space
-    from tracerl.workflows.ops.no_retry import loop_failed
-    from tracerl.workflows.ops.progress import bar
-    from tracerl.workflows.tracking.runs import end_run
-    from tracerl.workflows.tracking.spool import MetricsPending
 
     cfg, run_id, storage, client = run.cfg, run.run_id, run.storage, run.client
     tracked = cfg.tracking.enabled
@@ -273,7 +287,6 @@ def close(run: Launch, progress: Callable[[str], None]) -> RunSummary:
 
 def kept_note(run_id: str, storage: Path, cfg: TrainConfig) -> str:
     """What the full-disk line adds when the store could not take the run's final status (kept beside it)."""
-    from tracerl.workflows.tracking.spool import STATUS, PendingStatus
 
     kept = PendingStatus(storage).pending()
     if kept is None:
@@ -288,7 +301,6 @@ def read_summary(run_id: str, cfg: TrainConfig, client: Any, say: Callable[[str]
     """The finished run's summary read back from its store; when the server stops answering for good here, the run
     is complete in the store already (its status was the last thing sent), so one line says so and the summary is
     left empty rather than failing the command."""
-    from tracerl.workflows.tracking.store import TrackingUnreachable
 
     try:
         summary = run_summary(run_id, cfg.tracking, client)
@@ -303,7 +315,6 @@ def check_model(cfg: TrainConfig) -> None:
     """The policy checkpoint exists and its weights files are whole, its context window fits the sampler's, LoRA
     targets name its layers, and the update's largest micro-batch fits ``trainer.gpu_memory_gb`` by the memory
     estimate: checked before any run is created (these are the user's to fix)."""
-    from tracerl.models.hf import check_weights, check_window
     from tracerl.workflows.lm.stack import SetupError
 
     if not Path(cfg.model.path).is_dir():
@@ -336,7 +347,6 @@ def resource_demand(cfg: TrainConfig) -> list[tuple[str, int, float, float]]:
     """(what, how many, CPUs each, GPUs each) of every actor a training run holds at once: Train workers,
     samplers, their environment actors and the run's shared services (e.g. the search retriever)."""
     from tracerl.actors.services import service_factories
-    from tracerl.envs.registry import env_class
 
     t, p = cfg.trainer, cfg.pools
     rows = [

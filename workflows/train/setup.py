@@ -13,10 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.config import TrainConfig
+from tracerl.engine.timer import process_tree_cpu_s
+from tracerl.models.hf import check_weights, load_policy, load_tokenizer
 from tracerl.workflows.tracking.checkpoint_files import damaged, newest_good, problem
 from tracerl.workflows.tracking.checkpoint_state import CheckpointState
 from tracerl.workflows.train.context import TrainContext
+from tracerl.workflows.train.push import adapter_pushes, push_policy
 from tracerl.workflows.train.shared_storage import check_shared
+
+# Slow imports (torch, transformers, Ray, scipy: seconds) stay inside the functions that use them: this module loads
+# with the CLI, which starts without them (docs/results/startup.md).
 
 ADAPTERS = "lora_adapters.pt"  # a LoRA run's checkpoint: its adapters (peft names) beside the merged policy
 
@@ -73,7 +79,6 @@ class Worker:
         """The policy into ``pool``'s samplers bucket by bucket (rank 0; None on the others, which take part in
         the gathers under FSDP): workflows/train/push.py. The launch's first push is whole; later ones of a LoRA run
         with hf samplers carry the adapters alone (every rank decides alike)."""
-        from tracerl.workflows.train.push import adapter_pushes, push_policy
 
         adapters = self.pushed and adapter_pushes(self.cfg.trainer, self.cfg.sampler.backend)
         push_policy(self.model, self.cfg.trainer, pool, self.cfg.model.dtype, adapters)
@@ -100,7 +105,6 @@ def setup_worker(cfg: TrainConfig, storage: Path, ctx: TrainContext, reported: I
     import torch
 
     from tracerl.learner import PolicyLearner
-    from tracerl.models.hf import load_policy
     from tracerl.models.wrap import fill_from_rank0, fully_shard_model, is_fsdp, is_meta, skeleton
 
     rank, world = ctx.rank, ctx.world
@@ -188,7 +192,6 @@ def load_model(cfg: TrainConfig, ckpt_dir: str | None, weights: bool = True) -> 
     shards)."""
     import torch
 
-    from tracerl.models.hf import check_weights, load_tokenizer
     from tracerl.models.wrap import adapter_weights, apply_lora, skeleton
 
     lora = cfg.trainer.lora_rank > 0
@@ -260,8 +263,6 @@ def quiet_train_reports() -> None:
 def ranks_cpu(w: Worker) -> float:
     """On rank 0: the CPU seconds of every trainer rank's process (and its children) so far; a collective."""
     import torch
-
-    from tracerl.engine.timer import process_tree_cpu_s
 
     mine = process_tree_cpu_s()
     if w.world == 1:
