@@ -127,8 +127,8 @@ test-ui: install
 ## The venv's python if there is one, else python3; GPU_CHECK_DRY=1 runs it small on CPU. docs/gpu_check.md.
 GPU_CHECK_OUT ?= bench_out/gpu_check.json
 gpu-check:
-	PYTHONPATH=$(CURDIR)/platform $$(test -x $(PY) && echo $(PY) || echo python3) -m tracerl.workflows.ops.gpu_check \
-	  --json $(GPU_CHECK_OUT)
+	PYTHONPATH=$(CURDIR)/platform $$(test -x $(PY) && echo $(PY) || echo python3) \
+	  -m tracerl.workflows.experiments.gpu_check --json $(GPU_CHECK_OUT)
 
 bench: install
 	$(VENV)/bin/tracerl bench allocation --json bench_out/allocation.json

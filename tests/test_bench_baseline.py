@@ -11,8 +11,8 @@ from scipy import stats
 from tests.test_tree import nested_tree
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt, Status
-from tracerl.workflows.bench.baseline import baseline_records, over_bins, over_seeds, seed_errors
 from tracerl.workflows.cli.app import main
+from tracerl.workflows.experiments.baseline import baseline_records, over_bins, over_seeds, seed_errors
 
 
 def _path(tree: RolloutTree, parent: int, reward: int, turns: int, bare: bool) -> int:

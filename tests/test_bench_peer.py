@@ -38,7 +38,7 @@ from tracerl.workflows.experiments.peer_settings import (
 )
 from tracerl.workflows.experiments.peer_sides import run_process
 from tracerl.workflows.experiments.peer_trl import PeerRollout, env_reward, group_runs, rollout_outputs
-from tracerl.workflows.ops.proc_memory import TreeMemory, tree_pss_mb
+from tracerl.workflows.experiments.proc_memory import TreeMemory, tree_pss_mb
 
 PEER = ROOT / "conf/bench/peer.yaml"
 TINY = [

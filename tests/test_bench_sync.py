@@ -1,4 +1,4 @@
-"""``tracerl bench sync`` (workflows/bench/sync.py): weight pushes to real hf sampler actors on the embedded Ray."""
+"""``tracerl bench sync`` (workflows/experiments/sync.py): weight pushes to real hf sampler actors on the embedded Ray."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tracerl.workflows.bench.sync import BenchSyncConfig, format_table, run_sync_bench
+from tracerl.workflows.experiments.sync import BenchSyncConfig, format_table, run_sync_bench
 
 
 def test_every_push_lands_in_every_sampler_and_the_json_holds_the_table(tmp_path: Path) -> None:

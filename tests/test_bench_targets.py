@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracerl.workflows.bench.targets import bias_by_bin, target_records
 from tracerl.workflows.cli.app import main
+from tracerl.workflows.experiments.targets import bias_by_bin, target_records
 
 
 def test_bias_by_bin_golden() -> None:

@@ -1,4 +1,4 @@
-"""``tracerl bench update`` (workflows/bench/update.py): one learner update of a chosen shape, chunked and not."""
+"""``tracerl bench update`` (workflows/experiments/update.py): one learner update of a chosen shape, chunked and not."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tracerl.workflows.bench.update import BenchUpdateConfig, format_table, run_case, run_update_bench
+from tracerl.workflows.experiments.update import BenchUpdateConfig, format_table, run_case, run_update_bench
 
 SMALL = dict(vocab=512, hidden=32, layers=1, tokens=256, seq_len=128, updates=1)
 

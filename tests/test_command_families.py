@@ -1,7 +1,8 @@
 """Command families: the bench commands that live outside the command rooms (the experiments' ``bench peer``,
-``bench limit`` and ``bench pipeline --sim``) reach the CLI through workflows/cli/families.py, as lazy built-ins or
+``bench limit``, ``bench targets``, ``baseline``, ``testbeds``, ``update``, ``sync`` and ``bench pipeline --sim``) reach the CLI through workflows/cli/families.py, as lazy built-ins or
 through an installed package's entry point (group ``tracerl.commands``), and a broken plug-in is left out."""
 
+import argparse
 import os
 import subprocess
 import sys
@@ -36,6 +37,11 @@ TOY = textwrap.dedent(
     FAMILY = CommandFamily({"bench toy": Command(ToyConfig, "bench/toy.yaml", FLAGS, run)}, {"bench toy": "a toy"})
     CLASH = CommandFamily({"bench train": Command(ToyConfig, "bench/toy.yaml", (), run)}, {"bench train": "again"})
     TOP = CommandFamily({"toy": Command(ToyConfig, "bench/toy.yaml", (), run)}, {"toy": "not a bench"})
+    ASTRAY = CommandFamily(
+        {"bench stray": Command(ToyConfig, "bench/toy.yaml", (), run)},
+        {"bench stray": "a stray"},
+        after={"bench train": "bench stray"},
+    )
     NOT_A_FAMILY = 3
     """
 )
@@ -50,8 +56,20 @@ def fake_distribution(root: Path, entry_points: str) -> None:
     (info / "entry_points.txt").write_text(f"[tracerl.commands]\n{entry_points}")
 
 
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """``parser``'s subcommands in the order ``--help`` lists them."""
+    return next(a._name_parser_map for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
 def test_the_experiments_are_bench_commands_of_the_cli() -> None:
-    assert {"bench peer", "bench limit"} <= set(COMMANDS)
+    moved = {"bench targets", "bench baseline", "bench testbeds", "bench update", "bench sync"}
+    assert {"bench peer", "bench limit", *moved} <= set(COMMANDS)
+    bench = subcommands(build_parser())["bench"]
+    # the family's `after` keeps the moved benches' lines where they were in `tracerl bench --help`
+    assert list(subcommands(bench)) == [
+        "allocation", "targets", "baseline", "rollout", "train", "pipeline", "testbeds", "update", "sync", "env",
+        "peer", "limit",
+    ]  # fmt: skip
     args = build_parser().parse_args(["bench", "pipeline", "--sim", "--samplers", "2,4"])
     assert (args.sim, args.samplers) == (True, "2,4")
     args = build_parser().parse_args(["bench", "limit", "--repeats", "2"])
@@ -64,16 +82,20 @@ def test_installed_families_load_and_broken_ones_are_left_out(
     fake_distribution(
         tmp_path,
         "toy = toy_commands:FAMILY\nclash = toy_commands:CLASH\ntop = toy_commands:TOP\n"
-        "odd = toy_commands:NOT_A_FAMILY\nmissing = toy_commands:NOPE\n"
+        "odd = toy_commands:NOT_A_FAMILY\nmissing = toy_commands:NOPE\nastray = toy_commands:ASTRAY\n"
         "experiments = toy_commands:FAMILY\n",  # a built-in's name: the built-in wins
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     families = load_families(taken={"bench train"}, found=registry())
-    assert [sorted(f.commands) for f in families] == [["bench limit", "bench peer"], ["bench toy"]]
+    experiments = sorted(
+        f"bench {x}" for x in ("peer", "limit", "targets", "baseline", "testbeds", "update", "sync")
+    )
+    assert [sorted(f.commands) for f in families] == [experiments, ["bench toy"]]
     err = capsys.readouterr().err
     assert "command family 'clash' left out: names commands already taken: bench train" in err
     assert "command family 'top' left out: adds commands outside `tracerl bench`: toy" in err
     assert "command family 'odd' left out: is a int, not a CommandFamily" in err
+    assert "command family 'astray' left out: places commands it does not add: bench train" in err
     assert "command family 'missing' (entry point 'toy_commands:NOPE'" in err
 
 

@@ -1,4 +1,4 @@
-"""The GPU check kit (workflows/ops/gpu_check.py) in its CPU dry mode, its memory formula and its missing-package paths."""
+"""The GPU check kit (workflows/experiments/gpu_check.py) in its CPU dry mode, its memory formula and its missing-package paths."""
 
 import json
 import math
@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from tracerl.workflows.ops import gpu_check, gpu_plan
+from tracerl.workflows.experiments import gpu_check
+from tracerl.workflows.ops import gpu_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = {"environment", "update", "memory", "lora_update", "generation_exact", "generation", "total_s"}
@@ -34,7 +35,7 @@ def test_dry_run_writes_every_section_without_ray_or_mlflow(tmp_path: Path) -> N
     a bare CUDA machine with torch, transformers and peft lacks (Ray, MLflow, vLLM, omegaconf, optuna)."""
     out = tmp_path / "gpu.json"
     code = (
-        "import sys, json; from tracerl.workflows.ops.gpu_check import main; rc = main(['--json', sys.argv[1]]); "
+        "import sys, json; from tracerl.workflows.experiments.gpu_check import main; rc = main(['--json', sys.argv[1]]); "
         "gone = ('ray', 'mlflow', 'vllm', 'omegaconf', 'optuna'); "
         "print(json.dumps({'rc': rc, 'loaded': [m for m in gone if m in sys.modules]}))"
     )

@@ -9,7 +9,13 @@ from tracerl.envs.math.tasks import generate
 from tracerl.models.tiny import Segment
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt, Status
-from tracerl.workflows.bench.testbeds import (
+from tracerl.workflows.bootstrap.habit import (
+    premature_segments,
+    question_answers_directly,
+    question_answers_late,
+)
+from tracerl.workflows.bootstrap.policy import LATE_THOUGHT, answers_late, habit_segments, trace_segments
+from tracerl.workflows.experiments.testbeds import (
     BenchTestbedsConfig,
     branch_probability,
     depth_profile,
@@ -19,12 +25,6 @@ from tracerl.workflows.bench.testbeds import (
     path_contents,
     summarize,
 )
-from tracerl.workflows.bootstrap.habit import (
-    premature_segments,
-    question_answers_directly,
-    question_answers_late,
-)
-from tracerl.workflows.bootstrap.policy import LATE_THOUGHT, answers_late, habit_segments, trace_segments
 
 
 def _text(segs: list[Segment]) -> str:

@@ -3,7 +3,8 @@
 One room per command family, imports flowing one way (docs/design.md; tests/test_layout.py checks it):
 ops -> lm -> tracking -> bootstrap -> train -> study -> pipeline -> bench -> cli -> experiments
 (a room imports only rooms to its left). The command rooms hold what users run every day; experiments holds the
-one-study instruments (``bench peer``, ``bench limit``, the pipeline scale model), which no command room imports.
+one-study instruments (``bench peer``, ``limit``, ``targets``, ``baseline``, ``testbeds``, ``update``, ``sync``, the
+pipeline scale model, the GPU check), which no command room imports.
 """
 
 COMMAND_ROOMS = ("ops", "lm", "tracking", "bootstrap", "train", "study", "pipeline", "bench", "cli")

@@ -1,6 +1,6 @@
-"""The benchmarks of ``tracerl bench``: allocation, env, rollout, targets, baseline, train, testbeds (with probes and
-simulated runs), update, sync (``bench peer`` and ``bench limit`` are in workflows/experiments/). Imports every room
-below it except pipeline and cli.
+"""The daily benchmarks of ``tracerl bench``: allocation (with its simulated runs, sim_runs), env, rollout, train
+(``bench pipeline`` has its own room; the one-study benches are experiments). Imports every room below it except
+pipeline and cli.
 
-Public face: each module's ``run_<name>_bench`` (targets: ``run_targets``) and ``format_table``.
+Public face: each module's ``run_<name>_bench`` and ``format_table``; ``sim_runs.run_allocator``.
 """

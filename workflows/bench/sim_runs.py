@@ -1,13 +1,11 @@
-"""Online allocation runs on the simulator: the engine of ``tracerl bench allocation``."""
+"""Online allocation runs on the simulator: the engine of ``tracerl bench allocation`` (the simulator experiments,
+``bench targets`` and ``bench baseline``, run it too)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -63,22 +61,3 @@ def run_allocator(
         env.advance()
         steps.append(metrics)
     return RunResult(name, seed, noise_scale, steps, summarize_calibration(calib))
-
-
-def sim_summary(cfg: BenchAllocationConfig, warm: int) -> dict[str, Any]:
-    """The head of a simulator bench's JSON summary (steps, seeds, warm-up, the step's budget), with an empty
-    ``allocators`` map for the bench to fill."""
-    budget = {
-        "leaves": cfg.budget.leaves,
-        "roots": cfg.budget.roots,
-        "continuations": cfg.budget.continuations,
-    }
-    return {"steps": cfg.steps, "seeds": cfg.seeds, "warmup_steps": warm, "budget": budget, "allocators": {}}
-
-
-def write_summary(out_dir: Path, json_path: str | None, summary: dict[str, Any], table: str) -> None:
-    """A simulator bench's table (``table.txt``) and JSON (``results.json``, and ``json_path`` where given)."""
-    (out_dir / "table.txt").write_text(table + "\n")
-    for p in [out_dir / "results.json"] + ([Path(json_path)] if json_path else []):
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(summary, indent=2))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ class CommandFamily:
     commands: dict[str, Command]  # "bench peer" -> its job
     help: dict[str, str]  # "bench peer" -> its line in ``tracerl bench --help``
     switches: tuple[Switch, ...] = ()
+    after: dict[str, str] = field(default_factory=dict)  # "bench sync" -> the command its help line follows
 
 
 def add_job_args(p: argparse.ArgumentParser, cmd: Command) -> argparse.ArgumentParser:

@@ -1,12 +1,11 @@
-"""``tracerl bench ...``: the benchmark subcommands of the command rooms (allocation, targets, baseline, rollout,
-train, pipeline, env, testbeds, update, sync), each a configured job that prints a table and writes JSON, and the
-parsers of those the command families add (workflows/cli/families.py: the experiments' peer, limit and
+"""``tracerl bench ...``: the benchmark subcommands of the command rooms (allocation, rollout, train, pipeline, env),
+each a configured job that prints a table and writes JSON, and the parsers of those the command families add
+(workflows/cli/families.py: the experiments' targets, baseline, testbeds, update, sync, peer, limit and
 ``pipeline --sim``)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,6 @@ from tracerl.experiment_config import (
     BenchRolloutConfig,
     BenchTrainConfig,
 )
-from tracerl.workflows.bench.sync import BenchSyncConfig
-from tracerl.workflows.bench.testbeds import BenchTestbedsConfig
-from tracerl.workflows.bench.update import BenchUpdateConfig
 from tracerl.workflows.cli.args import Command, CommandFamily, Shorthand, add_job_args, progress, run_bench
 from tracerl.workflows.tracking.store import resolve_uri, where
 
@@ -38,14 +34,6 @@ BENCH_ALLOCATION_FLAGS = (
     ),
     Shorthand("--continuations", ("budget.continuations",), "N, the continuation multiplier"),
     Shorthand("--workers", ("workers",), "parallel runs (Ray tasks); 1 = no Ray"),
-    Shorthand("--out", ("out_dir",), "output directory", str),
-)
-
-
-BENCH_TARGETS_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
-    Shorthand("--seeds", ("seeds",), "seeds per allocator"),
-    Shorthand("--steps", ("steps",), "RL steps per run"),
     Shorthand("--out", ("out_dir",), "output directory", str),
 )
 
@@ -76,39 +64,6 @@ BENCH_PIPELINE_FLAGS = (
     ),
     Shorthand("--out", ("bench_out",), "output directory", str),
 )
-BENCH_TESTBEDS_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
-    Shorthand("--only", ("only",), "measure these testbeds (comma-separated names)", str),
-    Shorthand("--tasks", ("eval_tasks",), "held-out tasks per testbed"),
-    Shorthand("--out", ("out_dir",), "output directory", str),
-)
-BENCH_UPDATE_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
-    Shorthand("--vocab", ("vocab",), "vocabulary size"),
-    Shorthand("--hidden", ("hidden",), "hidden size (a multiple of 32)"),
-    Shorthand("--layers", ("layers",), "decoder layers"),
-    Shorthand("--tokens", ("tokens",), "tokens of the update's batch"),
-    Shorthand("--micro-tokens", ("micro_tokens",), "token budget of a micro-batch (0: the whole batch)"),
-    Shorthand("--dtype", ("dtype",), "compute dtype: float32 or bfloat16 (autocast)", str),
-    Shorthand(
-        "--chunks",
-        ("logit_chunks",),
-        "loss.logit_chunk of each case, comma-separated (0: unchunked)",
-        lambda s: f"[{s}]",
-    ),
-    Shorthand("--max-gb", ("max_gb",), "address-space cap of each case's subprocess, GB (0: none)", float),
-    Shorthand("--out", ("bench_out",), "output directory", str),
-)
-BENCH_SYNC_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
-    Shorthand("--vocab", ("vocab",), "vocabulary size"),
-    Shorthand("--hidden", ("hidden",), "hidden size (a multiple of 64)"),
-    Shorthand("--layers", ("layers",), "decoder layers"),
-    Shorthand("--samplers", ("samplers",), "hf sampler actors to push to"),
-    Shorthand("--bucket-mb", ("bucket_mb",), "trainer.push_bucket_mb of the push"),
-    Shorthand("--pushes", ("pushes",), "pushes (the first is a warm-up)"),
-    Shorthand("--out", ("bench_out",), "output directory", str),
-)
 BENCH_ENV_FLAGS = (
     Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
     Shorthand("--tasks", ("tasks",), "held-out tasks to run"),
@@ -130,28 +85,6 @@ def _bench_allocation(cfg: BenchAllocationConfig) -> int:
         uri = resolve_uri(cfg.tracking.uri)
         print(f"MLflow: {len(summary['run_ids'])} runs in experiment '{cfg.tracking.experiment}' at {uri}")
         print(f"  open with: mlflow ui --backend-store-uri {uri}")
-    return 0
-
-
-def _bench_targets(cfg: BenchAllocationConfig) -> int:
-    from tracerl.workflows.bench.targets import format_targets_table, run_targets
-
-    summary = run_targets(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    print(format_targets_table(summary))
-    print(
-        f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
-    )
-    return 0
-
-
-def _bench_baseline(cfg: BenchAllocationConfig) -> int:
-    from tracerl.workflows.bench.baseline import format_baseline_table, run_baseline
-
-    summary = run_baseline(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    print(format_baseline_table(summary))
-    print(
-        f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
-    )
     return 0
 
 
@@ -209,60 +142,22 @@ def _bench_pipeline(cfg: BenchPipelineConfig) -> int:
     return run_bench(cfg, run_pipeline_bench, format_table)
 
 
-def _bench_update(cfg: BenchUpdateConfig) -> int:
-    from tracerl.workflows.bench.update import format_table, run_update_bench
-
-    return run_bench(cfg, run_update_bench, format_table)
-
-
-def _bench_sync(cfg: BenchSyncConfig) -> int:
-    from tracerl.workflows.bench.sync import format_table, run_sync_bench
-
-    return run_bench(cfg, run_sync_bench, format_table)
-
-
-def _bench_testbeds(cfg: BenchTestbedsConfig) -> int:
-    from tracerl.workflows.bench.probes import run_testbeds_bench
-    from tracerl.workflows.bench.testbeds import format_table
-
-    summary = run_testbeds_bench(cfg, progress=progress)
-    print(format_table(summary))
-    print(f"wrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else ""))
-    return 0
-
-
 BENCH_COMMANDS: dict[str, Command] = {
     "bench allocation": Command(
         BenchAllocationConfig, "bench/allocation.yaml", BENCH_ALLOCATION_FLAGS, _bench_allocation
     ),
     "bench env": Command(BenchEnvConfig, "bench/env.yaml", BENCH_ENV_FLAGS, _bench_env),
-    "bench targets": Command(
-        BenchAllocationConfig, "bench/targets.yaml", BENCH_TARGETS_FLAGS, _bench_targets
-    ),
-    "bench baseline": Command(
-        BenchAllocationConfig, "bench/baseline.yaml", BENCH_TARGETS_FLAGS, _bench_baseline
-    ),
     "bench rollout": Command(BenchRolloutConfig, "bench/rollout.yaml", BENCH_ROLLOUT_FLAGS, _bench_rollout),
     "bench train": Command(BenchTrainConfig, "bench/train.yaml", BENCH_TRAIN_FLAGS, _bench_train),
     "bench pipeline": Command(
         BenchPipelineConfig, "bench/pipeline.yaml", BENCH_PIPELINE_FLAGS, _bench_pipeline
     ),
-    "bench testbeds": Command(
-        BenchTestbedsConfig, "bench/testbeds.yaml", BENCH_TESTBEDS_FLAGS, _bench_testbeds
-    ),
-    "bench update": Command(BenchUpdateConfig, "bench/update.yaml", BENCH_UPDATE_FLAGS, _bench_update),
-    "bench sync": Command(BenchSyncConfig, "bench/sync.yaml", BENCH_SYNC_FLAGS, _bench_sync),
 }
 BENCH_HELP = {
     "allocation": "every allocator at equal leaf budget on the simulator",
-    "targets": "bias of the predictor's fit targets vs the true V (simulator)",
-    "baseline": "bias of the advantage baseline (leaf mean vs debiased node values) vs the true V (simulator)",
     "rollout": "allocators at equal leaves with the frozen tiny policy",
     "train": "training runs of TRACE and GRPO at equal leaves, several seeds",
     "pipeline": "barrier vs streaming steps (frozen policy) and, with --train-steps, barrier vs overlap in train runs",
-    "testbeds": "acceptance of the study's testbeds: accuracy, depth profile, habit choices",
-    "update": "one learner update of a chosen shape: seconds, tokens/s, peak memory and the estimate",
-    "sync": "a weight push of a chosen model size to N sampler actors: seconds, peak host memory per side",
     "env": "an environment's gold replay (--gold) or tiny policy pass@1: "
     "bench env [math|search|bfcl] [--gold] [--json PATH]",
 }
@@ -270,14 +165,19 @@ BENCH_HELP = {
 
 def add_parsers(sub: Any, families: Sequence[CommandFamily] = ()) -> None:
     """``bench`` and its subcommands, on ``sub`` (the top-level ``add_subparsers`` result): the command rooms' and
-    then those of ``families`` with their switches (``bench pipeline --sim``)."""
+    those of ``families``, each family's command listed after the command its ``after`` names (else at the end),
+    then the families' switches (``bench pipeline --sim``)."""
     bench = sub.add_parser("bench", help="benchmarks that print tables and write JSON")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
-    for name, text in BENCH_HELP.items():
-        add_job_args(bench_sub.add_parser(name, help=text), BENCH_COMMANDS[f"bench {name}"])
+    lines = [(f"bench {name}", text, BENCH_COMMANDS[f"bench {name}"]) for name, text in BENCH_HELP.items()]
     for family in families:
         for name, text in family.help.items():
-            add_job_args(bench_sub.add_parser(name.removeprefix("bench "), help=text), family.commands[name])
+            names = [line[0] for line in lines]
+            anchor = family.after.get(name)
+            at = names.index(anchor) + 1 if anchor in names else len(lines)
+            lines.insert(at, (name, text, family.commands[name]))
+    for name, text, cmd in lines:
+        add_job_args(bench_sub.add_parser(name.removeprefix("bench "), help=text), cmd)
     for family in families:
         for switch in family.switches:
             switch.add_arguments(bench_sub.choices[switch.command.removeprefix("bench ")])

@@ -43,6 +43,8 @@ def _check(family: object, taken: set[str]) -> CommandFamily:
         raise ValueError(f"names commands already taken: {', '.join(sorted(names & taken))}")
     if set(family.help) != names:
         raise ValueError("needs exactly one help line per command")
+    if not set(family.after) <= names:
+        raise ValueError(f"places commands it does not add: {', '.join(sorted(set(family.after) - names))}")
     return family
 
 

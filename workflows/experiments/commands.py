@@ -1,6 +1,7 @@
-"""The experiments' ``tracerl bench`` subcommands: ``bench peer``, ``bench limit`` and the ``--sim`` switch of
-``bench pipeline``, as one command family (``FAMILY``) that the CLI finds through
-``tracerl.workflows.COMMAND_FAMILIES`` (workflows/cli/families.py) without importing this room by name."""
+"""The experiments' ``tracerl bench`` subcommands: ``bench targets``, ``bench baseline``, ``bench testbeds``,
+``bench update``, ``bench sync``, ``bench peer``, ``bench limit`` and the ``--sim`` switch of ``bench pipeline``, as
+one command family (``FAMILY``) that the CLI finds through ``tracerl.workflows.COMMAND_FAMILIES``
+(workflows/cli/families.py) without importing this room by name."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-from tracerl.workflows.cli.args import Command, CommandFamily, Shorthand, Switch, run_bench
+from tracerl.experiment_config import BenchAllocationConfig
+from tracerl.workflows.cli.args import Command, CommandFamily, Shorthand, Switch, progress, run_bench
 from tracerl.workflows.experiments.limit import BenchLimitConfig, run_limit_bench
 from tracerl.workflows.experiments.limit_report import format_table as format_limit_table
 from tracerl.workflows.experiments.peer import BenchPeerConfig, run_peer_bench
@@ -17,6 +19,52 @@ from tracerl.workflows.experiments.peer_report import format_table as format_pee
 from tracerl.workflows.experiments.pipeline_profile import load_profile, shipped_profiles
 from tracerl.workflows.experiments.pipeline_report import format_table as format_sim_table
 from tracerl.workflows.experiments.pipeline_report import read_cpu, sim_entry
+from tracerl.workflows.experiments.sync import BenchSyncConfig, run_sync_bench
+from tracerl.workflows.experiments.sync import format_table as format_sync_table
+from tracerl.workflows.experiments.testbeds import BenchTestbedsConfig
+from tracerl.workflows.experiments.testbeds import format_table as format_testbeds_table
+from tracerl.workflows.experiments.update import BenchUpdateConfig, run_update_bench
+from tracerl.workflows.experiments.update import format_table as format_update_table
+
+BENCH_TARGETS_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--seeds", ("seeds",), "seeds per allocator"),
+    Shorthand("--steps", ("steps",), "RL steps per run"),
+    Shorthand("--out", ("out_dir",), "output directory", str),
+)
+BENCH_TESTBEDS_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--only", ("only",), "measure these testbeds (comma-separated names)", str),
+    Shorthand("--tasks", ("eval_tasks",), "held-out tasks per testbed"),
+    Shorthand("--out", ("out_dir",), "output directory", str),
+)
+BENCH_UPDATE_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--vocab", ("vocab",), "vocabulary size"),
+    Shorthand("--hidden", ("hidden",), "hidden size (a multiple of 32)"),
+    Shorthand("--layers", ("layers",), "decoder layers"),
+    Shorthand("--tokens", ("tokens",), "tokens of the update's batch"),
+    Shorthand("--micro-tokens", ("micro_tokens",), "token budget of a micro-batch (0: the whole batch)"),
+    Shorthand("--dtype", ("dtype",), "compute dtype: float32 or bfloat16 (autocast)", str),
+    Shorthand(
+        "--chunks",
+        ("logit_chunks",),
+        "loss.logit_chunk of each case, comma-separated (0: unchunked)",
+        lambda s: f"[{s}]",
+    ),
+    Shorthand("--max-gb", ("max_gb",), "address-space cap of each case's subprocess, GB (0: none)", float),
+    Shorthand("--out", ("bench_out",), "output directory", str),
+)
+BENCH_SYNC_FLAGS = (
+    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    Shorthand("--vocab", ("vocab",), "vocabulary size"),
+    Shorthand("--hidden", ("hidden",), "hidden size (a multiple of 64)"),
+    Shorthand("--layers", ("layers",), "decoder layers"),
+    Shorthand("--samplers", ("samplers",), "hf sampler actors to push to"),
+    Shorthand("--bucket-mb", ("bucket_mb",), "trainer.push_bucket_mb of the push"),
+    Shorthand("--pushes", ("pushes",), "pushes (the first is a warm-up)"),
+    Shorthand("--out", ("bench_out",), "output directory", str),
+)
 
 BENCH_PEER_FLAGS = (
     Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
@@ -40,6 +88,47 @@ BENCH_LIMIT_FLAGS = (
     Shorthand("--repeats", ("repeats",), "timed repeats of each microbenchmark"),
     Shorthand("--out", ("bench_out",), "output directory", str),
 )
+
+
+def _wrote(out_dir: str, json_path: str | None, lead: str = "") -> None:
+    print(f"{lead}wrote {Path(out_dir) / 'results.json'}" + (f" and {json_path}" if json_path else ""))
+
+
+def _bench_targets(cfg: BenchAllocationConfig) -> int:
+    # targets and baseline load the engine, torch and scipy: imported when run, so the CLI starts fast
+    from tracerl.workflows.experiments.targets import format_targets_table, run_targets
+
+    summary = run_targets(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(format_targets_table(summary))
+    _wrote(cfg.out_dir, cfg.json_path, "\n")
+    return 0
+
+
+def _bench_baseline(cfg: BenchAllocationConfig) -> int:
+    from tracerl.workflows.experiments.baseline import format_baseline_table, run_baseline
+
+    summary = run_baseline(cfg, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(format_baseline_table(summary))
+    _wrote(cfg.out_dir, cfg.json_path, "\n")
+    return 0
+
+
+def _bench_testbeds(cfg: BenchTestbedsConfig) -> int:
+    # the engine and the samplers: slow to import
+    from tracerl.workflows.experiments.probes import run_testbeds_bench
+
+    summary = run_testbeds_bench(cfg, progress=progress)
+    print(format_testbeds_table(summary))
+    _wrote(cfg.out_dir, cfg.json_path)
+    return 0
+
+
+def _bench_update(cfg: BenchUpdateConfig) -> int:
+    return run_bench(cfg, run_update_bench, format_update_table)
+
+
+def _bench_sync(cfg: BenchSyncConfig) -> int:
+    return run_bench(cfg, run_sync_bench, format_sync_table)
 
 
 def _bench_peer(cfg: BenchPeerConfig) -> int:
@@ -97,12 +186,36 @@ def bench_pipeline_sim(args: argparse.Namespace) -> int:
 
 FAMILY = CommandFamily(
     commands={
+        "bench targets": Command(
+            BenchAllocationConfig, "bench/targets.yaml", BENCH_TARGETS_FLAGS, _bench_targets
+        ),
+        "bench baseline": Command(
+            BenchAllocationConfig, "bench/baseline.yaml", BENCH_TARGETS_FLAGS, _bench_baseline
+        ),
+        "bench testbeds": Command(
+            BenchTestbedsConfig, "bench/testbeds.yaml", BENCH_TESTBEDS_FLAGS, _bench_testbeds
+        ),
+        "bench update": Command(BenchUpdateConfig, "bench/update.yaml", BENCH_UPDATE_FLAGS, _bench_update),
+        "bench sync": Command(BenchSyncConfig, "bench/sync.yaml", BENCH_SYNC_FLAGS, _bench_sync),
         "bench peer": Command(BenchPeerConfig, "bench/peer.yaml", BENCH_PEER_FLAGS, _bench_peer),
         "bench limit": Command(BenchLimitConfig, "bench/limit.yaml", BENCH_LIMIT_FLAGS, _bench_limit),
     },
     help={
+        "bench targets": "bias of the predictor's fit targets vs the true V (simulator)",
+        "bench baseline": "bias of the advantage baseline (leaf mean vs debiased node values) vs the true V "
+        "(simulator)",
+        "bench testbeds": "acceptance of the study's testbeds: accuracy, depth profile, habit choices",
+        "bench update": "one learner update of a chosen shape: seconds, tokens/s, peak memory and the estimate",
+        "bench sync": "a weight push of a chosen model size to N sampler actors: seconds, peak host memory per side",
         "bench peer": "TRL's GRPOTrainer vs tracerl grpo and trace on the same work (needs `make bench-peer`'s venv)",
         "bench limit": "the embedded default's step at the limit this machine allows, next to a real step (per phase)",
     },
     switches=(Switch("bench pipeline", "sim", add_pipeline_sim, bench_pipeline_sim),),
+    after={  # their lines in `tracerl bench --help` stay where they were before they moved here
+        "bench targets": "bench allocation",
+        "bench baseline": "bench targets",
+        "bench testbeds": "bench pipeline",
+        "bench update": "bench testbeds",
+        "bench sync": "bench update",
+    },
 )

@@ -16,7 +16,7 @@ from tracerl.actors.spec import WorkerSpec
 from tracerl.shipped import PACKAGE
 from tracerl.workflows.experiments.peer_report import EvalPoint, ProcessRun, SideRun, StepRecord
 from tracerl.workflows.experiments.peer_settings import BenchPeerConfig, settings, side_config, side_mode
-from tracerl.workflows.ops.proc_memory import TreeMemory
+from tracerl.workflows.experiments.proc_memory import TreeMemory
 
 ROLLOUT_PHASES = ("select", "score", "allocate_roots", "rollout", "expand_prefixes")
 """tracerl's phases that make up a step's rollout (``time/<phase>_s``)."""

@@ -1,4 +1,4 @@
-"""What the GPU check runs (workflows/ops/gpu_check.py): the plan of a full or dry run, and the memory formula its
+"""What the GPU check runs (workflows/experiments/gpu_check.py): the plan of a full or dry run, and the memory formula its
 measured peak is compared with.
 
 The full plan is Qwen3-1.7B's shape (conf/model/qwen3_1_7b_arch.json) with 4k-token sequences; the dry plan the

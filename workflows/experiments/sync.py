@@ -106,10 +106,10 @@ def run_sync_bench(cfg: BenchSyncConfig, progress: Any = lambda s: None) -> dict
 
     from tracerl.actors.spec import WorkerSpec
     from tracerl.config import ClusterConfig, EnvConfig, ModelConfig, PoolConfig, SamplerConfig, TrainerConfig
-    from tracerl.workflows.bench.sync_actors import (
+    from tracerl.workflows.experiments.proc_memory import RssPeak
+    from tracerl.workflows.experiments.sync_actors import (
         SyncBenchPool,  # Ray: imported when the bench runs, not by the CLI
     )
-    from tracerl.workflows.ops.proc_memory import RssPeak
     from tracerl.workflows.ops.ray_utils import init_ray
     from tracerl.workflows.train.push import push_policy
 

@@ -1,4 +1,4 @@
-"""``tracerl bench testbeds`` (definitions in workflows/bench/testbeds.py): the measurements that need a model: the
+"""``tracerl bench testbeds`` (definitions in workflows/experiments/testbeds.py): the measurements that need a model: the
 held-out probes of each family with their reference solutions and habit branches, greedy rollouts through the real
 engine, and the teacher-forced branch probabilities."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.engine.react import PlainTemplate
-from tracerl.workflows.bench.testbeds import (
+from tracerl.workflows.experiments.testbeds import (
     BenchTestbedsConfig,
     Probe,
     branch_probability,

@@ -291,7 +291,7 @@ def run(json_path: Path | None, dry: bool, budget_s: float = BUDGET_S) -> dict[s
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m tracerl.workflows.ops.gpu_check", description=__doc__.split("\n")[0]
+        prog="python -m tracerl.workflows.experiments.gpu_check", description=__doc__.split("\n")[0]
     )
     ap.add_argument(
         "--json",

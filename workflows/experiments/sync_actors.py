@@ -1,4 +1,4 @@
-"""``tracerl bench sync``'s sampler actors (workflows/bench/sync.py): ``RolloutWorker`` with its own RSS sampler.
+"""``tracerl bench sync``'s sampler actors (workflows/experiments/sync.py): ``RolloutWorker`` with its own RSS sampler.
 
 A module of its own because it imports Ray, which the CLI (that imports the bench's config) must not.
 """
@@ -6,7 +6,7 @@ A module of its own because it imports Ray, which the CLI (that imports the benc
 from __future__ import annotations
 
 from tracerl.actors.pools import RolloutPool, RolloutWorker
-from tracerl.workflows.ops.proc_memory import RssPeak
+from tracerl.workflows.experiments.proc_memory import RssPeak
 
 
 class SyncBenchWorker(RolloutWorker):

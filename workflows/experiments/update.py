@@ -51,7 +51,7 @@ class BenchUpdateConfig:
     bench_out: str = "bench_out/update"
     startup_ranks: int = 0
     """> 0: measure a run's set-up instead of an update: the host memory each of this many FSDP ranks takes to load
-    the model, every rank reading it or rank 0 alone (workflows/bench/rank_load.py)."""
+    the model, every rank reading it or rank 0 alone (workflows/experiments/rank_load.py)."""
 
     def __post_init__(self) -> None:
         check(
@@ -192,7 +192,7 @@ def run_update_bench(cfg: BenchUpdateConfig, progress: Any = lambda s: None) -> 
     results.json under ``bench_out``."""
     out = Path(cfg.bench_out)
     if cfg.startup_ranks:
-        from tracerl.workflows.bench.rank_load import dump, run_startup_bench
+        from tracerl.workflows.experiments.rank_load import dump, run_startup_bench
 
         summary = {"config": asdict(cfg), **run_startup_bench(_model(cfg), cfg.startup_ranks, out, progress)}
         for path in (out / "results.json", *([Path(cfg.json_path)] if cfg.json_path else [])):
@@ -221,7 +221,7 @@ def run_update_bench(cfg: BenchUpdateConfig, progress: Any = lambda s: None) -> 
 
 def format_table(summary: dict[str, Any]) -> str:
     if "startup" in summary:
-        from tracerl.workflows.bench.rank_load import format_startup
+        from tracerl.workflows.experiments.rank_load import format_startup
 
         return format_startup(summary)
     c = summary["config"]
