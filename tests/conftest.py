@@ -208,7 +208,7 @@ def chain(
 def tiny_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A briefly trained tiny policy (real tokenizer, LlamaForCausalLM, SFT on rendered traces), built once.
     No time budget: the steps are fixed, however busy the machine."""
-    from tracerl.experiment_config import BootstrapConfig
+    from tracerl.workflows.bootstrap.config import BootstrapConfig
     from tracerl.workflows.bootstrap.policy import bootstrap
 
     out = tmp_path_factory.mktemp("tiny") / "policy"

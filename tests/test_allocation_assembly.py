@@ -21,10 +21,11 @@ from tracerl.engine.allocation import build_allocation
 from tracerl.engine.mc_scorer import MonteCarloScorer
 from tracerl.engine.step import run_step
 from tracerl.envs.simulator import Simulator, SimulatorConfig
-from tracerl.experiment_config import BenchRolloutConfig
+from tracerl.workflows.bench.config import BenchRolloutConfig
 from tracerl.workflows.bench.rollout import run_one
 from tracerl.workflows.cli.app import main
-from tracerl.workflows.experiments.limit import BenchLimitConfig, own_step
+from tracerl.workflows.experiments.config import BenchLimitConfig
+from tracerl.workflows.experiments.limit import own_step
 
 HABIT = ROOT / "models" / "tiny-math-habit"
 SMALL = [

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tracerl.config_loader import compose, conf_dir
-from tracerl.experiment_config import BenchAllocationConfig
+from tracerl.workflows.bench.config import BenchAllocationConfig
 from tracerl.workflows.cli.app import main
 
 ALLOCS = "[grpo,pcl,dapo,treepo,trace_root_only,trace_prefix_only,trace,oracle_trace]"

@@ -16,7 +16,8 @@ from tracerl.config import TrainConfig
 from tracerl.config_loader import ConfigError, compose
 from tracerl.envs.math.config import MathEnvConfig
 from tracerl.workflows.experiments import limit_report
-from tracerl.workflows.experiments.limit import BenchLimitConfig, cpu_per_step, measured, own_step
+from tracerl.workflows.experiments.config import BenchLimitConfig
+from tracerl.workflows.experiments.limit import cpu_per_step, measured, own_step
 from tracerl.workflows.experiments.limit_micro import (
     grade_costs,
     matmul_flops,

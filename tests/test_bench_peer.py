@@ -22,6 +22,7 @@ from tracerl.engine.react import PlainTemplate
 from tracerl.envs.math.config import MathEnvConfig
 from tracerl.envs.sandbox import SandboxConfig
 from tracerl.workflows.bench.env import gold_engine
+from tracerl.workflows.experiments.config import BenchPeerConfig
 from tracerl.workflows.experiments.peer_report import (
     aggregate,
     format_table,
@@ -29,13 +30,7 @@ from tracerl.workflows.experiments.peer_report import (
     wall_to_target,
     write_json,
 )
-from tracerl.workflows.experiments.peer_settings import (
-    BenchPeerConfig,
-    run_order,
-    settings,
-    side_config,
-    side_mode,
-)
+from tracerl.workflows.experiments.peer_settings import run_order, settings, side_config, side_mode
 from tracerl.workflows.experiments.peer_sides import run_process
 from tracerl.workflows.experiments.peer_trl import PeerRollout, env_reward, group_runs, rollout_outputs
 from tracerl.workflows.experiments.proc_memory import TreeMemory, tree_pss_mb

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tracerl.workflows.experiments.sync import BenchSyncConfig, format_table, run_sync_bench
+from tracerl.workflows.experiments.config import BenchSyncConfig
+from tracerl.workflows.experiments.sync import format_table, run_sync_bench
 
 
 def test_every_push_lands_in_every_sampler_and_the_json_holds_the_table(tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tracerl.workflows.experiments.update import BenchUpdateConfig, format_table, run_case, run_update_bench
+from tracerl.workflows.experiments.config import BenchUpdateConfig
+from tracerl.workflows.experiments.update import format_table, run_case, run_update_bench
 
 SMALL = dict(vocab=512, hidden=32, layers=1, tokens=256, seq_len=128, updates=1)
 

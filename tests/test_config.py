@@ -5,8 +5,8 @@ from typing import Any
 import pytest
 
 from tracerl.config_loader import ConfigError, compose, conf_dir, group_names
-from tracerl.experiment_config import BenchAllocationConfig
 from tracerl.schema import flat_routes
+from tracerl.workflows.bench.config import BenchAllocationConfig
 from tracerl.workflows.cli.app import COMMANDS, build_parser, load
 from tracerl.workflows.experiments.pipeline_profile import PROFILE_DIR, load_profile
 
@@ -263,7 +263,7 @@ def test_token_mode_sets_leaves_from_the_token_budget_and_cost_per_leaf() -> Non
 
 
 def test_a_sweep_file_space_replaces_the_default_space(tmp_path: Path) -> None:
-    from tracerl.experiment_config import SweepConfig
+    from tracerl.workflows.study.config import SweepConfig
 
     f = tmp_path / "sweep.yaml"
     f.write_text(

@@ -12,8 +12,10 @@ import yaml
 
 from tracerl.config import TrainConfig
 from tracerl.config_loader import ConfigError, compose, conf_dir, to_flat_dict, to_yaml
-from tracerl.experiment_config import BenchPipelineConfig, BenchTrainConfig, SweepConfig
 from tracerl.schema import check_flat_keys, flat_routes, flattened
+from tracerl.workflows.bench.config import BenchTrainConfig
+from tracerl.workflows.pipeline.config import BenchPipelineConfig
+from tracerl.workflows.study.config import SweepConfig
 
 
 @dataclass(frozen=True)

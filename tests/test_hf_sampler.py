@@ -5,9 +5,9 @@ import torch
 
 from tracerl.engine.seeds import SeedKey
 from tracerl.envs.math.tasks import generate as gen_tasks
-from tracerl.experiment_config import BootstrapConfig
 from tracerl.models.tiny import build_model, build_tokenizer
 from tracerl.samplers.hf import HFSampler
+from tracerl.workflows.bootstrap.config import BootstrapConfig
 from tracerl.workflows.bootstrap.policy import trace_segments
 
 

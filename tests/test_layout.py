@@ -230,7 +230,6 @@ PLATFORM_ORDER: list[set[str]] = [
     {"learner"},
     {"config"},
     {"config_checks"},
-    {"experiment_config"},
     {"config_loader"},
 ]
 """docs/design.md's order of the platform's folders and top-level modules: each imports only those before it (and
@@ -315,3 +314,16 @@ def test_every_tracerl_import_names_a_module_or_attribute_that_exists() -> None:
                     if a.name != "*" and not hasattr(mod, a.name) and not _module_exists(full):
                         missing.append(f"{where}: {full}")
     assert missing == []
+
+
+def test_every_command_schema_lives_in_its_room_s_config_module() -> None:
+    """The rule for command schemas (issue 40): a room's commands' ``*Config`` dataclasses are in its ``config.py``; the
+    platform holds the schemas the engine and the training step read (``tracerl.config`` and the component modules)."""
+    import ast
+
+    stray = []
+    for path in sorted((ROOT / "workflows").rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Config") and path.name != "config.py":
+                stray.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert stray == []

@@ -231,13 +231,13 @@ def test_a_step_ending_in_a_checkpoint_does_not_overlap_the_next() -> None:
 def test_the_pipeline_bench_reads_a_train_runs_steps(overlap_run: dict[str, Any]) -> None:
     """``bench pipeline --train-steps``: each mode's run config, and the measured steps read back from a run."""
     from tracerl.config_loader import compose, conf_dir
-    from tracerl.experiment_config import BenchPipelineConfig
     from tracerl.workflows.pipeline.bench_train import (
         format_train,
         step_measurements,
         summarize_train,
         train_config,
     )
+    from tracerl.workflows.pipeline.config import BenchPipelineConfig
 
     cfg = compose(
         BenchPipelineConfig, conf_dir() / "bench/pipeline.yaml", ["train_steps=3", "modes=[]", "seeds=1"]

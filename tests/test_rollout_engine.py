@@ -18,11 +18,11 @@ from tracerl.engine.rollout import TreeRolloutEngine
 from tracerl.envs.math.env import MathEnv
 from tracerl.envs.math.tasks import MathTask, generate
 from tracerl.envs.sandbox import SandboxConfig
-from tracerl.experiment_config import BootstrapConfig
 from tracerl.models.tiny import build_model, build_tokenizer
 from tracerl.samplers.base import Generation
 from tracerl.samplers.hf import HFSampler
 from tracerl.types import Status
+from tracerl.workflows.bootstrap.config import BootstrapConfig
 from tracerl.workflows.bootstrap.policy import task_prompt, trace_segments
 
 TASKS = generate(6, seed=11)

@@ -149,7 +149,7 @@ def test_curve_points_log_at_the_token_step_and_read_back_for_the_curve_statisti
 
 
 def test_commands_that_count_steps_need_them() -> None:
-    from tracerl.experiment_config import SweepConfig
+    from tracerl.workflows.study.config import SweepConfig
 
     sweep = ROOT / "conf" / "sweep" / "default.yaml"
     with pytest.raises(

@@ -132,7 +132,7 @@ def test_a_plain_reporter_gets_a_silent_bar(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_a_sweeps_budget_tag_shows_the_swept_space() -> None:
-    from tracerl.experiment_config import SweepConfig
+    from tracerl.workflows.study.config import SweepConfig
 
     cfg = compose(SweepConfig, ROOT / "conf" / "sweep" / "smoke.yaml", [])
     tags = run_info.sweep_tags(cfg, "s1")

@@ -321,7 +321,7 @@ def test_bootstrap_search_habit_phase_starts_from_a_checkpoint(
 ) -> None:
     import json
 
-    from tracerl.experiment_config import BootstrapConfig
+    from tracerl.workflows.bootstrap.config import BootstrapConfig
     from tracerl.workflows.bootstrap.policy import bootstrap
 
     # short episodes: an untrained model would otherwise babble to the policy's real limits in the evaluation
@@ -369,7 +369,7 @@ def test_bootstrap_search_habit_phase_starts_from_a_checkpoint(
 
 
 def test_bootstrap_config_checks_init_from_and_time_budget() -> None:
-    from tracerl.experiment_config import BootstrapConfig
+    from tracerl.workflows.bootstrap.config import BootstrapConfig
 
     with pytest.raises(ValueError, match="init_from"):
         BootstrapConfig(init_from="models/tiny-search")

@@ -5,7 +5,7 @@ from tracerl.algos.allocators import Expansion
 from tracerl.config_loader import compose, conf_dir
 from tracerl.envs import ENVS
 from tracerl.envs.simulator import Simulator, SimulatorConfig, calibrate
-from tracerl.experiment_config import BenchAllocationConfig
+from tracerl.workflows.bench.config import BenchAllocationConfig
 
 
 def shipped() -> SimulatorConfig:

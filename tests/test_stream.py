@@ -332,7 +332,7 @@ def test_a_sampler_actor_dying_mid_stream_is_replaced_and_the_step_completes(
 )
 def test_bad_pipeline_settings_fail_with_a_message_naming_the_key(overrides: list[str], message: str) -> None:
     from tracerl.config_loader import ConfigError, compose, conf_dir
-    from tracerl.experiment_config import BenchPipelineConfig
+    from tracerl.workflows.pipeline.config import BenchPipelineConfig
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         compose(BenchPipelineConfig, conf_dir() / "bench/pipeline.yaml", overrides)
@@ -342,8 +342,8 @@ def test_the_pipeline_bench_summary_has_the_issues_cpu_schema() -> None:
     """Means over seeds of each run's mean step per mode; same_allocation over every step; overlap measured in the
     train runs (tests/test_overlap.py)."""
     from tracerl.config_loader import compose, conf_dir
-    from tracerl.experiment_config import BenchPipelineConfig
     from tracerl.workflows.pipeline.bench import format_table, summarize
+    from tracerl.workflows.pipeline.config import BenchPipelineConfig
 
     cfg = compose(BenchPipelineConfig, conf_dir() / "bench/pipeline.yaml", ["seeds=2", "steps=2"])
     assert cfg.train.pipeline.mode == "barrier" and cfg.modes == ["barrier", "streaming"]

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from tests.conftest import ROOT
 from tracerl.config import TrackingConfig
 from tracerl.config_loader import compose
-from tracerl.experiment_config import StudyConfig
 from tracerl.workflows.study.bootstrap import Interval, paired_difference
 from tracerl.workflows.study.cell_runs import StudyCell
 from tracerl.workflows.study.cells import Cell, Child, enumerate_cells, plan, select
+from tracerl.workflows.study.config import StudyConfig
 from tracerl.workflows.study.grid import run_study
 from tracerl.workflows.study.report import PairedComparison, verdict
 from tracerl.workflows.study.token_budget import write_token_budget

@@ -17,9 +17,9 @@ import pytest
 from tests.conftest import ROOT
 from tracerl.config import TrackingConfig
 from tracerl.config_loader import compose
-from tracerl.experiment_config import StudyConfig
 from tracerl.workflows.study.bootstrap import Interval
 from tracerl.workflows.study.cells import enumerate_cells
+from tracerl.workflows.study.config import StudyConfig
 from tracerl.workflows.study.curve_cells import check_curve_study, eval_points
 from tracerl.workflows.study.curve_results import AllocatorStats, CurveVerdict, Fit, TestbedStats
 from tracerl.workflows.study.curves_doc import CurvesReport, _iv, _ratio, _resolution, answer, markdown

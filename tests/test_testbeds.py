@@ -15,8 +15,8 @@ from tracerl.workflows.bootstrap.habit import (
     question_answers_late,
 )
 from tracerl.workflows.bootstrap.policy import LATE_THOUGHT, answers_late, habit_segments, trace_segments
+from tracerl.workflows.experiments.config import BenchTestbedsConfig
 from tracerl.workflows.experiments.testbeds import (
-    BenchTestbedsConfig,
     branch_probability,
     depth_profile,
     final_answer,

@@ -19,7 +19,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache for the 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tracerl.experiment_config import BootstrapConfig
+    from tracerl.workflows.bootstrap.config import BootstrapConfig
     from tracerl.workflows.bootstrap.policy import bootstrap
 
     out = tmp_path_factory.mktemp("vllm") / "policy"

@@ -5,8 +5,9 @@ layers that read it: ``tracerl.algos.config`` (allocator, budget, predictor, opt
 ``tracerl.engine.config`` (sampler, pipeline mode), ``tracerl.models.config`` (model), ``tracerl.env_config``
 (env, with each environment's section in its own package), ``tracerl.actors.config`` (pools, trainer, tracking,
 cluster, faults). This module composes them into the commands' schemas and re-exports them for the workflows;
-nothing in the platform imports them through here. ``tracerl.experiment_config`` holds the bench, sweep, study and
-bootstrap commands; ``tracerl.config_loader`` composes and validates before any work starts.
+nothing in the platform imports them through here. The other commands' schemas live in the room of their command
+(``workflows/<room>/config.py``: bench, pipeline, study, bootstrap, experiments); ``tracerl.config_loader`` composes
+and validates before any work starts.
 """
 
 from __future__ import annotations

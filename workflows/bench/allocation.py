@@ -20,7 +20,7 @@ from tracerl import metrics as M
 from tracerl.calibration import mean_calibration
 from tracerl.config_loader import to_flat_dict, to_yaml
 from tracerl.envs.simulator import Simulator, SimulatorConfig, calibrate, with_noise_scale
-from tracerl.experiment_config import BenchAllocationConfig
+from tracerl.workflows.bench.config import BenchAllocationConfig
 from tracerl.workflows.bench.sim_runs import RunResult, run_allocator
 from tracerl.workflows.ops.progress import bar
 from tracerl.workflows.tracking import store as tracking

@@ -26,10 +26,10 @@ from tracerl.engine.protocol import ToolEnv
 from tracerl.engine.react import TEMPLATES
 from tracerl.engine.rollout import TreeRolloutEngine
 from tracerl.envs.registry import tool_env_class
-from tracerl.experiment_config import BenchEnvConfig
 from tracerl.samplers.scripted import ByteTokenizer, ScriptedSampler
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt
+from tracerl.workflows.bench.config import BenchEnvConfig
 
 
 def _prompt_text(env: ToolEnv, template: Any, prompt: Prompt) -> str:

@@ -23,7 +23,7 @@ from tracerl.engine.step import StepOutcome
 from tracerl.engine.step_stats import step_metrics
 from tracerl.engine.stepper import Stepper
 from tracerl.envs.registry import check_data, env_section
-from tracerl.experiment_config import BenchRolloutConfig
+from tracerl.workflows.bench.config import BenchRolloutConfig
 from tracerl.workflows.lm.stack import build_stack, stack_allocation, task_prompts
 from tracerl.workflows.ops.progress import bar
 from tracerl.workflows.tracking import store as tracking

@@ -14,7 +14,7 @@ from tracerl.engine.allocation import build_allocation
 from tracerl.engine.step import StepOutcome, run_step
 from tracerl.engine.step_stats import step_metrics
 from tracerl.envs.simulator import Simulator, SimulatorConfig, with_noise_scale
-from tracerl.experiment_config import BenchAllocationConfig
+from tracerl.workflows.bench.config import BenchAllocationConfig
 
 
 @dataclass

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.config import TrainConfig
-from tracerl.experiment_config import BenchTrainConfig
+from tracerl.workflows.bench.config import BenchTrainConfig
 from tracerl.workflows.ops.progress import bar
 from tracerl.workflows.tracking.runs import RunSummary
 from tracerl.workflows.tracking.store import resolve_uri

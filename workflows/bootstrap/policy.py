@@ -26,7 +26,6 @@ from tracerl.engine.react import PlainTemplate
 from tracerl.engine.rollout import TreeRolloutEngine
 from tracerl.envs.math.env import MathEnv
 from tracerl.envs.math.tasks import MathTask, generate
-from tracerl.experiment_config import BootstrapConfig
 from tracerl.models.tiny import (
     Segment,
     build_model,
@@ -36,6 +35,7 @@ from tracerl.models.tiny import (
 )
 from tracerl.samplers.hf import HFSampler
 from tracerl.types import Prompt, Status
+from tracerl.workflows.bootstrap.config import BootstrapConfig
 from tracerl.workflows.bootstrap.habit import (
     premature_segments,
     question_answers_directly,

@@ -15,9 +15,9 @@ from tracerl.engine.react import Action, ActionKind, PlainTemplate
 from tracerl.envs.search.env import SearchEnv
 from tracerl.envs.search.index import BM25Retriever
 from tracerl.envs.search.world import Question, build_world, generate
-from tracerl.experiment_config import BootstrapConfig
 from tracerl.models.tiny import Segment
 from tracerl.types import Prompt
+from tracerl.workflows.bootstrap.config import BootstrapConfig
 
 SEARCH_LIMITS = SamplerConfig(
     max_turns=6, max_turn_tokens=96, max_episode_tokens=512, max_context_tokens=1024

@@ -21,17 +21,14 @@ from typing import Any
 
 from tracerl.config import EvalConfig, RolloutConfig, TrainConfig
 from tracerl.config_loader import ConfigError, compose, conf_dir, to_yaml
-from tracerl.experiment_config import (
-    BootstrapConfig,
-    StudyConfig,
-    SweepConfig,
-)
+from tracerl.workflows.bootstrap.config import BootstrapConfig
 from tracerl.workflows.cli import bench as cli_bench
 from tracerl.workflows.cli import runs as cli_mlflow
 from tracerl.workflows.cli.args import Command, Shorthand, add_job_args
 from tracerl.workflows.cli.args import progress as _progress
 from tracerl.workflows.cli.families import load_families
 from tracerl.workflows.ops.ray_utils import exit_code
+from tracerl.workflows.study.config import StudyConfig, SweepConfig
 from tracerl.workflows.tracking.store import resolve_uri
 
 

@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.config_loader import ConfigError, conf_dir
-from tracerl.experiment_config import (
+from tracerl.workflows.bench.config import (
     BenchAllocationConfig,
     BenchEnvConfig,
-    BenchPipelineConfig,
     BenchRolloutConfig,
     BenchTrainConfig,
 )
 from tracerl.workflows.cli.args import Command, CommandFamily, Shorthand, add_job_args, progress, run_bench
+from tracerl.workflows.pipeline.config import BenchPipelineConfig
 from tracerl.workflows.tracking.store import resolve_uri, where
 
 BENCH_ALLOCATION_FLAGS = (

@@ -10,21 +10,27 @@ import json
 import sys
 from pathlib import Path
 
-from tracerl.experiment_config import BenchAllocationConfig
+from tracerl.workflows.bench.config import BenchAllocationConfig
 from tracerl.workflows.cli.args import Command, CommandFamily, Shorthand, Switch, progress, run_bench
-from tracerl.workflows.experiments.limit import BenchLimitConfig, run_limit_bench
+from tracerl.workflows.experiments.config import (
+    BenchLimitConfig,
+    BenchPeerConfig,
+    BenchSyncConfig,
+    BenchTestbedsConfig,
+    BenchUpdateConfig,
+)
+from tracerl.workflows.experiments.limit import run_limit_bench
 from tracerl.workflows.experiments.limit_report import format_table as format_limit_table
-from tracerl.workflows.experiments.peer import BenchPeerConfig, run_peer_bench
+from tracerl.workflows.experiments.peer import run_peer_bench
 from tracerl.workflows.experiments.peer_report import format_table as format_peer_table
 from tracerl.workflows.experiments.pipeline_profile import load_profile, shipped_profiles
 from tracerl.workflows.experiments.pipeline_report import format_table as format_sim_table
 from tracerl.workflows.experiments.pipeline_report import read_cpu, sim_entry
-from tracerl.workflows.experiments.sync import BenchSyncConfig, run_sync_bench
 from tracerl.workflows.experiments.sync import format_table as format_sync_table
-from tracerl.workflows.experiments.testbeds import BenchTestbedsConfig
+from tracerl.workflows.experiments.sync import run_sync_bench
 from tracerl.workflows.experiments.testbeds import format_table as format_testbeds_table
-from tracerl.workflows.experiments.update import BenchUpdateConfig, run_update_bench
 from tracerl.workflows.experiments.update import format_table as format_update_table
+from tracerl.workflows.experiments.update import run_update_bench
 
 BENCH_TARGETS_FLAGS = (
     Shorthand("--json", ("json_path",), "also write the JSON summary here", str),

@@ -25,13 +25,12 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
-from tracerl.schema import check, check_flat_keys, flattened
+from tracerl.workflows.experiments.config import BenchLimitConfig
 from tracerl.workflows.experiments.limit_micro import (
     Micro,
     clock,
@@ -80,43 +79,6 @@ TIME_PHASES = (
     "sync_weights",
     "log",
 )
-
-
-@check_flat_keys
-@dataclass(frozen=True)
-class BenchLimitConfig:
-    """``tracerl bench limit``: the embedded default's step at its limit, next to a real step."""
-
-    train: TrainConfig = flattened(TrainConfig)
-    """The setup (its keys at the top level): conf/bench/limit.yaml holds conf/train/default.yaml's."""
-    warmup_steps: int = 1
-    """Steps left out at the start of the real run (the last step is always left out)."""
-    repeats: int = 5
-    """Timed repeats of each microbenchmark (the least is kept; one untimed run before)."""
-    json_path: str | None = None
-    """Write the JSON summary here as well (``--json``)."""
-    bench_out: str = "bench_out/limit"
-    """Where results.json and the run go."""
-
-    def __post_init__(self) -> None:
-        steps = self.train.steps
-        check(self.warmup_steps >= 0, f"warmup_steps must be >= 0 (got {self.warmup_steps})")
-        check(
-            steps is not None and steps >= self.warmup_steps + 2,
-            f"steps ({steps}) must be at least warmup_steps + 2 ({self.warmup_steps + 2}): the first "
-            f"{self.warmup_steps} and the last are not measured",
-        )
-        check(self.repeats >= 1, f"repeats must be >= 1 (got {self.repeats})")
-        check(self.train.resume is None, "bench limit starts a fresh run; resume is not allowed")
-        check(
-            self.train.sampler.backend == "hf" and self.train.env.name == "math",
-            "bench limit models the embedded default: sampler.backend=hf, env.name=math "
-            f"(got {self.train.sampler.backend}, {self.train.env.name})",
-        )
-        check(
-            self.train.pipeline.mode == "barrier" and not self.train.pipeline.overlap,
-            "bench limit composes a barrier step: pipeline.mode=barrier, pipeline.overlap=false",
-        )
 
 
 def _cpus() -> int:

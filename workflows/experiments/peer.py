@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.config import TrainConfig
+from tracerl.workflows.experiments.config import BenchPeerConfig
 from tracerl.workflows.experiments.peer_report import (
     KEYS,
     SideRun,
@@ -44,7 +45,7 @@ from tracerl.workflows.experiments.peer_report import (
     side_stats,
     write_json,
 )
-from tracerl.workflows.experiments.peer_settings import BenchPeerConfig, run_order, settings, side_mode
+from tracerl.workflows.experiments.peer_settings import run_order, settings, side_mode
 from tracerl.workflows.experiments.peer_sides import peer_interpreter, run_tracerl_side, run_trl_side
 
 __all__ = ["BenchPeerConfig", "checkpoint_accuracy", "run_peer_bench"]

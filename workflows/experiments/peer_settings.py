@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tracerl.actors.config import IN_PROCESS
 from tracerl.config import TrainConfig
-from tracerl.schema import check, check_flat_keys, flattened
+from tracerl.workflows.experiments.config import BenchPeerConfig
 
-SIDES = ("trl", "grpo", "trace", "grpo-ray", "trace-ray")
 RAY_SUFFIX = "-ray"
 """A tracerl side named ``<allocator>-ray`` runs ``tracerl train`` on Ray (an embedded Ray: Ray Train's worker, the
 sampler and environment actors); ``grpo`` and ``trace`` run it in-process (``cluster.address=inprocess``, no Ray).
@@ -26,56 +24,6 @@ def side_mode(side: str) -> str:
     if side == "trl":
         return "trl"
     return "ray" if side.endswith(RAY_SUFFIX) else "inprocess"
-
-
-@check_flat_keys
-@dataclass(frozen=True)
-class BenchPeerConfig:
-    """``tracerl bench peer``: TRL's GRPO trainer and tracerl's grpo and trace side by side on one setup."""
-
-    train: TrainConfig = flattened(TrainConfig)
-    """The training setup every side runs (its keys at the top level); ``eval_every`` > 0 adds accuracy curves."""
-    sides: list[str] = field(default_factory=lambda: list(SIDES[:3]))
-    """Which of trl, grpo, trace, grpo-ray, trace-ray to run (``--sides trl,grpo``): grpo and trace run
-    ``tracerl train`` in-process, their ``-ray`` twins on an embedded Ray (``side_mode``)."""
-    seeds: int = 3
-    """Seeds per side (seed, seed + 1, ...); the sides' order rotates by one each seed."""
-    threads: int = 2
-    """CPUs every side may use (the first N of this process's affinity)."""
-    torch_threads: int = 1
-    """torch threads of each side's computing processes: TRL's one process and tracerl's trainer worker
-    (OMP_NUM_THREADS and ``trainer.torch_threads``); tracerl's sampler actors run one each (``pools.sampler_threads``). More threads than free
-    cores spin against each other: on the busy 2-core machine TRL's rollouts took 1.4-10 s a call with 2 threads
-    and 0.3-0.5 s with 1 (docs/results/peer.md)."""
-    warmup_steps: int = 1
-    """Steps left out of the per-step means (the first step pays for lazy set-up)."""
-    target: float | None = None
-    """Held-out accuracy whose wall time is reported (with ``eval_every`` > 0); null: 90% of the way from the start
-    to the first side's final accuracy (``tracerl.workflows.study.curves.target_accuracy``)."""
-    sample_s: float = 0.5
-    """Seconds between PSS samples of a side's process tree."""
-    peer_python: str = ".venv-peer/bin/python"
-    """The interpreter of the venv holding TRL (``make bench-peer`` builds it), relative to the repository."""
-    json_path: str | None = None
-    """Write the JSON summary here as well (``--json``)."""
-    bench_out: str = "bench_out/peer"
-    """Where results.json, the sides' configs, logs and runs go."""
-
-    def __post_init__(self) -> None:
-        unknown = [s for s in self.sides if s not in SIDES]
-        check(
-            not unknown and bool(self.sides), f"sides must name some of {', '.join(SIDES)} (got {self.sides})"
-        )
-        check(self.seeds >= 1, f"seeds must be >= 1 (got {self.seeds})")
-        check(self.threads >= 1, f"threads must be >= 1 (got {self.threads})")
-        check(self.torch_threads >= 1, f"torch_threads must be >= 1 (got {self.torch_threads})")
-        check(self.warmup_steps >= 0, f"warmup_steps must be >= 0 (got {self.warmup_steps})")
-        check(
-            self.train.steps is not None and self.train.steps > self.warmup_steps,
-            f"steps ({self.train.steps}) must be set and exceed warmup_steps ({self.warmup_steps})",
-        )
-        check(self.sample_s > 0, f"sample_s must be > 0 (got {self.sample_s})")
-        check(self.train.resume is None, "bench peer starts fresh runs; resume is not allowed")
 
 
 def settings(tc: TrainConfig) -> dict[str, Any]:

@@ -14,8 +14,9 @@ from pathlib import Path
 from tracerl import metrics as M
 from tracerl.actors.spec import WorkerSpec
 from tracerl.shipped import PACKAGE
+from tracerl.workflows.experiments.config import BenchPeerConfig
 from tracerl.workflows.experiments.peer_report import EvalPoint, ProcessRun, SideRun, StepRecord
-from tracerl.workflows.experiments.peer_settings import BenchPeerConfig, settings, side_config, side_mode
+from tracerl.workflows.experiments.peer_settings import settings, side_config, side_mode
 from tracerl.workflows.experiments.proc_memory import TreeMemory
 
 ROLLOUT_PHASES = ("select", "score", "allocate_roots", "rollout", "expand_prefixes")

@@ -123,10 +123,10 @@ def measure_pool(steps: int, seed: int, warmup: int = 1) -> dict[str, Any]:
     and the per-phase time at the driver that no actor spends inside its call (Ray calls, shipping the trees:
     ``phase_overhead_s``)."""
     from tracerl.config_loader import compose, conf_dir
-    from tracerl.experiment_config import BenchPipelineConfig
     from tracerl.models.hf import load_policy
     from tracerl.workflows.ops.ray_utils import init_ray
     from tracerl.workflows.pipeline.bench import bench_pool, run_one
+    from tracerl.workflows.pipeline.config import BenchPipelineConfig
 
     cfg = compose(BenchPipelineConfig, conf_dir() / "bench" / "pipeline.yaml", [f"seed={seed}"])
     init_ray(cfg.train.cluster)

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.engine.react import PlainTemplate
+from tracerl.workflows.experiments.config import BenchTestbedsConfig
 from tracerl.workflows.experiments.testbeds import (
-    BenchTestbedsConfig,
     Probe,
     branch_probability,
     first_wrong_turn,

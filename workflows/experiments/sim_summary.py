@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tracerl.experiment_config import BenchAllocationConfig
+from tracerl.workflows.bench.config import BenchAllocationConfig
 
 
 def sim_summary(cfg: BenchAllocationConfig, warm: int) -> dict[str, Any]:

@@ -20,48 +20,11 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from tracerl.schema import check
-
-
-@dataclass(frozen=True)
-class BenchSyncConfig:
-    """``tracerl bench sync``: weight pushes of a model of a chosen size to ``samplers`` hf sampler actors."""
-
-    vocab: int = 32768
-    hidden: int = 1024
-    layers: int = 11
-    """With the defaults: 252 M parameters, 0.50 GB in bfloat16."""
-    intermediate: int = 0
-    """MLP width; 0: 4 x hidden."""
-    samplers: int = 2
-    dtype: Literal["float32", "bfloat16"] = "bfloat16"
-    """The samplers' dtype (``model.dtype`` of a run); the sender keeps float32 master weights."""
-    bucket_mb: int = 256
-    """``trainer.push_bucket_mb`` of the push (where the push is bucketed)."""
-    pushes: int = 3
-    """Pushes; the first is a warm-up (not in the mean seconds)."""
-    sampler_threads: int = 1
-    object_store_mb: int = 512
-    """Object store of the embedded Ray (``cluster.object_store_memory_mb``; the local cluster's default)."""
-    sample_ms: float = 5.0
-    """Interval of the RSS-sampling threads."""
-    seed: int = 0
-    json_path: str | None = None
-    bench_out: str = "bench_out/sync"
-
-    def __post_init__(self) -> None:
-        check(
-            min(self.vocab, self.hidden, self.layers, self.samplers, self.pushes, self.bucket_mb) >= 1,
-            "vocab, hidden, layers, samplers, pushes and bucket_mb must be >= 1",
-        )
-        check(self.hidden % 64 == 0, f"hidden must be a multiple of 64 (heads of 64; got {self.hidden})")
-        check(self.intermediate >= 0 and self.sample_ms > 0, "intermediate must be >= 0 and sample_ms > 0")
-        check(self.object_store_mb >= 64, "object_store_mb must be >= 64")
-
+from tracerl.workflows.experiments.config import BenchSyncConfig
 
 PROBES = ("model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight", "lm_head.weight")
 

@@ -28,8 +28,8 @@ import numpy as np
 
 from tracerl.config_loader import to_yaml
 from tracerl.engine.step import StepOutcome
-from tracerl.experiment_config import BenchAllocationConfig
 from tracerl.tree import RolloutTree
+from tracerl.workflows.bench.config import BenchAllocationConfig
 from tracerl.workflows.bench.sim_runs import run_allocator
 from tracerl.workflows.experiments.sim_summary import sim_summary, write_summary
 

@@ -25,53 +25,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from tracerl.workflows.experiments.config import BenchTestbedsConfig
+
 MARKER = "Observation:"
-
-
-@dataclass(frozen=True)
-class BenchTestbedsConfig:
-    """``tracerl bench testbeds``: acceptance numbers and depth profiles of the study's testbeds."""
-
-    testbeds: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """name -> {family: math or search, model_path, late: true for a -late testbed (its acceptance adds the depth
-    and choice criteria)}."""
-    eval_tasks: int = 200
-    """Held-out tasks per testbed (the study's eval set)."""
-    task_seed: int = 0
-    """Seed of the generated tasks (math) or world (search), as env.*.task_seed of the study's train configs."""
-    top_k: int = 2
-    """search: passages per search (env.search.top_k of conf/env/search.yaml)."""
-    accuracy_range: tuple[float, float] = (0.15, 0.60)
-    min_late_failures: float = 0.5
-    """-late testbeds: the least share of greedy failures that first go wrong at turn 2 or later."""
-    late_range: tuple[float, float] = (0.3, 0.7)
-    """-late testbeds: where the median probability of the premature answer must lie."""
-    only: str | None = None
-    """Comma-separated testbed names to measure (``--only``); all when null."""
-    out_dir: str = "bench_out/testbeds"
-    """Where results.json goes (``--out``)."""
-    json_path: str | None = None
-    """Write the JSON summary here as well (``--json``)."""
-
-    def __post_init__(self) -> None:
-        if not self.testbeds:
-            raise ValueError("testbeds is empty: give name -> {family, model_path, late}")
-        for name, tb in self.testbeds.items():
-            if tb.get("family") not in ("math", "search") or not tb.get("model_path"):
-                raise ValueError(f"testbed {name}: needs family (math or search) and model_path (got {tb})")
-        unknown = set(self.names()) - set(self.testbeds)
-        if unknown:
-            raise ValueError(
-                f"--only names unknown testbeds {sorted(unknown)}; known: {sorted(self.testbeds)}"
-            )
-        if self.eval_tasks < 1:
-            raise ValueError(f"eval_tasks must be >= 1 (got {self.eval_tasks})")
-
-    def names(self) -> list[str]:
-        return [n.strip() for n in self.only.split(",") if n.strip()] if self.only else list(self.testbeds)
 
 
 @dataclass(frozen=True)

@@ -18,55 +18,12 @@ import multiprocessing
 import resource
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from tracerl import metrics as M
-from tracerl.schema import check
-
-
-@dataclass(frozen=True)
-class BenchUpdateConfig:
-    """``tracerl bench update``: one learner update of a chosen shape, chunked and unchunked log-probs."""
-
-    vocab: int = 151936
-    hidden: int = 64
-    layers: int = 2
-    tokens: int = 8192
-    """Tokens of the update's batch."""
-    seq_len: int = 2048
-    """Tokens of each sequence (half prompt, half loss tokens)."""
-    micro_tokens: int = 0
-    """``loss.micro_tokens`` of the update; 0: the whole batch in one micro-batch."""
-    logit_chunks: list[int] | None = None
-    """``loss.logit_chunk`` of each case, one subprocess each (0: the unchunked full-logits path)."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Compute dtype (bfloat16: autocast over the float32 master weights)."""
-    updates: int = 2
-    max_gb: float = 16.0
-    """Address-space cap of each case's subprocess, GB (1e9 bytes); 0: none."""
-    seed: int = 0
-    json_path: str | None = None
-    bench_out: str = "bench_out/update"
-    startup_ranks: int = 0
-    """> 0: measure a run's set-up instead of an update: the host memory each of this many FSDP ranks takes to load
-    the model, every rank reading it or rank 0 alone (workflows/experiments/rank_load.py)."""
-
-    def __post_init__(self) -> None:
-        check(
-            min(self.vocab, self.hidden, self.layers, self.tokens, self.seq_len, self.updates) >= 1,
-            "vocab, hidden, layers, tokens, seq_len and updates must be >= 1",
-        )
-        check(self.hidden % 32 == 0, f"hidden must be a multiple of 32 (heads of 32; got {self.hidden})")
-        check(self.tokens % self.seq_len == 0, f"tokens ({self.tokens}) must be a multiple of seq_len")
-        check(self.micro_tokens >= 0 and self.max_gb >= 0, "micro_tokens and max_gb must be >= 0")
-        check(all(c >= 0 for c in self.chunks), f"logit_chunks must be >= 0 (got {self.logit_chunks})")
-        check(self.startup_ranks != 1 and self.startup_ranks >= 0, "startup_ranks must be 0 (off) or >= 2")
-
-    @property
-    def chunks(self) -> list[int]:
-        return [1024, 0] if self.logit_chunks is None else list(self.logit_chunks)
+from tracerl.workflows.experiments.config import BenchUpdateConfig
 
 
 def _model(cfg: BenchUpdateConfig) -> Any:

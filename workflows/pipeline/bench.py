@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from tracerl.config import PipelineMode
-from tracerl.experiment_config import BenchPipelineConfig
 from tracerl.workflows.pipeline.bench_train import format_train, mode_means, run_train_modes, summarize_train
+from tracerl.workflows.pipeline.config import BenchPipelineConfig
 
 KEYS = ("step_s", "rollout_s", "busy", "occupancy", "generated_tokens")
 IN_TRAIN = {

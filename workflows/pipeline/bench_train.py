@@ -19,7 +19,7 @@ from typing import Any
 
 from tracerl import metrics as M
 from tracerl.config import TrackingConfig, TrainConfig
-from tracerl.experiment_config import BenchPipelineConfig
+from tracerl.workflows.pipeline.config import BenchPipelineConfig
 
 STEP_KEYS = {
     "step_s": M.TIME_STEP,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tracerl.experiment_config import StudyConfig
+from tracerl.workflows.study.config import StudyConfig
 
 COORDS = ("testbed", "budget", "allocator", "seed")
 TAG = "tracerl.study"

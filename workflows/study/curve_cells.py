@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tracerl.experiment_config import StudyConfig
+from tracerl.workflows.study.config import StudyConfig
 
 CURVE_ARTIFACT_DIR = "curve"
 """Where a cell's curve file goes among its run's MLflow artifacts."""

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tracerl.experiment_config import StudyConfig
 from tracerl.workflows.study.bootstrap import Interval
+from tracerl.workflows.study.config import StudyConfig
 from tracerl.workflows.study.curve_results import (
     AllocatorStats,
     CurveVerdict,

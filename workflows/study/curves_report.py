@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from tracerl.experiment_config import StudyConfig
 from tracerl.workflows.study.bootstrap import Interval, paired_difference
+from tracerl.workflows.study.config import StudyConfig
 from tracerl.workflows.study.curve_results import (
     AllocatorStats,
     CurveVerdict,

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from tracerl.config import TrainConfig
-from tracerl.experiment_config import StudyConfig
 from tracerl.workflows.study.baseline import BaselineFn, ensure_baselines
 from tracerl.workflows.study.cells import TAG, Cell, Child, enumerate_cells, plan, select
+from tracerl.workflows.study.config import StudyConfig
 from tracerl.workflows.study.curve_cells import check_curve_study, curve_overrides, is_curve_study, keep_curve
 from tracerl.workflows.study.token_budget import fill_tokens, token_budget_error
 from tracerl.workflows.tracking.runs import RunSummary

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from tracerl.experiment_config import StudyConfig
 from tracerl.workflows.study.bootstrap import Interval, paired_difference
 from tracerl.workflows.study.cell_runs import StudyCell, collect
+from tracerl.workflows.study.config import StudyConfig
 from tracerl.workflows.study.plots import study_plots
 from tracerl.workflows.tracking import tables
 from tracerl.workflows.tracking.tables import num

@@ -21,7 +21,7 @@ from typing import Any, TypedDict
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
 from tracerl.config_loader import to_yaml
-from tracerl.experiment_config import SweepConfig
+from tracerl.workflows.study.config import SweepConfig
 
 
 def search_space(space: dict[str, Any]) -> dict[str, Any]:

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tracerl.experiment_config import StudyConfig
 from tracerl.workflows.study.cells import TAG, enumerate_cells
+from tracerl.workflows.study.config import StudyConfig
 
 
 def token_budget_error(testbed: str, config_path: str | Path) -> str:
