@@ -73,7 +73,12 @@ class MathEnv(ToolEnv):
                 else {
                     t.question: t
                     for held in (False, True)
-                    for t in generate(m.eval_tasks if held else m.num_tasks, seed=m.task_seed, held_out=held)
+                    for t in generate(
+                        m.eval_tasks if held else m.num_tasks,
+                        seed=m.task_seed,
+                        held_out=held,
+                        levels=tuple(m.levels),
+                    )
                 }
             )
         task = self._tasks.get(prompt.text)
@@ -90,7 +95,12 @@ class MathEnv(ToolEnv):
         """Training prompts, or held-out ones: generated (a hash split keeps them apart) or a task file's first N."""
         m = env_cfg.settings(MathEnvConfig)
         if m.tasks == "generated":
-            tasks = generate(m.eval_tasks if held_out else m.num_tasks, seed=m.task_seed, held_out=held_out)
+            tasks = generate(
+                m.eval_tasks if held_out else m.num_tasks,
+                seed=m.task_seed,
+                held_out=held_out,
+                levels=tuple(m.levels),
+            )
             return [Prompt(t.task_id, t.question, t.answer, source=f"generated-L{t.level}") for t in tasks]
         prompts = load_math_file(m.tasks)
         return prompts[: m.eval_tasks] if held_out else prompts[: m.num_tasks]

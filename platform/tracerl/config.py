@@ -293,8 +293,12 @@ class EvalConfig(LMFields):
     seed: int = 0
     out_dir: str = "eval_out"
     """summary.json and traces.jsonl go here."""
+    split: Literal["held_out", "train"] = "held_out"
+    """The task set: the held-out tasks (env.math.eval_tasks) or the training tasks (env.math.num_tasks; the pass
+    rates a testbed is picked by)."""
 
     def __post_init__(self) -> None:
+        check_choices(self, "")
         check(self.samples >= 0, f"samples must be >= 0 (got {self.samples})")
         check(self.temperature > 0, f"temperature must be > 0 for sampled pass@k (got {self.temperature})")
 

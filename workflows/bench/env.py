@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from tracerl.engine.concurrent_env import ConcurrentEnv
@@ -26,44 +26,22 @@ from tracerl.engine.protocol import ToolEnv
 from tracerl.engine.react import TEMPLATES
 from tracerl.engine.rollout import TreeRolloutEngine
 from tracerl.envs.registry import tool_env_class
-from tracerl.samplers.scripted import ByteTokenizer, ScriptedSampler
+from tracerl.samplers.scripted import ByteTokenizer, ScriptedSampler, prompt_text, replay_engine
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt
 from tracerl.workflows.bench.config import BenchEnvConfig
 
 
-def _prompt_text(env: ToolEnv, template: Any, prompt: Prompt) -> str:
-    """The prompt as the engine renders it (with the tools of the task's initial state)."""
-    return str(template.prompt(prompt.text, env.tools_for(prompt, env.initial_state(prompt))))
-
-
 def gold_engine(
     env: ToolEnv, prompts: Sequence[Prompt], template_name: str, limits: Any
 ) -> TreeRolloutEngine:
-    """An engine whose scripted sampler replays each prompt's ``gold_turns``.
+    """An engine whose scripted sampler replays each prompt's ``gold_turns`` (``replay_engine``) on a byte tokenizer:
+    no model needed, token counts are bytes.
 
     Raises:
         ValueError: the environment has no ``gold_turns`` (``Env.gold_turns``'s default).
     """
-    tok = ByteTokenizer()
-    template = TEMPLATES.get(template_name)(None)
-    sampler = ScriptedSampler(tok)
-    longest = 1
-    for p in prompts:
-        turns = env.gold_turns(p, template)
-        longest = max(longest, len(turns))
-        sampler.add_script(_prompt_text(env, template, p), turns)
-    # Byte tokens: lift the token limits; keep max_turns at least the longest script.
-    big = 10**8
-    limits = replace(
-        limits,
-        max_turns=max(limits.max_turns, longest),
-        max_turn_tokens=big,
-        max_episode_tokens=big,
-        max_context_tokens=big,
-        temperature=0.0,
-    )
-    return TreeRolloutEngine(sampler, env, template, tok, limits)
+    return replay_engine(env, prompts, TEMPLATES.get(template_name)(None), ByteTokenizer(), limits)
 
 
 def summarize(trees: Sequence[RolloutTree]) -> dict[str, Any]:
@@ -88,7 +66,7 @@ def _distinct_prompt_rounds(env: ToolEnv, template: Any, prompts: Sequence[Promp
     """``prompts`` in rounds within which no two render the same prompt text (first fit, order kept)."""
     rounds: list[tuple[set[str], list[Prompt]]] = []
     for p in prompts:
-        text = _prompt_text(env, template, p)
+        text = prompt_text(env, template, p)
         slot = next((r for r in rounds if text not in r[0]), None)
         if slot is None:
             slot = (set(), [])

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from tracerl.config import LMFields
 from tracerl.schema import check, check_choices
 
 
@@ -90,4 +91,40 @@ class BootstrapConfig:
         check(
             0.0 <= self.late_answer_fraction <= 1.0,
             f"late_answer_fraction must be in [0, 1] (got {self.late_answer_fraction})",
+        )
+
+
+@dataclass(frozen=True)
+class SFTConfig(LMFields):
+    """``tracerl sft``: warm-start a pretrained chat model on the environment's reference traces, rendered in the
+    model's own chat template with ``model.template`` and ``model.system_prompt`` (the settings RL then runs with).
+
+    ``model.path`` is where the warm-started checkpoint is written; ``init_from`` is the pretrained checkpoint."""
+
+    init_from: str = "models/smollm2-135m-instruct"
+    """The pretrained HF checkpoint directory to start from (``make smollm2`` writes SmolLM2-135M-Instruct here)."""
+    seed: int = 0
+    """Seeds the batch order (the traces are the environment's training tasks, env.math.num_tasks)."""
+    steps: int = 60
+    """Optimiser steps (AdamW, warm-up-stable-decay schedule)."""
+    batch_size: int = 8
+    lr: float = 5e-5
+    """Peak learning rate."""
+    max_tokens: int = 1024
+    """A trace longer than this is cut (its tail gets no loss)."""
+    gradient_checkpointing: bool = True
+    """Recompute activations in backward (less memory, about a third more compute)."""
+    force: bool = False
+    """Overwrite ``model.path`` if it already holds a checkpoint."""
+
+    def __post_init__(self) -> None:
+        check(
+            self.steps >= 1 and self.batch_size >= 1 and self.lr > 0,
+            "steps, batch_size and lr must be positive",
+        )
+        check(self.max_tokens >= 16, f"max_tokens must be >= 16 (got {self.max_tokens})")
+        check(
+            self.model.template == "chat",
+            f"tracerl sft renders traces in the model's chat template: set model.template=chat (got "
+            f"{self.model.template!r})",
         )

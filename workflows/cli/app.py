@@ -5,7 +5,7 @@ and ``key=value`` overrides: ``allocator=grpo`` loads conf/allocator/grpo.yaml i
 group, ``budget.num_roots=64`` sets one field. Flags such as ``--roots`` are shorthands for config
 keys and are applied after the positional overrides.
 
-This module has the job commands (bootstrap, rollout, train, sweep, study, eval), the parser and ``main``;
+This module has the job commands (bootstrap, sft, rollout, train, sweep, study, eval), the parser and ``main``;
 the benchmarks are in workflows/cli/bench.py, the commands on tracked runs and clusters (register, compare,
 submit, ui) in workflows/cli/runs.py, and the bench commands of the families outside the command rooms (the
 experiments) come through workflows/cli/families.py.
@@ -21,7 +21,7 @@ from typing import Any
 
 from tracerl.config import EvalConfig, RolloutConfig, TrainConfig
 from tracerl.config_loader import ConfigError, compose, conf_dir, to_yaml
-from tracerl.workflows.bootstrap.config import BootstrapConfig
+from tracerl.workflows.bootstrap.config import BootstrapConfig, SFTConfig
 from tracerl.workflows.cli import bench as cli_bench
 from tracerl.workflows.cli import runs as cli_mlflow
 from tracerl.workflows.cli.args import Command, Shorthand, add_job_args
@@ -46,6 +46,13 @@ def _bootstrap(cfg: BootstrapConfig) -> int:
         f"(T={cfg.eval_temperature}), well-formed turns {s['well_formed_turns']:.3f}"
     )
     print("  by level (sampled): " + ", ".join(f"{k} {v:.2f}" for k, v in s["by_level"].items()))
+    return 0
+
+
+def _sft(cfg: SFTConfig) -> int:
+    from tracerl.workflows.bootstrap.sft import run_sft
+
+    print(run_sft(cfg, progress=_progress).format())
     return 0
 
 
@@ -157,9 +164,15 @@ BOOTSTRAP_FLAGS = (
     Shorthand("--seed", ("seed",), "seed for tasks, initialisation and training"),
 )
 
+SFT_FLAGS = (
+    Shorthand("--steps", ("steps",), "optimiser steps"),
+    Shorthand("--seed", ("seed",), "seed of the batch order"),
+)
+
 COMMANDS: dict[str, Command] = {
     **cli_bench.BENCH_COMMANDS,
     "bootstrap": Command(BootstrapConfig, "bootstrap/math.yaml", BOOTSTRAP_FLAGS, _bootstrap),
+    "sft": Command(SFTConfig, "sft/smollm2_math.yaml", SFT_FLAGS, _sft),
     "rollout": Command(RolloutConfig, "rollout/math.yaml", ROLLOUT_FLAGS, _rollout),
     "train": Command(TrainConfig, "train/default.yaml", TRAIN_FLAGS, _train),
     "sweep": Command(SweepConfig, "sweep/default.yaml", SWEEP_FLAGS, _sweep),
@@ -172,6 +185,7 @@ for _family in FAMILIES:
 SWITCHES = [switch for family in FAMILIES for switch in family.switches]
 JOB_HELP = {
     "bootstrap": "build the built-in tiny policy (tokenizer + small LM, SFT warm start)",
+    "sft": "warm-start a pretrained chat model on reference traces in its own template (SFT before RL)",
     "rollout": "allocation-and-rollout steps; writes trees.jsonl and trees.html",
     "train": "RL training on Ray Train workers, tracked in MLflow (resume=RUN_ID)",
     "eval": "greedy pass@1, pass@k and avg@k of a checkpoint on a task set",

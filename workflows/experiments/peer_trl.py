@@ -81,10 +81,10 @@ class PeerRollout:
     """The project's ReAct engine as TRL's ``rollout_func``: one flat tree per group, on the live model."""
 
     def __init__(self, cfg: Any, tokenizer: Any, env: Any, by_text: dict[str, Prompt]) -> None:
-        from tracerl.engine.react import TEMPLATES
+        from tracerl.engine.react import make_template
 
         self.cfg, self.tok, self.env, self.by_text = cfg, tokenizer, env, by_text
-        self.template = TEMPLATES.get(cfg.model.template)(tokenizer)
+        self.template = make_template(cfg.model.template, tokenizer, cfg.model.system_prompt)
         self.seconds = 0.0
         """The last call's wall seconds."""
         self.generated_tokens = 0

@@ -9,7 +9,7 @@ from tracerl.algos.allocators import Allocator
 from tracerl.algos.config import AllocatorConfig
 from tracerl.config import EnvConfig, ModelConfig, PredictorConfig, SamplerConfig
 from tracerl.engine.allocation import build_allocation
-from tracerl.engine.react import TEMPLATES
+from tracerl.engine.react import make_template
 from tracerl.engine.rollout import TreeRolloutEngine
 from tracerl.envs.registry import env_class
 from tracerl.models.hf import SetupError, check_window, load_policy, load_tokenizer
@@ -61,7 +61,7 @@ def build_stack(model_cfg: ModelConfig, sampler_cfg: SamplerConfig, env_cfg: Env
         tok, model = load_policy(model_cfg)
     sampler = make_sampler(model_cfg, sampler_cfg, model, tok)
     env = make_env(env_cfg)
-    template = TEMPLATES.get(model_cfg.template)(tok)
+    template = make_template(model_cfg.template, tok, model_cfg.system_prompt)
     engine = TreeRolloutEngine(sampler, env, template, tok, sampler_cfg, seed=seed)
     return LMStack(tok, model, env, engine)
 

@@ -136,7 +136,7 @@ def run_one(
 ) -> list[dict[str, Any]]:
     """``num_steps`` steps of one (mode, seed) on ``pool``: per step its measurements."""
     from tracerl.engine.allocation import build_allocation
-    from tracerl.engine.react import TEMPLATES
+    from tracerl.engine.react import make_template
     from tracerl.engine.step import same_allocation
     from tracerl.engine.stepper import Stepper
     from tracerl.engine.timer import PhaseTimer
@@ -144,7 +144,7 @@ def run_one(
     from tracerl.workflows.lm.stack import task_prompts, text_features
 
     tok, model = policy
-    template = TEMPLATES.get(cfg.train.model.template)(tok)
+    template = make_template(cfg.train.model.template, tok, cfg.train.model.system_prompt)
     tools = list(tool_env_class(cfg.train.env.name).tools)
     features = text_features(cfg.train.predictor, model, tok, lambda q: template.prompt(q, tools))
     allocator, predictor = build_allocation(cfg.train.allocator, cfg.train.predictor, seed, pool, features)

@@ -20,7 +20,7 @@ from tracerl.config_loader import to_yaml
 from tracerl.engine.allocation import build_allocation
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.mc_scorer import mc_metrics
-from tracerl.engine.react import TEMPLATES
+from tracerl.engine.react import make_template
 from tracerl.engine.step import BareRollouts, PlannedStep, StepOutcome
 from tracerl.engine.step_stats import step_metrics, weight_staleness
 from tracerl.engine.stepper import Stepper
@@ -113,7 +113,7 @@ class Driver:
         log_threads(self.client, run_id, self.pool)
         self.startup: dict[str, float] = {}
         """``time/startup_s`` and its parts, logged with the next step (the first this launch runs)."""
-        template = TEMPLATES.get(cfg.model.template)(tok)
+        template = make_template(cfg.model.template, tok, cfg.model.system_prompt)
         tools = list(tool_env_class(cfg.env.name).tools)
         features = text_features(cfg.predictor, model, tok, lambda q: template.prompt(q, tools))
         # trace_mc scores prefixes by extra rollouts on the pool

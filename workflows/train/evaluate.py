@@ -189,10 +189,10 @@ def run_eval(cfg: Any, progress: Callable[[str], None] = lambda s: None) -> Eval
     progress(trk.where(cfg.tracking))  # where runs:/ and models:/ paths are looked up
     path = resolve_model_path(cfg.model.path, trk.resolved(cfg.tracking), progress)
     model_cfg = replace(cfg.model, path=path)
-    prompts = task_prompts(cfg.env, held_out=True)
+    prompts = task_prompts(cfg.env, held_out=cfg.split == "held_out")
     task_set = f"{cfg.env.name}:{getattr(env_section(cfg.env), 'tasks', 'tasks')}"
     progress(
-        f"evaluating {path} on {len(prompts)} tasks ({task_set}): greedy"
+        f"evaluating {path} on {len(prompts)} {cfg.split.replace('_', '-')} tasks ({task_set}): greedy"
         + (f", then {cfg.samples} samples at T={cfg.temperature:g}" if cfg.samples else "")
     )
     passes = bar(progress, 2 if cfg.samples else 1, f"eval on {len(prompts)} tasks", "pass")
@@ -208,6 +208,7 @@ def run_eval(cfg: Any, progress: Callable[[str], None] = lambda s: None) -> Eval
         metrics, traces = evaluate_prompts(run, prompts, cfg.samples, cfg.temperature, cfg.seed)
     metrics["model"] = path
     metrics["task_set"] = task_set
+    metrics["split"] = cfg.split
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(metrics, indent=2))

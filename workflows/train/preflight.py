@@ -71,12 +71,12 @@ def longest_prompt(cfg: TrainConfig) -> tuple[int, str]:
     ``model.path``; loads no weights)."""
     from transformers import AutoTokenizer
 
-    from tracerl.engine.react import TEMPLATES
+    from tracerl.engine.react import make_template
     from tracerl.engine.untrusted import encodable
     from tracerl.envs.registry import tool_env_class
 
     tok = AutoTokenizer.from_pretrained(cfg.model.path, local_files_only=True)
-    template = TEMPLATES.get(cfg.model.template)(tok)
+    template = make_template(cfg.model.template, tok, cfg.model.system_prompt)
     tools = list(tool_env_class(cfg.env.name).tools)
     cls = env_class(cfg.env.name)
     longest = (0, "")

@@ -43,7 +43,7 @@ class RolloutWorker:
         many threads of this process (``tracerl.engine.concurrent_env``)."""
         import torch
 
-        from tracerl.engine.react import TEMPLATES
+        from tracerl.engine.react import make_template
         from tracerl.engine.rollout import TreeRolloutEngine
         from tracerl.env_registry import env_class
         from tracerl.models.buckets import LoraBase
@@ -95,7 +95,11 @@ class RolloutWorker:
         extra = {"push_transport": spec.push_transport} if spec.push_transport != "ray" else {}
         self.sampler = make_sampler(model_cfg, sampler_cfg, self.model, self.tok, pools.rollout_gpus, **extra)
         self.engine = TreeRolloutEngine(
-            self.sampler, env, TEMPLATES.get(model_cfg.template)(self.tok), self.tok, sampler_cfg
+            self.sampler,
+            env,
+            make_template(model_cfg.template, self.tok, model_cfg.system_prompt),
+            self.tok,
+            sampler_cfg,
         )
         self.sampler_cfg = sampler_cfg
         self.trees: dict[str, list[RolloutTree]] = {}

@@ -23,6 +23,7 @@ from tracerl.engine.templates import (
     PlainTemplate,
     TurnTemplate,
     call_source,
+    make_template,
 )
 
 __all__ = [
@@ -35,5 +36,6 @@ __all__ = [
     "ToolSpec",
     "TurnTemplate",
     "call_source",
+    "make_template",
     "parse_call_list",
 ]

@@ -1,6 +1,7 @@
 """Turn templates: how a policy's turns, the environment's observations and the next user message are written.
 
-Registry ``TEMPLATES`` (a template is built from the policy's tokenizer: ``TEMPLATES.get(name)(tokenizer)``):
+Registry ``TEMPLATES`` (a template is built from the policy's tokenizer and an optional system prompt:
+``make_template(name, tokenizer, system_prompt)``, i.e. ``TEMPLATES.get(name)(tokenizer, system_prompt=...)``):
 
 * ``plain``: the documented format of the built-in tiny policy::
 
@@ -79,7 +80,28 @@ class TurnTemplate(Protocol):
         ...
 
 
-TEMPLATES: Registry[Callable[[Any], TurnTemplate]] = Registry("turn template")
+TEMPLATES: Registry[Callable[..., TurnTemplate]] = Registry("turn template")
+
+
+def make_template(name: str, tokenizer: Any = None, system_prompt: str = "") -> TurnTemplate:
+    """The registered template ``name`` for ``tokenizer``, with ``system_prompt`` (``model.system_prompt``) before
+    every prompt. A registered template that takes no ``system_prompt`` works while none is set.
+
+    Raises:
+        ValueError: ``system_prompt`` is set and the template ``name`` takes none.
+    """
+    factory = TEMPLATES.get(name)
+    if not system_prompt:
+        return factory(tokenizer)
+    try:
+        return factory(tokenizer, system_prompt=system_prompt)
+    except TypeError as exc:
+        if "system_prompt" not in str(exc):
+            raise
+        raise ValueError(
+            f"turn template {name!r} takes no system prompt: unset model.system_prompt or give the template's "
+            "constructor a system_prompt keyword"
+        ) from exc
 
 
 def call_source(call: ToolCall) -> str:
@@ -101,8 +123,9 @@ class PlainTemplate:
     stop: tuple[str, ...] = ("Observation:",)
     newline_before_observation = True
 
-    def __init__(self, tokenizer: Any = None) -> None:
+    def __init__(self, tokenizer: Any = None, system_prompt: str = "") -> None:
         self.tokenizer = tokenizer  # unused: the plain format is fixed
+        self.system = f"{system_prompt.strip()}\n" if system_prompt.strip() else ""
 
     _ACTION = re.compile(r"Action:\s*([A-Za-z_][\w\-]*)\s*([\[{])", re.S)
     _CALLS = re.compile(r"Action:\s*\[", re.S)
@@ -111,9 +134,9 @@ class PlainTemplate:
     def prompt(self, question: str, tools: Sequence[ToolSpec]) -> str:
         """``Question: ...``; documented tools (with a schema) are listed before it with the call format."""
         if not _documented(tools):
-            return f"Question: {question.strip()}\n"
+            return f"{self.system}Question: {question.strip()}\n"
         specs = "\n".join(json.dumps(t.as_json_schema()["function"]) for t in tools if t.listed)
-        return (
+        return self.system + (
             "Functions (JSON schemas, one a line):\n" + specs + "\n"
             "Call functions with 'Action: [name(arg=value, ...), name2(...)]'; the Observation shows the results. "
             "When the request is done (or cannot be done), write 'Final Answer: ' and a short reply.\n"
@@ -228,19 +251,28 @@ class ChatTemplate:
     newline_before_observation = False
     _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(</tool_call>|$)", re.S)
 
-    def __init__(self, tokenizer: Any = None) -> None:
+    def __init__(self, tokenizer: Any = None, system_prompt: str = "") -> None:
         self.tokenizer = tokenizer if getattr(tokenizer, "chat_template", None) else None
+        self.system_prompt = system_prompt.strip()
 
     def _render(
-        self, messages: list[dict[str, str]], tools: Sequence[ToolSpec] = (), gen: bool = False
+        self,
+        messages: list[dict[str, str]],
+        tools: Sequence[ToolSpec] = (),
+        gen: bool = False,
+        system: str = "",
     ) -> str:
+        """``messages`` through the tokenizer's chat template; ``system`` (the system prompt) opens the
+        conversation as a system message."""
         assert self.tokenizer is not None
         tools = [t for t in tools if t.listed]
         schemas = [t.as_json_schema() for t in tools] or None
         if schemas and "tools" not in str(self.tokenizer.chat_template):
             # A chat template without tool support (SmolLM2's) would drop the schemas: put them in a system message.
-            messages = [{"role": "system", "content": _tools_system_text(tools)}, *messages]
+            system = "\n\n".join(s for s in (system, _tools_system_text(tools)) if s)
             schemas = None
+        if system:
+            messages = [{"role": "system", "content": system}, *messages]
         return str(
             self.tokenizer.apply_chat_template(
                 messages, tools=schemas, add_generation_prompt=gen, tokenize=False
@@ -249,8 +281,11 @@ class ChatTemplate:
 
     def prompt(self, question: str, tools: Sequence[ToolSpec]) -> str:
         if self.tokenizer is not None:
-            return self._render([{"role": "user", "content": question.strip()}], tools, gen=True)
-        system = f"<|im_start|>system\n{_tools_system_text(tools)}<|im_end|>\n"
+            return self._render(
+                [{"role": "user", "content": question.strip()}], tools, gen=True, system=self.system_prompt
+            )
+        text = "\n\n".join(s for s in (self.system_prompt, _tools_system_text(tools)) if s)
+        system = f"<|im_start|>system\n{text}<|im_end|>\n"
         return system + f"<|im_start|>user\n{question.strip()}<|im_end|>\n<|im_start|>assistant\n"
 
     def _after_assistant(self, message: dict[str, str]) -> str | None:

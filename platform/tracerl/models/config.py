@@ -22,6 +22,9 @@ class ModelConfig:
     """float32, bfloat16 or float16."""
     template: str = "plain"
     """Turn template: 'plain' (the tiny policy's format) or 'chat' (native tool calls in the chat template)."""
+    system_prompt: str = ""
+    """A system prompt before every task (chat: the system message, with the tool list where the model's chat
+    template cannot render tools; plain: a line before the question). Empty: none (the chat template's default)."""
 
     def __post_init__(self) -> None:
         check_choices(self, "model")

@@ -6,7 +6,8 @@ calls and grades the answer, exactly as for a policy. The sampler recognises whi
 context belongs to by token prefix: a script is registered under its encoded prompt, and each turn it
 returns registers ``context + turn tokens`` as the prefix of the following turn (the engine appends
 the observation after it). A context that matches no registered prefix, or a script that has run out
-of turns, gets an empty turn (the template turns it into an error observation).
+of turns, gets an empty turn (the template turns it into an error observation). A turn whose text ends on the
+tokenizer's EOS token (``tracerl sft``'s reference traces in a chat template) finishes as 'eos', as a model's would.
 
 ``ByteTokenizer`` (one token per UTF-8 byte) makes the replay independent of any model: token counts
 are bytes, and decoding is exact.
@@ -15,11 +16,16 @@ are bytes, and decoding is exact.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from tracerl.engine.config import SamplerConfig
+from tracerl.engine.protocol import ToolEnv
+from tracerl.engine.rollout import TreeRolloutEngine
+from tracerl.engine.templates import TurnTemplate
 from tracerl.models.config import ModelConfig
 from tracerl.samplers.base import SAMPLERS, Generation
+from tracerl.types import Prompt
 
 
 class ByteTokenizer:
@@ -99,5 +105,48 @@ class ScriptedSampler:
             ids = self._encode(text)
             self._register([*ctx, *ids], script, turn + 1)
             finish = "stop" if len(ids) <= max_new_tokens else "length"
+            if finish == "stop" and ids and ids[-1] == getattr(self.tok, "eos_token_id", None):
+                finish = (
+                    "eos"  # a scripted turn that ends on the tokenizer's EOS ended as a model's turn does
+                )
             out.append(Generation(ids, [0.0] * len(ids), text, finish, prefill_tokens=len(ctx)))
         return out
+
+
+def prompt_text(env: ToolEnv, template: TurnTemplate, prompt: Prompt) -> str:
+    """The prompt as the engine renders it (with the tools of the task's initial state)."""
+    return str(template.prompt(prompt.text, env.tools_for(prompt, env.initial_state(prompt))))
+
+
+def replay_engine(
+    env: ToolEnv,
+    prompts: Sequence[Prompt],
+    template: TurnTemplate,
+    tokenizer: Any,
+    limits: SamplerConfig,
+    turn_end: str = "",
+) -> TreeRolloutEngine:
+    """A ``TreeRolloutEngine`` whose scripted sampler replays each prompt's ``env.gold_turns`` written by
+    ``template``, each turn followed by ``turn_end`` (a chat model's end-of-turn token: the turn then ends on EOS,
+    as the model's own turns do). Token limits are lifted, ``max_turns`` is at least the longest script and
+    sampling is greedy; the sampler's ``misses`` counts contexts that matched no script (0 in a sound replay).
+
+    Raises:
+        ValueError: the environment has no ``gold_turns`` (``Env.gold_turns``'s default).
+    """
+    sampler = ScriptedSampler(tokenizer)
+    longest = 1
+    for p in prompts:
+        turns = [turn + turn_end for turn in env.gold_turns(p, template)]
+        longest = max(longest, len(turns))
+        sampler.add_script(prompt_text(env, template, p), turns)
+    big = 10**8
+    limits = replace(
+        limits,
+        max_turns=max(limits.max_turns, longest),
+        max_turn_tokens=big,
+        max_episode_tokens=big,
+        max_context_tokens=big,
+        temperature=0.0,
+    )
+    return TreeRolloutEngine(sampler, env, template, tokenizer, limits)
