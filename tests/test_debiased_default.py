@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import tracerl.algos  # noqa: F401  (registers knapsack and trace_plus)
+from tests.test_learner import _tree_with_tokens
 from tracerl.algos.advantages import TreeAdvantages
 from tracerl.algos.allocators import build_allocator
 from tracerl.algos.batch import collate, debiased_setting
@@ -43,24 +44,7 @@ def user_estimator(tree: RolloutTree, normalize_std: bool = False) -> TreeAdvant
 def _branched() -> RolloutTree:
     """Prompt [1, 2]; bare path: turn n1 (model 3 4 | obs 5), then answer 6 (r = 1); a continuation from n1: answer
     7 8 (r = 0). V^(root) = V^(n1) = 1/2; D(root) = 1 (the one bare rollout), D(n1) = (1 + 0) / 2."""
-    t = RolloutTree(Prompt("p"))
-    t.prompt_token_ids = [1, 2]
-    a = t.new_path(True)
-    n1 = t.add_node(0, a, token_ids=[3, 4, 5], model_mask=[True, True, False], logprobs=[-0.1, -0.2])
-    t.add_node(
-        n1.node_id, a, token_ids=[6], model_mask=[True], logprobs=[-0.3], status=Status.ANSWERED, reward=1.0
-    )
-    c = t.new_path(False)
-    t.add_node(
-        n1.node_id,
-        c,
-        token_ids=[7, 8],
-        model_mask=[True, True],
-        logprobs=[-0.4, -0.5],
-        status=Status.ANSWERED,
-        reward=0.0,
-    )
-    return t
+    return _tree_with_tokens()
 
 
 def _flat() -> RolloutTree:

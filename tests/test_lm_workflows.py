@@ -74,7 +74,7 @@ def test_rollout_reports_a_missing_model(tmp_path: Path, capsys: pytest.CaptureF
     assert "tracerl bootstrap" in capsys.readouterr().err
 
 
-def test_bench_rollout_json(tiny: Path, tmp_path: Path) -> None:
+def test_bench_rollout_json(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "b.json"
     args = [
         "bench",
@@ -99,6 +99,19 @@ def test_bench_rollout_json(tiny: Path, tmp_path: Path) -> None:
         assert s[name]["leaves"] == 48
     assert s["trace"]["prefill_tokens_reused"] > 0
     assert s["trace"]["continuation_prefill_fraction"] <= 0.10  # continuations re-use their prefix's cache
+    assert s["trace"]["effective_ratio_ci95"] is None  # one seed: no interval
+    # Started again with the same settings (an interrupted benchmark): every run is reused, the summary is the same.
+    first = out.read_text()
+    capsys.readouterr()
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "grpo seed 0: reusing" in err and "trace seed 0: reusing" in err
+    assert json.loads(out.read_text()) == json.loads(first)
+    assert main([*args, "warmup_fraction=0.5"]) == 0  # the warm-up is a summary setting: still reused
+    capsys.readouterr()
+    assert main([*args, "budget.continuations=1", "allocators=[trace]"]) == 0
+    assert "b.json ran under other settings; running again" not in (err := capsys.readouterr().err)
+    assert "trace seed 0: " in err and "trace-seed0.json ran under other settings; running again" in err
 
 
 def test_habit_phase_traces_answer_without_the_tool_for_the_chosen_share() -> None:

@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
-import subprocess
-import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, stop_process, wait_for
+from tests.cluster_nodes import mlflow_server as serve_mlflow
+from tests.conftest import ROOT, wait_for
 from tracerl.workflows.cli.app import main
-from tracerl.workflows.tracking.ui import server_env
 
 pytestmark = pytest.mark.e2e  # a long end-to-end run: `make test-e2e` (CI runs it after `make test`)
 
@@ -40,42 +36,8 @@ def _reserved_groups() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("mlflow")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{tmp}/srv.db",
-            "--default-artifact-root",
-            str(tmp / "art"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=server_env(),  # without MLflow's job runner, which no command uses
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert proc.poll() is None, f"mlflow server exited with code {proc.returncode}"
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=10):
-                return True
-        except OSError:
-            return False
-
-    wait_for(up, "the mlflow server answering /health")
-    yield url
-    stop_process(proc)
+    with serve_mlflow(tmp_path_factory.mktemp("mlflow")) as url:
+        yield url
 
 
 def test_asha_sweep_on_a_server_in_token_mode_stops_a_trailing_trial_and_restores(

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from tracerl import metrics as M
 from tracerl.calibration import mean_calibration
@@ -23,6 +22,7 @@ from tracerl.envs.simulator import Simulator, SimulatorConfig, calibrate, with_n
 from tracerl.workflows.bench.config import BenchAllocationConfig
 from tracerl.workflows.bench.sim_runs import RunResult, run_allocator
 from tracerl.workflows.ops.progress import bar
+from tracerl.workflows.ops.results import ci95
 from tracerl.workflows.tracking import store as tracking
 
 Job = tuple[str, int, float]  # allocator, seed, noise scale
@@ -98,9 +98,8 @@ def _run_job(cfg: BenchAllocationConfig, name: str, seed: int, noise: float) -> 
 
 
 def _ci95(values: Sequence[float]) -> float:
-    if len(values) < 2:
-        return float("nan")
-    return float(stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / np.sqrt(len(values)))
+    half = ci95(values)
+    return float("nan") if half is None else half
 
 
 def _summarize(cfg: BenchAllocationConfig, runs: Sequence[RunResult]) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """``tracerl bench rollout``: allocators at equal leaves with the frozen tiny policy on built-in math tasks.
 
 Each allocator runs ``steps`` steps on the same fixed task set (revisited across steps), the predictor
-learning online; counts are per step, averaged after the warm-up. Writes a table and JSON, and one
-MLflow run per allocator.
+learning online; counts are per step, averaged after the warm-up, with 95 % t intervals over seeds. Writes a
+table and JSON, and one MLflow run per allocator. Each allocator x seed run is kept in ``out_dir/runs/`` with the
+settings it ran under: a rerun with the same settings (an interrupted benchmark, started again) reuses it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from tracerl.envs.registry import check_data, env_section
 from tracerl.workflows.bench.config import BenchRolloutConfig
 from tracerl.workflows.lm.stack import build_stack, stack_allocation, task_prompts
 from tracerl.workflows.ops.progress import bar
+from tracerl.workflows.ops.results import ci95, write_results
 from tracerl.workflows.tracking import store as tracking
 
 KEYS = {
@@ -87,6 +89,52 @@ def run_one(
     return steps, summarize_calibration(calib)
 
 
+RunRecord = tuple[list[dict[str, float]], dict[str, dict[str, float]]]
+_NOT_SETTINGS = ("allocators", "seeds", "seed", "warmup_fraction", "out_dir", "json_path", "tracking.")
+"""Keys that do not change one allocator x seed run (the run file names its allocator and seed)."""
+
+
+def cached_run(cfg: BenchRolloutConfig, name: str, seed: int, progress: Callable[[str], None]) -> RunRecord:
+    """``run_one``, or its record in ``out_dir/runs/`` from an earlier invocation with the same settings."""
+    settings = {k: v for k, v in to_flat_dict(cfg).items() if not k.startswith(_NOT_SETTINGS)}
+    settings = json.loads(json.dumps(settings, default=str))
+    path = Path(cfg.out_dir) / "runs" / f"{name}-seed{seed}.json"
+    if path.exists():
+        try:
+            saved = json.loads(path.read_text())
+        except ValueError:
+            saved = {}
+        if saved.get("settings") == settings:
+            progress(f"  {name} seed {seed}: reusing {path}")
+            return saved["steps"], saved["calibration"]
+        progress(f"  {name} seed {seed}: {path} ran under other settings; running again")
+    steps, calibration = run_one(cfg, name, seed, progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".partial")
+    tmp.write_text(json.dumps({"settings": settings, "steps": steps, "calibration": calibration}))
+    tmp.replace(path)
+    return steps, calibration
+
+
+def _per_seed(runs: list[list[dict[str, float]]], warm: int) -> dict[str, list[float]]:
+    """Post-warm-up means per seed of the quantities reported with intervals."""
+    out: dict[str, list[float]] = {}
+    for r in runs:
+        steps = r[warm:]
+
+        def mean(key: str, steps: list[dict[str, float]] = steps) -> float:
+            return float(np.mean([st[key] for st in steps]))
+
+        out.setdefault("effective_ratio", []).append(mean(M.EFFECTIVE_RATIO))
+        out.setdefault("mixed_groups_per_step", []).append(mean(M.MIXED_GROUPS))
+        out.setdefault("generated_tokens_per_leaf", []).append(
+            mean(M.GENERATED_TOKENS) / max(mean(M.LEAVES), 1.0)
+        )
+        out.setdefault("prefill_tokens_reused", []).append(mean(M.PREFILL_REUSED))
+        out.setdefault("success_rate", []).append(mean(M.SUCCESS_RATE))
+    return out
+
+
 def _continuation_prefill(out: StepOutcome) -> dict[str, float]:
     """Prefill of continuations, counted where tokens were fed to the model, vs re-encoding every prefix.
 
@@ -125,7 +173,7 @@ def run_rollout_bench(
     for name in cfg.allocators:
         results = []
         for offset in range(cfg.seeds):
-            results.append(run_one(cfg, name, cfg.seed + offset, progress))
+            results.append(cached_run(cfg, name, cfg.seed + offset, progress))
             runs_bar.update()
         runs = [r[0] for r in results]
         s: dict[str, Any] = {
@@ -139,17 +187,20 @@ def run_rollout_bench(
             else 0.0
         )
         s["generated_tokens_per_leaf"] = s["generated_tokens"] / max(s["leaves"], 1)
-        s["effective_ratio_per_seed"] = [
-            float(np.mean([st[M.EFFECTIVE_RATIO] for st in r[warm:]])) for r in runs
-        ]
+        per_seed = _per_seed(runs, warm)
+        s["effective_ratio_per_seed"] = per_seed["effective_ratio"]
+        for key, values in per_seed.items():
+            s[f"{key}_ci95"] = ci95(values)
         s["calibration"] = mean_calibration([r[1] for r in results])
         summary["allocators"][name] = s
         series[name] = [M.mean_metrics([r[i] for r in runs]) for i in range(cfg.steps)]
         progress(f"{name}: effective ratio {s['effective_ratio']:.3f}, {s['generated_tokens']} tokens/step")
-    (out / "results.json").write_text(json.dumps(summary, indent=2))
-    if cfg.json_path:
-        Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.json_path).write_text(json.dumps(summary, indent=2))
+    named = summary["allocators"]
+    if "trace" in named and "grpo" in named and named["grpo"]["effective_ratio"] > 0:
+        summary["trace_over_grpo_effective_ratio"] = (
+            named["trace"]["effective_ratio"] / named["grpo"]["effective_ratio"]
+        )
+    write_results(out, summary, cfg.json_path)
     table = format_table(cfg, summary)
     (out / "table.txt").write_text(table + "\n")
     if cfg.tracking.enabled:
@@ -168,19 +219,29 @@ def run_rollout_bench(
     return summary
 
 
+def _pm(half: float | None) -> str:
+    return f"±{half:.3f}" if half is not None else "±  -  "
+
+
 def format_table(cfg: BenchRolloutConfig, summary: dict[str, Any]) -> str:
     b = cfg.budget
     lines = [
         f"budget: L={b.leaves} leaves/step | flat: G={b.group_size} on {b.num_groups} prompts | tree: M={b.roots}, "
         f"N={b.continuations} | pool {b.num_candidates} of {getattr(env_section(cfg.env), 'num_tasks', '?')} tasks | steps={cfg.steps}, seeds={cfg.seeds}",
-        f"{'allocator':<10} {'ER':>6} {'leafER':>6} {'mixed':>5} {'leaves':>6} {'gen tok':>7} {'tok/leaf':>8} "
+        f"{'allocator':<10} {'ER':>6} {'(95 %)':>7} {'leafER':>6} {'mixed':>5} {'leaves':>6} {'gen tok':>7} {'tok/leaf':>8} "
         f"{'prefill reused':>14} {'computed':>8} {'cont. recompute':>15} {'tools':>5} {'replayed':>8} {'wall s':>6}",
     ]
     for name, s in summary["allocators"].items():
         lines.append(
-            f"{name:<10} {s['effective_ratio']:>6.3f} {s['leaf_effective_ratio']:>6.3f} {s['mixed_groups_per_step']:>5.1f} "
+            f"{name:<10} {s['effective_ratio']:>6.3f} {_pm(s.get('effective_ratio_ci95')):>7} "
+            f"{s['leaf_effective_ratio']:>6.3f} {s['mixed_groups_per_step']:>5.1f} "
             f"{s['leaves']:>6d} {s['generated_tokens']:>7d} {s['generated_tokens_per_leaf']:>8.1f} "
             f"{s['prefill_tokens_reused']:>14d} {s['prefill_tokens_computed']:>8d} "
             f"{s['continuation_prefill_fraction']:>15.3f} {s['tool_calls']:>5d} {s['tool_calls_replayed']:>8d} {s['wall_s']:>6.1f}"
+        )
+    if "trace_over_grpo_effective_ratio" in summary:
+        lines.append(
+            f"effective ratio trace / grpo: {summary['trace_over_grpo_effective_ratio']:.2f} "
+            "(the paper, Qwen3-8B math: 60.6 / 26.8 = 2.26)"
         )
     return "\n".join(lines)

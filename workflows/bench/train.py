@@ -8,16 +8,15 @@ ratio, and per-run budget (leaves, generated tokens) and wall time, averaged ove
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from tracerl.config import TrainConfig
 from tracerl.workflows.bench.config import BenchTrainConfig
 from tracerl.workflows.ops.progress import bar
+from tracerl.workflows.ops.results import write_results
 from tracerl.workflows.tracking.runs import RunSummary
 from tracerl.workflows.tracking.store import resolve_uri
 
@@ -82,12 +81,7 @@ def run_train_bench(
         "steps": cfg.train.steps,
         "budget": dataclasses.asdict(cfg.train.budget),
     }
-    out = Path(cfg.bench_out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(summary, indent=2))
-    if cfg.json_path:
-        Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.json_path).write_text(json.dumps(summary, indent=2))
+    write_results(cfg.bench_out, summary, cfg.json_path)
     return summary
 
 

@@ -153,16 +153,9 @@ def run_sft(cfg: SFTConfig, progress: Callable[[str], None] = lambda s: None) ->
             if (step + 1) % 10 == 0 or step == 0:
                 progress(f"sft step {step + 1}/{cfg.steps}: loss {loss:.3f}")
 
+        pad = tokenizer.pad_token_id
         losses = supervised_finetune(
-            model,
-            examples,
-            tokenizer.pad_token_id,
-            cfg.steps,
-            cfg.batch_size,
-            cfg.lr,
-            cfg.seed,
-            None,
-            on_step,
+            model, examples, pad, cfg.steps, cfg.batch_size, cfg.lr, cfg.seed, on_step=on_step
         )
     train_s = time.perf_counter() - t_train
     if cfg.gradient_checkpointing:

@@ -18,6 +18,7 @@ from tracerl.workflows.bench.config import (
     BenchTrainConfig,
 )
 from tracerl.workflows.cli.args import Command, CommandFamily, Shorthand, add_job_args, progress, run_bench
+from tracerl.workflows.ops.results import write_json
 from tracerl.workflows.pipeline.config import BenchPipelineConfig
 from tracerl.workflows.tracking.store import resolve_uri, where
 
@@ -89,15 +90,13 @@ def _bench_allocation(cfg: BenchAllocationConfig) -> int:
 
 
 def _bench_env(cfg: BenchEnvConfig) -> int:
-    import json
 
     from tracerl.workflows.bench.env import run_env_bench
 
     result = run_env_bench(cfg, progress=progress)
     print(result.format())
     if cfg.json_path:
-        Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.json_path).write_text(json.dumps(result.as_json(), indent=2))
+        write_json(cfg.json_path, result.as_json())
         print(f"wrote {cfg.json_path}")
     return 0
 

@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy import stats
 
 from tracerl.config_loader import to_yaml
 from tracerl.engine.step import StepOutcome
@@ -37,6 +36,7 @@ from tracerl.tree import RolloutTree
 from tracerl.workflows.bench.config import BenchAllocationConfig
 from tracerl.workflows.bench.sim_runs import run_allocator
 from tracerl.workflows.experiments.sim_summary import sim_summary, write_summary
+from tracerl.workflows.ops.results import ci95
 
 BINS = 5
 KINDS = ("leaf_mean", "debiased")
@@ -85,13 +85,6 @@ def seed_errors(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
             )
         out[name] = row
     return out
-
-
-def ci95(values: Sequence[float]) -> float | None:
-    """Half-width of the 95 % t interval of the mean (None with fewer than two values)."""
-    if len(values) < 2:
-        return None
-    return float(stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / np.sqrt(len(values)))
 
 
 def over_seeds(per_seed: Sequence[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:

@@ -17,7 +17,6 @@ largest peaks of all.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from dataclasses import asdict
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.workflows.experiments.config import BenchSyncConfig
+from tracerl.workflows.ops.results import write_results
 
 PROBES = ("model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight", "lm_head.weight")
 
@@ -130,11 +130,7 @@ def run_sync_bench(cfg: BenchSyncConfig, progress: Any = lambda s: None) -> dict
         "landed": rows[-1]["probe"] == want,
     }
     shutil.rmtree(ckpt, ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(summary, indent=1))
-    if cfg.json_path:
-        Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.json_path).write_text(json.dumps(summary, indent=1))
+    write_results(out, summary, cfg.json_path, indent=1)
     return summary
 
 

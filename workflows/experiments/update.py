@@ -24,6 +24,7 @@ from typing import Any
 
 from tracerl import metrics as M
 from tracerl.workflows.experiments.config import BenchUpdateConfig
+from tracerl.workflows.ops.results import write_results
 
 
 def _model(cfg: BenchUpdateConfig) -> Any:
@@ -168,11 +169,7 @@ def run_update_bench(cfg: BenchUpdateConfig, progress: Any = lambda s: None) -> 
         row["estimate_bytes"] = estimate(cfg, chunk)
         cases.append(row)
     summary = {"config": asdict(cfg), "cases": cases}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(summary, indent=1))
-    if cfg.json_path:
-        Path(cfg.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.json_path).write_text(json.dumps(summary, indent=1))
+    write_results(out, summary, cfg.json_path, indent=1)
     return summary
 
 
