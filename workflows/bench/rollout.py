@@ -170,11 +170,14 @@ def run_rollout_bench(
     summary: dict[str, Any] = {"allocators": {}}
     series = {}
     runs_bar = bar(progress, len(cfg.allocators) * cfg.seeds, "bench rollout", "run")
-    for name in cfg.allocators:
-        results = []
-        for offset in range(cfg.seeds):
-            results.append(cached_run(cfg, name, cfg.seed + offset, progress))
+    done: dict[tuple[str, int], RunRecord] = {}
+    # Seed-major: an interrupted benchmark holds every allocator's first seeds (and resumes from out_dir/runs).
+    for offset in range(cfg.seeds):
+        for name in cfg.allocators:
+            done[name, offset] = cached_run(cfg, name, cfg.seed + offset, progress)
             runs_bar.update()
+    for name in cfg.allocators:
+        results = [done[name, offset] for offset in range(cfg.seeds)]
         runs = [r[0] for r in results]
         s: dict[str, Any] = {
             k: float(np.mean([np.mean([st[m] for st in r[warm:]]) for r in runs])) for k, m in KEYS.items()
