@@ -137,6 +137,9 @@ def _project(root: Path) -> Path:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text("x")
     shutil.copy(ROOT / ".gitignore", root / ".gitignore")
+    # the package's data folder links to models/ as the repository's does (platform/tracerl/share/models)
+    (root / "platform/tracerl/share").mkdir(parents=True)
+    (root / "platform/tracerl/share/models").symlink_to("../../../models")
     return root
 
 
@@ -163,6 +166,7 @@ def test_the_upload_carries_code_configs_and_committed_models(tmp_path: Path, gi
     proj = _project(tmp_path / "proj")
     if git:
         subprocess.run(["git", "init", "-q", str(proj)], check=True)
+        subprocess.run(["git", "-C", str(proj), "add", "platform/tracerl/share/models"], check=True)
     files = _uploaded(proj, tmp_path)
     assert {
         "platform/tracerl/__init__.py",
@@ -178,6 +182,11 @@ def test_the_upload_carries_code_configs_and_committed_models(tmp_path: Path, gi
         or f in ("mlruns.db",)
         or f.endswith(".pyc")
     ]
+    if (
+        git
+    ):  # through the link too: the committed models, not `make smollm2`'s (a 0.5 GB upload the API refuses)
+        assert "platform/tracerl/share/models/tiny-math/model.safetensors" in files
+        assert not [f for f in files if f.startswith("platform/tracerl/share/models/smollm2")]
 
 
 def test_the_repository_upload_has_the_shipped_models() -> None:
@@ -188,7 +197,12 @@ def test_the_repository_upload_has_the_shipped_models() -> None:
         renv["env_vars"]["PYTHONPATH"] == "platform"
     )  # relative: each job process starts in the working dir
     if git:  # this checkout: git's own rules decide, and they keep the committed models
-        assert not any(p.startswith("/models") for p in renv["excludes"])
+        from ray._private.thirdparty.pathspec import PathSpec
+
+        spec = PathSpec.from_lines("gitwildmatch", renv["excludes"])
+        for model in ("tiny-math", "tiny-math-habit", "tiny-search"):
+            for folder in ("models", "platform/tracerl/share/models"):
+                assert not spec.match_file(f"{folder}/{model}/model.safetensors"), (folder, model)
 
 
 def test_wildcards_in_ignored_names_match_only_that_name() -> None:

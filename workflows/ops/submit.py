@@ -151,7 +151,34 @@ def git_ignored(working_dir: Path) -> list[str] | None:
         return None
     if res.returncode != 0:
         return None
-    return [_pattern(p.rstrip("/")) for p in res.stdout.split("\0") if p]
+    ignored = [p.rstrip("/") for p in res.stdout.split("\0") if p]
+    # Ray's packaging follows links: what git ignores under a linked folder inside the project (the package's
+    # share/models -> models) is left out under the link's path too, or `make smollm2`'s 0.5 GB model rides along.
+    linked = [
+        f"{link}/{path[len(target) + 1 :]}"
+        for link, target in _linked_folders(working_dir)
+        for path in ignored
+        if path.startswith(target + "/")
+    ]
+    return [_pattern(p) for p in ignored + linked]
+
+
+def _linked_folders(working_dir: Path) -> list[tuple[str, str]]:
+    """(link, target) for each link git tracks under ``working_dir`` that points at a folder inside it, both
+    relative to it."""
+    res = subprocess.run(
+        ["git", "-C", str(working_dir), "ls-files", "-z", "-s"], capture_output=True, text=True, timeout=60
+    )
+    root = working_dir.resolve()
+    out = []
+    for entry in res.stdout.split("\0") if res.returncode == 0 else []:
+        meta, _, rel = entry.partition("\t")
+        if not meta.startswith("120000"):
+            continue
+        target = (root / rel).resolve()
+        if target.is_dir() and target.is_relative_to(root):
+            out.append((rel, str(target.relative_to(root))))
+    return out
 
 
 def runtime_env(working_dir: str | Path, env: dict[str, str] | None = None) -> tuple[dict[str, Any], bool]:
