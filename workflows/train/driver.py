@@ -210,25 +210,25 @@ class Driver:
         from tracerl.calibration import collect_calibration, summarize_calibration
 
         self.meter.add_rollout(out.ledger)
-        m = step_metrics(out)
-        m[M.LEAF_BUDGET] = float(budget.leaves)
-        m.update(mc_metrics(self.predictor))  # trace_mc: its Monte-Carlo rollouts, not in the ledger
+        metrics = step_metrics(out)
+        metrics[M.LEAF_BUDGET] = float(budget.leaves)
+        metrics.update(mc_metrics(self.predictor))  # trace_mc: its Monte-Carlo rollouts, not in the ledger
         if self.predictor.ready:
             for group, vals in summarize_calibration(collect_calibration(out)).items():
-                m.update({M.calibration(group, k): v for k, v in vals.items()})
-        m.update(
+                metrics.update({M.calibration(group, k): v for k, v in vals.items()})
+        metrics.update(
             {M.answer_score("rollout", k): v for k, v in leaf_score_means(out.trees).items()}
         )  # search: em, f1
         gen_s = out.ledger.phase_s.get("generate", 0.0)
-        m[M.GENERATED_TOKENS_PER_S] = out.ledger.generated_tokens / gen_s if gen_s else 0.0
-        return m
+        metrics[M.GENERATED_TOKENS_PER_S] = out.ledger.generated_tokens / gen_s if gen_s else 0.0
+        return metrics
 
     def batch_metrics(self, batch: Any, out: Any) -> dict[str, float]:
         """Reward, accuracy and response length of the collated batch (one sequence per leaf); with overlap, how
         stale the weights that sampled it are (at most one update)."""
 
         rewards = batch.rewards
-        m = {
+        metrics = {
             M.REWARD_MEAN: sum(rewards) / len(rewards) if rewards else 0.0,
             M.TRAIN_ACCURACY: sum(r > 0.5 for r in rewards) / len(rewards) if rewards else 0.0,
             M.RESPONSE_TOKENS: out.ledger.generated_tokens / max(out.ledger.leaves, 1),
@@ -238,10 +238,10 @@ class Driver:
             mean, worst = weight_staleness(out.trees, self.version)
             if worst > 1:
                 raise RuntimeError(f"tokens sampled {worst} updates ago: overlap bounds the staleness at 1")
-            m.update(
+            metrics.update(
                 {M.STALENESS_MEAN: mean, M.STALENESS_MAX: float(worst), M.TIME_OVERLAPPED: self.overlapped}
             )
-        return m
+        return metrics
 
     def fit(self, out: Any) -> dict[str, float]:
         """Fit the predictor (and trace_plus's length predictor) on every tree rolled out this step."""
@@ -299,7 +299,7 @@ class Driver:
             return trees, led
 
         prompts = self.eval_prompts if full else self.curve_prompts
-        m, traces = evaluate_prompts(run, prompts, 0, 0.0, self.cfg.seed + 10_000)
+        summary, traces = evaluate_prompts(run, prompts, 0, 0.0, self.cfg.seed + 10_000)
         outcomes = task_outcomes(traces)
         rank0 = process_tree_cpu_s() - c0
         self.meter.add_eval(rank0, samplers_before)
@@ -313,17 +313,22 @@ class Driver:
             ):  # per-task outcomes: the study's bootstrap resamples tasks
                 (Path(tmp) / f"outcomes_step_{step:05d}.json").write_text(json.dumps(outcomes))
                 self.metrics.log_artifacts(Path(tmp), "eval")
-            out.update({M.EVAL_ACCURACY: m["accuracy"], M.EVAL_WELL_FORMED: m["greedy"]["well_formed_turns"]})
-            for src, acc in m["greedy"]["by_source"].items():
+            out.update(
+                {
+                    M.EVAL_ACCURACY: summary["accuracy"],
+                    M.EVAL_WELL_FORMED: summary["greedy"]["well_formed_turns"],
+                }
+            )
+            for src, acc in summary["greedy"]["by_source"].items():
                 out[M.eval_source(src)] = acc
             out.update(
-                {M.answer_score("eval", k): v for k, v in m["greedy"].get("scores", {}).items()}
+                {M.answer_score("eval", k): v for k, v in summary["greedy"].get("scores", {}).items()}
             )  # search: em, f1
         if step == 0:  # later evaluations are logged with their step's metrics
             self.metrics.log({**out, **key_metrics(out), M.RETRIED: float(self.pool.ledger.retried)}, step)
             self._log_point(0)
         what = f"{len(prompts)} tasks" if full else f"{len(prompts)} curve tasks"
-        say(f"held-out greedy accuracy after {step} steps: {m['accuracy']:.3f} ({what})")
+        say(f"held-out greedy accuracy after {step} steps: {summary['accuracy']:.3f} ({what})")
         return out
 
     def _log_point(self, updates: int) -> None:
@@ -335,7 +340,9 @@ class Driver:
             append_point(self.storage, point)
             self.metrics.log(point.metrics(), int(point.totals.generated_tokens))
 
-    def close_step(self, m: dict[str, float], done: int, out: Any, timer: PhaseTimer) -> dict[str, float]:
+    def close_step(
+        self, metrics: dict[str, float], done: int, out: Any, timer: PhaseTimer
+    ) -> dict[str, float]:
         """The step's last metrics (retries, attempt, phase times, memory, CPU) and, when due, a sample of its
         trees as artifacts; then everything is logged at step ``done`` (spooled while the server is down)."""
 
@@ -343,39 +350,39 @@ class Driver:
         with timer("log"):
             # With retries of the weight sync and eval (with overlap, those of the weight sync and eval that ran
             # after the next step had started count in the next step's ledger).
-            m[M.RETRIED] = float(self.ledgers.pop(done - 1, self.pool.ledger).retried)
-            m[M.ATTEMPT] = float(self.metrics.attempt)
-            m.update(self.restarts.metrics(self.pool))  # sampler/engine_restarts (and its one warning)
-            m.update(timer.metrics())
-            rollout_s = m.get(M.TIME_ROLLOUT, 0.0)
-            overhead = sum(m.get(M.phase_time(k), 0.0) for k in M.ALLOC_PREDICTOR_PHASES)
-            m[M.ALLOC_PREDICTOR_FRACTION] = overhead / rollout_s if rollout_s else 0.0
-            m[M.PEAK_MEMORY_MB] = peak_memory_mb()
-            m[M.CPU_S] = timer.cpu()  # rank 0's process: step driver and learner
+            metrics[M.RETRIED] = float(self.ledgers.pop(done - 1, self.pool.ledger).retried)
+            metrics[M.ATTEMPT] = float(self.metrics.attempt)
+            metrics.update(self.restarts.metrics(self.pool))  # sampler/engine_restarts (and its one warning)
+            metrics.update(timer.metrics())
+            rollout_s = metrics.get(M.TIME_ROLLOUT, 0.0)
+            overhead = sum(metrics.get(M.phase_time(k), 0.0) for k in M.ALLOC_PREDICTOR_PHASES)
+            metrics[M.ALLOC_PREDICTOR_FRACTION] = overhead / rollout_s if rollout_s else 0.0
+            metrics[M.PEAK_MEMORY_MB] = peak_memory_mb()
+            metrics[M.CPU_S] = timer.cpu()  # rank 0's process: step driver and learner
             last = self.stopped_by is not None
             if (self.cfg.log_trees_every and done % self.cfg.log_trees_every == 0) or last:
                 log_trees(self.metrics, out, done, self.cfg.run_name)
-            m.update(self.startup)  # the first step of this launch only
+            metrics.update(self.startup)  # the first step of this launch only
             self.startup = {}
-        m[M.TIME_LOG] = timer.seconds["log"]
-        m[M.TIME_STEP] = timer.elapsed()
-        m[M.TOKENS_PER_S] = m.get(M.GENERATED_TOKENS, 0.0) / max(m[M.TIME_STEP], 1e-9)
-        self.meter.add_wall(m[M.TIME_STEP] - m.get(M.phase_time("eval"), 0.0))
+        metrics[M.TIME_LOG] = timer.seconds["log"]
+        metrics[M.TIME_STEP] = timer.elapsed()
+        metrics[M.TOKENS_PER_S] = metrics.get(M.GENERATED_TOKENS, 0.0) / max(metrics[M.TIME_STEP], 1e-9)
+        self.meter.add_wall(metrics[M.TIME_STEP] - metrics.get(M.phase_time("eval"), 0.0))
         totals = self.meter.totals(done)
-        m.update(totals.metrics())
+        metrics.update(totals.metrics())
         if last:
-            m.update(overshoot(self.cfg.stop, totals))
-        self.metrics.log({**m, **key_metrics(m, self.meter.tokens)}, done)
+            metrics.update(overshoot(self.cfg.stop, totals))
+        self.metrics.log({**metrics, **key_metrics(metrics, self.meter.tokens)}, done)
         self._log_point(done)
         if last and self.cfg.stop.enabled:
             say(f"stopped after step {done} on {self.stopped_by}: {totals_line(totals)}")
         of = f"/{self.cfg.steps}" if self.cfg.steps is not None else ""
         say(
-            f"step {done}{of}  ER {m[M.EFFECTIVE_RATIO]:.2f}  reward {m[M.REWARD_MEAN]:.2f}"
-            f"  loss {m[M.LOSS]:+.4f}  clip {m[M.CLIP_FRACTION]:.3f}  {m[M.TIME_STEP]:.1f} s"
-            + (f"  held-out {m[M.EVAL_ACCURACY]:.3f}" if M.EVAL_ACCURACY in m else "")
+            f"step {done}{of}  ER {metrics[M.EFFECTIVE_RATIO]:.2f}  reward {metrics[M.REWARD_MEAN]:.2f}"
+            f"  loss {metrics[M.LOSS]:+.4f}  clip {metrics[M.CLIP_FRACTION]:.3f}  {metrics[M.TIME_STEP]:.1f} s"
+            + (f"  held-out {metrics[M.EVAL_ACCURACY]:.3f}" if M.EVAL_ACCURACY in metrics else "")
         )
-        return m
+        return metrics
 
     def save(self, path: Path, step: int, weights: dict[str, Any], adapters: dict[str, Any]) -> None:
         """Rank 0's share of a checkpoint: the merged policy (HF format), LoRA adapters, predictor, allocator

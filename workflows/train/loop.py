@@ -128,8 +128,8 @@ def run_steps(run: LoopInput, ctx: Any, pool: Any) -> None:
     cpu = ranks_cpu(worker)  # compute is counted from here (set-up and the first evaluation are not)
     if driver is not None:
         driver.start_meter(cpu)
-    st = worker.state  # a resumed run that already reached a limit runs no step
-    so_far = Totals(st.spent[0], st.spent[1], st.step, st.cpu_s, st.wall_s)
+    state = worker.state  # a resumed run that already reached a limit runs no step
+    so_far = Totals(state.spent[0], state.spent[1], state.step, state.cpu_s, state.wall_s)
     ahead, step, last = None, start, stop_reason(cfg.stop, cfg.steps, so_far) is not None
     while not last:
         ahead, last = train_step(step, worker, driver, ahead)
@@ -139,9 +139,9 @@ def run_steps(run: LoopInput, ctx: Any, pool: Any) -> None:
 
 
 def train_step(
-    step: int, w: Worker, d: Driver | None, ahead: Ahead | None = None
+    step: int, worker: Worker, driver: Driver | None, ahead: Ahead | None = None
 ) -> tuple[Ahead | None, bool]:
-    """One RL step on every rank; ``d`` (rank 0's driver) is None on the others, which only update on their shard.
+    """One RL step on every rank; ``driver`` (rank 0's driver) is None on the others, which only update on their shard.
 
     Rank 0 selects the candidate pool, scores it, allocates roots, rolls out, expands prefixes (run_step), fits
     the predictor and collates; the batch is broadcast and every rank updates; the new weights are pushed to rank 0's
@@ -153,69 +153,77 @@ def train_step(
     """
     from tracerl.learner import denominator
 
-    cfg, done = w.cfg, step + 1
+    cfg, done = worker.cfg, step + 1
     timer = ahead.timer if ahead is not None else PhaseTimer()
     timer.restart()
-    batch = out = nxt = None
-    m: dict[str, float] = {}
+    batch = out = next_ahead = None
+    step_metrics: dict[str, float] = {}
     rollout_s = 0.0
-    if d is not None:
-        d.mark("rollout", done)
+    if driver is not None:
+        driver.mark("rollout", done)
         t0 = time.perf_counter()
         # select, score, allocate_roots, rollout, expand_prefixes (tracerl/engine/step.py)
-        out, budget = d.roll_out(step, timer) if ahead is None else d.finish_ahead(ahead)
+        out, budget = driver.roll_out(step, timer) if ahead is None else driver.finish_ahead(ahead)
         rollout_s = time.perf_counter() - t0
-        m = d.rollout_metrics(out, budget)  # calibration of this step's scores, before the fit
+        step_metrics = driver.rollout_metrics(
+            out, budget
+        )  # calibration of this step's scores, before the fit
         with timer("fit_predictor"):
-            m.update(d.fit(out))
+            step_metrics.update(driver.fit(out))
         with timer("collate"):
-            debiased = debiased_setting(cfg.loss.debiased_values, d.allocator, cfg.loss.advantage)
+            debiased = debiased_setting(cfg.loss.debiased_values, driver.allocator, cfg.loss.advantage)
             batch = collate(out.trees, cfg.loss.advantage, cfg.loss.normalize_std, debiased)
-        m.update(d.batch_metrics(batch, out))
-        nxt = (
-            d.start_ahead(done) if overlaps_next(cfg, done) and not d.reached(done) else None
+        step_metrics.update(driver.batch_metrics(batch, out))
+        next_ahead = (
+            driver.start_ahead(done) if overlaps_next(cfg, done) and not driver.reached(done) else None
         )  # beside the update, on the current weights
     t0 = time.perf_counter()
     with timer("broadcast"):
-        batch = w.broadcast(batch)
+        batch = worker.broadcast(batch)
     with timer("update_policy"):
         # A token budget shares the batch balanced by length; otherwise contiguous shards.
-        shard = (batch.balanced_shard if cfg.loss.micro_tokens > 0 else batch.shard)(w.rank, w.world)
-        stats = w.learner.update(shard, denominator(batch, cfg.loss.aggregation))
+        shard = (batch.balanced_shard if cfg.loss.micro_tokens > 0 else batch.shard)(
+            worker.rank, worker.world
+        )
+        stats = worker.learner.update(shard, denominator(batch, cfg.loss.aggregation))
     update_s = time.perf_counter() - t0
-    if d is not None:
-        m.update(stats)
-        m[M.TIME_TRAIN_STEP] = rollout_s + update_s  # the step's own rollout and update, nothing around them
+    if driver is not None:
+        step_metrics.update(stats)
+        step_metrics[M.TIME_TRAIN_STEP] = (
+            rollout_s + update_s
+        )  # the step's own rollout and update, nothing around them
         if cfg.pipeline.overlap:
             with timer("wait_rollouts"):
-                d.wait_ahead(nxt)
-    cpu = ranks_cpu(w)  # after the wait: a sampler answers once its rollouts end
-    last = bool(w.broadcast(d.check_stop(done, cpu) if d is not None else None))
-    if d is not None and last:
-        nxt = None  # a step started early past the run's end: its rollouts are dropped
+                driver.wait_ahead(next_ahead)
+    cpu = ranks_cpu(worker)  # after the wait: a sampler answers once its rollouts end
+    last = bool(worker.broadcast(driver.check_stop(done, cpu) if driver is not None else None))
+    if driver is not None and last:
+        next_ahead = None  # a step started early past the run's end: its rollouts are dropped
     with timer("sync_weights"):
-        sync(w, d, done)
+        sync(worker, driver, done)
     # The whole policy on rank 0 only when a checkpoint is written (a collective under FSDP).
-    weights, adapters = w.gather() if checkpoint_due(w.cfg.checkpoint_every, done, last) else ({}, {})
-    if d is not None:
-        due = d.eval_due(done)
+    weights, adapters = (
+        worker.gather() if checkpoint_due(worker.cfg.checkpoint_every, done, last) else ({}, {})
+    )
+    if driver is not None:
+        due = driver.eval_due(done)
         if due is not None:
             with timer("eval"):
-                m.update(d.evaluate(done, full=due == "full"))
-        m = d.close_step(m, done, out, timer)  # the last metrics, then the log
-    report(w, d, done, m, weights, adapters, last)
-    if d is not None:
-        d.faults.trainer(step)
-    return nxt, last
+                step_metrics.update(driver.evaluate(done, full=due == "full"))
+        step_metrics = driver.close_step(step_metrics, done, out, timer)  # the last metrics, then the log
+    report(worker, driver, done, step_metrics, weights, adapters, last)
+    if driver is not None:
+        driver.faults.trainer(step)
+    return next_ahead, last
 
 
-def sync(w: Worker, d: Driver | None, version: int) -> None:
+def sync(worker: Worker, driver: Driver | None, version: int) -> None:
     """The policy into rank 0's samplers, bucket by bucket (workflows/train/push.py); the other ranks take part in
     the gathers under FSDP."""
-    if d is not None:
-        d.sync(w.push, version)
+    if driver is not None:
+        driver.sync(worker.push, version)
     else:
-        w.push(None)
+        worker.push(None)
 
 
 def checkpoint_due(every: int, done: int, last: bool) -> bool:
@@ -223,8 +231,8 @@ def checkpoint_due(every: int, done: int, last: bool) -> bool:
 
 
 def report(
-    w: Worker,
-    d: Driver | None,
+    worker: Worker,
+    driver: Driver | None,
     done: int,
     metrics: dict[str, float],
     weights: Any,
@@ -238,18 +246,18 @@ def report(
     """
     import torch
 
-    if not checkpoint_due(w.cfg.checkpoint_every, done, last):
-        w.ctx.report({"step": done, **metrics})
+    if not checkpoint_due(worker.cfg.checkpoint_every, done, last):
+        worker.ctx.report({"step": done, **metrics})
         return
     name = checkpoint_name(done)
     # Staged under the run's storage, not the node's /tmp: a large policy's files (an 8B policy's fp32 weights and
     # optimizer shard) need room that /tmp may not have, and the rename into the checkpoint stays on one filesystem.
-    with tempfile.TemporaryDirectory(dir=scratch(w.storage), prefix=f"rank{w.rank}-") as tmp:
-        torch.save(w.learner.state_dict(), Path(tmp) / f"trainer_rank{w.rank}.pt")
-        if d is not None:
-            d.save(Path(tmp), done, weights, adapters)
-        w.ctx.report(
+    with tempfile.TemporaryDirectory(dir=scratch(worker.storage), prefix=f"rank{worker.rank}-") as tmp:
+        torch.save(worker.learner.state_dict(), Path(tmp) / f"trainer_rank{worker.rank}.pt")
+        if driver is not None:
+            driver.save(Path(tmp), done, weights, adapters)
+        worker.ctx.report(
             {"step": done, **metrics},
             Path(tmp),
-            lambda staged: publish(staged, w.storage, name, w.rank, w.world, w.barrier),
+            lambda staged: publish(staged, worker.storage, name, worker.rank, worker.world, worker.barrier),
         )
