@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.conftest import WAIT_LIMIT_S, stop_process, wait_for
+from tests.conftest import ROOT, WAIT_LIMIT_S, stop_process, wait_for
 from tests.net_exposure import listening, tree
 
 RAY = str(Path(sys.executable).parent / "ray")
@@ -40,6 +40,32 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def start_ui(uri: str, cwd: Path, port: int | None = None) -> tuple[subprocess.Popen[str], str]:
+    """`tracerl ui` on a store, from this checkout; returns the process and the line it prints once its server
+    answers ("MLflow UI on <uri>: <url> ..."). MLflow's own log goes to ``cwd/ui.stderr``, whose tail the
+    assertion shows if the command exits without that line."""
+    port = port or free_port()
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}"}
+    command = "import sys; from tracerl.workflows.cli.app import main; sys.exit(main())"
+    with (cwd / "ui.stderr").open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", command, "ui", "--tracking-uri", uri, "--port", str(port)],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("MLflow UI on"):
+            return proc, line
+    proc.kill()
+    code = proc.wait()
+    tail = (cwd / "ui.stderr").read_text().splitlines()[-15:]
+    raise AssertionError(f"tracerl ui exited ({code}) without printing its URL:\n" + "\n".join(tail))
 
 
 def _node_args(temp: Path, resource: str) -> list[str]:

@@ -191,36 +191,13 @@ def test_terminating_tracerl_ui_ends_the_mlflow_server(tmp_path: Path) -> None:
     import os
     import re
     import signal
-    import socket
-    import subprocess
-    import sys
     import time
 
+    from tests.cluster_nodes import free_port, start_ui
+
     db = tmp_path / "mlruns.db"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from tracerl.workflows.cli.app import main; sys.exit(main())",
-            "ui",
-            "--tracking-uri",
-            f"sqlite:///{db}",
-            "--port",
-            str(port),
-        ],
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    assert proc.stdout is not None
-    line = next(
-        (x for x in proc.stdout if x.startswith("MLflow UI on")), ""
-    )  # MLflow prints a note of its own first
+    port = free_port()
+    proc, line = start_ui(f"sqlite:///{db}", tmp_path, port)
     assert re.match(
         rf"MLflow UI on sqlite:///{re.escape(str(db))}: http://127.0.0.1:{port}  \(no experiment", line
     )

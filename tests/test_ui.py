@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.browser import Browser, chromium_path
+from tests.cluster_nodes import start_ui
 from tests.conftest import ROOT
 from tracerl.workflows.cli.app import main
 
@@ -79,37 +78,10 @@ def sweep(tiny_policy: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 
 def _ui(uri: str, cwd: Path) -> tuple[subprocess.Popen[str], str]:
     """`tracerl ui` on a store; returns the process and the URL it printed."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}"}
-    err = (cwd / "ui.stderr").open("w")  # MLflow's log and tracerl's one-line reason, shown if it fails
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from tracerl.workflows.cli.app import main; sys.exit(main())",
-            "ui",
-            "--tracking-uri",
-            uri,
-            "--port",
-            str(port),
-        ],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=err,
-        text=True,
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:  # MLflow's own log goes to stderr; the URL line comes once the server answers
-        m = re.search(r"MLflow UI on \S+: (\S+)", line)
-        if m:
-            return proc, m.group(1)
-    proc.kill()
-    code = proc.wait()
-    tail = (cwd / "ui.stderr").read_text().splitlines()[-15:]
-    raise AssertionError(f"tracerl ui exited ({code}) without printing its URL:\n" + "\n".join(tail))
+    proc, line = start_ui(uri, cwd)
+    found = re.search(r"MLflow UI on \S+: (\S+)", line)
+    assert found, line
+    return proc, found.group(1)
 
 
 @pytest.fixture(scope="module")
