@@ -10,6 +10,7 @@ from typing import Any
 
 def pyplot() -> Any:
     """matplotlib.pyplot on the file-only Agg backend (no display on the machines the reports run on)."""
+    # slow to import: matplotlib
     import matplotlib
 
     matplotlib.use("Agg")
