@@ -169,7 +169,7 @@ def _plots(
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # after the backend is chosen
+    import matplotlib.pyplot as plt  # slow to import: matplotlib; after the backend is chosen
 
     paths = []
     fig, ax = plt.subplots(figsize=(8, 4.5))

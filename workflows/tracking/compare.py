@@ -160,7 +160,7 @@ def plots(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     import matplotlib.ticker
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # after the backend is chosen
+    import matplotlib.pyplot as plt  # slow to import: matplotlib; after the backend is chosen
 
     files = []
     fig, ax = plt.subplots(figsize=(7, 4))

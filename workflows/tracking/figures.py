@@ -14,7 +14,7 @@ def pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # after the backend is chosen
+    import matplotlib.pyplot as plt  # slow to import: matplotlib; after the backend is chosen
 
     return plt
 
