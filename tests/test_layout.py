@@ -327,3 +327,50 @@ def test_every_command_schema_lives_in_its_room_s_config_module() -> None:
             if isinstance(node, ast.ClassDef) and node.name.endswith("Config") and path.name != "config.py":
                 stray.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
     assert stray == []
+
+
+def _function_local_imports_without_a_why(path: Path) -> list[int]:
+    """Lines of ``path``'s imports that sit in a function (or class) body with no comment on their lines, on the
+    line above, or above the first import of the run of consecutive imports they belong to."""
+    import io
+    import tokenize
+
+    src = path.read_text()
+    comments = {
+        t.start[0] for t in tokenize.generate_tokens(io.StringIO(src).readline) if t.type == tokenize.COMMENT
+    }
+    tree = ast.parse(src)
+    top = {id(n) for n in tree.body}
+    first_of: dict[int, ast.stmt] = {}
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody", "handlers"):
+            stmts = getattr(node, name, None)
+            if not isinstance(stmts, list):
+                continue
+            first: ast.stmt | None = None
+            for s in stmts:
+                first = (first or s) if isinstance(s, (ast.Import, ast.ImportFrom)) else None
+                if first is not None:
+                    first_of[id(s)] = first
+    bad = []
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in top:
+            lines = set(range(n.lineno, (n.end_lineno or n.lineno) + 1))
+            lines |= {n.lineno - 1, first_of.get(id(n), n).lineno - 1}
+            if not lines & comments:
+                bad.append(n.lineno)
+    return bad
+
+
+def test_function_local_imports_in_the_command_rooms_say_why() -> None:
+    """Imports sit at the top of a module (docs/design.md); one kept in a function of a command room says why in a
+    comment (slow to import, optional, CLI start-up)."""
+    from tracerl.workflows import COMMAND_ROOMS
+
+    bad = {
+        str(f.relative_to(ROOT)): lines
+        for room in COMMAND_ROOMS
+        for f in files(f"workflows/{room}")
+        if (lines := _function_local_imports_without_a_why(f))
+    }
+    assert bad == {}

@@ -22,6 +22,7 @@ from tracerl.envs.simulator import Simulator, SimulatorConfig, calibrate, with_n
 from tracerl.workflows.bench.config import BenchAllocationConfig
 from tracerl.workflows.bench.sim_runs import RunResult, run_allocator
 from tracerl.workflows.ops.progress import bar
+from tracerl.workflows.ops.ray_utils import init_ray
 from tracerl.workflows.ops.results import ci95
 from tracerl.workflows.tracking import store as tracking
 
@@ -65,9 +66,7 @@ def _execute(
             out.append(_run_job(cfg, name, seed, noise))
             report(i, out[-1], noise)
         return out
-    import ray
-
-    from tracerl.workflows.ops.ray_utils import init_ray
+    import ray  # slow to import: ray (a one-worker bench runs without Ray)
 
     init_ray(cfg.cluster)
     remote = ray.remote(num_cpus=1)(_run_job)
@@ -87,7 +86,7 @@ def _execute(
 def _run_job(cfg: BenchAllocationConfig, name: str, seed: int, noise: float) -> RunResult:
     """One job on one torch thread, serial or as a Ray task: float sums then add up in the same order either way
     (with the driver's default thread count, calibration differed from the Ray tasks' in the 8th digit)."""
-    import torch
+    import torch  # slow to import: torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one core per task; the predictor's ops are tiny
@@ -166,10 +165,11 @@ def format_table(cfg: BenchAllocationConfig, summary: dict[str, Any]) -> str:
 def _plots(
     cfg: BenchAllocationConfig, series: dict[str, list[dict[str, float]]], summary: dict[str, Any], out: Path
 ) -> list[Path]:
+    # slow to import: matplotlib
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # slow to import: matplotlib; after the backend is chosen
 
     paths = []
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -306,7 +306,7 @@ def _log_mlflow(
 ) -> dict[str, str]:
     if not cfg.tracking.enabled:
         return {}
-    import mlflow
+    import mlflow  # slow to import: mlflow (not needed with tracking.enabled: false)
 
     params = to_flat_dict(cfg)
     run_ids = {}

@@ -30,6 +30,7 @@ from tracerl.samplers.scripted import ByteTokenizer, ScriptedSampler, prompt_tex
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt
 from tracerl.workflows.bench.config import BenchEnvConfig
+from tracerl.workflows.lm.stack import build_stack
 
 
 def gold_engine(
@@ -119,8 +120,6 @@ def run_env_bench(cfg: BenchEnvConfig, progress: Callable[[str], None] = lambda 
         engine = gold_engine(env, prompts, cfg.model.template, cfg.sampler)
         mode = "gold"
     else:
-        from tracerl.workflows.lm.stack import build_stack
-
         stack = build_stack(cfg.model, cfg.sampler, cfg.env, cfg.seed)
         engine = stack.engine
         engine.env = env

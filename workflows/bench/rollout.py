@@ -207,7 +207,7 @@ def run_rollout_bench(
     table = format_table(cfg, summary)
     (out / "table.txt").write_text(table + "\n")
     if cfg.tracking.enabled:
-        import mlflow
+        import mlflow  # slow to import: mlflow
 
         for name, s in summary["allocators"].items():
             with tracking.run(

@@ -19,6 +19,7 @@ from tracerl.workflows.ops.progress import bar
 from tracerl.workflows.ops.results import write_results
 from tracerl.workflows.tracking.runs import RunSummary
 from tracerl.workflows.tracking.store import resolve_uri
+from tracerl.workflows.train.run import train
 
 
 def run_configs(cfg: BenchTrainConfig) -> list[tuple[str, int, TrainConfig]]:
@@ -42,8 +43,6 @@ def run_configs(cfg: BenchTrainConfig) -> list[tuple[str, int, TrainConfig]]:
 def run_train_bench(
     cfg: BenchTrainConfig, progress: Callable[[str], None] = lambda s: None
 ) -> dict[str, Any]:
-    from tracerl.workflows.train.run import train
-
     per: dict[str, list[RunSummary]] = {}
     configs = run_configs(cfg)
     runs_bar = bar(progress, len(configs), "bench train", "run")

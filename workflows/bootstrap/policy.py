@@ -21,6 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from tracerl.config import SamplerConfig
 from tracerl.engine.react import PlainTemplate
 from tracerl.engine.rollout import TreeRolloutEngine
@@ -41,6 +43,7 @@ from tracerl.workflows.bootstrap.habit import (
     question_answers_directly,
     question_answers_late,
 )
+from tracerl.workflows.bootstrap.search import search_family
 from tracerl.workflows.ops.progress import bar
 
 
@@ -175,8 +178,6 @@ def evaluate_prompts(
 def _family_data(cfg: BootstrapConfig, progress: Callable[[str], None]) -> tuple[Any, Any, Any, Any, Any]:
     """The family's supervised traces, habit traces, held-out prompts, environment and episode limits."""
     if cfg.family == "search":
-        from tracerl.workflows.bootstrap.search import search_family
-
         segments, habit_traces, eval_prompts, env, limits = search_family(cfg)
         progress(f"search family: {len(segments)} traces of the generated world (seed {cfg.seed})")
         return segments, habit_traces, eval_prompts, env, limits
@@ -201,6 +202,7 @@ def _start_model(
     """The model to start from: ``init_from`` as it is, or a new tiny one after its supervised phase; with its
     tokenizer, parameter count and the supervised losses."""
     if cfg.init_from:
+        # slow to import: transformers' auto classes (loaded only to start from init_from)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.init_from)
@@ -231,8 +233,6 @@ def _start_model(
 
 def bootstrap(cfg: BootstrapConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """Build, train, evaluate and save the tiny policy; returns the metrics written to bootstrap.json."""
-    import torch
-
     out = Path(cfg.out_dir)
     if (out / "bootstrap.json").is_file() and not cfg.force:
         progress(f"{out} already holds a tiny policy (force=true rebuilds it)")

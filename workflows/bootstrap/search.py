@@ -18,6 +18,11 @@ from tracerl.envs.search.world import Question, build_world, generate
 from tracerl.models.tiny import Segment
 from tracerl.types import Prompt
 from tracerl.workflows.bootstrap.config import BootstrapConfig
+from tracerl.workflows.bootstrap.habit import (
+    premature_segments,
+    question_answers_directly,
+    question_answers_late,
+)
 
 SEARCH_LIMITS = SamplerConfig(
     max_turns=6, max_turn_tokens=96, max_episode_tokens=512, max_context_tokens=1024
@@ -54,12 +59,6 @@ def search_habit_segments(
     hash of the question text) a final answer given at once, without searching; or (for ``late_fraction`` of the
     3- and 4-hop questions, another fixed hash) every hop but the last, then the entity the penultimate hop found
     as the final answer (a premature answer: the -late testbed)."""
-    from tracerl.workflows.bootstrap.habit import (
-        premature_segments,
-        question_answers_directly,
-        question_answers_late,
-    )
-
     t = PlainTemplate()
     if question_answers_directly(q.question, fraction):
         return [

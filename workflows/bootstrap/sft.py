@@ -26,6 +26,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from tracerl.engine.react import make_template
 from tracerl.models.config import ModelConfig
 from tracerl.models.hf import SetupError, load_policy
 from tracerl.models.tiny import supervised_finetune
@@ -79,7 +82,7 @@ def reference_trees(cfg: SFTConfig, tokenizer: Any, progress: Callable[[str], No
     Raises:
         SetupError: a replay left its script or did not solve its task (the traces would teach a wrong format).
     """
-    from tracerl.engine.react import make_template
+    # slow to import: transformers (samplers.scripted, lm.stack)
     from tracerl.samplers.scripted import ScriptedSampler, replay_engine
     from tracerl.workflows.lm.stack import make_env, task_prompts
 
@@ -118,8 +121,6 @@ def _save(model: Any, tokenizer: Any, out: Path, cfg: SFTConfig, result: SFTResu
 
 def run_sft(cfg: SFTConfig, progress: Callable[[str], None] = lambda s: None) -> SFTResult:
     """``tracerl sft``: reference traces, supervised fine-tuning, the checkpoint in ``cfg.model.path``."""
-    import torch
-
     t0 = time.perf_counter()
     out = Path(cfg.model.path)
     if out.exists() and any(out.iterdir()) and not cfg.force:

@@ -21,19 +21,25 @@ from typing import Any
 
 from tracerl.config import EvalConfig, RolloutConfig, TrainConfig
 from tracerl.config_loader import ConfigError, compose, conf_dir, to_yaml
+from tracerl.models.hf import SetupError
 from tracerl.workflows.bootstrap.config import BootstrapConfig, SFTConfig
 from tracerl.workflows.cli import bench as cli_bench
 from tracerl.workflows.cli import runs as cli_mlflow
 from tracerl.workflows.cli.args import Command, Shorthand, add_job_args
 from tracerl.workflows.cli.args import progress as _progress
 from tracerl.workflows.cli.families import load_families
+from tracerl.workflows.ops.disk import EXIT_CODE, DiskFull, no_space
 from tracerl.workflows.ops.ray_utils import exit_code
 from tracerl.workflows.study.config import StudyConfig, SweepConfig
+from tracerl.workflows.tracking.spool import PENDING_EXIT_CODE, MetricsPending
 from tracerl.workflows.tracking.store import resolve_uri
+
+# Each command's module is imported inside its handler (tagged "CLI start-up" there): `tracerl --help` and every
+# other command start without loading it (several load torch, Ray or MLflow).
 
 
 def _bootstrap(cfg: BootstrapConfig) -> int:
-    from tracerl.workflows.bootstrap.policy import bootstrap
+    from tracerl.workflows.bootstrap.policy import bootstrap  # CLI start-up
 
     m = bootstrap(cfg, progress=_progress)
     g, s = m["greedy"], m["sampled"]
@@ -50,14 +56,14 @@ def _bootstrap(cfg: BootstrapConfig) -> int:
 
 
 def _sft(cfg: SFTConfig) -> int:
-    from tracerl.workflows.bootstrap.sft import run_sft
+    from tracerl.workflows.bootstrap.sft import run_sft  # CLI start-up
 
     print(run_sft(cfg, progress=_progress).format())
     return 0
 
 
 def _rollout(cfg: RolloutConfig) -> int:
-    from tracerl.workflows.lm.rollout import run_rollout
+    from tracerl.workflows.lm.rollout import run_rollout  # CLI start-up
 
     result = run_rollout(cfg, progress=_progress)
     print(result.format())
@@ -68,15 +74,16 @@ _OVERRIDES: list[str] = []  # the positional overrides of this invocation (train
 
 
 def _train(cfg: TrainConfig) -> int:
+    # CLI start-up
     from tracerl.workflows.tracking.runs import format_summary
     from tracerl.workflows.train.run import train
 
     if cfg.chaos.enabled and not cfg.resume:
-        from tracerl.workflows.train.chaos import drill_ok, run_drill
+        from tracerl.workflows.train.chaos import drill_ok, run_drill  # CLI start-up
 
         summary = run_drill(cfg, _OVERRIDES, progress=_progress)
     else:
-        import psutil
+        import psutil  # CLI start-up: only a training run reads its process's start time
 
         # time/startup_s counts from this process's start (interpreter and imports included)
         summary = train(cfg, _OVERRIDES, progress=_progress, launched=psutil.Process().create_time())
@@ -85,7 +92,7 @@ def _train(cfg: TrainConfig) -> int:
 
 
 def _sweep(cfg: SweepConfig) -> int:
-    from tracerl.workflows.study.sweep import run_sweep
+    from tracerl.workflows.study.sweep import run_sweep  # CLI start-up
 
     s = run_sweep(cfg, progress=_progress)
     if s.get("interrupted"):
@@ -109,7 +116,7 @@ _CONFIG_PATH: list[str] = []  # the --config of this invocation (study --fill-to
 
 
 def _study(cfg: StudyConfig) -> int:
-    from tracerl.workflows.study.grid import run_study
+    from tracerl.workflows.study.grid import run_study  # CLI start-up
 
     s = run_study(
         cfg, _CONFIG_PATH[0] if _CONFIG_PATH else conf_dir() / "study/main.yaml", progress=_progress
@@ -125,7 +132,7 @@ def _study(cfg: StudyConfig) -> int:
 
 
 def _eval(cfg: EvalConfig) -> int:
-    from tracerl.workflows.train.evaluate import run_eval
+    from tracerl.workflows.train.evaluate import run_eval  # CLI start-up
 
     result = run_eval(cfg, progress=_progress)
     print(result.format())
@@ -267,9 +274,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return exit_code(exc)
     except Exception as exc:  # noqa: BLE001 - user errors are one line; anything else keeps its traceback
-        from tracerl.workflows.ops.disk import EXIT_CODE, DiskFull, no_space
-        from tracerl.workflows.tracking.spool import PENDING_EXIT_CODE, MetricsPending
-
         if os.environ.get(DEBUG_ENV):
             raise
         if isinstance(exc, MetricsPending):  # the run is done, its metrics wait for the server: exit 75
@@ -300,7 +304,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     (ConnectionError is an OSError), an unknown name (LookupError), a bad value, a set-up the user must fix
     (SetupError), a job API that refused a job. A bug is none of these and keeps its traceback.
     """
-    from tracerl.models.hf import SetupError  # light: torch loads inside its functions
+    # CLI start-up: ops.submit loads asyncio (tens of ms), needed here only to report an error
     from tracerl.workflows.ops.submit import JobAPIError
 
     return (SetupError, JobAPIError, OSError, LookupError, ValueError)

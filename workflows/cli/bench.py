@@ -22,6 +22,9 @@ from tracerl.workflows.ops.results import write_json
 from tracerl.workflows.pipeline.config import BenchPipelineConfig
 from tracerl.workflows.tracking.store import resolve_uri, where
 
+# Each command's module is imported inside its handler (tagged "CLI start-up" there): `tracerl --help` and every
+# other command start without loading it (several load torch, Ray or MLflow).
+
 BENCH_ALLOCATION_FLAGS = (
     Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
     Shorthand("--seeds", ("seeds",), "seeds per allocator"),
@@ -72,12 +75,10 @@ BENCH_ENV_FLAGS = (
 
 
 def _bench_allocation(cfg: BenchAllocationConfig) -> int:
-    from tracerl.workflows.bench.allocation import run_allocation_bench
+    from tracerl.workflows.bench.allocation import format_table, run_allocation_bench  # CLI start-up
 
     progress(where(cfg.tracking))
     summary = run_allocation_bench(cfg, progress=progress)
-    from tracerl.workflows.bench.allocation import format_table
-
     print(format_table(cfg, summary))
     print(
         f"\nwrote {Path(cfg.out_dir) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
@@ -90,8 +91,7 @@ def _bench_allocation(cfg: BenchAllocationConfig) -> int:
 
 
 def _bench_env(cfg: BenchEnvConfig) -> int:
-
-    from tracerl.workflows.bench.env import run_env_bench
+    from tracerl.workflows.bench.env import run_env_bench  # CLI start-up
 
     result = run_env_bench(cfg, progress=progress)
     print(result.format())
@@ -119,7 +119,7 @@ def bench_env_overrides(args: argparse.Namespace) -> None:
 
 
 def _bench_rollout(cfg: BenchRolloutConfig) -> int:
-    from tracerl.workflows.bench.rollout import format_table, run_rollout_bench
+    from tracerl.workflows.bench.rollout import format_table, run_rollout_bench  # CLI start-up
 
     summary = run_rollout_bench(cfg, progress=progress)
     print(format_table(cfg, summary))
@@ -130,13 +130,13 @@ def _bench_rollout(cfg: BenchRolloutConfig) -> int:
 
 
 def _bench_train(cfg: BenchTrainConfig) -> int:
-    from tracerl.workflows.bench.train import format_table, run_train_bench
+    from tracerl.workflows.bench.train import format_table, run_train_bench  # CLI start-up
 
     return run_bench(cfg, run_train_bench, format_table)
 
 
 def _bench_pipeline(cfg: BenchPipelineConfig) -> int:
-    from tracerl.workflows.pipeline.bench import format_table, run_pipeline_bench
+    from tracerl.workflows.pipeline.bench import format_table, run_pipeline_bench  # CLI start-up
 
     return run_bench(cfg, run_pipeline_bench, format_table)
 

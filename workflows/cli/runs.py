@@ -7,14 +7,18 @@ import argparse
 import sys
 from typing import Any
 
+from tracerl.config import TrackingConfig
 from tracerl.workflows.cli.args import progress
 from tracerl.workflows.tracking.store import DEFAULT_URI, ENV_VAR
+
+# Each command's module is imported inside its handler (tagged "CLI start-up" there): `tracerl --help` and every
+# other command start without loading it (several load torch, Ray or MLflow).
 
 URI_HELP = f"MLflow tracking URI (default: ${ENV_VAR} when set, else {DEFAULT_URI})"
 
 
 def _register(args: argparse.Namespace) -> int:
-    from tracerl.workflows.tracking.model_registry import register
+    from tracerl.workflows.tracking.model_registry import register  # CLI start-up
 
     v = register(args.run_id, args.name, args.alias, args.tracking_uri, progress=progress)
     alias = f" (alias {args.alias})" if args.alias else ""
@@ -27,8 +31,7 @@ def _register(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from tracerl.config import TrackingConfig
-    from tracerl.workflows.tracking.compare import compare
+    from tracerl.workflows.tracking.compare import compare  # CLI start-up
 
     tracking = TrackingConfig(uri=args.tracking_uri, experiment=args.experiment or "tracerl")
     res = compare(tracking, args.experiment, args.run_ids, args.out, log_to_mlflow=not args.no_log)
@@ -37,7 +40,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from tracerl.workflows.ops import submit as sub
+    from tracerl.workflows.ops import submit as sub  # CLI start-up
 
     if args.status:
         print(sub.status(args.address, args.status))
@@ -62,7 +65,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _sync(args: argparse.Namespace) -> int:
-    from tracerl.workflows.tracking.sync import sync_run
+    from tracerl.workflows.tracking.sync import sync_run  # CLI start-up
 
     sent, status = sync_run(args.run_id, args.tracking_uri, say=progress)
     done = f"status {status} recorded" if status else "no final status was waiting"
@@ -71,7 +74,7 @@ def _sync(args: argparse.Namespace) -> int:
 
 
 def _ui(args: argparse.Namespace) -> int:
-    from tracerl.workflows.tracking.ui import serve
+    from tracerl.workflows.tracking.ui import serve  # CLI start-up
 
     return serve(args.tracking_uri, args.host, args.port, args.experiment, check=args.check)
 

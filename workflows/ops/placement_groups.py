@@ -15,23 +15,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import ray
 from ray import tune
+from ray._private.state import state
 
-
-def _record() -> Any:
-    """The GCS placement-group record type (the public ``placement_group_table`` leaves out its creator fields)."""
-    # ray's generated protobuf module (gcs_pb2) declares no attributes to mypy
-    from ray.core.generated.gcs_pb2 import PlacementGroupTableData  # type: ignore[attr-defined]
-
-    return PlacementGroupTableData
+# The GCS placement-group record type (the public ``placement_group_table`` leaves out its creator fields); ray's
+# generated protobuf module (gcs_pb2) declares no attributes to mypy
+from ray.core.generated.gcs_pb2 import PlacementGroupTableData  # type: ignore[attr-defined]
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 
 def _actor_made(job_id: str) -> list[Any]:
     """This job's reserved (not removed), non-detached placement groups that an actor created."""
-    import ray
-    from ray._private.state import state
-
-    rec, job = _record(), bytes.fromhex(job_id)
+    rec, job = PlacementGroupTableData, bytes.fromhex(job_id)
     table = [rec.FromString(raw) for raw in state._connect_and_get_accessor().get_placement_group_table()]
     return [
         pg
@@ -45,8 +41,6 @@ def _actor_made(job_id: str) -> list[Any]:
 
 def orphaned(job_id: str | None = None) -> list[str]:
     """Hex ids of the job's reserved placement groups whose creating actor is dead (default: this driver's job)."""
-    import ray
-
     return [
         pg.placement_group_id.hex()
         for pg in _actor_made(job_id or ray.get_runtime_context().get_job_id())
@@ -57,9 +51,6 @@ def orphaned(job_id: str | None = None) -> list[str]:
 def release_orphaned(job_id: str | None = None) -> list[str]:
     """Remove the job's orphaned placement groups; returns the ids removed here (one Ray Train's cleaner removed
     first is left out)."""
-    import ray
-    from ray.util.placement_group import PlacementGroup, remove_placement_group
-
     removed = []
     for hex_id in orphaned(job_id):
         try:
@@ -75,8 +66,6 @@ def release_when_trials_end(
 ) -> list[str]:
     """After the sweep: wait (up to ``wait_s``) for every actor-created group of this job to lose its creator (the
     stopped trials' controllers end shortly after their trial actors), removing each as it is orphaned."""
-    import ray
-
     job = ray.get_runtime_context().get_job_id()
     removed: list[str] = []
     deadline = time.monotonic() + wait_s

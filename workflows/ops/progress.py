@@ -43,6 +43,7 @@ class Bar:
         self._read: Callable[[], int] | None = None
         self._closed = False
         if tty:
+            # slow to import: tqdm; the CLI imports this module at start-up and bars are drawn only on a terminal
             from tqdm import tqdm
 
             self._tqdm = tqdm(

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from tracerl.config import ClusterConfig
+from tracerl.models.hf import SetupError
 
 
 def init_ray(cfg: ClusterConfig) -> None:
@@ -18,11 +20,9 @@ def init_ray(cfg: ClusterConfig) -> None:
         SetupError: ``cluster.address=inprocess``, ``tracerl train``'s mode without Ray, asked of a command that runs
             on Ray (a sweep, the benches that start actors; a study runs its cells in-process instead).
     """
-    import ray
+    import ray  # slow to import: ray (the CLI imports this module at start-up, for exit_code)
 
     if cfg.in_process:
-        from tracerl.models.hf import SetupError
-
         raise SetupError(
             "cluster.address=inprocess runs `tracerl train` without Ray; this command runs on Ray: "
             "set cluster.address=local (or a cluster's address)"
@@ -63,7 +63,7 @@ def loopback_node() -> Iterator[None]:
     (afterwards Ray asks the node for its address), so a later ``ray.init`` that joins a cluster in the same
     process is not affected. Token authentication is untouched: on unless ``RAY_AUTH_MODE`` says otherwise.
     """
-    import ray._private.ray_constants as ray_constants
+    import ray._private.ray_constants as ray_constants  # slow to import: ray
 
     before = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
@@ -97,8 +97,7 @@ def torch_trainer(cluster: ClusterConfig) -> type:
     cluster, find no such controller and remove this run's placement group. The embedded cluster ends with the
     driver, placement groups included, so there it has nothing to do; a cluster joined by address keeps it.
     """
-    import os
-
+    # slow to import: ray.train (and torch)
     from ray.train.torch import TorchTrainer
     from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
@@ -162,9 +161,7 @@ def check_resources(
     which cannot grow, this is a ``SetupError`` naming the shares and the ``knobs`` that set them; on a joined
     cluster it is a warning, since an autoscaler may still add nodes.
     """
-    import ray
-
-    from tracerl.models.hf import SetupError
+    import ray  # slow to import: ray
 
     have = ray.cluster_resources()
     local = cfg.address == "local"

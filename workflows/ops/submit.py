@@ -70,7 +70,9 @@ def _client(address: str) -> Any:
     """A Ray job client whose every HTTP call has a time limit (Ray's own has none: a listening socket that never
     answers held ``tracerl submit`` forever); a call past it is a ``ConnectionError`` naming the address."""
     os.environ.setdefault("RAY_AUTH_MODE", "token")
+    # slow to import: ray, requests (only the job client needs them; the CLI also loads this module for JobAPIError)
     import requests
+    from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
     class TimedClient(JobSubmissionClient):
@@ -95,8 +97,6 @@ def _client(address: str) -> Any:
                     f"within {answer_s:.0f} s: check that --address is a Ray head's dashboard (e.g. "
                     "http://HEAD:8265), not another service, and that the head is not overloaded"
                 ) from None
-
-    from ray.exceptions import AuthenticationError
 
     try:
         return TimedClient(address)

@@ -25,7 +25,16 @@ from typing import Any
 
 import numpy as np
 
+from tracerl.actors.spec import WorkerSpec
 from tracerl.config import PipelineMode
+from tracerl.engine.allocation import build_allocation
+from tracerl.engine.react import make_template
+from tracerl.engine.step import same_allocation
+from tracerl.engine.stepper import Stepper
+from tracerl.engine.timer import PhaseTimer
+from tracerl.envs.registry import check_data, tool_env_class
+from tracerl.models.hf import load_policy
+from tracerl.workflows.ops.ray_utils import init_ray
 from tracerl.workflows.pipeline.bench_train import format_train, mode_means, run_train_modes, summarize_train
 from tracerl.workflows.pipeline.config import BenchPipelineConfig
 
@@ -39,9 +48,6 @@ IN_TRAIN = {
 def run_pipeline_bench(
     cfg: BenchPipelineConfig, progress: Callable[[str], None] = lambda s: None
 ) -> dict[str, Any]:
-    from tracerl.envs.registry import check_data
-    from tracerl.workflows.ops.ray_utils import init_ray
-
     check_data(cfg.train.env)
     init_ray(cfg.train.cluster)
     runs = run_frozen_modes(cfg, progress) if cfg.modes else []
@@ -68,8 +74,6 @@ def run_pipeline_bench(
 
 def run_frozen_modes(cfg: BenchPipelineConfig, progress: Callable[[str], None]) -> list[dict[str, Any]]:
     """Every (seed, mode) of ``modes`` on one sampler pool, the policy frozen."""
-    from tracerl.models.hf import load_policy
-
     pool = bench_pool(cfg)
     policy = load_policy(cfg.train.model)  # the predictor's features (the samplers load their own copy)
     runs: list[dict[str, Any]] = []
@@ -96,8 +100,7 @@ def run_frozen_modes(cfg: BenchPipelineConfig, progress: Callable[[str], None]) 
 def bench_pool(cfg: BenchPipelineConfig, pool_class: Any = None) -> Any:
     """The bench's sampler pool (``cfg.train.pools``: its actors, their environment actors), seeded with
     ``cfg.train.seed``; ``pool_class``: a ``RolloutPool`` subclass (workflows/experiments/pipeline_pool.py times its actors)."""
-    from tracerl.actors.pools import RolloutPool
-    from tracerl.actors.spec import WorkerSpec
+    from tracerl.actors.pools import RolloutPool  # slow to import: ray
 
     p = cfg.train.pools
     spec = WorkerSpec(cfg.train.model, cfg.train.sampler, cfg.train.env, p)
@@ -119,7 +122,7 @@ def label(mode: str, batching: str) -> str:
 
 def set_batching(pool: Any, batching: str) -> None:
     """Every sampler actor of ``pool`` batches by ``batching`` from its next call (``sampler.join``)."""
-    import ray
+    import ray  # slow to import: ray
 
     ray.get([w.set_join.remote(batching == "join") for w in pool.workers])
 
@@ -135,13 +138,7 @@ def run_one(
     name: str = "",
 ) -> list[dict[str, Any]]:
     """``num_steps`` steps of one (mode, seed) on ``pool``: per step its measurements."""
-    from tracerl.engine.allocation import build_allocation
-    from tracerl.engine.react import make_template
-    from tracerl.engine.step import same_allocation
-    from tracerl.engine.stepper import Stepper
-    from tracerl.engine.timer import PhaseTimer
-    from tracerl.envs.registry import tool_env_class
-    from tracerl.workflows.lm.stack import task_prompts, text_features
+    from tracerl.workflows.lm.stack import task_prompts, text_features  # slow to import: torch, transformers
 
     tok, model = policy
     template = make_template(cfg.train.model.template, tok, cfg.train.model.system_prompt)

@@ -20,6 +20,8 @@ from typing import Any
 from tracerl import metrics as M
 from tracerl.config import TrackingConfig, TrainConfig
 from tracerl.workflows.pipeline.config import BenchPipelineConfig
+from tracerl.workflows.tracking.runs import metric_series
+from tracerl.workflows.train.run import train
 
 STEP_KEYS = {
     "step_s": M.TIME_STEP,
@@ -58,8 +60,6 @@ def train_config(cfg: BenchPipelineConfig, mode: str, seed: int, stamp: str) -> 
 
 def run_train_modes(cfg: BenchPipelineConfig, progress: Callable[[str], None]) -> list[dict[str, Any]]:
     """Every (seed, mode) train run: per measured step its measurements."""
-    from tracerl.workflows.train.run import train
-
     stamp = time.strftime("%Y%m%d-%H%M%S")
     runs = []
     for k in range(cfg.seeds):
@@ -79,9 +79,7 @@ def run_train_modes(cfg: BenchPipelineConfig, progress: Callable[[str], None]) -
 
 def step_measurements(run_id: str, tc: TrainConfig) -> list[dict[str, float]]:
     """Steps 2 .. steps-1 of a finished run, from its metrics: the bench's per-step record."""
-    import mlflow
-
-    from tracerl.workflows.tracking.runs import metric_series
+    import mlflow  # slow to import: mlflow
 
     client = mlflow.MlflowClient(tc.tracking.uri)
     series = {k: metric_series(client, run_id, name) for k, name in STEP_KEYS.items()}

@@ -110,7 +110,7 @@ def import_archive(
     Raises:
         ValueError: a file that is not an archived run (naming it).
     """
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Metric, Param  # slow to import: mlflow
 
     files = sorted(folder.glob("*.json.gz")) if folder.is_dir() else []
     if not files:

@@ -17,6 +17,7 @@ from typing import Any
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
 from tracerl.workflows.tracking import frame
+from tracerl.workflows.train.evaluate import evaluate_prompts, local_runner, task_outcomes
 
 BASELINE_TAG = "tracerl.study.baseline"
 
@@ -26,8 +27,7 @@ BaselineFn = Callable[[TrainConfig], dict[str, float]]
 
 def evaluate_start(cfg: TrainConfig) -> dict[str, float]:
     """Greedy outcomes of ``cfg.model`` on ``cfg.env``'s held-out tasks, in this process (the real engine)."""
-    from tracerl.workflows.lm.stack import task_prompts
-    from tracerl.workflows.train.evaluate import evaluate_prompts, local_runner, task_outcomes
+    from tracerl.workflows.lm.stack import task_prompts  # slow to import: torch, transformers (lm.stack)
 
     prompts = task_prompts(cfg.env, held_out=True)
     _, traces = evaluate_prompts(
@@ -37,7 +37,7 @@ def evaluate_start(cfg: TrainConfig) -> dict[str, float]:
 
 
 def _ray_evaluate(cfg: TrainConfig) -> dict[str, float]:
-    import ray
+    import ray  # slow to import: ray (and an in-process study never loads Ray)
 
     outcomes: dict[str, float] = ray.get(ray.remote(num_cpus=1, max_retries=0)(evaluate_start).remote(cfg))
     return outcomes

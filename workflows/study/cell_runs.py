@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from tracerl import metrics as M
+from tracerl.workflows.study.baseline import baseline_accuracy, finished_baselines
 from tracerl.workflows.tracking import frame
+from tracerl.workflows.tracking.runs import run_summary
 
 CELL_KEYS = tuple(f"tags.tracerl.study.{k}" for k in ("testbed", "budget", "allocator", "seed"))
 """The frame columns naming a cell."""
@@ -94,9 +96,6 @@ def newest_finished(client: Any, exp_id: str, parent: str) -> list[tuple[tuple[s
 
 def collect(client: Any, exp_id: str, parent: str, tracking: Any) -> list[StudyCell]:
     """One ``StudyCell`` per cell (its newest FINISHED child run)."""
-    from tracerl.workflows.study.baseline import baseline_accuracy, finished_baselines
-    from tracerl.workflows.tracking.runs import run_summary
-
     before = {
         tb: baseline_accuracy(client, rid) for tb, rid in finished_baselines(client, exp_id, parent).items()
     }

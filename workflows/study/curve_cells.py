@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.workflows.study.config import StudyConfig
+from tracerl.workflows.train.budget import CURVE_FILE
 
 CURVE_ARTIFACT_DIR = "curve"
 """Where a cell's curve file goes among its run's MLflow artifacts."""
@@ -76,8 +77,6 @@ def curve_overrides(cfg: StudyConfig, tb: Mapping[str, Any]) -> list[str]:
 def keep_curve(client: Any, summary: Mapping[str, Any]) -> bool:
     """Log the finished cell's ``<storage>/curve.jsonl`` as its run's artifact ``curve/curve.jsonl``; False when
     the run wrote none (a cell without a token schedule)."""
-    from tracerl.workflows.train.budget import CURVE_FILE
-
     storage, run_id = summary.get("storage"), summary.get("run_id")
     if not storage or not run_id or not (Path(storage) / CURVE_FILE).is_file():
         return False

@@ -22,8 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from tracerl.workflows.study.baseline import finished_baselines
 from tracerl.workflows.study.bootstrap import Interval, paired_difference
+from tracerl.workflows.study.cell_runs import newest_finished, run_outcomes
 from tracerl.workflows.study.config import StudyConfig
+from tracerl.workflows.study.curve_cells import CURVE_ARTIFACT_DIR
 from tracerl.workflows.study.curve_results import (
     AllocatorStats,
     CurveVerdict,
@@ -33,9 +36,16 @@ from tracerl.workflows.study.curve_results import (
     HypothesisCase,
     TestbedStats,
 )
-from tracerl.workflows.study.curves import Comparison, EvalCurves, compare_curves, target_accuracy
+from tracerl.workflows.study.curves import (
+    Comparison,
+    EvalCurves,
+    compare_curves,
+    interp_matrix,
+    target_accuracy,
+)
 from tracerl.workflows.study.sigmoid import fit_sigmoid
 from tracerl.workflows.tracking import frame
+from tracerl.workflows.train.budget import CURVE_FILE, curve_arrays, read_curve
 
 BUDGET_TOLERANCE = 0.05
 """A cell whose realised generated tokens are more than this fraction off its budget is flagged."""
@@ -59,9 +69,6 @@ def read_cell_curve(client: Any, run: Any) -> tuple[list[dict[str, Any]], str]:
     Raises:
         ValueError: neither holds a curve (says where it looked).
     """
-    from tracerl.workflows.study.curve_cells import CURVE_ARTIFACT_DIR
-    from tracerl.workflows.train.budget import CURVE_FILE, read_curve
-
     rid = str(run["run_id"])
     try:
         names = {f.path for f in client.list_artifacts(rid, CURVE_ARTIFACT_DIR)}
@@ -141,9 +148,6 @@ def cell_record(
 
 def collect_cells(cfg: StudyConfig, client: Any, exp_id: str, parent: str) -> list[dict[str, Any]]:
     """Every finished cell of the study with its curve; a cell without one is recorded with an ``error``."""
-    from tracerl.workflows.study.baseline import finished_baselines
-    from tracerl.workflows.study.cell_runs import newest_finished, run_outcomes
-
     starts = {tb: run_outcomes(client, rid) for tb, rid in finished_baselines(client, exp_id, parent).items()}
     out = []
     for key, run in newest_finished(client, exp_id, parent):
@@ -166,9 +170,6 @@ def collect_cells(cfg: StudyConfig, client: Any, exp_id: str, parent: str) -> li
 def eval_curves(cells: Sequence[Mapping[str, Any]], x: str = "generated_tokens") -> EvalCurves:
     """The cells (seeds) as ``EvalCurves`` on the union of their points: each seed's per-task outcomes interpolated
     there (exact: the curve is linear between its points and held beyond them)."""
-    from tracerl.workflows.study.curves import interp_matrix
-    from tracerl.workflows.train.budget import curve_arrays
-
     rows = []
     for c in cells:
         _, correct = curve_arrays(c["points"])

@@ -20,12 +20,17 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from tracerl.config import TrainConfig
-from tracerl.workflows.study.baseline import BaselineFn, ensure_baselines
+from tracerl.config_loader import compose, conf_dir
+from tracerl.workflows.ops.ray_utils import init_ray
+from tracerl.workflows.study.archive import export_finished, import_archive
+from tracerl.workflows.study.baseline import BaselineFn, ensure_baselines, evaluate_start
 from tracerl.workflows.study.cells import TAG, Cell, Child, enumerate_cells, plan, select
 from tracerl.workflows.study.config import StudyConfig
 from tracerl.workflows.study.curve_cells import check_curve_study, curve_overrides, is_curve_study, keep_curve
 from tracerl.workflows.study.token_budget import fill_tokens, token_budget_error
-from tracerl.workflows.tracking.runs import RunSummary
+from tracerl.workflows.tracking import store as trk
+from tracerl.workflows.tracking.runs import RunSummary, git_sha
+from tracerl.workflows.train.run import resolve_paths, train
 
 
 def cell_config(
@@ -33,8 +38,6 @@ def cell_config(
 ) -> TrainConfig:
     """The cell's train config: its testbed's base config, model and overrides, the study's steps and eval tasks
     (a curve study's: its token stop and evaluation schedule)."""
-    from tracerl.config_loader import compose, conf_dir
-
     root = root or conf_dir()
     tb = cfg.testbeds[cell.testbed]
     base = compose(TrainConfig, root / tb["base"], [f"model.path={tb['model_path']}"], root=root)
@@ -54,16 +57,12 @@ def cell_config(
         if tb.get("token_budget") is None:
             raise ValueError(token_budget_error(cell.testbed, "the study config"))
         overrides.append(f"budget.token_budget={int(tb['token_budget'])}")
-    from tracerl.workflows.train.run import resolve_paths
-
     tcfg = compose(TrainConfig, root / tb["base"], overrides, root=root)
     # Absolute paths and URIs: a cell's Ray task may run in another working directory.
     return resolve_paths(dataclasses.replace(tcfg, tracking=cfg.tracking, cluster=cfg.cluster, resume=resume))
 
 
 def _parent(client: Any, exp_id: str, cfg: StudyConfig, progress: Callable[[str], None]) -> str:
-    from tracerl.workflows.tracking.runs import git_sha
-
     runs = client.search_runs(
         [exp_id],
         filter_string=f"tags.`tracerl.command` = 'study' and tags.`{TAG}` = '{cfg.name}'",
@@ -105,14 +104,12 @@ def children(client: Any, exp_id: str, parent: str) -> dict[str, list[Child]]:
 
 
 def _result(ref: Any) -> dict[str, Any]:
-    import ray
+    import ray  # slow to import: ray (and an in-process study never loads Ray)
 
     return dict(ray.get(ref))
 
 
 def _run_cell(train_cfg: TrainConfig, tags: dict[str, str]) -> RunSummary:
-    from tracerl.workflows.train.run import train
-
     return train(train_cfg, tags=tags)
 
 
@@ -148,11 +145,11 @@ def run_study(
     evaluation (a unit test passes fakes that record calls). With ``cluster.address=inprocess`` both run in this
     process, one cell after another, each a ``tracerl train`` in-process (no Ray at all).
     """
+    # slow to import: mlflow, scipy (study.report, study.curves_doc)
     import mlflow
 
     from tracerl.workflows.study.curves_doc import write_curves_report
     from tracerl.workflows.study.report import write_report
-    from tracerl.workflows.tracking import store as trk
 
     if not cfg.tracking.enabled:
         raise ValueError("tracerl study needs MLflow tracking (tracking.enabled=true)")
@@ -217,8 +214,6 @@ def _archiver(
     function that archives newly finished runs; a failure to archive is reported, never fatal (the run is in MLflow)."""
     if not cfg.archive_dir:
         return lambda: None
-    from tracerl.workflows.study.archive import export_finished, import_archive
-
     folder = Path(cfg.archive_dir)
     import_archive(client, exp_id, parent, folder, progress)
 
@@ -258,15 +253,9 @@ def _baselines(
         raise ValueError(token_budget_error(missing[0], config_path))
     if not todo:
         return {}
-    from tracerl.workflows.tracking.runs import git_sha
-
     if baseline_fn is None and cfg.cluster.in_process:
-        from tracerl.workflows.study.baseline import evaluate_start
-
         baseline_fn = evaluate_start  # in this process, as the cells
     elif baseline_fn is None:
-        from tracerl.workflows.ops.ray_utils import init_ray
-
         init_ray(cfg.cluster)
     first: dict[str, TrainConfig] = {}
     for c, _ in todo:
@@ -290,8 +279,6 @@ def _run_cells(
     """Run the cells; a cell that raises is recorded in ``failed`` (key -> error) and the others go on. A finished
     cell's curve file is kept as its run's artifact (``curve_cells.keep_curve``) when ``client`` is given, then
     ``archive`` runs."""
-    from tracerl.workflows.tracking.runs import git_sha
-
     sha = git_sha()
     jobs = [
         (
@@ -337,9 +324,7 @@ def _run_cells(
         for c, tcfg, tags in jobs:
             finished(c, functools.partial(train_fn, tcfg, tags=tags))
         return [c.key for c, _, _ in jobs if c.key not in failed]
-    import ray
-
-    from tracerl.workflows.ops.ray_utils import init_ray
+    import ray  # slow to import: ray (and an in-process study never loads Ray)
 
     init_ray(cfg.cluster)
     task = ray.remote(num_cpus=cfg.cell_cpus, max_retries=0)(_run_cell)

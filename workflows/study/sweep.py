@@ -20,13 +20,19 @@ from typing import Any, TypedDict
 
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
-from tracerl.config_loader import to_yaml
+from tracerl.config_loader import compose, to_yaml
+from tracerl.envs.registry import check_data
+from tracerl.workflows.ops.progress import bar
+from tracerl.workflows.ops.ray_utils import check_resources, init_ray
 from tracerl.workflows.study.config import SweepConfig
+from tracerl.workflows.tracking import store as trk
+from tracerl.workflows.tracking.run_info import sweep_tags
+from tracerl.workflows.train.run import RESOURCE_KNOBS, resolve_paths, resource_demand, train
 
 
 def search_space(space: dict[str, Any]) -> dict[str, Any]:
     """Tune domains from the config's space (lists -> choice, {low, high, log} -> (log)uniform)."""
-    from ray import tune
+    from ray import tune  # slow to import: ray
 
     out: dict[str, Any] = {}
     for key, dom in space.items():
@@ -41,11 +47,9 @@ def search_space(space: dict[str, Any]) -> dict[str, Any]:
 
 def _trial(config: dict[str, Any], base_yaml: str, parent_run_id: str, sweep: str) -> None:
     """One Tune trial: the base config with this trial's values, run through the train workflow."""
+    # slow to import: ray
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
-
-    from tracerl.config_loader import compose
-    from tracerl.workflows.train.run import train
 
     trial = ray.tune.get_context().get_trial_name()
     overrides = [f"{k}={v}" for k, v in sorted(config.items())] + [f"run_name={sweep}-{trial}"]
@@ -74,7 +78,7 @@ def _interrupted(sweep_dir: Path, grid: Any) -> bool:
 
 
 def _unfinished_child(cfg: TrainConfig, parent_run_id: str, trial: str) -> str | None:
-    import mlflow
+    import mlflow  # slow to import: mlflow
 
     client = mlflow.MlflowClient(tracking_uri=cfg.tracking.uri)
     exp = client.get_experiment_by_name(cfg.tracking.experiment)
@@ -120,13 +124,10 @@ class SweepSummary(TypedDict, total=False):
 def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None) -> SweepSummary:
     """Run (or resume, by ``sweep_name``) the sweep: checks before Ray starts, the parent run, the Tuner, then the
     trials' records and the best configuration on the parent."""
+    # slow to import: mlflow, ray (ops.placement_groups)
     import mlflow
 
-    from tracerl.envs.registry import check_data
     from tracerl.workflows.ops.placement_groups import release_when_trials_end
-    from tracerl.workflows.ops.progress import bar
-    from tracerl.workflows.tracking import store as trk
-    from tracerl.workflows.train.run import resolve_paths
 
     if not cfg.train.tracking.enabled:
         raise ValueError("tracerl sweep needs MLflow tracking (tracking.enabled=true)")
@@ -189,9 +190,6 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[str], None] = lambda s: None
 def _start_ray_if_it_fits(cfg: SweepConfig, base: Any, progress: Callable[[str], None]) -> None:
     """Start (or join) Ray and check that the concurrent trials fit: each holds a Tune slot plus a whole training
     run's actors (space values that change the pools are not counted: the base config's shares are)."""
-    from tracerl.workflows.ops.ray_utils import check_resources, init_ray
-    from tracerl.workflows.train.run import RESOURCE_KNOBS, resource_demand
-
     init_ray(cfg.train.cluster)
     n = cfg.max_concurrent_trials
     demand = [
@@ -234,8 +232,6 @@ def _parent_run(
 ) -> str:
     """The sweep's MLflow parent run: the one its metadata file names (a resumed sweep), or a new one with the
     space and the search settings as params."""
-    from tracerl.workflows.tracking.run_info import sweep_tags
-
     if meta_path.is_file():
         parent = str(json.loads(meta_path.read_text())["parent_run_id"])
         client.update_run(parent, status="RUNNING")
@@ -260,6 +256,7 @@ def _tuner(
     cfg: SweepConfig, name: str, root: Path, base_yaml: str, parent: str, progress: Callable[[str], None]
 ) -> Any:
     """The Tune experiment: restored from ``root / name`` when it exists, else new (ASHA or FIFO, Optuna)."""
+    # slow to import: ray, optuna (and ops.placement_groups, which imports ray)
     from ray import tune
     from ray.tune.search.optuna import OptunaSearch
 
@@ -335,7 +332,7 @@ def _trial_record(
 def _tag_best(client: Any, parent: str, best: Any, children: dict[str, Any]) -> None:
     """The best configuration and trial as tags of the parent; its row in the runs table shows the best trial's
     ``key/`` numbers."""
-    import mlflow
+    import mlflow  # slow to import: mlflow
 
     client.set_tag(parent, "tracerl.best_config", json.dumps(best.config))
     client.set_tag(parent, "tracerl.best_trial", Path(best.path).name)

@@ -50,7 +50,7 @@ def fill_tokens(
 ) -> dict[str, int]:
     """T per testbed: mean generated tokens per step over all steps of its leaves-mode grpo cells, written into the
     config file once every one of those cells has finished (a testbed with some unfinished is left as it is)."""
-    from tracerl.workflows.study.cell_runs import collect
+    from tracerl.workflows.study.cell_runs import collect  # slow to import: pandas (study.cell_runs)
 
     parents = client.search_runs(
         [exp_id], filter_string=f"tags.`tracerl.command` = 'study' and tags.`{TAG}` = '{cfg.name}'"

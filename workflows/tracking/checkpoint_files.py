@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tracerl.models.hf import weights_problem
 from tracerl.workflows.tracking.checkpoint_state import STATE, CheckpointState
 
 STAGING = ".staging"
@@ -196,8 +197,6 @@ def _state_problem(ckpt: Path) -> str | None:
 
 def legacy_problem(ckpt: Path) -> str | None:
     """A checkpoint written before manifests: what can be checked without loading it."""
-    from tracerl.models.hf import weights_problem
-
     for rel in NEEDED:
         if not (ckpt / rel).is_file():
             return f"{rel} is missing (and there is no manifest)"

@@ -13,16 +13,21 @@ Metric series take the last value logged for each step (steps re-run after a res
 
 from __future__ import annotations
 
+import base64
+import html
 import json
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from tracerl import metrics as M
+from tracerl.workflows.tracking import store as trk
 from tracerl.workflows.tracking import tables
 from tracerl.workflows.tracking.frame import frame_of, metric_series, param, runs_frame, value
 from tracerl.workflows.tracking.tables import num
@@ -134,7 +139,7 @@ def _two_panels(
     lines: Sequence[tuple[str, Series, Series]], xlabels: tuple[str, str], ylabel: str, path: Path
 ) -> None:
     """Two side-by-side panels, one line per run in each: (name, (x, y) left, (x, y) right)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # slow to import: matplotlib
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for name, left, right in lines:
@@ -150,11 +155,12 @@ def _two_panels(
 
 
 def plots(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
+    # slow to import: matplotlib
     import matplotlib
     import matplotlib.ticker
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # slow to import: matplotlib; after the backend is chosen
 
     files = []
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -195,8 +201,6 @@ def plots(rows: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     ns = sorted({r["continuations"] for r in rows if not math.isnan(r["continuations"])})
     ms = sorted({r["m_max"] for r in rows if not math.isnan(r["m_max"])})
     if ns and ms:
-        import numpy as np
-
         grid = np.full((len(ns), len(ms)), np.nan)
         use_acc = any(not math.isnan(r["acc_after"]) for r in rows)
         for r in rows:
@@ -228,9 +232,6 @@ img{max-width:100%;border:1px solid #eee;margin:.5em 0;display:block}"""
 def report_html(rows: Sequence[dict[str, Any]], plot_files: Sequence[Path]) -> str:
     """One self-contained page: the ranking (as in table.txt) and the plots, embedded (it opens anywhere, the MLflow
     artifact viewer included)."""
-    import base64
-    import html
-
     table = tables.html_table(
         [title for _, title, _, _ in COLUMNS], ranked(rows), classes=("", "name", "alloc"), id_="ranking"
     )
@@ -277,9 +278,7 @@ def compare(
     tracking: Any, experiment: str | None, run_ids: Sequence[str], out_dir: str, log_to_mlflow: bool = True
 ) -> CompareResult:
     """Collect, rank, plot and (optionally) log."""
-    import mlflow
-
-    from tracerl.workflows.tracking import store as trk
+    import mlflow  # slow to import: mlflow
 
     trk.setup(tracking)
     client = mlflow.MlflowClient()
@@ -321,8 +320,6 @@ def compare(
 def ui_command(uri: str, host: str, port: int) -> list[str]:
     """The `mlflow ui` command for a tracking store (a database URI or a file store): one worker process (one
     person browses it; MLflow's default of four took over a minute to answer on a busy 2-core machine)."""
-    import sys
-
     return [
         sys.executable,
         "-m",

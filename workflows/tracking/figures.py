@@ -10,10 +10,11 @@ from typing import Any
 
 def pyplot() -> Any:
     """matplotlib.pyplot on the file-only Agg backend (no display on the machines the reports run on)."""
+    # slow to import: matplotlib
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # slow to import: matplotlib; after the backend is chosen
 
     return plt
 

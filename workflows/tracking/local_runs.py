@@ -24,6 +24,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from tracerl.workflows.tracking.store import resolve_uri
+
 METRICS = "metrics.jsonl"
 PARAMS = "params.json"
 RUN = "run.json"
@@ -158,9 +160,7 @@ def tracking_client(tracking: Any, out_dir: Path | str) -> Any:
     ``tracking.enabled: false`` the run files under ``out_dir``."""
     if not tracking.enabled:
         return LocalRuns(out_dir)
-    import mlflow
-
-    from tracerl.workflows.tracking.store import resolve_uri
+    import mlflow  # slow to import: mlflow (not needed with tracking.enabled: false)
 
     mlflow.set_tracking_uri(resolve_uri(tracking.uri))
     return mlflow.MlflowClient()

@@ -28,7 +28,8 @@ class _QuietFileHandler(logging.FileHandler):
 def tracking_logs_to(directory: Path | str) -> Path:
     """Send the tracking libraries' log lines to ``<directory>/tracking.log`` (appended; opened on the first line)
     from now on, in this process; returns the file. Call again to move them (the previous file is closed)."""
-    import mlflow  # noqa: F401 - importing it sets up its loggers, which are replaced here
+    # slow to import: mlflow; importing it sets up its loggers, which are replaced here
+    import mlflow  # noqa: F401
 
     path = Path(directory) / NAME
     handler = _QuietFileHandler(path, delay=True)

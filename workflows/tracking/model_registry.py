@@ -14,9 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import mlflow
 import mlflow.pyfunc
 
+from tracerl.config import TrackingConfig
+from tracerl.workflows.tracking import store as trk
+from tracerl.workflows.tracking.checkpoint_files import newest_good
 from tracerl.workflows.tracking.checkpoint_state import CheckpointState
+from tracerl.workflows.tracking.runs import run_storage
 
 
 # mlflow's package does not export mlflow.pyfunc.PythonModel to mypy (name-defined), so the base is Any (misc).
@@ -24,14 +29,14 @@ class HFPolicyModel(mlflow.pyfunc.PythonModel):  # type: ignore[misc,name-define
     """A transformers causal LM from the ``checkpoint`` artifact; ``predict`` generates greedily from prompts."""
 
     def load_context(self, context: Any) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # slow to import: transformers
 
         path = context.artifacts["checkpoint"]
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
 
     def predict(self, context: Any, model_input: Any, params: dict[str, Any] | None = None) -> list[str]:
-        import torch
+        import torch  # slow to import: torch (only a loaded model predicts)
 
         prompts = list(model_input["prompt"]) if hasattr(model_input, "columns") else list(model_input)
         max_new = int((params or {}).get("max_new_tokens", 64))
@@ -55,9 +60,6 @@ def _checkpoint(
     run_id: str, tracking: Any, say: Callable[[str], None] = lambda s: None
 ) -> tuple[Path, CheckpointState]:
     """The run's newest complete checkpoint; ``say`` gets a line for each damaged newer one passed over."""
-    from tracerl.workflows.tracking.checkpoint_files import newest_good
-    from tracerl.workflows.tracking.runs import run_storage
-
     storage = run_storage(run_id, tracking)
     choice = newest_good(storage)
     if choice.path is None:
@@ -83,11 +85,6 @@ def register(
     progress: Callable[[str], None] = lambda s: None,
 ) -> dict[str, Any]:
     """Log the run's last checkpoint as a model and register it; returns {'version', 'source', 'tags'}."""
-    import mlflow
-
-    from tracerl.config import TrackingConfig
-    from tracerl.workflows.tracking import store as trk
-
     tracking = TrackingConfig(uri=tracking_uri)
     trk.setup(tracking)
     ckpt, state = _checkpoint(run_id, tracking, progress)
@@ -128,10 +125,6 @@ def resolve_model_path(path: str, tracking: Any, say: Callable[[str], None] = la
         ckpt, _ = _checkpoint(path[len("runs:/") :].strip("/"), tracking, say)
         return str(ckpt / "policy")
     if path.startswith("models:/"):
-        import mlflow
-
-        from tracerl.workflows.tracking import store as trk
-
         trk.setup(tracking)
         try:
             local = Path(mlflow.artifacts.download_artifacts(artifact_uri=path))

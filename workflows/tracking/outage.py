@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tracerl.workflows.ops.disk import error_chain, no_space
 from tracerl.workflows.tracking.store import TrackingUnreachable
 
 _MLFLOW_TEXTS = ("failed with exception", "failed with timeout exception")
@@ -26,9 +27,7 @@ its retries reads "Max retries exceeded" there too); an answer it refused reads 
 def unreachable(exc: BaseException) -> bool:
     """Whether ``exc`` says the tracking server did not answer (refused, timed out, reset, a gateway's 502/503/504
     past MLflow's retries) rather than refusing the request or running out of space."""
-    import requests
-
-    from tracerl.workflows.ops.disk import error_chain, no_space
+    import requests  # slow to import: requests (a training run loads this module)
 
     if no_space(exc) is not None:
         return False

@@ -7,6 +7,7 @@ under names that sort together (the originals keep their names): see docs/metric
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -107,8 +108,6 @@ VIEW_COLUMNS = (
 
 def runs_view_state() -> str:
     """The shared view state (JSON) of the runs table: the key/ metrics and tracerl tags as columns."""
-    import json
-
     widths = dict(zip(VIEW_COLUMNS, (110, 135, 150, 120, 150, 90, 90)))  # each header readable in full
     return json.dumps(
         {"selectedColumns": list(VIEW_COLUMNS), "columnOrder": list(VIEW_COLUMNS), "columnWidths": widths}

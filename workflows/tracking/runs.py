@@ -18,9 +18,13 @@ from typing import Any, TypedDict
 
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
-from tracerl.config_loader import to_flat_dict, to_yaml
-from tracerl.workflows.tracking.spool import PendingStatus
-from tracerl.workflows.tracking.store import resolve_uri
+from tracerl.config_loader import compose, to_flat_dict, to_yaml
+from tracerl.workflows.ops.disk import no_space, store_path
+from tracerl.workflows.tracking import store as trk
+from tracerl.workflows.tracking.checkpoint_files import newest_good
+from tracerl.workflows.tracking.outage import PatientClient
+from tracerl.workflows.tracking.spool import MetricLog, MetricsPending, PendingStatus, flush_within
+from tracerl.workflows.tracking.store import TrackingUnreachable, resolve_uri
 
 PHASE = ".phase"
 PENDING = ".chaos_pending"
@@ -58,7 +62,7 @@ def config_hash(cfg: TrainConfig) -> str:
 
 def dataset_fingerprint(cfg: TrainConfig) -> str:
     """Hash of the training prompts (ids, texts and answers)."""
-    from tracerl.workflows.lm.stack import task_prompts
+    from tracerl.workflows.lm.stack import task_prompts  # slow to import: torch, transformers (lm.stack)
 
     h = hashlib.sha256()
     for p in task_prompts(cfg.env):
@@ -69,8 +73,6 @@ def dataset_fingerprint(cfg: TrainConfig) -> str:
 def latest_checkpoint(run_dir: Path, say: Callable[[str], None] | None = None) -> Path | None:
     """The newest complete checkpoint under a run's storage directory (``tracerl.workflows.tracking.checkpoint_files.newest_good``);
     ``say`` gets one line for each newer one passed over, naming the file that failed its check."""
-    from tracerl.workflows.tracking.checkpoint_files import newest_good
-
     choice = newest_good(run_dir)
     if say is not None:
         for line in choice.notes():
@@ -80,9 +82,7 @@ def latest_checkpoint(run_dir: Path, say: Callable[[str], None] | None = None) -
 
 def run_storage(run_id: str, tracking: Any) -> Path:
     """A training run's Ray Train storage directory, from its MLflow tags."""
-    import mlflow
-
-    from tracerl.workflows.tracking import store as trk
+    import mlflow  # slow to import: mlflow
 
     trk.setup(tracking)
     try:
@@ -103,9 +103,7 @@ def create_run(
     """A new MLflow run of ``tracerl train``: lineage tags (git SHA, config hash, dataset fingerprint) plus ``tags``,
     its storage directory ``<out_dir>/<run name>-<id>`` holding the resolved config (also the run's params and an
     artifact). Returns the run id, the storage and the config with its run name."""
-    import time
-
-    import mlflow
+    import mlflow  # slow to import: mlflow
 
     name = cfg.run_name or f"{cfg.allocator.name}-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     run = client.create_run(
@@ -165,8 +163,6 @@ def resumed_config(
 ) -> tuple[TrainConfig, Path, Path | None]:
     """What ``resume=RUN_ID`` continues with: the run's saved config.yaml with the command's other overrides on top,
     its storage, and its newest complete checkpoint (None: none yet; ``say`` names each damaged newer one)."""
-    from tracerl.config_loader import compose
-
     storage = run_storage(run_id, tracking)
     saved = storage / "config.yaml"
     if not saved.is_file():
@@ -195,10 +191,6 @@ def end_run(
         tracerl.workflows.tracking.spool.MetricsPending: the server did not take the spooled metrics within
             ``flush_timeout_s``; the status is kept with them and nothing of the end was sent (the run stays RUNNING).
     """
-    from tracerl.workflows.ops.disk import no_space, store_path
-    from tracerl.workflows.tracking.outage import PatientClient
-    from tracerl.workflows.tracking.spool import MetricLog, MetricsPending, PendingStatus, flush_within
-    from tracerl.workflows.tracking.store import TrackingUnreachable
 
     def pending(unsent: int) -> MetricsPending:
         if not PendingStatus(storage).record(run_id, status):
@@ -272,9 +264,7 @@ def run_summary(run_id: str, tracking: Any, client: Any = None) -> RunSummary:
     """Held-out accuracy before/after, mean effective ratio, budget spent: from the run's metrics (in ``client``,
     default the MLflow store of ``tracking``)."""
     if client is None:
-        import mlflow
-
-        from tracerl.workflows.tracking import store as trk
+        import mlflow  # slow to import: mlflow
 
         trk.setup(tracking)
         client = mlflow.MlflowClient()

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tracerl.workflows.ops.disk import no_space
+
 SPOOL = "metrics_spool.jsonl"
 SENT = "metrics_spool.sent"
 ARTIFACTS = "artifact_spool"  # artifact directories that could not be uploaded, by artifact path
@@ -110,8 +112,6 @@ class MetricLog:
             self._send(recs)
             return True
         except Exception as e:  # noqa: BLE001 - the REST and SQL stores raise their own types for "unreachable"
-            from tracerl.workflows.ops.disk import no_space
-
             self._append(recs)  # a full disk here too ends the run (workflows/ops/disk.py)
             why = "tracking store full" if no_space(e) is not None else "tracking unreachable"
             self.say(
@@ -124,8 +124,6 @@ class MetricLog:
         try:
             self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
         except Exception as e:  # noqa: BLE001
-            from tracerl.workflows.ops.disk import no_space
-
             shutil.copytree(local_dir, self.storage / ARTIFACTS / artifact_path, dirs_exist_ok=True)
             why = "tracking store full" if no_space(e) is not None else "tracking unreachable"
             self.say(f"{why} ({e.__class__.__name__}): artifacts {artifact_path} kept for later")
@@ -156,7 +154,7 @@ class MetricLog:
             os.fsync(f.fileno())
 
     def _send(self, recs: list[dict[str, Any]]) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # slow to import: mlflow
 
         batch = [Metric(r["key"], r["value"], r["timestamp"], r["step"]) for r in recs]
         for i in range(0, len(batch), 1000):
@@ -285,8 +283,6 @@ def flush_within(log: Any, limit_s: float, say: Callable[[str], None], poll_s: f
     Raises:
         OSError: the store is full (waiting cannot help; the caller reports a full disk, not an absent server).
     """
-    from tracerl.workflows.ops.disk import no_space
-
     if log.flush():
         return True
     if log.last_error is not None and no_space(log.last_error) is not None:

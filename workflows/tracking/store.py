@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,7 @@ def check_reachable(uri: str) -> None:
     """
     if not uri.startswith(("http://", "https://")):
         return
-    import requests
+    import requests  # slow to import: requests (the CLI imports this module at start-up)
 
     fix = (
         "start the server (`mlflow server --host 127.0.0.1 --port PORT`, or `tracerl ui` for a local store) or "
@@ -106,7 +107,7 @@ def setup(cfg: TrackingConfig, experiment: str | None = None) -> str:
     Raises:
         TrackingUnreachable: ``cfg.uri`` is an HTTP address where no server answers (``check_reachable``).
     """
-    import mlflow
+    import mlflow  # slow to import: mlflow
 
     uri = resolve_uri(cfg.uri)
     check_reachable(uri)
@@ -139,7 +140,7 @@ def run(
     if not cfg.enabled:
         yield None
         return
-    import mlflow
+    import mlflow  # slow to import: mlflow
 
     exp_id = setup(cfg, experiment)
     with mlflow.start_run(experiment_id=exp_id, run_name=name, tags=dict(tags or {})) as active:
@@ -147,7 +148,7 @@ def run(
 
 
 def log_params(params: Mapping[str, Any]) -> None:
-    import mlflow
+    import mlflow  # slow to import: mlflow
 
     items = {k: ("null" if v is None else str(v))[:6000] for k, v in params.items()}
     keys = list(items)
@@ -156,15 +157,14 @@ def log_params(params: Mapping[str, Any]) -> None:
 
 
 def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
-    import mlflow
+    import mlflow  # slow to import: mlflow
 
     mlflow.log_metrics(_clean(metrics), step=step)
 
 
 def log_step_series(series: Sequence[Mapping[str, float]]) -> None:
     """Log a list of per-step metric dicts in one batch call (much faster than one call per step)."""
-    import time
-
+    # slow to import: mlflow
     import mlflow
     from mlflow.entities import Metric
 

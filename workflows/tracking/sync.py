@@ -15,6 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tracerl.config import TrackingConfig
+from tracerl.workflows.tracking.log_file import tracking_logs_to
+from tracerl.workflows.tracking.runs import run_storage
+from tracerl.workflows.tracking.spool import MetricLog, MetricsPending, PendingStatus
+from tracerl.workflows.tracking.store import check_reachable
+
 
 def sync_run(run_id: str, uri: str, say: Callable[[str], None] = lambda s: None) -> tuple[int, str | None]:
     """Send a run's spooled metrics and artifacts, then the final status kept with them; no training.
@@ -27,13 +33,7 @@ def sync_run(run_id: str, uri: str, say: Callable[[str], None] = lambda s: None)
         LookupError: no such run in the store, or not a ``tracerl train`` run.
         MetricsPending: the server stopped answering while they were sent.
     """
-    from mlflow import MlflowClient
-
-    from tracerl.config import TrackingConfig
-    from tracerl.workflows.tracking.log_file import tracking_logs_to
-    from tracerl.workflows.tracking.runs import run_storage
-    from tracerl.workflows.tracking.spool import MetricLog, MetricsPending, PendingStatus
-    from tracerl.workflows.tracking.store import check_reachable
+    from mlflow import MlflowClient  # slow to import: mlflow
 
     check_reachable(uri)
     storage = run_storage(run_id, TrackingConfig(uri=uri))

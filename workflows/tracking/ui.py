@@ -6,16 +6,23 @@ columns (workflows/tracking/run_info.py); the server runs in its own process gro
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
+import threading
+import time
+import urllib.request
 from typing import Any
+
+from tracerl.workflows.tracking.run_info import VIEW_TAG, runs_url, runs_view_state
+from tracerl.workflows.tracking.store import mark_kind
 
 
 def server_env() -> dict[str, str]:
     """The environment for an ``mlflow server`` / ``mlflow ui`` this project starts: MLflow 3's server also spawns
     a huey job runner and its consumer processes (GenAI jobs: judges, prompt optimisation) that no tracerl command
     uses; off unless ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION`` is set, which saves their CPU and start-up time."""
-    import os
-
     env = dict(os.environ)
     env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     return env
@@ -24,10 +31,7 @@ def server_env() -> dict[str, str]:
 def experiment_url(uri: str, experiment: str, base: str) -> str:
     """The runs page of ``experiment`` (marked as model training so the UI opens on its runs), or the UI's
     home page where the store has no such experiment."""
-    import mlflow
-
-    from tracerl.workflows.tracking.run_info import VIEW_TAG, runs_url, runs_view_state
-    from tracerl.workflows.tracking.store import mark_kind
+    import mlflow  # slow to import: mlflow
 
     client = mlflow.MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
@@ -40,10 +44,6 @@ def experiment_url(uri: str, experiment: str, base: str) -> str:
 
 def stop_group(proc: Any) -> None:
     """End the MLflow UI and the server processes it started (its own process group): TERM, then KILL."""
-    import os
-    import signal
-    import subprocess
-
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
@@ -65,13 +65,7 @@ of MLflow's server, measured over 60 s with four workers on 2 loaded cores)."""
 def serve(uri: str, host: str, port: int, experiment: str, check: bool = False) -> int:
     """Start the MLflow UI on ``uri``, print the runs page of ``experiment`` once it answers, and serve until
     interrupted (``check``: stop right away); returns the exit code."""
-    import signal
-    import subprocess
-    import threading
-    import time
-    import urllib.request
-
-    from tracerl.workflows.tracking.compare import ui_command
+    from tracerl.workflows.tracking.compare import ui_command  # slow to import: pandas (tracking.compare)
 
     url = f"http://{host}:{port}"
     # Its own process group, ended as a whole below: a TERM of `tracerl ui` (a test, a job runner) leaves no server.

@@ -33,8 +33,18 @@ import numpy as np
 
 from tracerl import metrics as M
 from tracerl.config import ChaosConfig, TrainConfig
-from tracerl.workflows.tracking.runs import HOLD, PENDING, PHASE, RunSummary, read_phase
-from tracerl.workflows.tracking.spool import SPOOL
+from tracerl.workflows.tracking.runs import (
+    HOLD,
+    PENDING,
+    PHASE,
+    RunSummary,
+    metric_series,
+    read_phase,
+    run_summary,
+)
+from tracerl.workflows.tracking.spool import SPOOL, MetricLog, spooled_records
+from tracerl.workflows.tracking.ui import server_env
+from tracerl.workflows.train.run import train
 
 PHASES = ("rollout", "sync_weights", "eval", "save")  # what a kill can be aimed at
 # Per-step metrics defined only at steps where their condition holds (docs/metrics.md): the prefix-group effective
@@ -63,8 +73,6 @@ class MlflowServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        from tracerl.workflows.tracking.ui import server_env
-
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / "server.log", "ab") as log:
             self.proc = subprocess.Popen(
@@ -114,6 +122,7 @@ class MlflowServer:
 
 
 def _alive(cls: str) -> list[Any]:
+    # slow to import: ray
     import ray
     from ray.util.state import list_actors
 
@@ -264,8 +273,7 @@ class Controller(threading.Thread):
 def check_steps(client: Any, run_id: str, steps: int) -> list[str]:
     """Problems with the exactly-once rule for steps 1..``steps``; empty when every per-step metric has one value
     per step, from the log call of the attempt that completed the step (the last attempt to log it)."""
-    from tracerl.workflows.tracking.compare import collect
-    from tracerl.workflows.tracking.runs import metric_series
+    from tracerl.workflows.tracking.compare import collect  # slow to import: pandas (tracking.compare)
 
     problems: list[str] = []
     att_hist = client.get_metric_history(run_id, M.ATTEMPT)
@@ -304,11 +312,7 @@ def check_steps(client: Any, run_id: str, steps: int) -> list[str]:
 
 def run_drill(cfg: TrainConfig, overrides: list[str], progress: Callable[[str], None]) -> RunSummary:
     """The drill around ``tracerl.workflows.train.run.train``; returns the run's summary with the drill's report under 'chaos'."""
-    import mlflow
-
-    from tracerl.workflows.tracking.runs import run_summary
-    from tracerl.workflows.tracking.spool import MetricLog, spooled_records
-    from tracerl.workflows.train.run import train
+    import mlflow  # slow to import: mlflow
 
     out = Path(cfg.out_dir).resolve()
     name = cfg.run_name or f"chaos-s{cfg.seed}-{time.strftime('%Y%m%d-%H%M%S')}"

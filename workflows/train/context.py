@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tracerl.config import TrainConfig
+from tracerl.workflows.tracking.checkpoint_files import prune
 
 Upload = Callable[[Path], Path]
 """Publishes a checkpoint's staged files (a temporary directory) under the run's storage; returns its directory."""
@@ -52,25 +53,26 @@ class RayTrainContext:
     """A Ray Train worker's context (``ray.train.get_context()``), read in the worker process."""
 
     def __init__(self) -> None:
-        import ray.train
+        import ray.train  # slow to import: ray (and the in-process mode never loads Ray)
 
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
 
     def checkpoint(self) -> Any:
-        import ray.train
+        import ray.train  # slow to import: ray
 
         return ray.train.get_checkpoint()
 
     def place(self, model: Any, cfg: TrainConfig) -> Any:
         """Plain (one worker) or DDP through ``ray.train.torch.prepare_model``, or FSDP2 (``trainer.strategy``)."""
-        import ray.train.torch
+        import ray.train.torch  # slow to import: ray, torch
 
         if self.world == 1 or cfg.trainer.strategy == "ddp":
             kwargs = {"broadcast_buffers": False} if self.world > 1 else None
             return ray.train.torch.prepare_model(
                 model, parallel_strategy="ddp" if self.world > 1 else None, parallel_strategy_kwargs=kwargs
             )
+        # slow to import: torch (and models.wrap)
         import torch
 
         from tracerl.models.wrap import fully_shard_model, is_meta
@@ -87,7 +89,7 @@ class RayTrainContext:
         self, metrics: dict[str, float], staged: Path | None = None, upload: Upload | None = None
     ) -> None:
         """``ray.train.report``: the checkpoint's directory is named after the step (``checkpoint_<step>``)."""
-        import ray.train
+        import ray.train  # slow to import: ray
 
         if staged is None or upload is None:
             ray.train.report(metrics)
@@ -123,8 +125,6 @@ class InProcessContext:
         self, metrics: dict[str, float], staged: Path | None = None, upload: Upload | None = None
     ) -> None:
         """Publish the checkpoint (``upload``), then remove all but the newest ``keep`` of the run's checkpoints."""
-        from tracerl.workflows.tracking.checkpoint_files import prune
-
         if staged is not None and upload is not None:
             upload(staged)
             prune(self.storage, self.keep)

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tracerl import metrics as M
 from tracerl.actors.faults import Faults
 from tracerl.config import BudgetConfig, TrainConfig
@@ -91,8 +93,7 @@ class Driver:
     ) -> None:
         """Build the allocator and predictor over ``pool`` (``start_pool``'s, started while the trainer loaded its
         policy; None: started here) and wait until every sampler is up; log the run's thread counts."""
-        import numpy as np
-
+        # slow to import: torch, transformers
         from tracerl.workflows.lm.stack import task_prompts, text_features
 
         self.cfg, self.run_id, self.storage, self.tok = cfg, run_id, storage, tok
@@ -139,7 +140,7 @@ class Driver:
     def restore(self, ckpt_dir: str, state: CheckpointState) -> None:
         """Continue from a checkpoint: candidate-pool RNG, tokens spent, predictor and allocator state (the loop then
         pushes the restored policy to the samplers: a fresh run's samplers already hold ``model.path``)."""
-        import torch
+        import torch  # slow to import: torch
 
         self.rng.bit_generator.state = state.rng
         self.meter.restore(state)
@@ -207,7 +208,7 @@ class Driver:
     def rollout_metrics(self, out: Any, budget: BudgetConfig) -> dict[str, float]:
         """The step's rollout, budget and calibration metrics (before the predictor fits on the new trees); the
         step's ledger holds the samplers' counts (tokens, tool calls, retries, generation time) for it."""
-        from tracerl.calibration import collect_calibration, summarize_calibration
+        from tracerl.calibration import collect_calibration, summarize_calibration  # slow to import: scipy
 
         self.meter.add_rollout(out.ledger)
         metrics = step_metrics(out)
@@ -387,7 +388,7 @@ class Driver:
     def save(self, path: Path, step: int, weights: dict[str, Any], adapters: dict[str, Any]) -> None:
         """Rank 0's share of a checkpoint: the merged policy (HF format), LoRA adapters, predictor, allocator
         state, candidate-pool RNG, tokens spent and the config."""
-        import torch
+        import torch  # slow to import: torch
 
         self.mark("save", step)
         self.export.save_pretrained(path / "policy", state_dict=weights)

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypedDict
 
 from tracerl.engine.ledger import BudgetLedger
+from tracerl.envs.registry import check_data, env_section
 from tracerl.tree import RolloutTree
 from tracerl.workflows.ops.progress import bar
+from tracerl.workflows.tracking import store as trk
 
 
 def leaf_score_means(trees: Sequence[RolloutTree]) -> dict[str, float]:
@@ -124,9 +126,7 @@ def evaluate_prompts(
 
 def local_runner(model_cfg: Any, sampler_cfg: Any, env_cfg: Any) -> Runner:
     """Rollouts in this process (no Ray): the real engine, sampler, sandbox and verifier."""
-    from dataclasses import replace
-
-    from tracerl.workflows.lm.stack import build_stack
+    from tracerl.workflows.lm.stack import build_stack  # slow to import: torch, transformers
 
     stack = build_stack(model_cfg, sampler_cfg, env_cfg, seed=0)
 
@@ -177,13 +177,9 @@ class EvalResult:
 
 def run_eval(cfg: Any, progress: Callable[[str], None] = lambda s: None) -> EvalResult:
     """``tracerl eval``: resolve the model, evaluate, write summary.json and traces.jsonl under ``cfg.out_dir``."""
-    from dataclasses import replace
-
-    from tracerl.envs.registry import check_data, env_section
-
     check_data(cfg.env)  # first: before the model is resolved (which may read MLflow) or loaded
+    # slow to import: torch, transformers (lm.stack), mlflow (model_registry); after check_data, which fails fast
     from tracerl.workflows.lm.stack import task_prompts
-    from tracerl.workflows.tracking import store as trk
     from tracerl.workflows.tracking.model_registry import resolve_model_path
 
     progress(trk.where(cfg.tracking))  # where runs:/ and models:/ paths are looked up

@@ -31,6 +31,7 @@ def ray_trainer(
     """The Ray Train trainer of a run: ``guarded_loop`` on ``trainer.num_workers`` ranks, restarted from the newest
     intact checkpoint up to ``max_failures`` times (never on a full disk), the last ``keep_checkpoints`` kept.
     ``startup``: the launch's start-up clock and the attempt number whose first step logs it."""
+    # slow to import: ray (ops.disk_callback too); the in-process mode never loads Ray
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig
 

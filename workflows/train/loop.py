@@ -73,7 +73,7 @@ def train_loop(run: LoopInput) -> None:
     ``InProcessContext``): set up and restore, then ``train_step`` until a limit (``steps``, ``stop.tokens``,
     ``stop.cpu_s``) ends the run. A failure shuts rank 0's samplers down before it propagates (in-process, a restart
     builds new ones)."""
-    import torch
+    import torch  # slow to import: torch
 
     cfg, storage = run.cfg, run.storage
     clock = run.startup[0] if run.startup is not None else None
@@ -104,7 +104,7 @@ def run_steps(run: LoopInput, ctx: Any, pool: Any) -> None:
     start = worker.state.step
     driver = None
     if worker.rank == 0:
-        from tracerl.models.wrap import unwrap
+        from tracerl.models.wrap import unwrap  # slow to import: torch (models.wrap)
 
         if clock is not None:
             clock.mark("policy")
@@ -151,7 +151,7 @@ def train_step(
     (``Driver.check_stop``) and every rank learns whether this step is the last (returned with ``ahead``); the last
     evaluates on every held-out task and checkpoints.
     """
-    from tracerl.learner import denominator
+    from tracerl.learner import denominator  # slow to import: torch (learner)
 
     cfg, done = worker.cfg, step + 1
     timer = ahead.timer if ahead is not None else PhaseTimer()
@@ -244,7 +244,7 @@ def report(
     share), written whole or not at all (``tracerl.workflows.tracking.checkpoint_files.publish``: staged, manifest last,
     renamed into place), the last ``keep_checkpoints`` kept (workflows/train/context.py).
     """
-    import torch
+    import torch  # slow to import: torch
 
     if not checkpoint_due(worker.cfg.checkpoint_every, done, last):
         worker.ctx.report({"step": done, **metrics})

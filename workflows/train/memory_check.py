@@ -39,7 +39,7 @@ class UpdateShape:
 
 def update_shape(config: Any, trainer: TrainerConfig) -> UpdateShape:
     """``UpdateShape`` of a transformers model config (built on the meta device; LoRA adapters on its targets)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # slow to import: transformers
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)

@@ -13,7 +13,10 @@ import math
 
 from tracerl.algos.config import BudgetConfig
 from tracerl.config import TrainConfig, section_key
+from tracerl.engine.react import make_template
+from tracerl.engine.untrusted import encodable
 from tracerl.env_registry import env_class, env_section
+from tracerl.envs.registry import tool_env_class
 
 
 def training_tasks(cfg: TrainConfig) -> int:
@@ -69,11 +72,7 @@ def longest_prompt(cfg: TrainConfig) -> tuple[int, str]:
     """(tokens, task id) of the longest training or held-out prompt as the sampler first sees it: the question in
     the model's template with the environment's documented tools, tokenized by the policy's tokenizer (read from
     ``model.path``; loads no weights)."""
-    from transformers import AutoTokenizer
-
-    from tracerl.engine.react import make_template
-    from tracerl.engine.untrusted import encodable
-    from tracerl.envs.registry import tool_env_class
+    from transformers import AutoTokenizer  # slow to import: transformers
 
     tok = AutoTokenizer.from_pretrained(cfg.model.path, local_files_only=True)
     template = make_template(cfg.model.template, tok, cfg.model.system_prompt)

@@ -24,6 +24,7 @@ def push_policy(model: Any, trainer: TrainerConfig, pool: Any, dtype: str, adapt
     ``pool`` None on the other ranks, which only take part in the gathers (under FSDP; DDP ranks return at once).
     ``adapters``: a LoRA model's adapters alone, in float32, which the samplers merge into their base copy (every
     rank must pass the same)."""
+    # slow to import: torch (and models.buckets, models.wrap)
     import torch
 
     from tracerl.models.buckets import adapter_tensors, batched, pack, policy_tensors
@@ -49,7 +50,7 @@ def adapter_pushes(trainer: TrainerConfig, backend: str) -> bool:
     """Whether a run's pushes after the first carry its LoRA adapters alone: a LoRA run (``trainer.lora_rank > 0``)
     whose samplers hold an HF copy of the policy to merge them into (not an engine that loads its own weights:
     vLLM gets every push whole)."""
-    from tracerl.samplers import SAMPLERS
+    from tracerl.samplers import SAMPLERS  # slow to import: torch, transformers (samplers)
 
     own = bool(getattr(SAMPLERS.get(backend), "loads_own_weights", False))
     return trainer.lora_rank > 0 and not own

@@ -39,7 +39,7 @@ from typing import Any
 from tracerl.config import TrainConfig
 from tracerl.config_loader import to_yaml
 from tracerl.envs.registry import check_data, env_class, resolve_env_paths
-from tracerl.models.hf import check_weights, check_window
+from tracerl.models.hf import SetupError, check_weights, check_window
 from tracerl.workflows.ops.disk import DiskFull, no_space
 from tracerl.workflows.ops.no_retry import loop_failed
 from tracerl.workflows.ops.progress import bar
@@ -315,8 +315,6 @@ def check_model(cfg: TrainConfig) -> None:
     """The policy checkpoint exists and its weights files are whole, its context window fits the sampler's, LoRA
     targets name its layers, and the update's largest micro-batch fits ``trainer.gpu_memory_gb`` by the memory
     estimate: checked before any run is created (these are the user's to fix)."""
-    from tracerl.workflows.lm.stack import SetupError
-
     if not Path(cfg.model.path).is_dir():
         raise SetupError(
             f"model.path={cfg.model.path!r} is not a checkpoint directory; build the tiny policy with "
@@ -325,10 +323,11 @@ def check_model(cfg: TrainConfig) -> None:
     check_weights(cfg.model.path)
     check_window(cfg.model.path, cfg.sampler)
     if cfg.trainer.lora_rank > 0:
-        from tracerl.models.wrap import check_lora
+        from tracerl.models.wrap import check_lora  # slow to import: torch (models.wrap)
 
         check_lora(cfg.model.path, cfg.trainer)
     if cfg.trainer.use_gpu and cfg.trainer.gpu_memory_gb is not None:
+        # slow to import: transformers, torch (memory_check)
         from transformers import AutoConfig
 
         from tracerl.workflows.train.memory_check import check_update_memory, update_shape
@@ -346,7 +345,7 @@ RESOURCE_KNOBS = (
 def resource_demand(cfg: TrainConfig) -> list[tuple[str, int, float, float]]:
     """(what, how many, CPUs each, GPUs each) of every actor a training run holds at once: Train workers,
     samplers, their environment actors and the run's shared services (e.g. the search retriever)."""
-    from tracerl.actors.services import service_factories
+    from tracerl.actors.services import service_factories  # slow to import: ray (actors.services)
 
     t, p = cfg.trainer, cfg.pools
     rows = [

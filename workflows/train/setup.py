@@ -60,7 +60,7 @@ class Worker:
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
-        import torch
+        import torch  # slow to import: torch
 
         if self.world == 1:
             return obj
@@ -70,7 +70,7 @@ class Worker:
 
     def barrier(self) -> None:
         """Wait for every rank (a no-op for one worker)."""
-        import torch
+        import torch  # slow to import: torch
 
         if self.world > 1:
             torch.distributed.barrier()
@@ -89,7 +89,7 @@ class Worker:
 
         Under FSDP every rank takes part in the gather (the others get empty dicts); DDP ranks hold full replicas,
         so only rank 0 reads its own."""
-        from tracerl.models.wrap import adapter_weights, gather_state, hf_weights
+        from tracerl.models.wrap import adapter_weights, gather_state, hf_weights  # slow to import: torch
 
         if self.cfg.trainer.strategy != "fsdp" and self.rank != 0:
             return {}, {}
@@ -102,6 +102,7 @@ class Worker:
 def setup_worker(cfg: TrainConfig, storage: Path, ctx: TrainContext, reported: Iterable[str] = ()) -> Worker:
     """This rank's policy, reference model and learner, restored from the newest complete checkpoint if there is
     one (rank 0 chooses, saying which damaged ones it passed over, except those ``reported`` by the driver)."""
+    # slow to import: torch (and learner, models.wrap)
     import torch
 
     from tracerl.learner import PolicyLearner
@@ -178,7 +179,7 @@ def setup_worker(cfg: TrainConfig, storage: Path, ctx: TrainContext, reported: I
 
 
 def _all_gather(obj: Any) -> list[Any]:
-    import torch
+    import torch  # slow to import: torch
 
     out: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(out, obj)
@@ -190,6 +191,7 @@ def load_model(cfg: TrainConfig, ckpt_dir: str | None, weights: bool = True) -> 
     adapters on the base policy) or ``model.path``'s, with gradient checkpointing and LoRA as configured. Without
     ``weights``, the architecture alone on the meta device (an FSDP rank but 0: ``fill_from_rank0`` gives it its
     shards)."""
+    # slow to import: torch (and models.wrap)
     import torch
 
     from tracerl.models.wrap import adapter_weights, apply_lora, skeleton
@@ -203,7 +205,7 @@ def load_model(cfg: TrainConfig, ckpt_dir: str | None, weights: bool = True) -> 
     if not weights:
         model = skeleton(str(path), dtype)
     else:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # slow to import: transformers
 
         check_weights(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True).eval()
@@ -253,7 +255,7 @@ def restore_dir(
 def quiet_train_reports() -> None:
     """Ray Train V2 logs every ``ray.train.report`` with its whole metrics dict at INFO from each rank (a 3 kB line
     a step), through a logger named after its source file; our own progress line already says the step."""
-    try:
+    try:  # slow to import: ray; optional: Ray Train V2's internal layout
         from ray.train.v2._internal.execution import context
     except ImportError:  # pragma: no cover - another Ray layout: leave its logging alone
         return
@@ -262,7 +264,7 @@ def quiet_train_reports() -> None:
 
 def ranks_cpu(w: Worker) -> float:
     """On rank 0: the CPU seconds of every trainer rank's process (and its children) so far; a collective."""
-    import torch
+    import torch  # slow to import: torch
 
     mine = process_tree_cpu_s()
     if w.world == 1:

@@ -5,6 +5,7 @@ what a step logs beside its metrics (a sample of its trees, peak memory)."""
 from __future__ import annotations
 
 import json
+import resource
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -12,8 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from tracerl import metrics as M
+from tracerl.actors.faults import Faults
+from tracerl.actors.local import LocalPool
+from tracerl.actors.spec import WorkerSpec
 from tracerl.config import TrainConfig
+from tracerl.workflows.lm.viewer import render_html
+from tracerl.workflows.tracking.outage import unreachable
 from tracerl.workflows.train.budget import Totals
+from tracerl.workflows.train.push import adapter_pushes
 from tracerl.workflows.train.setup import say
 
 THREADS_TRAINER = "threads/trainer"
@@ -51,10 +58,6 @@ def start_pool(cfg: TrainConfig, storage: Path) -> Any:
     for them: every actor loads ``model.path`` in its own process while the caller goes on. In-process
     (``cluster.address=inprocess``): one sampler in this process (``tracerl.actors.local``), loaded before this
     returns, running the work of ``pools.rollout_workers`` actors one shard after another (the same trees)."""
-    from tracerl.actors.faults import Faults
-    from tracerl.actors.spec import WorkerSpec
-    from tracerl.workflows.train.push import adapter_pushes
-
     faults = Faults.from_config(cfg.faults, storage / ".faults")
     lora = tuple(cfg.trainer.lora_targets) if adapter_pushes(cfg.trainer, cfg.sampler.backend) else ()
     spec = WorkerSpec(
@@ -68,9 +71,8 @@ def start_pool(cfg: TrainConfig, storage: Path) -> Any:
     )
     p = cfg.pools
     if cfg.cluster.in_process:
-        from tracerl.actors.local import LocalPool
-
         return LocalPool(spec, p.rollout_workers, cfg.seed)
+    # slow to import: ray (and the in-process mode never loads Ray)
     from tracerl.actors.pools import RolloutPool
 
     return RolloutPool(
@@ -87,6 +89,7 @@ def start_pool(cfg: TrainConfig, storage: Path) -> Any:
 def log_threads(client: Any, run_id: str, pool: Any) -> None:
     """The run's params ``threads/trainer`` (this process's torch threads) and ``threads/sampler``, and on Ray where
     the actors run (``placement/trainer``, ``placement/samplers``, ``placement/env``: node addresses)."""
+    # slow to import: torch, mlflow
     import torch
     from mlflow.entities import Param
 
@@ -96,8 +99,6 @@ def log_threads(client: Any, run_id: str, pool: Any) -> None:
     try:
         client.log_batch(run_id, params=[Param(k, str(v)) for k, v in params.items()])
     except Exception as exc:  # noqa: BLE001 - MLflow refuses to change a param: a resume keeps the first counts
-        from tracerl.workflows.tracking.outage import unreachable
-
         if unreachable(exc):  # not a refusal: the server is away (the step metrics are spooled)
             say(
                 f"tracking unreachable ({type(exc).__name__}): thread counts and placement {params} not logged as params"
@@ -110,8 +111,8 @@ def log_threads(client: Any, run_id: str, pool: Any) -> None:
 
 def log_trees(metrics: Any, out: Any, step: int, run_name: str | None) -> None:
     """A sample of the step's trees (16) as artifacts ``trees/step_<step>/trees.jsonl`` and ``trees.html``."""
+    # slow to import: torch, transformers (lm.rollout)
     from tracerl.workflows.lm.rollout import outcome_records
-    from tracerl.workflows.lm.viewer import render_html
 
     records = outcome_records(out)
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,9 +129,7 @@ def totals_line(t: Totals) -> str:
 
 def peak_memory_mb() -> float:
     """Peak resident memory of this process (CPU) or peak allocated GPU memory, in MiB."""
-    import resource
-
-    import torch
+    import torch  # slow to import: torch
 
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**20

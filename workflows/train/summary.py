@@ -9,16 +9,13 @@ from typing import Any
 from tracerl import metrics as M
 from tracerl.config import TrainConfig
 from tracerl.workflows.tracking.checkpoint_state import CheckpointState
-from tracerl.workflows.tracking.runs import RunSummary
-from tracerl.workflows.train.budget import Totals, stop_reason
+from tracerl.workflows.tracking.runs import RunSummary, metric_series
+from tracerl.workflows.train.budget import Totals, overshoot, stop_reason
 
 
 def compute_summary(client: Any, run_id: str, cfg: TrainConfig) -> RunSummary:
     """The run's compute at its last step (``total/``), what stopped it (``stopped_by``: tokens, cpu_s, steps;
     null if it ended otherwise) and the overshoot past its compute limits."""
-    from tracerl.workflows.tracking.runs import metric_series
-    from tracerl.workflows.train.budget import overshoot
-
     last = {
         k: metric_series(client, run_id, k) for k in (M.TOTAL_GENERATED_TOKENS, M.TOTAL_LEAVES, M.TOTAL_CPU_S)
     }
