@@ -85,8 +85,9 @@ def peer_interpreter(cfg: BenchPeerConfig) -> Path:
     Raises:
         FileNotFoundError: there is none (saying how to build it).
     """
-    py = Path(cfg.peer_python)
-    py = py.resolve()
+    # absolute, not resolved: a venv's bin/python is a symlink to the base interpreter, which outside the venv's
+    # bin/ no longer finds the venv's site-packages
+    py = Path(cfg.peer_python).absolute()
     if not py.is_file():
         raise FileNotFoundError(
             f"peer_python={cfg.peer_python!r}: no interpreter there; build the TRL venv with `make bench-peer` "
