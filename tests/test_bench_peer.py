@@ -173,6 +173,45 @@ def test_sides_at_their_own_thread_counts(tmp_path: Path) -> None:
         compose(BenchPeerConfig, PEER, ["sides=[trl@2,trl@2]"])
 
 
+def test_the_bench_runs_each_side_at_its_threads_and_picks_the_fastest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run_peer_bench with the sides' runners faked: each variant runs with its own threads and tag, in the rotated
+    order, and the summary's ``best`` takes each side's fastest variant."""
+    from tracerl.workflows.experiments import peer
+
+    secs = {("trl", 1): 4.0, ("trl", 2): 3.0, ("grpo", 1): 2.4, ("grpo", 2): 2.7}
+    calls: list[tuple[str, int, str]] = []
+
+    def fake(cfg: BenchPeerConfig, side: str, tag: str) -> dict[str, object]:
+        base, t = side.split("@")[0], side_threads(cfg, side)
+        calls.append((side, t, tag.rsplit("-", 3)[0]))  # less -s<seed>-<date>-<time>
+        return _run(0.0, [9.0, secs[base, t], secs[base, t]], {}, {}) | {"threads": {}, "cpus": [0], "rc": 0}
+
+    monkeypatch.setattr(peer, "run_trl_side", lambda cfg, seed, tag, progress, side: fake(cfg, side, tag))
+    monkeypatch.setattr(peer, "run_tracerl_side", lambda cfg, side, seed, tag, progress: fake(cfg, side, tag))
+    monkeypatch.setattr(peer, "peer_interpreter", lambda cfg: Path(sys.executable))
+    cfg = compose(
+        BenchPeerConfig,
+        PEER,
+        [f"bench_out={tmp_path}", "sides=[trl@1,trl@2,grpo@1,grpo@2]", "seeds=2", "steps=3"],
+    )
+    out = peer.run_peer_bench(cfg)
+    assert calls[:4] == [
+        ("trl@1", 1, "peer-trl-t1"),
+        ("trl@2", 2, "peer-trl-t2"),
+        ("grpo@1", 1, "peer-grpo-t1"),
+        ("grpo@2", 2, "peer-grpo-t2"),
+    ]
+    assert [c[0] for c in calls[4:]] == ["trl@2", "grpo@1", "grpo@2", "trl@1"]  # seed 1: rotated by one
+    assert out["side_torch_threads"] == {"trl@1": 1, "trl@2": 2, "grpo@1": 1, "grpo@2": 2}
+    assert out["best"]["trl"]["side"] == "trl@2" and out["best"]["grpo"]["side"] == "grpo@1"
+    assert out["best"]["grpo"]["vs_trl"] == pytest.approx(0.8)
+    assert out["modes"] == {"trl@1": "trl", "trl@2": "trl", "grpo@1": "inprocess", "grpo@2": "inprocess"}
+    assert [r["setting"] for r in out["settings"]["rows"]][-1] == "torch threads"
+    assert out["settings"]["rows"][-1]["value"] == "1/2"
+
+
 def test_tree_memory_counts_a_real_child_process() -> None:
     # a parent holding ~40 MB and a child holding ~80 MB, both touched (resident), until stdin closes
     code = (
