@@ -25,12 +25,20 @@ from tracerl.workflows.bench.env import gold_engine
 from tracerl.workflows.experiments.config import BenchPeerConfig
 from tracerl.workflows.experiments.peer_report import (
     aggregate,
+    best_sides,
     format_table,
     side_stats,
     wall_to_target,
     write_json,
 )
-from tracerl.workflows.experiments.peer_settings import run_order, settings, side_config, side_mode
+from tracerl.workflows.experiments.peer_settings import (
+    run_order,
+    settings,
+    side_config,
+    side_mode,
+    side_tag,
+    side_threads,
+)
 from tracerl.workflows.experiments.peer_sides import run_process
 from tracerl.workflows.experiments.peer_trl import PeerRollout, env_reward, group_runs, rollout_outputs
 from tracerl.workflows.experiments.proc_memory import TreeMemory, tree_pss_mb
@@ -70,6 +78,15 @@ def test_settings_map_the_issue_setup_onto_trl() -> None:
     rows = {r["setting"]: r for r in m["rows"]}
     assert rows["tasks"]["value"] == "math, 256 training prompts"
     assert rows["tool tokens"]["trl"].startswith("env_mask=0")
+    # TRL's GRPOConfig defaults gradient checkpointing on; tracerl's trainer runs without it, so TRL is told so
+    assert a["activation_checkpointing"] is False and "gradient_checkpointing" not in a
+    assert rows["activation checkpointing"]["trl"] == "activation_checkpointing=False"
+    # every row says why where TRL's side departs from what TRL's docs would do, and only there
+    departs = {"checkpoint", "dtype", "optimizer", "schedule", "activation checkpointing", "checkpoints"}
+    departs |= {"logging", "torch threads"}
+    assert {k for k, r in rows.items() if r["why"]} == departs
+    # one optimizer step per generation batch and one epoch: TRL computes no old log-probs (no extra forward)
+    assert "no extra forward" in rows["old log-probs"]["trl"]
     json.dumps(m)  # printed into the JSON as is
     seq = dataclasses.replace(
         cfg.train, loss=dataclasses.replace(cfg.train.loss, aggregation="seq_mean_token_mean")
@@ -134,6 +151,65 @@ def test_side_configs_and_alternating_order(tmp_path: Path) -> None:
         ["grpo", "trace", "trl"],
         ["trace", "trl", "grpo"],
     ]
+
+
+def test_sides_at_their_own_thread_counts(tmp_path: Path) -> None:
+    cfg = compose(
+        BenchPeerConfig,
+        PEER,
+        [f"bench_out={tmp_path}", "sides=[trl@1,trl@2,grpo@2,trace]", "torch_threads=1"],
+    )
+    assert [side_threads(cfg, s) for s in cfg.sides] == [1, 2, 2, 1]
+    assert [side_mode(s) for s in cfg.sides] == ["trl", "trl", "inprocess", "inprocess"]
+    assert [side_tag(s) for s in cfg.sides] == ["trl-t1", "trl-t2", "grpo-t2", "trace"]
+    g2, g = side_config(cfg, "grpo@2", 0, "a"), side_config(cfg, "grpo", 0, "a")
+    assert (g2.trainer.torch_threads, g.trainer.torch_threads) == (2, 1)
+    assert dataclasses.replace(g2, trainer=g.trainer) == g
+    assert settings(cfg.train, [1, 2])["rows"][-1]["value"] == "1/2"
+    for bad in ("trl@0", "trl@x", "ppo@2"):
+        with pytest.raises(ConfigError, match="optionally with @T"):
+            compose(BenchPeerConfig, PEER, [f"sides=[{bad}]"])
+    with pytest.raises(ConfigError, match="names a side twice"):
+        compose(BenchPeerConfig, PEER, ["sides=[trl@2,trl@2]"])
+
+
+def test_the_bench_runs_each_side_at_its_threads_and_picks_the_fastest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run_peer_bench with the sides' runners faked: each variant runs with its own threads and tag, in the rotated
+    order, and the summary's ``best`` takes each side's fastest variant."""
+    from tracerl.workflows.experiments import peer
+
+    secs = {("trl", 1): 4.0, ("trl", 2): 3.0, ("grpo", 1): 2.4, ("grpo", 2): 2.7}
+    calls: list[tuple[str, int, str]] = []
+
+    def fake(cfg: BenchPeerConfig, side: str, tag: str) -> dict[str, object]:
+        base, t = side.split("@")[0], side_threads(cfg, side)
+        calls.append((side, t, tag.rsplit("-", 3)[0]))  # less -s<seed>-<date>-<time>
+        return _run(0.0, [9.0, secs[base, t], secs[base, t]], {}, {}) | {"threads": {}, "cpus": [0], "rc": 0}
+
+    monkeypatch.setattr(peer, "run_trl_side", lambda cfg, seed, tag, progress, side: fake(cfg, side, tag))
+    monkeypatch.setattr(peer, "run_tracerl_side", lambda cfg, side, seed, tag, progress: fake(cfg, side, tag))
+    monkeypatch.setattr(peer, "peer_interpreter", lambda cfg: Path(sys.executable))
+    cfg = compose(
+        BenchPeerConfig,
+        PEER,
+        [f"bench_out={tmp_path}", "sides=[trl@1,trl@2,grpo@1,grpo@2]", "seeds=2", "steps=3"],
+    )
+    out = peer.run_peer_bench(cfg)
+    assert calls[:4] == [
+        ("trl@1", 1, "peer-trl-t1"),
+        ("trl@2", 2, "peer-trl-t2"),
+        ("grpo@1", 1, "peer-grpo-t1"),
+        ("grpo@2", 2, "peer-grpo-t2"),
+    ]
+    assert [c[0] for c in calls[4:]] == ["trl@2", "grpo@1", "grpo@2", "trl@1"]  # seed 1: rotated by one
+    assert out["side_torch_threads"] == {"trl@1": 1, "trl@2": 2, "grpo@1": 1, "grpo@2": 2}
+    assert out["best"]["trl"]["side"] == "trl@2" and out["best"]["grpo"]["side"] == "grpo@1"
+    assert out["best"]["grpo"]["vs_trl"] == pytest.approx(0.8)
+    assert out["modes"] == {"trl@1": "trl", "trl@2": "trl", "grpo@1": "inprocess", "grpo@2": "inprocess"}
+    assert [r["setting"] for r in out["settings"]["rows"]][-1] == "torch threads"
+    assert out["settings"]["rows"][-1]["value"] == "1/2"
 
 
 def test_tree_memory_counts_a_real_child_process() -> None:
@@ -242,6 +318,17 @@ def test_aggregate_table_and_json(tmp_path: Path) -> None:
     lines = table.splitlines()
     assert "s to 0.500" in lines[1] and lines[2].split()[0] == "trl" and "never" in lines[3]
     assert "4.00" in lines[2] and "8.00" in lines[3]
+    assert "fastest" not in table  # one thread count a side: nothing to pick
+    # each side at the thread count best for it: trl@2's 4 s against grpo@1's 3 s
+    c = [side_stats(_run(0.0, [9.0, 3.0, 3.0], {}, {}), 1)]
+    two = aggregate({"trl@1": b, "trl@2": a, "grpo@1": c, "grpo@2": b}, None)
+    best = best_sides(two)
+    assert {k: (v["side"], v["vs_trl"]) for k, v in best.items()} == {
+        "trl": ("trl@2", 1.0),
+        "grpo": ("grpo@1", 0.75),
+    }
+    table = format_table({**summary, "sides": two, "best": best, "target": None})
+    assert table.splitlines()[-1] == "fastest: trl@2 4.00, grpo@1 3.00 (0.75 x TRL's)"
     write_json({**summary, "x": math.inf}, tmp_path / "r.json", str(tmp_path / "extra/r.json"))
     back = json.loads((tmp_path / "extra/r.json").read_text())
     assert back["sides"]["trl"]["seeds"] == 2 and (tmp_path / "r.json").is_file()
@@ -295,9 +382,25 @@ def test_a_prompt_in_two_groups_gets_distinct_ids() -> None:
     assert ps[2].text == p.text and ps[2].answer == "2"
 
 
-@pytest.mark.skipif(
+NEEDS_TRL = pytest.mark.skipif(
     importlib.util.find_spec("trl") is None, reason="needs TRL (`make bench-peer` builds .venv-peer)"
 )
+
+
+@NEEDS_TRL
+def test_trl_config_of_the_settings(tmp_path: Path) -> None:
+    """What TRL makes of the mapped arguments: no activation checkpointing, no bf16, and one generation per
+    optimizer step with one epoch (so TRL computes no old log-probs: no extra forward)."""
+    from trl import GRPOConfig
+
+    cfg = compose(BenchPeerConfig, PEER)
+    args = GRPOConfig(**settings(cfg.train)["trl_args"], output_dir=str(tmp_path), report_to="none")
+    assert (args.activation_checkpointing, args.gradient_checkpointing, args.bf16) == (False, False, False)
+    assert args.steps_per_generation == args.gradient_accumulation_steps == 3 and args.num_iterations == 1
+    assert args.generation_batch_size == 48
+
+
+@NEEDS_TRL
 def test_trl_side_runs_one_step(tmp_path: Path) -> None:
     """TRL's GRPOTrainer for one step on the tiny policy, through the bench's own subprocess runner."""
     from tracerl.workflows.experiments.peer_sides import run_trl_side

@@ -81,7 +81,8 @@ BENCH_PEER_FLAGS = (
     Shorthand(
         "--sides",
         ("sides",),
-        "sides to run, comma-separated: trl, grpo, trace (in-process), grpo-ray, trace-ray (on Ray)",
+        "sides to run, comma-separated: trl, grpo, trace (in-process), grpo-ray, trace-ray (on Ray); side@T runs "
+        "a side with T torch threads (trl@1,trl@2)",
         lambda s: f"[{s}]",
     ),
     Shorthand("--model", ("model.path",), "the policy checkpoint every side starts from", str),

@@ -134,6 +134,16 @@ class BenchTestbedsConfig:
 
 
 SIDES = ("trl", "grpo", "trace", "grpo-ray", "trace-ray")
+THREADS_MARK = "@"
+"""A side named ``<side>@T`` runs with T torch threads (``trl@2``); a bare name, with ``torch_threads``."""
+
+
+def split_side(side: str) -> tuple[str, int | None]:
+    """``trl@2`` -> ("trl", 2); ``grpo`` -> ("grpo", None). A suffix that is not a positive integer gives 0."""
+    base, mark, t = side.partition(THREADS_MARK)
+    if not mark:
+        return base, None
+    return base, int(t) if t.isdigit() and int(t) > 0 else 0
 
 
 @check_flat_keys
@@ -145,16 +155,18 @@ class BenchPeerConfig:
     """The training setup every side runs (its keys at the top level); ``eval_every`` > 0 adds accuracy curves."""
     sides: list[str] = field(default_factory=lambda: list(SIDES[:3]))
     """Which of trl, grpo, trace, grpo-ray, trace-ray to run (``--sides trl,grpo``): grpo and trace run
-    ``tracerl train`` in-process, their ``-ray`` twins on an embedded Ray (``side_mode``)."""
+    ``tracerl train`` in-process, their ``-ray`` twins on an embedded Ray (``side_mode``). ``side@T`` runs a side
+    with T torch threads instead of ``torch_threads`` (``--sides trl@1,trl@2,grpo@1,grpo@2``: each side at both
+    counts, interleaved; the summary's ``best`` picks each side's fastest)."""
     seeds: int = 3
     """Seeds per side (seed, seed + 1, ...); the sides' order rotates by one each seed."""
     threads: int = 2
     """CPUs every side may use (the first N of this process's affinity)."""
     torch_threads: int = 1
-    """torch threads of each side's computing processes: TRL's one process and tracerl's trainer worker
-    (OMP_NUM_THREADS and ``trainer.torch_threads``); tracerl's sampler actors run one each (``pools.sampler_threads``). More threads than free
-    cores spin against each other: on the busy 2-core machine TRL's rollouts took 1.4-10 s a call with 2 threads
-    and 0.3-0.5 s with 1 (docs/results/peer.md)."""
+    """torch threads of each side's computing processes, unless the side names its own (``trl@2``): TRL's one
+    process and tracerl's trainer worker (OMP_NUM_THREADS and ``trainer.torch_threads``); tracerl's sampler actors
+    run one each (``pools.sampler_threads``). More threads than free cores spin against each other: on the busy
+    2-core machine TRL's rollouts took 1.4-10 s a call with 2 threads and 0.3-0.5 s with 1 (docs/results/peer.md)."""
     warmup_steps: int = 1
     """Steps left out of the per-step means (the first step pays for lazy set-up)."""
     target: float | None = None
@@ -170,10 +182,13 @@ class BenchPeerConfig:
     """Where results.json, the sides' configs, logs and runs go."""
 
     def __post_init__(self) -> None:
-        unknown = [s for s in self.sides if s not in SIDES]
+        unknown = [s for s in self.sides if split_side(s)[0] not in SIDES or split_side(s)[1] == 0]
         check(
-            not unknown and bool(self.sides), f"sides must name some of {', '.join(SIDES)} (got {self.sides})"
+            not unknown and bool(self.sides),
+            f"sides must name some of {', '.join(SIDES)}, each optionally with {THREADS_MARK}T for T torch threads "
+            f"(got {self.sides})",
         )
+        check(len(set(self.sides)) == len(self.sides), f"sides names a side twice (got {self.sides})")
         check(self.seeds >= 1, f"seeds must be >= 1 (got {self.seeds})")
         check(self.threads >= 1, f"threads must be >= 1 (got {self.threads})")
         check(self.torch_threads >= 1, f"torch_threads must be >= 1 (got {self.torch_threads})")

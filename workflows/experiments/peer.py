@@ -8,10 +8,12 @@ run's ``mode`` say which). Every side is a subprocess started from here, so
 each one's whole process tree (Ray's raylet, workers and environment actors included) is measured the same way:
 its summed PSS sampled every ``sample_s`` seconds (the peak is reported), and its per-step times. Seeds run in
 turn, the sides' order rotating by one each seed; every side runs with the same CPUs (the first ``threads`` of
-this process's affinity), ``OMP_NUM_THREADS=torch_threads`` and Ray's workers at nice 0; TRL's single process sets
-``torch.set_num_threads(torch_threads)``, tracerl's trainer worker ``trainer.torch_threads=torch_threads`` and its
-sampler actors ``pools.sampler_threads=1`` each (the run's params ``threads/trainer``, ``threads/sampler``; an
-in-process side's one process runs ``torch_threads`` for both), as recorded in the JSON.
+this process's affinity), ``OMP_NUM_THREADS`` = its torch threads T and Ray's workers at nice 0; TRL's single
+process sets ``torch.set_num_threads(T)``, tracerl's trainer worker ``trainer.torch_threads=T`` and its sampler
+actors ``pools.sampler_threads=1`` each (the run's params ``threads/trainer``, ``threads/sampler``; an in-process
+side's one process runs T for both), as recorded in the JSON. T is ``torch_threads``, or the side's own where it is
+named ``side@T``: ``--sides trl@1,trl@2,grpo@1,grpo@2`` runs each side at both counts, interleaved, and the JSON's
+``best`` gives each side's fastest and its ratio to TRL's fastest (each side at the thread count best for it).
 
 ``settings`` (workflows/experiments/peer_settings.py) is the one place where the training setup is turned into TRL's
 arguments; its rows are printed into the JSON, so a reader can check both sides do the same work. Running a side
@@ -36,16 +38,17 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.config import TrainConfig
-from tracerl.workflows.experiments.config import BenchPeerConfig
+from tracerl.workflows.experiments.config import BenchPeerConfig, split_side
 from tracerl.workflows.experiments.peer_report import (
     KEYS,
     SideRun,
     SideStats,
     aggregate,
+    best_sides,
     side_stats,
     write_json,
 )
-from tracerl.workflows.experiments.peer_settings import run_order, settings, side_mode
+from tracerl.workflows.experiments.peer_settings import run_order, settings, side_mode, side_tag, side_threads
 from tracerl.workflows.experiments.peer_sides import peer_interpreter, run_tracerl_side, run_trl_side
 
 __all__ = ["BenchPeerConfig", "checkpoint_accuracy", "run_peer_bench"]
@@ -66,8 +69,10 @@ def checkpoint_accuracy(tc: TrainConfig) -> float:
 
 def run_peer_bench(cfg: BenchPeerConfig, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """Every side for every seed (the order rotating), then the summary written to ``bench_out/results.json``."""
-    mapping = settings(cfg.train)  # a setting TRL cannot match fails before anything runs
-    if "trl" in cfg.sides:
+    trl_sides = [s for s in cfg.sides if split_side(s)[0] == "trl"]
+    # a setting TRL cannot match fails before anything runs
+    mapping = settings(cfg.train, sorted({side_threads(cfg, s) for s in trl_sides}))
+    if trl_sides:
         peer_interpreter(cfg)
     curves = cfg.train.eval_every > 0
     acc0 = None
@@ -83,8 +88,10 @@ def run_peer_bench(cfg: BenchPeerConfig, progress: Callable[[str], None] = lambd
         first = stats[cfg.sides[0]]
         final = statistics.fmean(r["curve"][-1][1] for r in first if r["curve"])
         target = target_accuracy(acc0, final)
+    sides = aggregate(stats, target if curves else None)
     summary = {
-        "sides": aggregate(stats, target if curves else None),
+        "sides": sides,
+        "best": best_sides(sides),
         "runs": {s: [_run_record(r, st) for r, st in zip(raw[s], stats[s])] for s in cfg.sides},
         "order": order,
         "modes": {s: side_mode(s) for s in cfg.sides},
@@ -94,6 +101,7 @@ def run_peer_bench(cfg: BenchPeerConfig, progress: Callable[[str], None] = lambd
         "warmup_steps": cfg.warmup_steps,
         "threads": cfg.threads,
         "torch_threads": cfg.torch_threads,
+        "side_torch_threads": {s: side_threads(cfg, s) for s in cfg.sides},
         "eval_every": cfg.train.eval_every,
         "acc_start": acc0,
         "target": target if curves else None,
@@ -114,11 +122,13 @@ def _run_sides(
     for k in range(cfg.seeds):
         seed = cfg.train.seed + k
         for side in run_order(cfg.sides, k):
-            tag = f"peer-{side}-s{seed}-{stamp}"
-            progress(f"== {side}, seed {seed}: {cfg.train.steps} steps")
+            tag = f"peer-{side_tag(side)}-s{seed}-{stamp}"
+            progress(
+                f"== {side}, seed {seed}: {cfg.train.steps} steps, {side_threads(cfg, side)} torch threads"
+            )
             run = (
-                run_trl_side(cfg, seed, tag, progress)
-                if side == "trl"
+                run_trl_side(cfg, seed, tag, progress, side)
+                if side_mode(side) == "trl"
                 else run_tracerl_side(cfg, side, seed, tag, progress)
             )
             run["seed"] = seed

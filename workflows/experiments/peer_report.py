@@ -172,6 +172,23 @@ def aggregate(per_seed: dict[str, list[SideStats]], target: float | None) -> dic
     return out
 
 
+def best_sides(sides: dict[str, Any]) -> dict[str, Any]:
+    """Per side (its name less any ``@T``): the variant with the fewest mean seconds a step (``trl@1`` against
+    ``trl@2``), those seconds, and their ratio to TRL's best (when TRL ran): each side at its fastest thread count."""
+    from tracerl.workflows.experiments.config import split_side
+
+    best: dict[str, Any] = {}
+    for name, s in sides.items():
+        base = split_side(name)[0]
+        mean = s["s_per_step"]["mean"]
+        if base not in best or mean < best[base]["s_per_step"]:
+            best[base] = {"side": name, "s_per_step": mean}
+    if "trl" in best:
+        for b in best.values():
+            b["vs_trl"] = b["s_per_step"] / best["trl"]["s_per_step"]
+    return best
+
+
 # -- the bench ---------------------------------------------------------------------------------------------------
 
 
@@ -186,7 +203,7 @@ def write_json(summary: dict[str, Any], out: Path, extra: str | None = None) -> 
 def format_table(summary: dict[str, Any]) -> str:
     """Per side: s/step (rollout, update, rest), generated tokens/s, start-up, peak PSS, and time to target."""
     head = (
-        f"{'side':<9} {'s/step':>13} {'rollout':>8} {'update':>7} {'rest':>6} {'gen tok/s':>10} "
+        f"{'side':<11} {'s/step':>13} {'rollout':>8} {'update':>7} {'rest':>6} {'gen tok/s':>10} "
         f"{'start-up s':>10} {'peak PSS MB':>12}"
     )
     target = summary.get("target")
@@ -194,12 +211,12 @@ def format_table(summary: dict[str, Any]) -> str:
         head += f" {'s to ' + format(target, '.3f'):>12}"
     lines = [
         f"steps={summary['steps']} (first {summary['warmup_steps']} not measured), seeds={summary['seeds']}, "
-        f"CPUs={summary['threads']}, torch threads={summary.get('torch_threads', 1)}",
+        f"CPUs={summary['threads']}, torch threads={summary.get('torch_threads', 1)} (a side@T: T)",
         head,
     ]
     for side, s in summary["sides"].items():
         row = (
-            f"{side:<9} {s['s_per_step']['mean']:>7.2f} ±{s['s_per_step']['std']:<4.2f} {s['rollout_s']['mean']:>8.2f} "
+            f"{side:<11} {s['s_per_step']['mean']:>7.2f} ±{s['s_per_step']['std']:<4.2f} {s['rollout_s']['mean']:>8.2f} "
             f"{s['update_s']['mean']:>7.2f} {s['rest_s']['mean']:>6.2f} {s['gen_tokens_per_s']['mean']:>10.1f} "
             f"{s['startup_s']['mean']:>10.1f} {s['peak_pss_mb']['mean']:>12.0f}"
         )
@@ -208,4 +225,14 @@ def format_table(summary: dict[str, Any]) -> str:
             reached = "never" if t["mean_reached"] is None else f"{t['mean_reached']:.0f}"
             row += f" {reached:>8} ({t['reached']}/{s['seeds']})"
         lines.append(row)
+    best = summary.get("best") or {}
+    if best and len(summary["sides"]) > len(best):  # some side ran at more than one thread count
+        lines.append(
+            "fastest: "
+            + ", ".join(
+                f"{b['side']} {b['s_per_step']:.2f}"
+                + (f" ({b['vs_trl']:.2f} x TRL's)" if "vs_trl" in b and base != "trl" else "")
+                for base, b in best.items()
+            )
+        )
     return "\n".join(lines)

@@ -11,7 +11,7 @@ from typing import Any
 
 from tracerl.actors.config import IN_PROCESS
 from tracerl.config import TrainConfig
-from tracerl.workflows.experiments.config import BenchPeerConfig
+from tracerl.workflows.experiments.config import BenchPeerConfig, split_side
 
 RAY_SUFFIX = "-ray"
 """A tracerl side named ``<allocator>-ray`` runs ``tracerl train`` on Ray (an embedded Ray: Ray Train's worker, the
@@ -21,14 +21,27 @@ Both train the same trees (the in-process side runs the configured ``pools.rollo
 
 def side_mode(side: str) -> str:
     """How a side runs: ``trl`` (TRL's trainer), ``ray`` or ``inprocess`` (``tracerl train``'s two modes)."""
+    side = split_side(side)[0]
     if side == "trl":
         return "trl"
     return "ray" if side.endswith(RAY_SUFFIX) else "inprocess"
 
 
-def settings(tc: TrainConfig) -> dict[str, Any]:
-    """The training setup as both sides run it: ``rows`` (setting, tracerl's key and value, what TRL is given) and
-    ``trl_args`` (``GRPOConfig``'s keyword arguments). One place, printed into the JSON.
+def side_threads(cfg: BenchPeerConfig, side: str) -> int:
+    """The torch threads ``side`` runs with: its own (``trl@2``) or the bench's ``torch_threads``."""
+    return split_side(side)[1] or cfg.torch_threads
+
+
+def side_tag(side: str) -> str:
+    """``side`` as it may appear in a directory or run name (``trl@2`` -> ``trl-t2``)."""
+    base, t = split_side(side)
+    return base if t is None else f"{base}-t{t}"
+
+
+def settings(tc: TrainConfig, trl_threads: Sequence[int] = ()) -> dict[str, Any]:
+    """The training setup as both sides run it: ``rows`` (setting, tracerl's key and value, what TRL is given, and
+    why, where TRL's side does what TRL's own documentation would not) and ``trl_args`` (``GRPOConfig``'s keyword
+    arguments); ``trl_threads``: the torch thread counts TRL's side runs at. One place, printed into the JSON.
 
     Raises:
         ValueError: a setting TRL's side cannot match (naming the key and what to set).
@@ -36,7 +49,10 @@ def settings(tc: TrainConfig) -> dict[str, Any]:
     check_matchable(tc)
     args = trl_args(tc)
     return {
-        "rows": [{"setting": a, "tracerl": k, "value": v, "trl": t} for a, k, v, t in setting_rows(tc, args)],
+        "rows": [
+            {"setting": a, "tracerl": k, "value": v, "trl": t, "why": w}
+            for a, k, v, t, w in setting_rows(tc, args, trl_threads)
+        ],
         "trl_args": args,
     }
 
@@ -103,90 +119,160 @@ def trl_args(tc: TrainConfig) -> dict[str, Any]:
         "logging_steps": 1,
         "remove_unused_columns": False,
         "dataloader_num_workers": 0,
+        # Always set: TRL's GRPOConfig defaults gradient_checkpointing to True (transformers' deprecated alias of
+        # activation_checkpointing), so leaving it out recomputes every micro-batch's forward in its backward.
+        "activation_checkpointing": tc.trainer.gradient_checkpointing,
     }
-    if tc.trainer.gradient_checkpointing:  # TRL warns that the flag is deprecated, set or not: only when on
-        args["gradient_checkpointing"] = True
     return args
 
 
-def setting_rows(tc: TrainConfig, args: dict[str, Any]) -> list[tuple[str, str, Any, str]]:
-    """(setting, tracerl's key, its value, what TRL is given) for every setting both sides share."""
-    b, o, lo, s = tc.budget, tc.optim, tc.loss, tc.sampler
+def setting_rows(
+    tc: TrainConfig, args: dict[str, Any], trl_threads: Sequence[int] = ()
+) -> list[tuple[str, str, Any, str, str]]:
+    """(setting, tracerl's key, its value, what TRL is given, why) for every setting both sides share. ``why`` is
+    empty where TRL is simply given the same setting, and says why where TRL's side does what TRL's own
+    documentation would not (a default overridden, an argument its docs would not pass)."""
+    b, o, lo, s, tr = tc.budget, tc.optim, tc.loss, tc.sampler, tc.trainer
     leaves, group, micro = b.num_leaves, b.group_size, lo.micro_batch_size
     assert leaves is not None
     loss_type = args["loss_type"]
+    threads = "/".join(str(t) for t in trl_threads) or "the side's torch_threads"
     return [
         (
             "checkpoint",
             "model.path",
             tc.model.path,
             "model (the same directory, loaded by tracerl's load_policy)",
+            "an instance, not a path: the rollout function samples from the object TRL trains; the same float32 "
+            "weights TRL would load",
         ),
-        ("dtype", "model.dtype", tc.model.dtype, f"bf16={args['bf16']}"),
+        (
+            "dtype",
+            "model.dtype",
+            tc.model.dtype,
+            f"bf16={args['bf16']}",
+            "TRL defaults bf16=True: tracerl trains the checkpoint's dtype; on this CPU (AVX2, no bf16 units) "
+            "bf16 autocast made TRL's backward ~10x slower",
+        ),
         (
             "template and stop strings",
             "model.template",
             tc.model.template,
             "the project's template in rollout_func",
+            "",
         ),
         (
             "tasks",
             "env",
             f"{tc.env.name}, {len(_train_prompts(tc))} training prompts",
             "train_dataset: the same prompts",
+            "",
         ),
-        ("tool and reward", "env.name", tc.env.name, "the project's environment in rollout_func; its reward"),
+        (
+            "tool and reward",
+            "env.name",
+            tc.env.name,
+            "the project's environment in rollout_func; its reward",
+            "",
+        ),
         (
             "episode limits",
             "sampler.max_turns/max_turn_tokens/max_episode_tokens/max_context_tokens",
             f"{s.max_turns}/{s.max_turn_tokens}/{s.max_episode_tokens}/{s.max_context_tokens}",
             "the project's engine in rollout_func, the same SamplerConfig",
+            "",
         ),
-        ("temperature", "sampler.temperature", s.temperature, f"temperature={args['temperature']}"),
-        ("rollouts per step", "budget.num_leaves", leaves, f"generation_batch_size={leaves}"),
-        ("group size", "budget.group_size (grpo)", group, f"num_generations={group}"),
+        ("temperature", "sampler.temperature", s.temperature, f"temperature={args['temperature']}", ""),
+        ("rollouts per step", "budget.num_leaves", leaves, f"generation_batch_size={leaves}", ""),
+        ("group size", "budget.group_size (grpo)", group, f"num_generations={group}", ""),
         (
             "micro-batch",
             "loss.micro_batch_size",
             micro,
             f"per_device_train_batch_size={micro}, gradient_accumulation_steps={leaves // micro}",
+            "",
+        ),
+        (
+            "old log-probs",
+            "loss.epochs",
+            lo.epochs,
+            f"num_iterations={lo.epochs}, steps_per_generation={leaves // micro} (= gradient_accumulation_steps): "
+            "TRL runs no extra forward for them"
+            if lo.epochs == 1
+            else f"num_iterations={lo.epochs}: TRL computes them with an extra forward, as tracerl does",
+            "",
         ),
         (
             "optimizer",
             "optim.lr/betas/weight_decay",
             f"AdamW {o.lr}, {list(o.betas)}, {o.weight_decay}",
             "optimizers=(torch AdamW, the same arguments)",
+            "passed with the schedule below (TRL's docs set optim=; its default here, adamw_torch_fused, is the same update; either step takes ~10 ms)",
         ),
         (
             "schedule",
             "optim.warmup_steps/schedule/min_lr_ratio",
             f"{o.warmup_steps}/{o.schedule}/{o.min_lr_ratio}",
             "optimizers=(..., LambdaLR(tracerl.learner.lr_lambda))",
+            "TRL's scheduler types start warm-up at lr 0, tracerl's at lr / (warmup + 1)",
         ),
-        ("grad clip", "optim.grad_clip", o.grad_clip, f"max_grad_norm={o.grad_clip}"),
-        ("KL", "loss.kl_coef", lo.kl_coef, f"beta={lo.kl_coef}"),
+        ("grad clip", "optim.grad_clip", o.grad_clip, f"max_grad_norm={o.grad_clip}", ""),
+        (
+            "activation checkpointing",
+            "trainer.gradient_checkpointing",
+            tr.gradient_checkpointing,
+            f"activation_checkpointing={args['activation_checkpointing']}",
+            "TRL defaults gradient_checkpointing=True (the deprecated alias): left unset, TRL's backward recomputes "
+            "every micro-batch's forward, which tracerl's trainer does not",
+        ),
+        ("KL", "loss.kl_coef", lo.kl_coef, f"beta={lo.kl_coef}", ""),
         (
             "clip",
             "loss.eps_low/eps_high",
             f"{lo.eps_low}/{lo.eps_high}",
             f"epsilon={lo.eps_low}, epsilon_high={lo.eps_high}",
+            "",
         ),
-        ("loss aggregation", "loss.aggregation", lo.aggregation, f"loss_type={loss_type}"),
+        ("loss aggregation", "loss.aggregation", lo.aggregation, f"loss_type={loss_type}", ""),
         (
             "advantage",
             "loss.normalize_std",
             lo.normalize_std,
             f"group mean-centred, scale_rewards={args['scale_rewards']} (grpo side: loss.advantage=grpo)",
+            "",
         ),
-        ("epochs", "loss.epochs", lo.epochs, f"num_iterations={lo.epochs}"),
+        ("epochs", "loss.epochs", lo.epochs, f"num_iterations={lo.epochs}", ""),
         (
             "tool tokens",
             "collate: loss mask on model tokens only",
             "masked",
             "env_mask=0 on observation tokens",
+            "",
         ),
-        ("steps", "steps", tc.steps, f"max_steps={tc.steps}"),
-        ("checkpoints", "checkpoint_every", tc.checkpoint_every, f"save_steps={tc.checkpoint_every}"),
+        ("steps", "steps", tc.steps, f"max_steps={tc.steps}", ""),
+        (
+            "checkpoints",
+            "checkpoint_every",
+            tc.checkpoint_every,
+            f"save_steps={tc.checkpoint_every}, save_total_limit={tc.keep_checkpoints}",
+            "TRL's default is every 500 steps: tracerl's sides save every checkpoint_every, so TRL does the same "
+            "(model, optimizer and scheduler; one save in a 10-step run's measured steps)",
+        ),
+        (
+            "logging",
+            "metrics every step",
+            1,
+            "logging_steps=1",
+            "TRL's default is 10: every step's metrics, as tracerl logs them (milliseconds a step)",
+        ),
+        (
+            "torch threads",
+            "trainer.torch_threads (per side: torch_threads or side@T)",
+            threads,
+            "torch.set_num_threads(T), OMP_NUM_THREADS=T",
+            "TRL's docs leave torch's default (a thread per core: 2 here); the bench runs each side at the counts "
+            "it is given (trl@1, trl@2) and its headline compares each side's fastest",
+        ),
     ]
 
 
@@ -198,11 +284,12 @@ def _train_prompts(tc: TrainConfig) -> list[Any]:
 
 def side_config(cfg: BenchPeerConfig, side: str, seed: int, run_name: str) -> TrainConfig:
     """The training config ``side`` runs with ``seed``: grpo with grpo advantages, trace as configured, in-process or
-    (``-ray``) on Ray; no held-out evaluation at the start (the bench evaluates the checkpoint once), outputs under
-    ``bench_out``."""
+    (``-ray``) on Ray, with the side's torch threads (``side_threads``); no held-out evaluation at the start (the
+    bench evaluates the checkpoint once), outputs under ``bench_out``."""
     tc = cfg.train
     mode = side_mode(side)
-    side = side.removesuffix(RAY_SUFFIX)
+    threads = side_threads(cfg, side)
+    side = split_side(side)[0].removesuffix(RAY_SUFFIX)
     if mode == "inprocess":
         tc = dataclasses.replace(tc, cluster=dataclasses.replace(tc.cluster, address=IN_PROCESS))
     elif tc.cluster.in_process:  # a -ray side of a bench configured in-process
@@ -223,7 +310,7 @@ def side_config(cfg: BenchPeerConfig, side: str, seed: int, run_name: str) -> Tr
         run_name=run_name,
         out_dir=str(out / "runs"),
         log_trees_every=0,
-        trainer=dataclasses.replace(tc.trainer, torch_threads=cfg.torch_threads),
+        trainer=dataclasses.replace(tc.trainer, torch_threads=threads),
         pools=dataclasses.replace(tc.pools, sampler_threads=1),
     )
 

@@ -3,6 +3,7 @@ sampled, and reading its per-step records back: TRL's from the JSON its script w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ from tracerl.actors.spec import WorkerSpec
 from tracerl.shipped import PACKAGE
 from tracerl.workflows.experiments.config import BenchPeerConfig
 from tracerl.workflows.experiments.peer_report import EvalPoint, ProcessRun, SideRun, StepRecord
-from tracerl.workflows.experiments.peer_settings import settings, side_config, side_mode
+from tracerl.workflows.experiments.peer_settings import settings, side_config, side_mode, side_threads
 from tracerl.workflows.experiments.proc_memory import TreeMemory
 
 ROLLOUT_PHASES = ("select", "score", "allocate_roots", "rollout", "expand_prefixes")
@@ -85,8 +86,9 @@ def peer_interpreter(cfg: BenchPeerConfig) -> Path:
     Raises:
         FileNotFoundError: there is none (saying how to build it).
     """
-    py = Path(cfg.peer_python)
-    py = py.resolve()
+    # absolute, not resolved: a venv's bin/python is a symlink to the base interpreter, which outside the venv's
+    # bin/ no longer finds the venv's site-packages
+    py = Path(cfg.peer_python).absolute()
     if not py.is_file():
         raise FileNotFoundError(
             f"peer_python={cfg.peer_python!r}: no interpreter there; build the TRL venv with `make bench-peer` "
@@ -95,19 +97,24 @@ def peer_interpreter(cfg: BenchPeerConfig) -> Path:
     return py
 
 
-def run_trl_side(cfg: BenchPeerConfig, seed: int, tag: str, progress: Callable[[str], None]) -> SideRun:
-    """TRL's side for ``seed``: the spec and config written under ``bench_out/tag``, tracerl.workflows.experiments.peer_trl run."""
+def run_trl_side(
+    cfg: BenchPeerConfig, seed: int, tag: str, progress: Callable[[str], None], side: str = "trl"
+) -> SideRun:
+    """TRL's side for ``seed`` (``side``: ``trl`` or ``trl@T``, its torch threads): the spec and config written under
+    ``bench_out/tag``, tracerl.workflows.experiments.peer_trl run."""
     from tracerl.config_loader import to_yaml
 
     py = peer_interpreter(cfg)
     work = Path(cfg.bench_out).resolve() / tag
     work.mkdir(parents=True, exist_ok=True)
+    threads = side_threads(cfg, side)
     tc = side_config(cfg, "grpo", seed, tag)
+    tc = dataclasses.replace(tc, trainer=dataclasses.replace(tc.trainer, torch_threads=threads))
     (work / "config.yaml").write_text(to_yaml(tc))
     spec = {
         "config": str(work / "config.yaml"),
         "trl_args": settings(tc)["trl_args"],
-        "threads": cfg.torch_threads,
+        "threads": threads,
         "eval_every": tc.eval_every,
         "output_dir": str(work / "trl_out"),
         "out": str(work / "steps.json"),
@@ -119,7 +126,7 @@ def run_trl_side(cfg: BenchPeerConfig, seed: int, tag: str, progress: Callable[[
         work / "log.txt",
         cfg.threads,
         cfg.sample_s,
-        cfg.torch_threads,
+        threads,
     )
     rec = json.loads((work / "steps.json").read_text())
     steps = [
@@ -139,7 +146,7 @@ def run_trl_side(cfg: BenchPeerConfig, seed: int, tag: str, progress: Callable[[
         **proc,
         steps=steps,
         evals=evals,
-        threads={"trl_process_torch_threads": cfg.torch_threads},
+        threads={"trl_process_torch_threads": threads},
         mode="trl",
     )
 
@@ -156,12 +163,13 @@ def run_tracerl_side(
     tc = side_config(cfg, side, seed, tag)
     (work / "config.yaml").write_text(to_yaml(tc))
     progress(f"   {side}: tracerl train --config {work / 'config.yaml'}")
+    threads = side_threads(cfg, side)
     proc = run_process(
         [sys.executable, "-m", "tracerl.workflows.cli", "train", "--config", str(work / "config.yaml")],
         work / "log.txt",
         cfg.threads,
         cfg.sample_s,
-        cfg.torch_threads,
+        threads,
     )
     found = sorted(Path(tc.out_dir).glob(f"{tag}-*/summary.json"))
     if not found:
@@ -171,13 +179,13 @@ def run_tracerl_side(
     summary = json.loads(found[-1].read_text())
     steps, evals = tracerl_steps(summary["run_id"], summary["tracking_uri"])
     if tc.cluster.in_process:  # one process: the trainer's threads run the sampler's shards too
-        threads = {
-            "process_torch_threads": tc.trainer.torch_threads or cfg.torch_threads,
+        counts = {
+            "process_torch_threads": tc.trainer.torch_threads or threads,
             "sampler_shards": tc.pools.rollout_workers,
         }
     else:
-        threads = {
-            "trainer_torch_threads": tc.trainer.torch_threads or cfg.torch_threads,
+        counts = {
+            "trainer_torch_threads": tc.trainer.torch_threads or threads,
             "sampler_actor_torch_threads": WorkerSpec(tc.model, tc.sampler, tc.env, tc.pools).threads,
             "sampler_actors": tc.pools.rollout_workers,
         }
@@ -186,7 +194,7 @@ def run_tracerl_side(
         steps=steps,
         evals=evals,
         run_id=summary["run_id"],
-        threads=threads,
+        threads=counts,
         mode=side_mode(side),
     )
 
