@@ -187,3 +187,46 @@ def test_following_a_silent_log_stream_of_a_dead_head_is_a_connection_error() ->
     client = _FakeJobClient(["a\n"], ["DEAD"])
     with pytest.raises(ConnectionError, match="did not answer"):
         asyncio.run(follow_logs(client, "job", lambda s: None, quiet_s=0.05))
+
+
+def test_an_upload_to_a_head_that_reads_it_slowly_is_not_cut_at_the_connect_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """urllib3 sends a request's body under the connect limit: a busy head that takes longer than that to read a
+    working directory's upload once made `tracerl submit` fail with "('Connection aborted.', TimeoutError)". A body
+    now has the answer limit for its send too; the connect limit is shortened here, the head reads after 1.5 s."""
+    import json
+    import time
+
+    got: list[int] = []
+
+    class SlowHead(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"ray_version": "2.60.0", "version": "4", "ray_commit": "x"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_PUT(self) -> None:
+            time.sleep(1.5)  # busy: the client's send blocks once the socket buffers are full
+            got.append(len(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SlowHead)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(submit, "CONNECT_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(submit, "DEFAULT_ANSWER_S", 60.0)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "x" * 32)
+    size = 64 << 20  # more than loopback's socket buffers hold
+    try:
+        client = submit._client(f"http://127.0.0.1:{server.server_port}")
+        answer = client._do_request("PUT", "/api/packages/gcs/_ray_pkg_test.zip", data=b"\0" * size)
+    finally:
+        server.shutdown()
+    assert answer.status_code == 200 and got == [size]

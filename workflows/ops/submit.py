@@ -83,12 +83,16 @@ def _client(address: str) -> Any:
 
         def _do_request(self, method: str, endpoint: str, **kwargs: Any) -> Any:
             answer_s = ANSWER_TIMEOUT_S.get(endpoint, DEFAULT_ANSWER_S)
-            kwargs.setdefault("timeout", (CONNECT_TIMEOUT_S, answer_s))
+            # urllib3 sends a request's body under the connect limit (the read limit starts once it is sent): an
+            # upload of the working directory (tens of MB) to a busy head may wait longer than that for the head
+            # to read it, so a request with a body has the answer limit for both.
+            connect_s = answer_s if kwargs.get("data") is not None else CONNECT_TIMEOUT_S
+            kwargs.setdefault("timeout", (connect_s, answer_s))
             try:
                 return super()._do_request(method, endpoint, **kwargs)
             except requests.exceptions.ConnectTimeout:
                 raise ConnectionError(
-                    f"the Ray job API at {address} did not take a connection within {CONNECT_TIMEOUT_S:.0f} s: "
+                    f"the Ray job API at {address} did not take a connection within {connect_s:.0f} s: "
                     "check --address (the head's dashboard, e.g. http://HEAD:8265) and that the head is up"
                 ) from None
             except requests.exceptions.Timeout:
@@ -96,6 +100,11 @@ def _client(address: str) -> Any:
                     f"the Ray job API at {address} accepted a connection but did not answer {method} {endpoint} "
                     f"within {answer_s:.0f} s: check that --address is a Ray head's dashboard (e.g. "
                     "http://HEAD:8265), not another service, and that the head is not overloaded"
+                ) from None
+            except requests.exceptions.ConnectionError as exc:  # refused, reset, or a send that timed out
+                raise ConnectionError(
+                    f"the Ray job API at {address} dropped {method} {endpoint} ({exc}): check that the head is up "
+                    "and not overloaded, then submit again"
                 ) from None
 
     try:
