@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
+from tracerl.workflows.experiments.config import split_side
+
 
 class StepRecord(TypedDict):
     """One step of a side as both sides' readers give it: wall-clock begin and end (seconds since the epoch), its
@@ -175,7 +177,6 @@ def aggregate(per_seed: dict[str, list[SideStats]], target: float | None) -> dic
 def best_sides(sides: dict[str, Any]) -> dict[str, Any]:
     """Per side (its name less any ``@T``): the variant with the fewest mean seconds a step (``trl@1`` against
     ``trl@2``), those seconds, and their ratio to TRL's best (when TRL ran): each side at its fastest thread count."""
-    from tracerl.workflows.experiments.config import split_side
 
     best: dict[str, Any] = {}
     for name, s in sides.items():
