@@ -5,14 +5,12 @@ through an installed package's entry point (group ``tracerl.commands``), and a b
 import argparse
 import dataclasses
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_tracerl
 from tracerl.config import TrainConfig
 from tracerl.config_loader import compose, conf_dir
 from tracerl.registry import RegistryError
@@ -153,12 +151,5 @@ def test_an_installed_family_runs_from_the_command_line(tmp_path: Path) -> None:
     (tmp_path / "toy.yaml").write_text("n: 2\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "platform")])}
     argv = ["bench", "toy", "--config", str(tmp_path / "toy.yaml"), "--n", "5"]
-    run = subprocess.run(
-        [sys.executable, "-m", "tracerl.workflows.cli", *argv],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = run_tracerl(*argv, cwd=tmp_path, env=env, timeout=120)
     assert (run.returncode, run.stdout) == (0, "toy ran with n=5\n"), run.stderr
