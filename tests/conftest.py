@@ -77,6 +77,20 @@ the grader's wall-clock limits are the only things a busy machine can change in 
 mixed group."""
 
 
+def run_tracerl(
+    *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """``tracerl ARGS`` in a fresh process (``python -m tracerl.workflows.cli``), its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "tracerl.workflows.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def wait_for(
     condition: Callable[[], bool], what: str, limit_s: float = WAIT_LIMIT_S, every_s: float = 0.5
 ) -> None:

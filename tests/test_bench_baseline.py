@@ -1,17 +1,16 @@
 """`tracerl bench baseline`: exact baseline bias on enumerated toy trees, and the command on a small sample."""
 
 import itertools
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from scipy import stats
 
+from tests.test_bench_targets import run_sim_bench
 from tests.test_tree import nested_tree
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt, Status
-from tracerl.workflows.cli.app import main
 from tracerl.workflows.experiments.baseline import baseline_records, over_bins, over_seeds, seed_errors
 
 
@@ -123,25 +122,8 @@ def test_records_need_true_values() -> None:
 
 
 def test_bench_baseline_command_on_a_small_sample(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = [
-        "bench",
-        "baseline",
-        "--steps",
-        "4",
-        "--seeds",
-        "2",
-        "--out",
-        str(tmp_path / "out"),
-        "--json",
-        str(tmp_path / "b.json"),
-        "allocators=[grpo,oracle_trace]",
-        "env.simulator.num_prompts=600",
-    ]
-    assert main(argv) == 0
-    printed = capsys.readouterr().out
+    printed, summary = run_sim_bench("baseline", 4, 2, tmp_path, capsys, "allocators=[grpo,oracle_trace]")
     assert "grpo, root:" in printed and "oracle_trace, subgroups:" in printed
-    summary = json.loads((tmp_path / "b.json").read_text())
-    assert summary == json.loads((tmp_path / "out" / "results.json").read_text())
     assert summary["warmup_steps"] == 1 and summary["seeds"] == 2
     grpo, trace = summary["allocators"]["grpo"], summary["allocators"]["oracle_trace"]
     # No continuations: the mean of the leaves is the mean of the bare rollouts, in every tree; no subgroups.

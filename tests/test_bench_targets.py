@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,25 +31,22 @@ def test_records_need_true_values() -> None:
         target_records([nested_tree()])
 
 
-def test_bench_targets_command_on_a_small_sample(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = [
-        "bench",
-        "targets",
-        "--steps",
-        "8",
-        "--seeds",
-        "1",
-        "--out",
-        str(tmp_path / "out"),
-        "--json",
-        str(tmp_path / "t.json"),
-        "env.simulator.num_prompts=600",
-    ]
+def run_sim_bench(
+    bench: str, steps: int, seeds: int, tmp_path: Path, capsys: pytest.CaptureFixture[str], *overrides: str
+) -> tuple[str, dict[str, Any]]:
+    """``tracerl bench BENCH`` (targets or baseline) on 600 simulated prompts: what it printed, and its JSON summary
+    (the same at ``--json`` and in ``--out``)."""
+    argv = ["bench", bench, "--steps", str(steps), "--seeds", str(seeds), "--out", str(tmp_path / "out")]
+    argv += ["--json", str(tmp_path / "s.json"), *overrides, "env.simulator.num_prompts=600"]
     assert main(argv) == 0
-    printed = capsys.readouterr().out
-    assert "oracle_trace, roots:" in printed and "oracle_trace, prefixes:" in printed
-    summary = json.loads((tmp_path / "t.json").read_text())
+    summary = json.loads((tmp_path / "s.json").read_text())
     assert summary == json.loads((tmp_path / "out" / "results.json").read_text())
+    return capsys.readouterr().out, summary
+
+
+def test_bench_targets_command_on_a_small_sample(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    printed, summary = run_sim_bench("targets", 8, 1, tmp_path, capsys)
+    assert "oracle_trace, roots:" in printed and "oracle_trace, prefixes:" in printed
     for level in ("roots", "prefixes"):
         s = summary["allocators"]["oracle_trace"][level]
         assert len(s["bins"]) == 10 and s["judged_bins"] == 0  # 8 steps hold far fewer than 400 nodes a bin

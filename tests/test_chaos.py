@@ -50,9 +50,9 @@ def store(tmp_path: Path) -> tuple[Any, str]:
 def test_spooled_metrics_arrive_once_and_the_last_attempt_wins(
     store: tuple[Any, str], tmp_path: Path
 ) -> None:
+    from tracerl.workflows.experiments.chaos import check_steps
     from tracerl.workflows.tracking.runs import metric_series
     from tracerl.workflows.tracking.spool import MetricLog, next_attempt, spooled_records
-    from tracerl.workflows.train.chaos import check_steps
 
     client, run_id = store
     storage = tmp_path / "run"
@@ -104,9 +104,9 @@ def test_a_restarted_attempt_outranks_the_last_one_on_a_stopped_or_slow_clock(
 ) -> None:
     """Both attempts log step 2 within one millisecond (a fast restart), then the third on a clock an hour behind:
     the last attempt's value is still the one read."""
+    from tracerl.workflows.experiments.chaos import check_steps
     from tracerl.workflows.tracking.runs import metric_series
     from tracerl.workflows.tracking.spool import MetricLog, next_attempt
-    from tracerl.workflows.train.chaos import check_steps
 
     client, run_id = store
     storage = tmp_path / "run"
@@ -130,7 +130,7 @@ def test_a_restarted_attempt_outranks_the_last_one_on_a_stopped_or_slow_clock(
 def test_a_reader_that_took_an_older_attempt_is_caught(store: tuple[Any, str]) -> None:
     from mlflow.entities import Metric
 
-    from tracerl.workflows.train.chaos import check_steps
+    from tracerl.workflows.experiments.chaos import check_steps
 
     client, run_id = store
     client.log_batch(
@@ -182,10 +182,10 @@ def test_the_drill_run_survives_every_kill_and_reads_one_value_per_step(drill: d
     import mlflow
 
     from tracerl.config import TrackingConfig
+    from tracerl.workflows.experiments.chaos import check_steps
     from tracerl.workflows.tracking.compare import collect
     from tracerl.workflows.tracking.runs import latest_checkpoint, metric_series, run_summary
     from tracerl.workflows.tracking.spool import spooled_records
-    from tracerl.workflows.train.chaos import check_steps
 
     rep = drill["report"]
     assert drill["rc"] == 0, rep

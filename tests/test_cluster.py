@@ -165,7 +165,7 @@ def test_a_node_lost_mid_run_fails_in_one_line_and_resume_completes_the_run(
     step 2 is logged: the replacements find no node offering ``node2`` for ``pools.lost_node_wait_s`` (20 s here)
     and the job fails with one ``tracerl:`` line naming it; node 2 started again, ``resume=RUN_ID`` completes the
     run with each step's metrics once (the chaos drill's exactly-once rule)."""
-    from tracerl.workflows.train.chaos import check_steps
+    from tracerl.workflows.experiments.chaos import check_steps
 
     steps = 4
     submit = [sys.executable, "-m", "tracerl.workflows.cli.app", "submit", "--address", cluster.jobs, "train"]

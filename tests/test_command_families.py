@@ -3,24 +3,29 @@
 through an installed package's entry point (group ``tracerl.commands``), and a broken plug-in is left out."""
 
 import argparse
+import dataclasses
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_tracerl
+from tracerl.config import TrainConfig
+from tracerl.config_loader import compose, conf_dir
 from tracerl.registry import RegistryError
+from tracerl.workflows.cli import app
 from tracerl.workflows.cli.app import COMMANDS, build_parser
+from tracerl.workflows.cli.args import Variant
 from tracerl.workflows.cli.families import load_families, registry
+from tracerl.workflows.experiments.commands import FAMILY
+from tracerl.workflows.study.config import StudyConfig
 
 TOY = textwrap.dedent(
     """
     from dataclasses import dataclass
 
-    from tracerl.workflows.cli.args import Command, CommandFamily, Shorthand
+    from tracerl.workflows.cli.args import Command, CommandFamily, Shorthand, Variant
 
 
     @dataclass(frozen=True)
@@ -41,6 +46,11 @@ TOY = textwrap.dedent(
         {"bench stray": Command(ToyConfig, "bench/toy.yaml", (), run)},
         {"bench stray": "a stray"},
         after={"bench train": "bench stray"},
+    )
+    VARIES = CommandFamily(
+        {"bench vary": Command(ToyConfig, "bench/toy.yaml", (), run)},
+        {"bench vary": "varies train"},
+        variants=(Variant("train", lambda cfg: True, run),),
     )
     NOT_A_FAMILY = 3
     """
@@ -83,7 +93,7 @@ def test_installed_families_load_and_broken_ones_are_left_out(
         tmp_path,
         "toy = toy_commands:FAMILY\nclash = toy_commands:CLASH\ntop = toy_commands:TOP\n"
         "odd = toy_commands:NOT_A_FAMILY\nmissing = toy_commands:NOPE\nastray = toy_commands:ASTRAY\n"
-        "experiments = toy_commands:FAMILY\n",  # a built-in's name: the built-in wins
+        "varies = toy_commands:VARIES\nexperiments = toy_commands:FAMILY\n",  # a built-in's name: the built-in wins
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     families = load_families(taken={"bench train"}, found=registry())
@@ -97,6 +107,34 @@ def test_installed_families_load_and_broken_ones_are_left_out(
     assert "command family 'odd' left out: is a int, not a CommandFamily" in err
     assert "command family 'astray' left out: places commands it does not add: bench train" in err
     assert "command family 'missing' (entry point 'toy_commands:NOPE'" in err
+    assert (
+        "command family 'varies' left out: runs variants of commands (only the built-in families may)" in err
+    )
+
+
+def test_the_experiments_run_in_place_of_train_and_study_for_the_configs_they_claim() -> None:
+    (family,) = load_families(taken=COMMANDS.keys() - FAMILY.commands.keys())
+    claims = {v.command: v.claims for v in family.variants}
+    assert set(claims) == {"train", "study"}
+    assert claims["train"](compose(TrainConfig, ROOT / "conf/train/chaos.yaml"))
+    assert not claims["train"](compose(TrainConfig, ROOT / "conf/train/smoke.yaml"))
+    assert claims["study"](compose(StudyConfig, ROOT / "conf/study/curves.yaml"))
+    assert not claims["study"](compose(StudyConfig, ROOT / "conf/study/main.yaml"))
+
+
+def test_main_runs_a_claiming_variant_with_the_command_s_overrides_and_config_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ran: list[object] = []
+    variant = Variant(
+        "train", lambda cfg: cfg.seed == 7, lambda cfg, over, path: ran.append((over, path)) or 3
+    )
+    monkeypatch.setattr(app, "VARIANTS", [variant])
+    own = dataclasses.replace(COMMANDS["train"], run=lambda cfg: ran.append("train") or 0)
+    monkeypatch.setitem(COMMANDS, "train", own)
+    assert app.main(["train", "--seed", "7", "steps=2"]) == 3
+    assert app.main(["train", "--seed", "1"]) == 0
+    assert ran == [(["steps=2", "seed=7"], conf_dir() / "train/default.yaml"), "train"]
 
 
 def test_a_broken_builtin_family_raises() -> None:
@@ -113,12 +151,5 @@ def test_an_installed_family_runs_from_the_command_line(tmp_path: Path) -> None:
     (tmp_path / "toy.yaml").write_text("n: 2\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "platform")])}
     argv = ["bench", "toy", "--config", str(tmp_path / "toy.yaml"), "--n", "5"]
-    run = subprocess.run(
-        [sys.executable, "-m", "tracerl.workflows.cli", *argv],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    run = run_tracerl(*argv, cwd=tmp_path, env=env, timeout=120)
     assert (run.returncode, run.stdout) == (0, "toy ran with n=5\n"), run.stderr

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_tracerl
 from tracerl.workflows.cli.app import main
 
 # (file text, expected line after "tracerl: config error: FILE:")
@@ -112,14 +110,7 @@ def test_the_command_starts_nothing_on_a_bad_file(tmp_path: Path) -> None:
     bad.write_text("steps: 3\n\tseed: 1\n")
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'platform'}", "RAY_TMPDIR": str(tmp_path)}
     env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "tracerl.workflows.cli", "train", "--config", str(bad)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = run_tracerl("train", "--config", str(bad), cwd=tmp_path, env=env)
     assert proc.returncode == 2
     assert proc.stderr == (
         f"tracerl: config error: {bad}:2:1: not valid YAML: a tab character; YAML indents with spaces only: "

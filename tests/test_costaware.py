@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.test_prefixes import random_prefixes
 from tracerl.algos.costaware import (
     K_CAP,
     costed_prefix_objective,
@@ -34,11 +35,8 @@ def brute_roots(v: np.ndarray, cost: np.ndarray, budget: float, m_min: int, m_ma
 
 @pytest.mark.parametrize("seed", range(40))
 def test_prefixes_exact_on_integer_costs(seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    n = int(rng.integers(1, 5))
-    r = rng.integers(0, 2, n).astype(float)
-    p = rng.random(n) if seed % 4 else rng.choice([0.0, 0.5, 1.0], n)
-    cost = rng.integers(1, 30, n).astype(float)
+    rng, r, p = random_prefixes(seed)
+    cost = rng.integers(1, 30, len(r)).astype(float)
     budget = float(rng.integers(0, 90))
     k_max = int(rng.integers(1, 4))
     k = solve_prefixes_tokens(r, p, cost, budget, np.random.default_rng(seed), k_max)
@@ -99,28 +97,14 @@ def test_roots_quantised_bound(seed: int) -> None:
     assert got >= brute_roots(v, cost, budget - n * delta, 2, 4, 1.0) - 1e-9
 
 
-def test_cheap_deep_prefix_wins_at_equal_flip() -> None:
-    # Two prefixes with the same flip probability 0.5; the deep one costs 10 tokens, the shallow 100.
-    # With 100 tokens: four deep continuations (k_max=4) (1 - 0.5^4 = 0.9375) beat one shallow (0.5).
-    k = solve_prefixes_tokens(
-        np.array([0.0, 0.0]),
-        np.array([0.5, 0.5]),
-        np.array([100.0, 10.0]),
-        100.0,
-        np.random.default_rng(0),
-        k_max=4,
-    )
-    np.testing.assert_array_equal(k, [0, 4])
-    # With 140 tokens both fit: one shallow (100) plus four deep (40).
-    k = solve_prefixes_tokens(
-        np.array([0.0, 0.0]),
-        np.array([0.5, 0.5]),
-        np.array([100.0, 10.0]),
-        140.0,
-        np.random.default_rng(0),
-        k_max=4,
-    )
-    np.testing.assert_array_equal(k, [1, 4])
+# Two prefixes with the same flip probability 0.5; the deep one costs 10 tokens, the shallow 100. With 100 tokens:
+# four deep continuations (k_max=4) (1 - 0.5^4 = 0.9375) beat one shallow (0.5). With 140 tokens both fit: one
+# shallow (100) plus four deep (40).
+@pytest.mark.parametrize(("budget", "want"), [(100.0, [0, 4]), (140.0, [1, 4])])
+def test_cheap_deep_prefix_wins_at_equal_flip(budget: float, want: list[int]) -> None:
+    r, p, cost = np.array([0.0, 0.0]), np.array([0.5, 0.5]), np.array([100.0, 10.0])
+    k = solve_prefixes_tokens(r, p, cost, budget, np.random.default_rng(0), k_max=4)
+    np.testing.assert_array_equal(k, want)
 
 
 def test_uncapped_prefixes_use_k_cap() -> None:

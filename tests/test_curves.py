@@ -5,7 +5,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tracerl.workflows.study.curves import (
+from tracerl.workflows.experiments.curves import (
     EvalCurves,
     bootstrap_curve,
     compare_curves,
@@ -15,7 +15,7 @@ from tracerl.workflows.study.curves import (
     target_accuracy,
     tokens_to_target,
 )
-from tracerl.workflows.study.sigmoid import fit_sigmoid, sigmoid
+from tracerl.workflows.experiments.sigmoid import fit_sigmoid, sigmoid
 
 # -- tokens to target ---------------------------------------------------------------------------------------
 

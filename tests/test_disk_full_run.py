@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, UNHURRIED, fill_disk, small_tmpfs
+from tests.conftest import ROOT, UNHURRIED, fill_disk, run_tracerl, small_tmpfs
 
 SMOKE = str(ROOT / "conf" / "train" / "smoke.yaml")
 HABIT = ROOT / "models" / "tiny-math-habit"
@@ -82,14 +82,7 @@ def test_a_disk_that_fills_mid_run_is_one_line_and_exit_28(disk: Path, tmp_path:
     if "tracerl sync" in last:  # the store could not take the status: the line says how it gets there
         assert f"`tracerl sync {run_id} --tracking-uri {uri}` records it" in last
         assert run.info.status == "RUNNING"
-        sync = subprocess.run(
-            [sys.executable, "-m", "tracerl.workflows.cli", "sync", run_id, "--tracking-uri", uri],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        sync = run_tracerl("sync", run_id, "--tracking-uri", uri, cwd=tmp_path, env=env)
         assert sync.returncode == 0, sync.stderr
         assert sync.stdout.strip().endswith("status FAILED recorded")
     assert client.get_run(run_id).info.status == "FAILED"

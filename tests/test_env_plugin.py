@@ -56,6 +56,22 @@ class FakeEchoEnv(ToolEnv):
         return 1.0 if answer == " ".join([self.cfg.word] * self.cfg.repeats) else 0.0
 
 
+def _last_line(code: str, *path: Path) -> str:
+    """The last line ``code`` prints in a fresh interpreter that sees ``path``, the platform and the repository
+    root only (no installed plug-in of this environment); it must exit 0."""
+    pythonpath = ":".join(str(p) for p in (*path, ROOT / "platform", ROOT))
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={"PYTHONPATH": pythonpath, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
 def test_a_module_attr_environment_brings_its_own_config_section(tmp_path: Path) -> None:
     yaml = tmp_path / "echo.yaml"
     yaml.write_text(
@@ -121,16 +137,7 @@ def test_an_entry_point_of_tracerl_envs_registers_an_environment(tmp_path: Path)
         "env = env_class(cfg.env.name).from_config(cfg.env)\n"
         "print(type(env).__name__, env.reward(Prompt('p'), 'toy'))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env={"PYTHONPATH": f"{tmp_path}:{ROOT / 'platform'}:{ROOT}", "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "ToyEnv 1.0"
+    assert _last_line(code, tmp_path) == "ToyEnv 1.0"
 
 
 def test_the_adding_an_environment_walk_through_runs_as_written() -> None:
@@ -138,16 +145,7 @@ def test_the_adding_an_environment_walk_through_runs_as_written() -> None:
     section = text.split("## Adding an environment", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(blocks) == 2
-    out = subprocess.run(
-        [sys.executable, "-c", "\n".join(blocks)],
-        cwd=ROOT,
-        env={"PYTHONPATH": f"{ROOT / 'platform'}:{ROOT}", "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "guess reward 1.0"
+    assert _last_line("\n".join(blocks)) == "guess reward 1.0"
 
 
 @pytest.mark.parametrize(

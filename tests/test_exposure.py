@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -27,34 +28,37 @@ def _shell_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
 
 
+def _tracerl(out: IO[str], *args: str) -> subprocess.Popen[str]:
+    """``tracerl ARGS`` in a fresh process and session, as from a new shell, its output (stderr too) into ``out``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tracerl.workflows.cli.app", *args],
+        cwd=ROOT,
+        env=_shell_env(),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def _watched_run(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess[str], set[Listener]]:
     """``tracerl train`` on the smoke config (one step, a 2-task last evaluation) in a fresh process, with every
     listening socket of its process tree collected while it ran."""
     log = tmp_path / "train.log"
     with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tracerl.workflows.cli.app",
-                "train",
-                "--config",
-                SMOKE,
-                "--steps",
-                "1",
-                "eval_at_start=false",
-                "env.math.eval_tasks=2",
-                f"out_dir={tmp_path / 'runs'}",
-                f"tracking.uri=sqlite:///{tmp_path / 'mlruns.db'}",
-                f"tracking.artifact_location={tmp_path / 'mlartifacts'}",
-                *overrides,
-            ],
-            cwd=ROOT,
-            env=_shell_env(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
+        proc = _tracerl(
+            out,
+            "train",
+            "--config",
+            SMOKE,
+            "--steps",
+            "1",
+            "eval_at_start=false",
+            "env.math.eval_tasks=2",
+            f"out_dir={tmp_path / 'runs'}",
+            f"tracking.uri=sqlite:///{tmp_path / 'mlruns.db'}",
+            f"tracking.artifact_location={tmp_path / 'mlartifacts'}",
+            *overrides,
         )
         watch = Watch(proc.pid)
         try:
@@ -96,22 +100,8 @@ def test_the_ui_listens_on_loopback_only(tmp_path: Path) -> None:
     """`tracerl ui` (MLflow's server and the processes it starts) on its default host, while it serves."""
     log = tmp_path / "ui.log"
     with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tracerl.workflows.cli.app",
-                "ui",
-                "--tracking-uri",
-                f"sqlite:///{tmp_path / 'mlruns.db'}",
-                "--port",
-                str(_free_port()),
-            ],
-            cwd=ROOT,
-            env=_shell_env(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        proc = _tracerl(
+            out, "ui", "--tracking-uri", f"sqlite:///{tmp_path / 'mlruns.db'}", "--port", str(_free_port())
         )
         try:
             from tests.conftest import wait_for

@@ -65,19 +65,18 @@ def files(rel: str) -> list[Path]:
     return sorted(p.rglob("*.py")) if p.is_dir() else [p]
 
 
+def _fresh_python(code: str) -> str:
+    """What ``code`` prints in a fresh interpreter started in the repository root."""
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+
+
 def test_import_platform_is_the_stdlib_from_the_repo_root() -> None:
     assert not (ROOT / "platform" / "__init__.py").exists()
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import platform, sys; print(platform.__file__); print(platform.python_version())",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+    out = _fresh_python(
+        "import platform, sys; print(platform.__file__); print(platform.python_version())"
+    ).split()
     assert not out[0].startswith(str(ROOT)) and out[1].count(".") == 2
 
 
@@ -130,17 +129,9 @@ def test_console_script_points_at_workflows() -> None:
 
 
 def test_default_suite_never_imports_vllm() -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys, tracerl.samplers, tracerl.workflows.lm.stack; print('vllm' in sys.modules)",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    out = _fresh_python(
+        "import sys, tracerl.samplers, tracerl.workflows.lm.stack; print('vllm' in sys.modules)"
+    ).strip()
     assert out == "False"
 
 

@@ -25,12 +25,20 @@ def test_flip_probability_prefers_surprises() -> None:
     )
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_greedy_is_exactly_optimal(seed: int) -> None:
+def random_prefixes(seed: int) -> tuple[np.random.Generator, np.ndarray, np.ndarray]:
+    """1 to 4 prefixes drawn from ``seed``: their outcomes r and predictions p (every fourth seed's p at 0, 0.5 or 1,
+    the ties), and the generator for the test's further draws (tests/test_costaware.py draws costs from it)."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 5))
     r = rng.integers(0, 2, n).astype(float)
     p = rng.random(n) if seed % 4 else rng.choice([0.0, 0.5, 1.0], n)
+    return rng, r, p
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_greedy_is_exactly_optimal(seed: int) -> None:
+    rng, r, p = random_prefixes(seed)
+    n = len(r)
     budget = int(rng.integers(1, 7))
     k_max = int(rng.integers(0, 3))
     k = solve_prefixes(r, p, budget, np.random.default_rng(seed), k_max)

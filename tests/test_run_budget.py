@@ -1,6 +1,6 @@
 """A run's compute budget and learning curve (workflows/train/budget.py, issue 29): when a run stops on its tokens, CPU
 seconds or steps and by how much it overshoots, when the token schedule evaluates, the fixed curve subset, the
-curve file read back for workflows/study/curves.py, the config's one-line errors and the totals a checkpoint keeps.
+curve file read back for workflows/experiments/curves.py, the config's one-line errors and the totals a checkpoint keeps.
 The schedule and stop run in a real run in tests/test_train.py."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tests.conftest import ROOT
 from tracerl import metrics as M
 from tracerl.config import StopConfig, TrainConfig
 from tracerl.config_loader import ConfigError, compose
-from tracerl.workflows.study.curves import EvalCurves
+from tracerl.workflows.experiments.curves import EvalCurves
 from tracerl.workflows.tracking.checkpoint_state import STATE, CheckpointState
 from tracerl.workflows.train.budget import (
     CURVE_FILE,

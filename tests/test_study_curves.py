@@ -17,13 +17,14 @@ import pytest
 from tests.conftest import ROOT
 from tracerl.config import TrackingConfig
 from tracerl.config_loader import compose
+from tracerl.workflows.experiments.curve_cells import check_curve_study, eval_points
+from tracerl.workflows.experiments.curve_results import AllocatorStats, CurveVerdict, Fit, TestbedStats
+from tracerl.workflows.experiments.curve_study import CURVES as CURVE_STUDY
+from tracerl.workflows.experiments.curves_doc import CurvesReport, _iv, _ratio, _resolution, answer, markdown
+from tracerl.workflows.experiments.curves_report import cell_record, per_testbed_stats
 from tracerl.workflows.study.bootstrap import Interval
 from tracerl.workflows.study.cells import enumerate_cells
 from tracerl.workflows.study.config import StudyConfig
-from tracerl.workflows.study.curve_cells import check_curve_study, eval_points
-from tracerl.workflows.study.curve_results import AllocatorStats, CurveVerdict, Fit, TestbedStats
-from tracerl.workflows.study.curves_doc import CurvesReport, _iv, _ratio, _resolution, answer, markdown
-from tracerl.workflows.study.curves_report import cell_record, per_testbed_stats
 from tracerl.workflows.study.grid import cell_config, run_study
 from tracerl.workflows.train.budget import Totals, append_point, curve_point, read_curve
 
@@ -54,7 +55,7 @@ def test_the_curves_grid_has_48_cells_each_with_8_points_on_twice_grpos_budget()
 def test_a_curve_cell_gets_its_token_stop_schedule_and_subset() -> None:
     cfg = compose(StudyConfig, CURVES)
     cell = next(c for c in enumerate_cells(cfg) if c.testbed == "math-late" and c.allocator == "trace_mc_k2")
-    tcfg = cell_config(cfg, cell)
+    tcfg = cell_config(cfg, cell, kind=CURVE_STUDY)
     assert tcfg.stop.tokens == 113200 and tcfg.eval_every_tokens == 14150 and tcfg.eval_subset == 50
     assert tcfg.eval_every == 0 and tcfg.eval_at_start is False and tcfg.steps == 150
     assert tcfg.allocator.name == "trace_mc" and tcfg.allocator.mc_samples == 2
@@ -138,7 +139,7 @@ def test_report_statistics_have_the_known_answers(tmp_path: Path) -> None:
 
 
 def test_the_answer_and_hypotheses_read_off_the_rule(tmp_path: Path) -> None:
-    from tracerl.workflows.study.curves_report import hypothesis_verdicts
+    from tracerl.workflows.experiments.curves_report import hypothesis_verdicts
 
     cells = _cells(tmp_path)
     st = {"tb": per_testbed_stats(cells, 400.0, samples=200)}
@@ -292,7 +293,9 @@ def test_grid_keeps_curves_in_mlflow_and_the_report_survives_moved_runs(tmp_path
     import mlflow
 
     fake = FakeCurveTrain(tmp_path)
-    s = run_study(_study(tmp_path), tmp_path / "curves.yaml", train_fn=fake, baseline_fn=fake.baseline)
+    s = run_study(
+        _study(tmp_path), tmp_path / "curves.yaml", train_fn=fake, baseline_fn=fake.baseline, kind=CURVE_STUDY
+    )
     assert s["failed"] == {} and len(s["ran"]) == 2 and fake.stops == [400, 400]
     assert s["report_path"] == f"{tmp_path}/report/curves.md"
     doc = json.loads((tmp_path / "report" / "curves.json").read_text())
@@ -300,7 +303,9 @@ def test_grid_keeps_curves_in_mlflow_and_the_report_survives_moved_runs(tmp_path
     first = doc["testbeds"]["math-late"]["allocators"]["trace"]["tokens"]["ratio"]
     assert first["estimate"] == pytest.approx(0.5)
     shutil.rmtree(tmp_path / "runs")  # the runs' storage moved away: the report reads the MLflow artifacts
-    again = run_study(_study(tmp_path, report_only=True), tmp_path / "curves.yaml", train_fn=fake)
+    again = run_study(
+        _study(tmp_path, report_only=True), tmp_path / "curves.yaml", train_fn=fake, kind=CURVE_STUDY
+    )
     assert again["ran"] == [] and len(fake.stops) == 2
     assert (
         again["report"]["testbeds"]["math-late"]["allocators"]["trace"]["tokens"]["ratio"]["estimate"]
@@ -331,6 +336,7 @@ def test_a_study_resumes_in_a_fresh_store_from_its_archive(tmp_path: Path) -> No
         tmp_path / "curves.yaml",
         train_fn=fake,
         baseline_fn=fake.baseline,
+        kind=CURVE_STUDY,
     )
     assert len(first["ran"]) == 2 and len(list(arch.glob("*.json.gz"))) == 3  # two cells and the baseline
     fresh = tmp_path / "fresh"
@@ -341,7 +347,14 @@ def test_a_study_resumes_in_a_fresh_store_from_its_archive(tmp_path: Path) -> No
         cfg, tracking=TrackingConfig(uri=f"sqlite:///{fresh}/mlruns.db", artifact_location=f"{fresh}/art")
     )
     lines: list[str] = []
-    again = run_study(cfg, tmp_path / "curves.yaml", lines.append, train_fn=fake, baseline_fn=fake.baseline)
+    again = run_study(
+        cfg,
+        tmp_path / "curves.yaml",
+        lines.append,
+        train_fn=fake,
+        baseline_fn=fake.baseline,
+        kind=CURVE_STUDY,
+    )
     assert again["ran"] == [] and len(again["skipped"]) == 2 and len(fake.stops) == 2
     assert any(ln.startswith(f"restored 3 finished run(s) from {arch}") for ln in lines)
     trace = lambda s: s["report"]["testbeds"]["math-late"]["allocators"]["trace"]["tokens"]["ratio"]  # noqa: E731

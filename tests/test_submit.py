@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, stop_process
+from tests.conftest import ROOT, run_tracerl, stop_process
 from tracerl.workflows.cli.app import main
 
 pytestmark = pytest.mark.e2e  # a long end-to-end run: `make test-e2e` (CI runs it after `make test`)
@@ -96,14 +96,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {
         k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_")) or k == "RAY_AUTH_MODE"
     }  # as from a new shell: no Ray or MLflow server that an earlier test of this lane pointed at
-    return subprocess.run(
-        [sys.executable, "-m", "tracerl.workflows.cli.app", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
+    return run_tracerl(*args, env=env, timeout=1200)
 
 
 def _find(pattern: str, text: str) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import ROOT, UNHURRIED
 from tracerl import metrics as M
 from tracerl.workflows.cli.app import main
-from tracerl.workflows.train.chaos import MlflowServer
+from tracerl.workflows.experiments.chaos import MlflowServer
 
 pytestmark = pytest.mark.e2e  # a long end-to-end run: `make test-e2e` (CI runs it after `make test`)
 

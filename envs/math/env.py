@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tracerl.engine.gold import answer_turn_text, tool_turn_text
+from tracerl.engine.gold import gold_turn_texts, no_gold
 from tracerl.engine.protocol import ToolEnv, ToolResult
 from tracerl.engine.react import Action, ToolSpec
 from tracerl.envs.math.config import MathEnvConfig
@@ -83,12 +83,9 @@ class MathEnv(ToolEnv):
             )
         task = self._tasks.get(prompt.text)
         if task is None:
-            raise ValueError(
-                f"no reference solution for {prompt.prompt_id!r}: gold turns exist only for the "
-                "generated math tasks of this config (env.math.tasks=generated)"
-            )
-        turns = [tool_turn_text(template, s.thought, "python", {"code": s.code}) for s in task.steps]
-        return [*turns, answer_turn_text(template, task.final_thought, task.answer)]
+            raise no_gold(prompt.prompt_id, "generated math tasks of this config (env.math.tasks=generated)")
+        calls = [(s.thought, "python", {"code": s.code}) for s in task.steps]
+        return gold_turn_texts(template, calls, task.final_thought, task.answer)
 
     @staticmethod
     def prompts(env_cfg: Any, held_out: bool = False) -> list[Prompt]:

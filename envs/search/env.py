@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
-from tracerl.engine.gold import answer_turn_text, tool_turn_text
+from tracerl.engine.gold import gold_turn_texts, no_gold
 from tracerl.engine.protocol import ToolEnv, ToolResult
 from tracerl.engine.react import Action, ToolSpec
 from tracerl.envs.search.config import SearchEnvConfig
@@ -202,9 +202,6 @@ class SearchEnv(ToolEnv):
         """
         q = question_of(build_world(self.world_seed), prompt.text) if self.world_seed is not None else None
         if q is None:
-            raise ValueError(
-                f"no reference solution for {prompt.prompt_id!r}: gold turns exist only for the "
-                "generated multi-hop world (env.search.tasks=generated)"
-            )
-        turns = [tool_turn_text(template, h.thought, "search", {"query": h.query}) for h in q.hops]
-        return [*turns, answer_turn_text(template, q.final_thought, q.answer)]
+            raise no_gold(prompt.prompt_id, "generated multi-hop world (env.search.tasks=generated)")
+        calls = [(h.thought, "search", {"query": h.query}) for h in q.hops]
+        return gold_turn_texts(template, calls, q.final_thought, q.answer)

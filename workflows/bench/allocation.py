@@ -17,13 +17,13 @@ import numpy as np
 
 from tracerl import metrics as M
 from tracerl.calibration import mean_calibration
-from tracerl.config_loader import to_flat_dict, to_yaml
+from tracerl.config_loader import to_flat_dict
 from tracerl.envs.simulator import Simulator, SimulatorConfig, calibrate, with_noise_scale
 from tracerl.workflows.bench.config import BenchAllocationConfig
 from tracerl.workflows.bench.sim_runs import RunResult, run_allocator
 from tracerl.workflows.ops.progress import bar
 from tracerl.workflows.ops.ray_utils import init_ray
-from tracerl.workflows.ops.results import ci95
+from tracerl.workflows.ops.results import ci95, results_dir
 from tracerl.workflows.tracking import store as tracking
 
 Job = tuple[str, int, float]  # allocator, seed, noise scale
@@ -225,9 +225,7 @@ def run_allocation_bench(
     cfg: BenchAllocationConfig, progress: Callable[[str], None] = lambda s: None
 ) -> dict[str, Any]:
     """Run the benchmark; returns the JSON summary (also written to ``out_dir`` and ``json_path``)."""
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(to_yaml(cfg))
+    out = results_dir(cfg.out_dir, cfg)
     sim = calibrate(cfg.env.settings(SimulatorConfig), seed=cfg.seed, group_size=cfg.budget.group_size)
     sim["trees_per_second"] = _tree_throughput(cfg)
     progress(

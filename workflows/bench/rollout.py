@@ -19,7 +19,7 @@ import numpy as np
 
 from tracerl import metrics as M
 from tracerl.calibration import CalibrationData, collect_calibration, mean_calibration, summarize_calibration
-from tracerl.config_loader import to_flat_dict, to_yaml
+from tracerl.config_loader import to_flat_dict
 from tracerl.engine.step import StepOutcome
 from tracerl.engine.step_stats import step_metrics
 from tracerl.engine.stepper import Stepper
@@ -27,7 +27,7 @@ from tracerl.envs.registry import check_data, env_section
 from tracerl.workflows.bench.config import BenchRolloutConfig
 from tracerl.workflows.lm.stack import build_stack, stack_allocation, task_prompts
 from tracerl.workflows.ops.progress import bar
-from tracerl.workflows.ops.results import ci95, write_results
+from tracerl.workflows.ops.results import ci95, results_dir, write_results
 from tracerl.workflows.tracking import store as tracking
 
 KEYS = {
@@ -163,9 +163,7 @@ def run_rollout_bench(
 ) -> dict[str, Any]:
     check_data(cfg.env)  # a bad data file fails before any model loads
     progress(tracking.where(cfg.tracking))
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(to_yaml(cfg))
+    out = results_dir(cfg.out_dir, cfg)
     warm = int(cfg.steps * cfg.warmup_fraction)
     summary: dict[str, Any] = {"allocators": {}}
     series = {}

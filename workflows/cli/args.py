@@ -4,7 +4,8 @@ family added from outside the command rooms, progress output."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,14 +45,28 @@ class Switch:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """A job that runs in place of a command's own for the resolved configs it claims, with that command's flags and
+    config (``train`` with ``chaos.enabled``: the chaos drill; ``study`` of learning curves: the curves study)."""
+
+    command: str  # the command it stands in for, as in COMMANDS ("train")
+    claims: Callable[[Any], bool]  # whether it runs this resolved config
+    run: Callable[
+        [Any, list[str], Path], int
+    ]  # (config, the overrides with the flags as keys, the config's path)
+
+
+@dataclass(frozen=True)
 class CommandFamily:
-    """``tracerl bench`` subcommands that live outside the command rooms (the experiments), found by the CLI as
-    plug-ins are: ``tracerl.workflows.COMMAND_FAMILIES`` names the built-in ones, an installed package adds its own
-    under the entry-point group ``tracerl.commands`` (workflows/cli/families.py)."""
+    """``tracerl bench`` subcommands that live outside the command rooms (the experiments), and the variants of other
+    commands they run, found by the CLI as plug-ins are: ``tracerl.workflows.COMMAND_FAMILIES`` names the built-in
+    ones, an installed package adds its own under the entry-point group ``tracerl.commands``
+    (workflows/cli/families.py)."""
 
     commands: dict[str, Command]  # "bench peer" -> its job
     help: dict[str, str]  # "bench peer" -> its line in ``tracerl bench --help``
     switches: tuple[Switch, ...] = ()
+    variants: tuple[Variant, ...] = ()  # only a built-in family's (workflows/cli/families.py)
     after: dict[str, str] = field(default_factory=dict)  # "bench sync" -> the command its help line follows
 
 
@@ -75,3 +90,16 @@ def run_bench(cfg: Any, run: Callable[..., Any], format_table: Callable[[Any], s
         f"wrote {Path(cfg.bench_out) / 'results.json'}" + (f" and {cfg.json_path}" if cfg.json_path else "")
     )
     return 0
+
+
+def study_done(cfg: Any, s: Mapping[str, Any]) -> int:
+    """``tracerl study``'s lines on a ``StudyResult`` (workflows/study/grid.py), of any kind of study: the parent
+    run, the cells ran, skipped and failed, where the report is; 1 if a cell failed."""
+    if "report" in s:
+        print(
+            f"study {cfg.name}: MLflow parent run {s['parent_run_id']}; ran {len(s['ran'])} cells, skipped "
+            f"{len(s['skipped'])}, failed {len(s['failed'])}; report in {s['report_path']}"
+        )
+        for key, err in s["failed"].items():
+            print(f"cell {key} failed: {err}", file=sys.stderr)
+    return 1 if s.get("failed") else 0

@@ -7,7 +7,8 @@ A package declares, in its ``pyproject.toml``::
     mine = "mypkg.cli:FAMILY"   # a tracerl.workflows.cli.args.CommandFamily
 
 A built-in family that fails to load is a bug and raises; an installed one that fails to load, or that names a
-command already taken or one outside ``bench``, is left out with a line on stderr, so a broken plug-in cannot break
+command already taken or one outside ``bench``, or runs a variant of a command (only the built-in families may), is
+left out with a line on stderr, so a broken plug-in cannot break
 the commands that do not use it.
 """
 
@@ -31,10 +32,13 @@ def registry(builtins: dict[str, str] = COMMAND_FAMILIES) -> Registry[CommandFam
     return found
 
 
-def _check(family: object, taken: set[str]) -> CommandFamily:
-    """``family`` if it is a CommandFamily of new ``bench`` commands, each with its help line; else ValueError."""
+def _check(family: object, taken: set[str], builtin: bool) -> CommandFamily:
+    """``family`` if it is a CommandFamily of new ``bench`` commands, each with its help line (and variants of
+    other commands only if it is ``builtin``); else ValueError."""
     if not isinstance(family, CommandFamily):
         raise ValueError(f"is a {type(family).__name__}, not a CommandFamily")
+    if family.variants and not builtin:
+        raise ValueError("runs variants of commands (only the built-in families may)")
     names = set(family.commands)
     outside = sorted(n for n in names if not n.startswith("bench "))
     if outside:
@@ -58,7 +62,7 @@ def load_families(taken: Iterable[str], found: Registry[CommandFamily] | None = 
     for name in found.names():
         builtin = name in found
         try:
-            family = _check(found.get(name), used)
+            family = _check(found.get(name), used, builtin)
         except (RegistryError, ValueError) as exc:
             if builtin and isinstance(exc, ValueError):
                 raise ValueError(f"command family {name!r} {exc}") from exc

@@ -1,7 +1,7 @@
 """The experiments: one-study instruments, kept out of the command rooms users run every day. Each but the GPU
-check (``make gpu-check``) is still a ``tracerl bench`` subcommand, added to the CLI as a command family
-(``commands.FAMILY``, named in ``tracerl.workflows.COMMAND_FAMILIES``; no command room imports this room,
-tests/test_layout.py checks it):
+check (``make gpu-check``) is still a ``tracerl bench`` subcommand or a variant of ``tracerl train`` or ``study``,
+added to the CLI as a command family (``commands.FAMILY``, named in ``tracerl.workflows.COMMAND_FAMILIES``; no
+command room imports this room, tests/test_layout.py checks it):
 
 - ``bench peer``: TRL's GRPOTrainer beside tracerl grpo and trace on the same work (peer, peer_settings, peer_sides,
   peer_report; the TRL side, peer_trl, runs in its own venv). docs/results/peer.md.
@@ -16,6 +16,11 @@ tests/test_layout.py checks it):
 - ``bench update``: one learner update of a chosen shape, and with ``startup_ranks`` the FSDP ranks' start-up memory
   (update, rank_load). docs/results/update_memory.md.
 - ``bench sync``: a weight push to N sampler actors (sync, sync_actors). docs/results/weight_push.md.
+- ``tracerl study --config conf/study/curves.yaml``: the compute-matched learning curves, the study grid run as the
+  kind ``curve_study.CURVES`` (curve_cells, curves, sigmoid, curves_report, curve_results, curves_doc, curve_plots).
+  docs/results/curves.md.
+- ``tracerl train --config conf/train/chaos.yaml``: the chaos drill, seeded SIGKILLs around a training run (chaos).
+  docs/reliability.md.
 - proc_memory: a process tree's PSS and one process's peak RSS, as ``bench peer`` and ``bench sync`` sample them.
 - ``make gpu-check``: the GPU check kit for a bare CUDA machine (gpu_check; its plan and memory formula stay in
   ops/gpu_plan.py, which the train config check uses). docs/gpu_check.md.

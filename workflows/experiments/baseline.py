@@ -24,19 +24,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from tracerl.config_loader import to_yaml
 from tracerl.engine.step import StepOutcome
 from tracerl.tree import RolloutTree
 from tracerl.workflows.bench.config import BenchAllocationConfig
 from tracerl.workflows.bench.sim_runs import run_allocator
-from tracerl.workflows.experiments.sim_summary import sim_summary, write_summary
-from tracerl.workflows.ops.results import ci95
+from tracerl.workflows.experiments.sim_summary import sim_shape, sim_summary, write_summary
+from tracerl.workflows.ops.results import ci95, results_dir
 
 BINS = 5
 KINDS = ("leaf_mean", "debiased")
@@ -156,9 +154,7 @@ def run_baseline(
     cfg: BenchAllocationConfig, progress: Callable[[str], None] = lambda s: None
 ) -> dict[str, Any]:
     """Measure; returns the JSON summary (also written to ``out_dir/results.json`` and ``json_path``)."""
-    out_dir = Path(cfg.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.yaml").write_text(to_yaml(cfg))
+    out_dir = results_dir(cfg.out_dir, cfg)
     warm = int(cfg.steps * cfg.warmup_fraction)
     summary = {**sim_summary(cfg, warm), "first_seed": cfg.seed}
     for name in cfg.allocators:
@@ -180,11 +176,9 @@ def _cell(x: dict[str, Any]) -> str:
 
 def format_baseline_table(summary: dict[str, Any]) -> str:
     """Per allocator and level, per V bin: bias ± 95 % interval over seeds and RMSE, leaf mean vs debiased."""
-    b = summary["budget"]
     lines = [
-        f"advantage-baseline error (value - true V) of tree_subgroup's node values; L={b['leaves']}, "
-        f"M={b['roots']}, N={b['continuations']}; {summary['steps']} steps x {summary['seeds']} seeds, first "
-        f"{summary['warmup_steps']} left out; bias = mean over nodes, ± 95 % t interval over seeds"
+        f"advantage-baseline error (value - true V) of tree_subgroup's node values; {sim_shape(summary)}; bias = "
+        "mean over nodes, ± 95 % t interval over seeds"
     ]
     head = (
         f"  {'true V':<8} {'nodes':>8}  {'leaf mean bias':>18} {'rmse':>6}  {'debiased bias':>18} {'rmse':>6}"

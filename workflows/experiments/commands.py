@@ -1,7 +1,9 @@
 """The experiments' ``tracerl bench`` subcommands: ``bench targets``, ``bench baseline``, ``bench testbeds``,
-``bench update``, ``bench sync``, ``bench peer``, ``bench limit`` and the ``--sim`` switch of ``bench pipeline``, as
-one command family (``FAMILY``) that the CLI finds through ``tracerl.workflows.COMMAND_FAMILIES``
-(workflows/cli/families.py) without importing this room by name."""
+``bench update``, ``bench sync``, ``bench peer``, ``bench limit`` and the ``--sim`` switch of ``bench pipeline``, and
+the variants of ``tracerl train`` that runs the chaos drill (``chaos.enabled``) and of ``tracerl study`` that runs
+the learning-curve study (testbeds with ``stop_tokens``), as one command family (``FAMILY``)
+that the CLI finds through ``tracerl.workflows.COMMAND_FAMILIES`` (workflows/cli/families.py) without importing this
+room by name."""
 
 from __future__ import annotations
 
@@ -10,8 +12,18 @@ import json
 import sys
 from pathlib import Path
 
+from tracerl.config import TrainConfig
 from tracerl.workflows.bench.config import BenchAllocationConfig
-from tracerl.workflows.cli.args import Command, CommandFamily, Shorthand, Switch, progress, run_bench
+from tracerl.workflows.cli.args import (
+    Command,
+    CommandFamily,
+    Shorthand,
+    Switch,
+    Variant,
+    progress,
+    run_bench,
+    study_done,
+)
 from tracerl.workflows.experiments.config import (
     BenchLimitConfig,
     BenchPeerConfig,
@@ -19,6 +31,7 @@ from tracerl.workflows.experiments.config import (
     BenchTestbedsConfig,
     BenchUpdateConfig,
 )
+from tracerl.workflows.experiments.curve_cells import is_curve_study
 from tracerl.workflows.experiments.limit import run_limit_bench
 from tracerl.workflows.experiments.limit_report import format_table as format_limit_table
 from tracerl.workflows.experiments.peer import run_peer_bench
@@ -31,6 +44,7 @@ from tracerl.workflows.experiments.sync import run_sync_bench
 from tracerl.workflows.experiments.testbeds import format_table as format_testbeds_table
 from tracerl.workflows.experiments.update import format_table as format_update_table
 from tracerl.workflows.experiments.update import run_update_bench
+from tracerl.workflows.study.config import StudyConfig
 
 BENCH_TARGETS_FLAGS = (
     Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
@@ -150,6 +164,24 @@ def _bench_limit(cfg: BenchLimitConfig) -> int:
     return run_bench(cfg, run_limit_bench, format_limit_table)
 
 
+def _chaos_drill(cfg: TrainConfig, overrides: list[str], config_path: Path) -> int:
+    # the drill and the run summary load Ray and MLflow: imported when run, so the CLI starts fast
+    from tracerl.workflows.experiments.chaos import drill_ok, run_drill
+    from tracerl.workflows.tracking.runs import format_summary
+
+    summary = run_drill(cfg, overrides, progress=progress)
+    print(format_summary(summary))
+    return 0 if drill_ok(summary["chaos"]) else 1
+
+
+def _curves_study(cfg: StudyConfig, overrides: list[str], config_path: Path) -> int:
+    # the grid and the curves report load MLflow, pandas and scipy: imported when run, so the CLI starts fast
+    from tracerl.workflows.experiments.curve_study import CURVES
+    from tracerl.workflows.study.grid import run_study
+
+    return study_done(cfg, run_study(cfg, config_path, progress=progress, kind=CURVES))
+
+
 def add_pipeline_sim(p: argparse.ArgumentParser) -> None:
     """``bench pipeline --sim``: the scale model's flags, on the CPU bench's ``pipeline`` parser (the sim needs no
     config, Ray or model)."""
@@ -218,6 +250,10 @@ FAMILY = CommandFamily(
         "bench limit": "the embedded default's step at the limit this machine allows, next to a real step (per phase)",
     },
     switches=(Switch("bench pipeline", "sim", add_pipeline_sim, bench_pipeline_sim),),
+    variants=(
+        Variant("train", lambda cfg: cfg.chaos.enabled and not cfg.resume, _chaos_drill),
+        Variant("study", is_curve_study, _curves_study),
+    ),
     after={  # their lines in `tracerl bench --help` stay where they were before they moved here
         "bench targets": "bench allocation",
         "bench baseline": "bench targets",

@@ -171,7 +171,7 @@ class BenchPeerConfig:
     """Steps left out of the per-step means (the first step pays for lazy set-up)."""
     target: float | None = None
     """Held-out accuracy whose wall time is reported (with ``eval_every`` > 0); null: 90% of the way from the start
-    to the first side's final accuracy (``tracerl.workflows.study.curves.target_accuracy``)."""
+    to the first side's final accuracy (``tracerl.workflows.experiments.curves.target_accuracy``)."""
     sample_s: float = 0.5
     """Seconds between PSS samples of a side's process tree."""
     peer_python: str = ".venv-peer/bin/python"

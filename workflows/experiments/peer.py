@@ -83,7 +83,7 @@ def run_peer_bench(cfg: BenchPeerConfig, progress: Callable[[str], None] = lambd
     raw, stats, order = _run_sides(cfg, acc0, progress)
     target = cfg.target
     if target is None and curves and acc0 is not None:
-        from tracerl.workflows.study.curves import target_accuracy
+        from tracerl.workflows.experiments.curves import target_accuracy
 
         first = stats[cfg.sides[0]]
         final = statistics.fmean(r["curve"][-1][1] for r in first if r["curve"])

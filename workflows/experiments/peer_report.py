@@ -125,7 +125,7 @@ def wall_to_target(curve: Sequence[Sequence[float]], target: float) -> float:
     at the same second the first is kept."""
     import numpy as np
 
-    from tracerl.workflows.study.curves import tokens_to_target
+    from tracerl.workflows.experiments.curves import tokens_to_target
 
     xs: list[float] = []
     ys: list[float] = []

@@ -1,5 +1,5 @@
 """The JSON summary of the simulator experiments (``bench targets``, ``bench baseline``; their runs are
-``tracerl.workflows.bench.sim_runs.run_allocator``): its head and where it is written."""
+``tracerl.workflows.bench.sim_runs.run_allocator``): its head, its table's, and where it is written."""
 
 from __future__ import annotations
 
@@ -19,6 +19,15 @@ def sim_summary(cfg: BenchAllocationConfig, warm: int) -> dict[str, Any]:
         "continuations": cfg.budget.continuations,
     }
     return {"steps": cfg.steps, "seeds": cfg.seeds, "warmup_steps": warm, "budget": budget, "allocators": {}}
+
+
+def sim_shape(summary: dict[str, Any]) -> str:
+    """A simulator bench's run shape for its table's head: the step's budget, steps, seeds and warm-up."""
+    b = summary["budget"]
+    return (
+        f"L={b['leaves']}, M={b['roots']}, N={b['continuations']}; {summary['steps']} steps x {summary['seeds']} "
+        f"seeds, first {summary['warmup_steps']} left out"
+    )
 
 
 def write_summary(out_dir: Path, json_path: str | None, summary: dict[str, Any], table: str) -> None:

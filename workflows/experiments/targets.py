@@ -21,17 +21,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tracerl.config_loader import to_yaml
 from tracerl.engine.step import StepOutcome
 from tracerl.tree import RolloutTree
 from tracerl.workflows.bench.config import BenchAllocationConfig
 from tracerl.workflows.bench.sim_runs import run_allocator
-from tracerl.workflows.experiments.sim_summary import sim_summary, write_summary
+from tracerl.workflows.experiments.sim_summary import sim_shape, sim_summary, write_summary
+from tracerl.workflows.ops.results import results_dir
 
 BINS = 10
 TOLERANCE = 0.02
@@ -126,9 +125,7 @@ def run_targets(
     cfg: BenchAllocationConfig, progress: Callable[[str], None] = lambda s: None, min_count: int = MIN_COUNT
 ) -> dict[str, Any]:
     """Measure; returns the JSON summary (also written to ``out_dir/results.json`` and ``json_path``)."""
-    out_dir = Path(cfg.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.yaml").write_text(to_yaml(cfg))
+    out_dir = results_dir(cfg.out_dir, cfg)
     warm = int(cfg.steps * cfg.warmup_fraction)
     summary = {"tolerance": TOLERANCE, "min_count": min_count, **sim_summary(cfg, warm)}
     for name in cfg.allocators:
@@ -143,12 +140,9 @@ def run_targets(
 
 def format_targets_table(summary: dict[str, Any]) -> str:
     """Bias per V bin (weighted as the fit weights), recursive vs debiased, with standard errors."""
-    b = summary["budget"]
     lines = [
-        f"fit-target bias vs the true V (weighted as the fit weights them); L={b['leaves']}, M={b['roots']}, "
-        f"N={b['continuations']}; {summary['steps']} steps x {summary['seeds']} seeds, first "
-        f"{summary['warmup_steps']} left out; judged: bins with >= {summary['min_count']} nodes, "
-        f"target |bias| <= {summary['tolerance']}"
+        f"fit-target bias vs the true V (weighted as the fit weights them); {sim_shape(summary)}; judged: bins "
+        f"with >= {summary['min_count']} nodes, target |bias| <= {summary['tolerance']}"
     ]
     for name, levels in summary["allocators"].items():
         for level, s in levels.items():

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 
 from tracerl.config import RolloutConfig
-from tracerl.config_loader import to_yaml
 from tracerl.engine.mc_scorer import mc_metrics
 from tracerl.engine.step import StepOutcome
 from tracerl.engine.step_stats import step_metrics
@@ -34,6 +33,7 @@ from tracerl.metrics import (
 from tracerl.tree_io import tree_to_record
 from tracerl.workflows.lm.stack import LMStack, build_stack, stack_allocation, task_prompts
 from tracerl.workflows.lm.viewer import render_html
+from tracerl.workflows.ops.results import results_dir
 
 
 @dataclass(frozen=True)
@@ -83,9 +83,7 @@ def rollout_steps(
 ) -> RolloutResult:
     """``cfg.steps`` steps on a built stack; writes the last step's trees (trees.jsonl, trees.html), its metrics
     and the resolved config to ``cfg.out_dir``."""
-    out_dir = Path(cfg.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.yaml").write_text(to_yaml(cfg))
+    out_dir = results_dir(cfg.out_dir, cfg)
     # Only some environments have a sandbox (math); any may report protections the machine lacks.
     for w in getattr(stack.env, "warnings", []):
         progress(w)

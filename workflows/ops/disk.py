@@ -14,7 +14,7 @@ from __future__ import annotations
 import errno
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 EXIT_CODE = 28  # errno.ENOSPC on Linux: what `tracerl` exits with when a disk or quota is full
@@ -77,23 +77,34 @@ def no_space(exc: BaseException) -> str | None:
     return found
 
 
-class _DropDiskFull(logging.Filter):
-    """Drops a log record whose exception or text is a full disk (it is reported once, by the driver)."""
+class DropReported(logging.Filter):
+    """Drops a log record about an error the driver reports once itself: one ``found`` finds in the record's
+    exception, or whose class name ``error`` is in its text."""
+
+    def __init__(self, error: str, found: Callable[[BaseException], object | None]) -> None:
+        super().__init__()
+        self.error = error
+        self.found = found
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if exc is not None and no_space(exc) is not None:
+        if exc is not None and self.found(exc) is not None:
             return False
-        return "DiskFull" not in record.getMessage()
+        return self.error not in record.getMessage()
+
+
+def quiet_reported(error: str, found: Callable[[BaseException], object | None], *loggers: str) -> None:
+    """A ``DropReported(error, found)`` on each of ``loggers``, once. Idempotent."""
+    for name in loggers:
+        log = logging.getLogger(name)
+        if not any(isinstance(f, DropReported) and f.error == error for f in log.filters):
+            log.addFilter(DropReported(error, found))
 
 
 def quiet_disk_full(*loggers: str) -> None:
     """Ray Train logs a worker's error with its traceback, and a callback's too: not for a full disk (the CLI says
     it in one line). Idempotent."""
-    for name in loggers:
-        log = logging.getLogger(name)
-        if not any(isinstance(f, _DropDiskFull) for f in log.filters):
-            log.addFilter(_DropDiskFull())
+    quiet_reported("DiskFull", no_space, *loggers)
 
 
 def store_path(uri: str) -> str:

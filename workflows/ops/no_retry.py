@@ -12,10 +12,9 @@ other exception) keeps Ray Train's restarts and its traceback.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from tracerl.workflows.ops.disk import error_chain
+from tracerl.workflows.ops.disk import error_chain, quiet_reported
 
 PERMANENT: tuple[type[BaseException], ...] = (ValueError, LookupError)
 """What a restart from the same config and checkpoint raises again."""
@@ -48,19 +47,6 @@ def loop_failed(exc: BaseException) -> LoopFailed | None:
     return next((e for e in error_chain(exc) if isinstance(e, LoopFailed)), None)
 
 
-class _DropLoopFailed(logging.Filter):
-    """Drops a log record about a ``LoopFailed`` (the driver reports it once)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if exc is not None and loop_failed(exc) is not None:
-            return False
-        return "LoopFailed" not in record.getMessage()
-
-
 def quiet_loop_failed(*loggers: str) -> None:
     """Keep Ray Train's tracebacks of a ``LoopFailed`` out of the terminal. Idempotent."""
-    for name in loggers:
-        log = logging.getLogger(name)
-        if not any(isinstance(f, _DropLoopFailed) for f in log.filters):
-            log.addFilter(_DropLoopFailed())
+    quiet_reported("LoopFailed", loop_failed, *loggers)

@@ -10,12 +10,22 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from tracerl.config_loader import to_yaml
+
 
 def ci95(values: Sequence[float]) -> float | None:
     """Half-width of the 95 % t interval of the mean of ``values`` (None with fewer than two values)."""
     if len(values) < 2:
         return None
     return float(stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / np.sqrt(len(values)))
+
+
+def results_dir(out_dir: str | Path, cfg: Any) -> Path:
+    """A command's output folder ``out_dir``, created, holding the resolved config it runs as ``config.yaml``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(to_yaml(cfg))
+    return out
 
 
 def write_json(path: str | Path | None, data: Any, indent: int = 2) -> None:

@@ -1,8 +1,7 @@
-"""Many runs: ``tracerl sweep`` (sweep: Ray Tune + Optuna), ``tracerl study`` (grid, with its baselines and
-report), and the statistics of compute-matched learning curves (curves). The reports (report: the study;
-curves_report, curve_results, curves_doc: the learning curves) read typed results off one run frame
-(tracking.frame), one hierarchical bootstrap (bootstrap) and one table writer (tracking.tables). Imports ops, lm,
-tracking, train.
+"""Many runs: ``tracerl sweep`` (sweep: Ray Tune + Optuna) and ``tracerl study`` (grid, with its baselines and
+report). The report reads typed results off one run frame (tracking.frame), one hierarchical bootstrap (bootstrap)
+and one table writer (tracking.tables). Another kind of study runs the same grid as a ``grid.StudyKind`` (the
+learning-curve study, one of the experiments). Imports ops, lm, tracking, train.
 
-Public face: ``sweep.run_sweep``, ``grid.run_study``, ``report.write_report``, ``curves``.
+Public face: ``sweep.run_sweep``, ``grid.run_study``, ``grid.StudyKind``, ``report.write_report``.
 """

@@ -2,9 +2,9 @@
 
 A resampling is a ``Draws`` (which seed fills each slot of each replicate, how often each task is drawn there);
 ``replicate_means`` turns per-seed, per-task values into each replicate's mean, and ``interval`` reads an estimate's
-percentile interval off the replicates. The learning curves (workflows/study/curves.py) resample whole curves with
-it; ``paired_difference`` is the study's paired difference of held-out accuracy (workflows/study/report.py) and the
-curves report's final-accuracy difference.
+percentile interval off the replicates. The learning curves (the curves study, one of the experiments) resample
+whole curves with it; ``paired_difference`` is the study's paired difference of held-out accuracy
+(workflows/study/report.py) and the curves report's final-accuracy difference.
 
 Two draw orders, one resampling: ``draw`` draws all replicates at once (the curves); ``draw_in_turn`` draws replicate
 after replicate, seeds then each slot's tasks, the order the study's published intervals were drawn in [choice:

@@ -6,8 +6,8 @@ skipped, a cut cell continues from its checkpoint (``train``'s ``resume=RUN_ID``
 ``--fresh`` re-runs them, ``--report-only`` rebuilds the report (workflows/study/report.py) from MLflow. Cells run
 as Ray tasks, ``parallel_cells`` at a time. Token-mode cells spend T generated tokens a step, T being the mean
 generated tokens per step of the testbed's leaves-mode grpo cells (``--fill-tokens`` writes it into the config).
-A learning-curve study (testbeds with ``stop_tokens``, workflows/study/curve_cells.py) stops each cell on its total
-generated tokens, evaluates it on a token schedule and is reported as curves.md (workflows/study/curves_doc.py).
+What another kind of study adds to the grid (its cells' overrides, what it keeps of a finished cell, its report) is a
+``StudyKind``: the learning-curve study (testbeds with ``stop_tokens``, one of the experiments) runs this grid as one.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -26,18 +27,47 @@ from tracerl.workflows.study.archive import export_finished, import_archive
 from tracerl.workflows.study.baseline import BaselineFn, ensure_baselines, evaluate_start
 from tracerl.workflows.study.cells import TAG, Cell, Child, enumerate_cells, plan, select
 from tracerl.workflows.study.config import StudyConfig
-from tracerl.workflows.study.curve_cells import check_curve_study, curve_overrides, is_curve_study, keep_curve
+from tracerl.workflows.study.report import write_report
 from tracerl.workflows.study.token_budget import fill_tokens, token_budget_error
 from tracerl.workflows.tracking import store as trk
 from tracerl.workflows.tracking.runs import RunSummary, git_sha
 from tracerl.workflows.train.run import resolve_paths, train
 
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class StudyKind:
+    """What a kind of study adds to the grid of cells. ``GRID`` (study.md) adds nothing; the learning-curve study
+    (run by the CLI in place of this one for a config whose testbeds set ``stop_tokens``) stops its cells on tokens,
+    keeps each cell's curve file and writes curves.md."""
+
+    report_name: str
+    """The markdown report ``write_report`` writes in ``out_dir``."""
+    write_report: Callable[[StudyConfig, Any, str, str, Progress], dict[str, Any]] = write_report
+    """(config, MLflow client, experiment id, parent run id, progress) -> the report's JSON."""
+    check: Callable[[StudyConfig, str | Path], None] = lambda cfg, where: None
+    """Raises one ValueError line naming the key (and ``where``, the config's path) when the settings do not fit."""
+    cell_overrides: Callable[[StudyConfig, Mapping[str, Any]], list[str]] = lambda cfg, testbed: []
+    """A cell's train overrides from its testbed's settings (before the testbed's own overrides)."""
+    after_cell: Callable[[Any, Mapping[str, Any]], object] = lambda client, summary: None
+    """Keeps what the report needs of a finished cell (MLflow client, the cell's run summary)."""
+    kept: str = ""
+    """What ``after_cell`` keeps, for the line saying it could not."""
+
+
+GRID = StudyKind("study.md")
+
 
 def cell_config(
-    cfg: StudyConfig, cell: Cell, resume: str | None = None, root: Path | None = None
+    cfg: StudyConfig,
+    cell: Cell,
+    resume: str | None = None,
+    root: Path | None = None,
+    kind: StudyKind = GRID,
 ) -> TrainConfig:
-    """The cell's train config: its testbed's base config, model and overrides, the study's steps and eval tasks
-    (a curve study's: its token stop and evaluation schedule)."""
+    """The cell's train config: its testbed's base config, model and overrides, the study's steps and eval tasks,
+    and what its kind adds (a curve study's: its token stop and evaluation schedule)."""
     root = root or conf_dir()
     tb = cfg.testbeds[cell.testbed]
     base = compose(TrainConfig, root / tb["base"], [f"model.path={tb['model_path']}"], root=root)
@@ -50,7 +80,7 @@ def cell_config(
         f"run_name={cfg.name}-{cell.key.replace('/', '-')}",
         f"out_dir={cfg.runs_dir}",
         "eval_at_start=false",  # the testbed's baseline evaluated the starting checkpoint once (study_baseline.py)
-        *curve_overrides(cfg, tb),
+        *kind.cell_overrides(cfg, tb),
         *[str(o) for o in tb.get("overrides", [])],
     ]
     if cell.budget == "tokens":
@@ -137,6 +167,7 @@ def run_study(
     progress: Callable[[str], None] = lambda s: None,
     train_fn: Callable[..., dict[str, Any]] | None = None,
     baseline_fn: BaselineFn | None = None,
+    kind: StudyKind = GRID,
 ) -> StudyResult:
     """Run the selected cells not yet finished, then write the report (a ``StudyResult``). A failed cell does not stop the others: its run is kept and the next invocation resumes it.
 
@@ -145,11 +176,7 @@ def run_study(
     evaluation (a unit test passes fakes that record calls). With ``cluster.address=inprocess`` both run in this
     process, one cell after another, each a ``tracerl train`` in-process (no Ray at all).
     """
-    # slow to import: mlflow, scipy (study.report, study.curves_doc)
-    import mlflow
-
-    from tracerl.workflows.study.curves_doc import write_curves_report
-    from tracerl.workflows.study.report import write_report
+    import mlflow  # slow to import: mlflow
 
     if not cfg.tracking.enabled:
         raise ValueError("tracerl study needs MLflow tracking (tracking.enabled=true)")
@@ -158,7 +185,7 @@ def run_study(
             f"cluster.address=inprocess runs the cells one after another in this process: set parallel_cells=1 "
             f"(got {cfg.parallel_cells}) or cluster.address=local"
         )
-    check_curve_study(cfg, config_path)
+    kind.check(cfg, config_path)
     cells = select(enumerate_cells(cfg), cfg.only)
     progress(trk.where(cfg.tracking))
     exp_id = trk.setup(cfg.tracking)
@@ -179,13 +206,11 @@ def run_study(
             skipped = [c.key for c in skip]
             for c in skip:
                 progress(f"cell {c.key}: finished earlier, skipped")
-            before = _baselines(cfg, todo, config_path, client, exp_id, parent, progress, baseline_fn)
+            before = _baselines(cfg, todo, config_path, client, exp_id, parent, progress, baseline_fn, kind)
             archive()
-            ran = _run_cells(cfg, todo, parent, progress, train_fn, failed, before, client, archive)
+            ran = _run_cells(cfg, todo, parent, progress, train_fn, failed, before, client, archive, kind)
         archive()
-        report = (write_curves_report if is_curve_study(cfg) else write_report)(
-            cfg, client, exp_id, parent, progress
-        )
+        report = kind.write_report(cfg, client, exp_id, parent, progress)
         status = "FAILED" if failed else "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
@@ -196,14 +221,13 @@ def run_study(
         raise
     finally:
         client.set_terminated(parent, status=status)
-    name = "curves.md" if is_curve_study(cfg) else "study.md"
     return StudyResult(
         parent_run_id=parent,
         ran=ran,
         skipped=skipped,
         failed=failed,
         report=report,
-        report_path=str(Path(cfg.out_dir) / name),
+        report_path=str(Path(cfg.out_dir) / kind.report_name),
     )
 
 
@@ -235,6 +259,7 @@ def _baselines(
     parent: str,
     progress: Callable[[str], None],
     baseline_fn: BaselineFn | None,
+    kind: StudyKind = GRID,
 ) -> dict[str, float]:
     """Each testbed's starting accuracy, evaluated once before its first cell runs (a testbed's first cell to run
     stands for all: same checkpoint, same tasks); nothing when no cell is left.
@@ -260,7 +285,7 @@ def _baselines(
     first: dict[str, TrainConfig] = {}
     for c, _ in todo:
         if c.testbed not in first:
-            first[c.testbed] = cell_config(cfg, c)
+            first[c.testbed] = cell_config(cfg, c, kind=kind)
     tags = {"mlflow.parentRunId": parent, TAG: cfg.name, "tracerl.git_sha": git_sha()}
     return ensure_baselines(client, exp_id, parent, first, tags, progress, baseline_fn)
 
@@ -275,15 +300,16 @@ def _run_cells(
     before: dict[str, float],
     client: Any = None,
     archive: Callable[[], None] = lambda: None,
+    kind: StudyKind = GRID,
 ) -> list[str]:
-    """Run the cells; a cell that raises is recorded in ``failed`` (key -> error) and the others go on. A finished
-    cell's curve file is kept as its run's artifact (``curve_cells.keep_curve``) when ``client`` is given, then
-    ``archive`` runs."""
+    """Run the cells; a cell that raises is recorded in ``failed`` (key -> error) and the others go on. What the
+    kind keeps of a finished cell (``kind.after_cell``; a curve study: its curve file as its run's artifact) is kept
+    when ``client`` is given, then ``archive`` runs."""
     sha = git_sha()
     jobs = [
         (
             c,
-            cell_config(cfg, c, resume),
+            cell_config(cfg, c, resume, kind=kind),
             {"mlflow.parentRunId": parent, TAG: cfg.name, "tracerl.git_sha": sha, **c.tags()},
         )
         for c, resume in todo
@@ -300,9 +326,11 @@ def _run_cells(
             s = result()
             try:
                 if client is not None:
-                    keep_curve(client, s)
-            except Exception as e:  # noqa: BLE001 - the cell finished; its curve stays readable from its storage
-                progress(f"cell {c.key}: curve file not logged to MLflow, read from {s.get('storage')} ({e})")
+                    kind.after_cell(client, s)
+            except Exception as e:  # noqa: BLE001 - the cell finished; what it kept stays readable in its storage
+                progress(
+                    f"cell {c.key}: {kind.kept} not logged to MLflow, read from {s.get('storage')} ({e})"
+                )
             what = (
                 f"held-out {before.get(c.testbed, float('nan')):.3f} -> {s.get('acc_after', float('nan')):.3f} "
                 f"in {s.get('wall_s', 0):.0f} s"

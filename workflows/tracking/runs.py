@@ -28,7 +28,7 @@ from tracerl.workflows.tracking.store import TrackingUnreachable, resolve_uri
 
 PHASE = ".phase"
 PENDING = ".chaos_pending"
-"""Present while the chaos controller still has kills to make (workflows/train/chaos.py)."""
+"""Present while the chaos controller still has kills to make (the chaos drill, conf/train/chaos.yaml)."""
 HOLD = "hold"
 """The phase of a run whose last step waits for the controller's ``PENDING`` kills."""
 

@@ -196,8 +196,9 @@ def read_curve(path: Path | str) -> list[dict[str, Any]]:
 
 
 def curve_arrays(points: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
-    """One run's points as ``tracerl.workflows.study.curves.EvalCurves`` rows: x (generated tokens, shape (P,)) and the 0/1
-    outcomes on the curve's tasks (shape (P, T)); stack the runs (seeds) of an allocator for ``EvalCurves``.
+    """One run's points as rows of the learning-curve statistics' ``EvalCurves`` (the curves study, one of the
+    experiments): x (generated tokens, shape (P,)) and the 0/1 outcomes on the curve's tasks (shape (P, T)); stack the
+    runs (seeds) of an allocator for ``EvalCurves``.
 
     Raises:
         ValueError: no points, or points measured on different tasks.

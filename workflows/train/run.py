@@ -21,7 +21,8 @@ every ``checkpoint_every`` steps, the last ``keep_checkpoints`` kept) hold the p
 optimizer and schedule, predictor, candidate-pool RNG and step. Steps re-run after a restart log again
 at the same MLflow step; every report here reads the last value per step (the attempt that completed it,
 logged as ``system/attempt``). Metrics the tracking server cannot take are spooled under the run's storage and
-sent when it is back (workflows/tracking/spool.py); ``chaos.enabled`` runs the fault drill around all this (workflows/train/chaos.py).
+sent when it is back (workflows/tracking/spool.py); with ``chaos.enabled`` the CLI runs the fault drill (one of the
+experiments, conf/train/chaos.yaml) around all this.
 """
 
 from __future__ import annotations

@@ -219,7 +219,8 @@ class FaultConfig:
 
 @dataclass(frozen=True)
 class ChaosConfig:
-    """The chaos drill (workflows/train/chaos.py): a controller outside the run SIGKILLs its processes at seeded times."""
+    """The chaos drill (``tracerl train --config conf/train/chaos.yaml``): a controller outside the run SIGKILLs its
+    processes at seeded times."""
 
     enabled: bool = False
     """Run the drill: start a loopback MLflow server, kill actors, the trainer and the server during the run."""

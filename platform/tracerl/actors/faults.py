@@ -3,7 +3,7 @@ step, so the retry and restart paths run through Ray's actual failure handling, 
 
 Each fault fires once per run: the first process to reach it claims a marker file in the run's fault directory
 (``<storage>/.faults``), so the actor that replaces a dead one, or the trainer restarted from a checkpoint, runs the
-same step again without exiting. The chaos drill (workflows/train/chaos.py) kills from outside instead, with signals.
+same step again without exiting. The chaos drill (conf/train/chaos.yaml) kills from outside instead, with signals.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 generated tokens (train's ``stop.tokens``) instead of a step count and evaluates its held-out subset every
 ``eval_every_tokens`` (conf/study/curves.yaml). The grid (workflows/study/grid.py) adds these overrides to a cell's
 train config, and after a cell finishes it keeps the cell's ``curve.jsonl`` as an MLflow artifact of the cell's run
-(``curve/curve.jsonl``), so the report (workflows/study/curves_report.py) reads it even after ``runs_dir`` moved.
+(``curve/curve.jsonl``), so the report (workflows/experiments/curves_report.py) reads it even after ``runs_dir`` moved.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ CURVE_ARTIFACT_DIR = "curve"
 """Where a cell's curve file goes among its run's MLflow artifacts."""
 
 EXPECTS = ("win", "loss", "tie")
-"""A hypothesis's expected verdict of the decision rule (workflows/study/curves_report.py ``rule``)."""
+"""A hypothesis's expected verdict of the decision rule (workflows/experiments/curves_report.py ``rule``)."""
 
 
 def is_curve_study(cfg: StudyConfig) -> bool:

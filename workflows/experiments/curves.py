@@ -1,6 +1,6 @@
 """Compute-matched learning curves (issue 29): time to a target accuracy, normalised area, a hierarchical bootstrap
-over seeds and held-out tasks. Pure numpy (no MLflow, no Ray): the curves report (workflows/study/curves_report.py)
-hands it arrays; ScaleRL's saturating fit is in workflows/study/sigmoid.py.
+over seeds and held-out tasks. Pure numpy (no MLflow, no Ray): the curves report (workflows/experiments/curves_report.py)
+hands it arrays; ScaleRL's saturating fit is in workflows/experiments/sigmoid.py.
 
 A curve is held-out accuracy y at evaluation points x (generated tokens, or any compute measure), x strictly
 increasing. [choice] Between points the curve is linear; before its first point it is held at its first value and

@@ -1,8 +1,8 @@
 """A learning-curve study's report (issue 29), rebuilt from MLflow by ``tracerl study --report-only``: per cell its
 evaluation points (``curve.jsonl``: the MLflow artifact ``curve/curve.jsonl`` the grid keeps, else the file in the
-run's storage), per testbed the statistics of workflows/study/curves.py against grpo and ScaleRL's fit
-(workflows/study/sigmoid.py), the hypotheses' verdicts, as the typed results of workflows/study/curve_results.py.
-workflows/study/curves_doc.py writes curves.md, curves.json and the plots to ``out_dir`` and onto the study's parent
+run's storage), per testbed the statistics of workflows/experiments/curves.py against grpo and ScaleRL's fit
+(workflows/experiments/sigmoid.py), the hypotheses' verdicts, as the typed results of workflows/experiments/curve_results.py.
+workflows/experiments/curves_doc.py writes curves.md, curves.json and the plots to ``out_dir`` and onto the study's parent
 run.
 
 Decision rule (stated in conf/study/curves.yaml before the grid runs): an allocator is more compute-efficient than
@@ -22,12 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from tracerl.workflows.study.baseline import finished_baselines
-from tracerl.workflows.study.bootstrap import Interval, paired_difference
-from tracerl.workflows.study.cell_runs import newest_finished, run_outcomes
-from tracerl.workflows.study.config import StudyConfig
-from tracerl.workflows.study.curve_cells import CURVE_ARTIFACT_DIR
-from tracerl.workflows.study.curve_results import (
+from tracerl.workflows.experiments.curve_cells import CURVE_ARTIFACT_DIR
+from tracerl.workflows.experiments.curve_results import (
     AllocatorStats,
     CurveVerdict,
     Fit,
@@ -36,14 +32,18 @@ from tracerl.workflows.study.curve_results import (
     HypothesisCase,
     TestbedStats,
 )
-from tracerl.workflows.study.curves import (
+from tracerl.workflows.experiments.curves import (
     Comparison,
     EvalCurves,
     compare_curves,
     interp_matrix,
     target_accuracy,
 )
-from tracerl.workflows.study.sigmoid import fit_sigmoid
+from tracerl.workflows.experiments.sigmoid import fit_sigmoid
+from tracerl.workflows.study.baseline import finished_baselines
+from tracerl.workflows.study.bootstrap import Interval, paired_difference
+from tracerl.workflows.study.cell_runs import newest_finished, run_outcomes
+from tracerl.workflows.study.config import StudyConfig
 from tracerl.workflows.tracking import frame
 from tracerl.workflows.train.budget import CURVE_FILE, curve_arrays, read_curve
 

@@ -1,6 +1,6 @@
 """ScaleRL's saturating fit of a learning curve (arXiv 2510.13786): R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) by
 bounded least squares, with its goodness of fit and whether the data pin the asymptote down. Pure numpy/scipy; the
-curve statistics are in workflows/study/curves.py, the curves report in workflows/study/curves_report.py.
+curve statistics are in workflows/experiments/curves.py, the curves report in workflows/experiments/curves_report.py.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The learning-curve report's results, typed until curves.json is written (``as_json``): per testbed
 (``TestbedStats``) per allocator (``AllocatorStats``) its curve against grpo's in tokens and in CPU seconds
 (``CurveVerdict``), its final-accuracy difference and sigmoid fit (``Fit``); the Monte-Carlo headroom
-(``Headroom``); the config's hypotheses (``Hypothesis``). Computed by workflows/study/curves_report.py, written by
-workflows/study/curves_doc.py. An undefined or infinite bound (never reached) is NaN or inf here, None in JSON."""
+(``Headroom``); the config's hypotheses (``Hypothesis``). Computed by workflows/experiments/curves_report.py, written by
+workflows/experiments/curves_doc.py. An undefined or infinite bound (never reached) is NaN or inf here, None in JSON."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The learning-curve study's curves.md, curves.json and plots (``write_curves_report``, called by ``tracerl study``
-for a curve study), from the cells and typed statistics of workflows/study/curves_report.py:
+for a curve study), from the cells and typed statistics of workflows/experiments/curves_report.py:
 per testbed a table of allocators (tokens and CPU seconds to target with the ratio to grpo, normalised AUC, final
 accuracy, the sigmoid fit), the decision rule's verdicts, the trace vs trace_mc headroom, the hypotheses and the
 plain-language answer; accuracy against generated tokens and against CPU seconds, mean with a 95 % band, one panel
-per testbed (workflows/study/plots.py). Every number is in a table; each verdict is said by one template
+per testbed (workflows/experiments/curve_plots.py). Every number is in a table; each verdict is said by one template
 (``VERDICT_LINE``, ``RULE_WORDS``)."""
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tracerl.workflows.study.bootstrap import Interval
-from tracerl.workflows.study.config import StudyConfig
-from tracerl.workflows.study.curve_results import (
+from tracerl.workflows.experiments.curve_plots import curve_plots
+from tracerl.workflows.experiments.curve_results import (
     AllocatorStats,
     CurveVerdict,
     Hypothesis,
@@ -27,14 +26,15 @@ from tracerl.workflows.study.curve_results import (
     as_json,
     finite,
 )
-from tracerl.workflows.study.curves_report import (
+from tracerl.workflows.experiments.curves_report import (
     BUDGET_TOLERANCE,
     TARGET_FRAC,
     collect_cells,
     hypothesis_verdicts,
     per_testbed_stats,
 )
-from tracerl.workflows.study.plots import curve_plots
+from tracerl.workflows.study.bootstrap import Interval
+from tracerl.workflows.study.config import StudyConfig
 from tracerl.workflows.tracking import tables
 from tracerl.workflows.tracking.runs import git_sha
 from tracerl.workflows.tracking.tables import num
