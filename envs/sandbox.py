@@ -62,6 +62,7 @@ from tracerl.envs.sandbox_child import (
     launch,
     launcher_spec,
     read_report,
+    wait_exit,
 )
 
 
@@ -256,10 +257,9 @@ class Sandbox:
                 )
             except OSError as exc:
                 return ExecResult("", f"sandbox failed to start: {exc}", 1, False, False, 0.0)
-            try:
-                code: int | None = proc.wait(timeout=cfg.timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out, code = True, None
+            code = wait_exit(proc, cfg.timeout_s)
+            if code is None:
+                timed_out = True
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()

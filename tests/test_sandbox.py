@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from tests.conftest import ROOT
 from tracerl.envs.sandbox import Sandbox, SandboxConfig
+from tracerl.envs.sandbox_child import wait_exit
 
 # A uid range of this test process's own: other processes' sandbox calls (the default range) are not its leftovers.
 UID_BASE = 1_000_000 + 65536 * (os.getpid() % 4096)
@@ -174,3 +176,29 @@ def test_an_interpreter_bubblewrap_cannot_run_is_named_in_the_warnings() -> None
     assert any(
         "could not run the sandbox's interpreter '/nonexistent/python3'" in w for w in sandbox.warnings
     ), sandbox.warnings
+
+
+def test_wait_exit_returns_the_code_or_none_while_the_child_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    done = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    assert wait_exit(done, 30.0) == 3
+    slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert wait_exit(slow, 0.1) is None
+        assert slow.poll() is None  # still running: the caller decides (the sandbox kills its group)
+    finally:
+        slow.kill()
+        slow.wait()
+    assert slow.returncode == -9
+
+    def no_pidfd(pid: int) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)  # an old kernel: Popen.wait's polling instead
+    done = subprocess.Popen([sys.executable, "-c", "raise SystemExit(4)"])
+    assert wait_exit(done, 30.0) == 4
+    slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert wait_exit(slow, 0.1) is None
+    finally:
+        slow.kill()
+        slow.wait()
