@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from tracerl.config_loader import to_yaml
 
 
 def ci95(values: Sequence[float]) -> float | None:
     """Half-width of the 95 % t interval of the mean of ``values`` (None with fewer than two values)."""
+    from scipy import stats  # slow to import: every tracerl command imports this module at start-up
+
     if len(values) < 2:
         return None
     return float(stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / np.sqrt(len(values)))
