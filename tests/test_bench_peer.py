@@ -13,12 +13,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import ROOT, TOOL_TIMEOUT_S, UNHURRIED
+from tests.test_stepper import BUDGET, _parts
 from tracerl.config import SamplerConfig, env_config
 from tracerl.config_loader import ConfigError, compose, to_yaml
 from tracerl.engine.react import PlainTemplate
+from tracerl.engine.stepper import Stepper
 from tracerl.envs.math.config import MathEnvConfig
 from tracerl.envs.sandbox import SandboxConfig
 from tracerl.workflows.bench.env import gold_engine
@@ -32,6 +35,8 @@ from tracerl.workflows.experiments.peer_report import (
     write_json,
 )
 from tracerl.workflows.experiments.peer_settings import (
+    grpo_draws,
+    replay_draws,
     run_order,
     settings,
     side_config,
@@ -39,7 +44,7 @@ from tracerl.workflows.experiments.peer_settings import (
     side_tag,
     side_threads,
 )
-from tracerl.workflows.experiments.peer_sides import run_process
+from tracerl.workflows.experiments.peer_sides import run_process, run_tracerl_side, run_trl_side
 from tracerl.workflows.experiments.peer_trl import PeerRollout, env_reward, group_runs, rollout_outputs
 from tracerl.workflows.experiments.proc_memory import TreeMemory, tree_pss_mb
 
@@ -49,6 +54,7 @@ TINY = [
     "warmup_steps=0",
     "budget.num_leaves=6",
     "budget.group_size=2",
+    "budget.pool_factor=2",
     "loss.micro_batch_size=3",
     "sampler.max_turns=2",
     "sampler.max_turn_tokens=24",
@@ -83,7 +89,7 @@ def test_settings_map_the_issue_setup_onto_trl() -> None:
     assert rows["activation checkpointing"]["trl"] == "activation_checkpointing=False"
     # every row says why where TRL's side departs from what TRL's docs would do, and only there
     departs = {"checkpoint", "dtype", "optimizer", "schedule", "activation checkpointing", "checkpoints"}
-    departs |= {"logging", "torch threads"}
+    departs |= {"logging", "torch threads", "tasks", "micro-batch"}
     assert {k for k, r in rows.items() if r["why"]} == departs
     # one optimizer step per generation batch and one epoch: TRL computes no old log-probs (no extra forward)
     assert "no extra forward" in rows["old log-probs"]["trl"]
@@ -371,6 +377,29 @@ def test_rollout_outputs_from_the_project_engine() -> None:
     assert env_reward([], [], env_reward=out["env_reward"], trainer_state=None) == [1.0] * 4
 
 
+def test_replayed_draws_are_the_prompts_a_grpo_stepper_rolls_out() -> None:
+    """TRL's dataset order (grpo's draws replayed without rollouts) is what a real grpo ``Stepper`` rolls out, step
+    by step, once its predictor is fitted and ready too; and the bench's TRL spec carries it for every step."""
+    backend, prompts, alloc, pred = _parts("grpo", seed=5)
+    stepper = Stepper(prompts, alloc, pred, backend, np.random.default_rng(5))
+    rolled = []
+    for step in range(4):
+        out = stepper.run(step, BUDGET)
+        pred.fit(out.sampled_trees)
+        rolled.append([t.prompt.prompt_id for t in out.sampled_trees])
+    assert pred.ready
+    replayed = [[p.prompt_id for p in s] for s in replay_draws(prompts, BUDGET, 5, 4)]
+    assert replayed == rolled and all(len(s) == BUDGET.num_leaves // BUDGET.group_size for s in rolled)
+    assert replay_draws(prompts, BUDGET, 6, 4) != replayed  # the seed decides them
+
+    tc = side_config(compose(BenchPeerConfig, PEER), "grpo", 0, "t")
+    draws = grpo_draws(tc)
+    assert len(draws) == tc.steps and all(len(s) == 12 for s in draws)
+    assert settings(tc)["trl_args"]["shuffle_dataset"] is False
+    with pytest.raises(ValueError, match="budget.token_budget=null"):
+        grpo_draws(dataclasses.replace(tc, budget=dataclasses.replace(tc.budget, token_budget=1000)))
+
+
 def test_a_prompt_in_two_groups_gets_distinct_ids() -> None:
     from tracerl.types import Prompt
 
@@ -414,3 +443,17 @@ def test_trl_side_runs_one_step(tmp_path: Path) -> None:
     assert [s["step"] for s in run["steps"]] == [1] and run["evals"][0]["step"] == 1
     assert run["steps"][0]["generated_tokens"] > 0 and run["peak_pss_mb"] > 100
     assert (tmp_path / "t" / "spec.json").is_file() and 0.0 <= run["evals"][0]["accuracy"] <= 1.0
+
+
+@NEEDS_TRL
+def test_both_sides_roll_out_the_same_first_step(tmp_path: Path) -> None:
+    """TRL's side and tracerl's grpo side roll out the same prompts with the same seeds: before any update their
+    trees are the same, so the first step generates the same number of tokens on both."""
+    cfg = compose(
+        BenchPeerConfig,
+        PEER,
+        [*TINY, f"bench_out={tmp_path}", f"peer_python={sys.executable}", "threads=1", "torch_threads=1"],
+    )
+    trl = run_trl_side(cfg, 0, "t", lambda s: None)
+    grpo = run_tracerl_side(cfg, "grpo", 0, "g", lambda s: None)
+    assert trl["steps"][0]["generated_tokens"] == grpo["steps"][0]["generated_tokens"] > 0

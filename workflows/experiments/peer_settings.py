@@ -93,6 +93,7 @@ def trl_args(tc: TrainConfig) -> dict[str, Any]:
     args: dict[str, Any] = {
         "max_steps": tc.steps,
         "seed": tc.seed,
+        "shuffle_dataset": False,  # the dataset is grpo's draws in order (grpo_draws)
         "num_generations": group,
         "generation_batch_size": leaves,
         "per_device_train_batch_size": micro,
@@ -165,8 +166,9 @@ def setting_rows(
             "tasks",
             "env",
             f"{tc.env.name}, {len(_train_prompts(tc))} training prompts",
-            "train_dataset: the same prompts",
-            "",
+            "train_dataset: grpo's draws, step by step (grpo_draws), shuffle_dataset=False",
+            "TRL would draw its own prompts with its own seed: the same prompts and seeds each step give both sides "
+            "the same first-step trees and the same work",
         ),
         (
             "tool and reward",
@@ -187,10 +189,13 @@ def setting_rows(
         ("group size", "budget.group_size (grpo)", group, f"num_generations={group}", ""),
         (
             "micro-batch",
-            "loss.micro_batch_size",
-            micro,
+            "loss.micro_batch_size/micro_tokens",
+            f"{micro}/{lo.micro_tokens}",
             f"per_device_train_batch_size={micro}, gradient_accumulation_steps={leaves // micro}",
-            "",
+            ""
+            if lo.micro_tokens <= 0
+            else f"tracerl packs its micro-batches longest first to {lo.micro_tokens} padded tokens, which TRL's "
+            "GRPO trainer has no setting for; the loss sums over the same tokens with the same denominator",
         ),
         (
             "old log-probs",
@@ -274,6 +279,45 @@ def setting_rows(
             "it is given (trl@1, trl@2) and its headline compares each side's fastest",
         ),
     ]
+
+
+def grpo_draws(tc: TrainConfig) -> list[list[str]]:
+    """The prompts (texts) tracerl's grpo side rolls out at each of its ``num_steps`` steps, in its order
+    (``replay_draws`` over the training tasks with ``tc.seed``). TRL's side takes them as its dataset, in this order
+    and unshuffled, so both sides roll out the same prompts with the same seeds at every step: their first step's
+    trees are the same.
+
+    Raises:
+        ValueError: a token budget (its steps' sizes depend on the rollouts, so there is nothing to replay).
+    """
+    if tc.budget.token_budget is not None:
+        raise ValueError(
+            "bench peer replays grpo's prompt draws, which a token budget makes depend on the rollouts: "
+            "set budget.token_budget=null and budget.num_leaves"
+        )
+    draws = replay_draws(_train_prompts(tc), tc.budget, tc.seed, tc.num_steps)
+    return [[p.text for p in step] for step in draws]
+
+
+def replay_draws(prompts: Sequence[Any], budget: Any, seed: int, steps: int) -> list[list[Any]]:
+    """The prompts a grpo run over ``prompts`` rolls out at each of ``steps`` steps: its ``Stepper``'s draws from
+    ``default_rng(seed)`` (a candidate pool, then the groups' prompts; grpo draws nothing else and ignores the
+    predictor's scores), replayed without rolling anything out."""
+    import numpy as np
+
+    from tracerl.algos.allocators import build_allocator
+    from tracerl.algos.config import AllocatorConfig
+    from tracerl.engine.stepper import sample_pool
+    from tracerl.types import Anchor
+
+    grpo = build_allocator(AllocatorConfig(name="grpo"))
+    rng = np.random.default_rng(seed)
+    out: list[list[Any]] = []
+    for _ in range(steps):
+        pool = sample_pool(prompts, budget.num_candidates, rng)
+        plan = grpo.plan_step(None, [Anchor(p) for p in pool], budget, rng)
+        out.append([pool[int(i)] for batch in plan.batches for i in batch])
+    return out
 
 
 def _train_prompts(tc: TrainConfig) -> list[Any]:

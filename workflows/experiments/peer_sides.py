@@ -17,7 +17,13 @@ from tracerl.actors.spec import WorkerSpec
 from tracerl.shipped import PACKAGE
 from tracerl.workflows.experiments.config import BenchPeerConfig
 from tracerl.workflows.experiments.peer_report import EvalPoint, ProcessRun, SideRun, StepRecord
-from tracerl.workflows.experiments.peer_settings import settings, side_config, side_mode, side_threads
+from tracerl.workflows.experiments.peer_settings import (
+    grpo_draws,
+    settings,
+    side_config,
+    side_mode,
+    side_threads,
+)
 from tracerl.workflows.experiments.proc_memory import TreeMemory
 
 ROLLOUT_PHASES = ("select", "score", "allocate_roots", "rollout", "expand_prefixes")
@@ -114,6 +120,7 @@ def run_trl_side(
     spec = {
         "config": str(work / "config.yaml"),
         "trl_args": settings(tc)["trl_args"],
+        "prompts": grpo_draws(tc),
         "threads": threads,
         "eval_every": tc.eval_every,
         "output_dir": str(work / "trl_out"),

@@ -195,6 +195,13 @@ class PeerRun:
         self.record: dict[str, Any] = {"steps": [], "evals": [], "launch_child": time.time()}
         self.eval_every = int(spec.get("eval_every", 0))
 
+    def dataset(self) -> list[str]:
+        """TRL's training prompts in the order it takes them: the spec's ``prompts`` (tracerl grpo's draws, step by
+        step: ``peer_settings.grpo_draws``; the arguments set ``shuffle_dataset=False``), else every task once."""
+        if "prompts" in self.spec:
+            return [text for step in self.spec["prompts"] for text in step]
+        return [p.text for p in self.prompts]
+
     def optimizers(self) -> tuple[Any, Any]:
         """The project's AdamW and schedule (``tracerl.learner.lr_lambda``), for ``GRPOTrainer(optimizers=...)``."""
         import torch
@@ -288,7 +295,7 @@ class PeerRun:
             model=self.model,
             reward_funcs=[env_reward],
             args=GRPOConfig(**trl_args),
-            train_dataset=Dataset.from_list([{"prompt": p.text} for p in self.prompts]),
+            train_dataset=Dataset.from_list([{"prompt": text} for text in self.dataset()]),
             processing_class=self.tok,
             callbacks=[Timing()],
             optimizers=self.optimizers(),
