@@ -239,6 +239,34 @@ def bootstrap_tiny(out_dir: Path, hidden_size: int, **fields: Any) -> dict[str, 
     )
 
 
+def tiny_llama(
+    vocab_size: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    max_positions: int,
+    seed: int = 0,
+    **extra: Any,
+) -> Any:
+    """A freshly initialised LlamaForCausalLM (torch seeded with ``seed`` first): an MLP twice ``hidden_size`` wide,
+    as many key-value heads as heads, and ``extra`` (more ``LlamaConfig`` fields)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_positions,
+        **extra,
+    )
+    return LlamaForCausalLM(cfg)
+
+
 @pytest.fixture(scope="session")
 def tiny_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A briefly trained tiny policy (real tokenizer, LlamaForCausalLM, SFT on rendered traces), built once."""
