@@ -218,28 +218,60 @@ def chain(
     return leaves
 
 
-@pytest.fixture(scope="session")
-def tiny_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A briefly trained tiny policy (real tokenizer, LlamaForCausalLM, SFT on rendered traces), built once.
-    No time budget: the steps are fixed, however busy the machine."""
+def bootstrap_tiny(out_dir: Path, hidden_size: int, **fields: Any) -> dict[str, Any]:
+    """``tracerl bootstrap`` of a tiny policy into ``out_dir`` (rebuilt if there), with no time budget: the steps
+    are fixed, however busy the machine. 80 training tasks, 2 layers, an MLP twice ``hidden_size`` wide and
+    batches of 8 unless ``fields`` (more of ``BootstrapConfig``'s) say otherwise; returns bootstrap's metrics."""
     from tracerl.workflows.bootstrap.config import BootstrapConfig
     from tracerl.workflows.bootstrap.policy import bootstrap
 
-    out = tmp_path_factory.mktemp("tiny") / "policy"
-    cfg = BootstrapConfig(
-        out_dir=str(out),
-        train_tasks=80,
-        eval_tasks=6,
-        hidden_size=48,
-        num_layers=2,
-        num_heads=4,
-        intermediate_size=96,
-        steps=40,
-        batch_size=8,
-        time_budget_s=None,
-        force=True,
+    sizes = {
+        "train_tasks": 80,
+        "num_layers": 2,
+        "intermediate_size": 2 * hidden_size,
+        "batch_size": 8,
+        **fields,
+    }
+    return bootstrap(
+        BootstrapConfig(
+            out_dir=str(out_dir), hidden_size=hidden_size, time_budget_s=None, force=True, **sizes
+        )
     )
-    metrics = bootstrap(cfg)
+
+
+def tiny_llama(
+    vocab_size: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    max_positions: int,
+    seed: int = 0,
+    **extra: Any,
+) -> Any:
+    """A freshly initialised LlamaForCausalLM (torch seeded with ``seed`` first): an MLP twice ``hidden_size`` wide,
+    as many key-value heads as heads, and ``extra`` (more ``LlamaConfig`` fields)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_positions,
+        **extra,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A briefly trained tiny policy (real tokenizer, LlamaForCausalLM, SFT on rendered traces), built once."""
+    out = tmp_path_factory.mktemp("tiny") / "policy"
+    metrics = bootstrap_tiny(out, hidden_size=48, num_heads=4, eval_tasks=6, steps=40)
     assert (
         metrics["train_steps"] == 40 and metrics["final_loss"] < 4.5
     )  # it learned something (from ln(vocab) ~ 6)

@@ -4,6 +4,7 @@ Used where the unit under test is the seeding of rollouts (the engine, the rollo
 tool call or a final answer with random numbers drawn from ``seeds[i]`` alone, so two rollouts give the same
 trees exactly when every turn got the same seed. Importable by path (``sampler.backend=
 tests.fake_seeded:FakeSeededSampler``), so Ray rollout workers build it through the sampler registry.
+``FakeSampler`` is the base of fakes whose turns are computed one context at a time (``turn``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import numpy as np
 from tracerl.samplers.base import Generation
 
 
-class FakeSeededSampler:
-    """Fake sampler: each context's turn (text and log-probs) is drawn from its own seed only."""
+class FakeSampler:
+    """Base of the fake samplers: ``generate`` asks ``turn`` for each context's turn, one context at a time."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tok = tokenizer
@@ -25,7 +26,7 @@ class FakeSeededSampler:
     @classmethod
     def from_config(
         cls, model_cfg: Any, cfg: Any, model: Any, tokenizer: Any, gpus: float = 1.0
-    ) -> FakeSeededSampler:
+    ) -> FakeSampler:
         """How the sampler registry builds every backend: only the policy's tokenizer is used."""
         return cls(tokenizer)
 
@@ -39,18 +40,29 @@ class FakeSeededSampler:
         caches: Sequence[object | None] | None = None,
     ) -> list[Generation]:
         assert len(seeds) == len(contexts)
-        out = []
-        for ctx, seed in zip(contexts, seeds):
-            rng = np.random.default_rng(seed)
-            a, b = rng.integers(1, 10, size=2)
-            if rng.random() < 0.35:
-                text = f"Thought: done\nFinal Answer: {a * b}\n"
-            else:
-                text = f"Thought: compute\nAction: python[print({a} * {b})]\n"
-            ids = list(self.tok(text, add_special_tokens=False)["input_ids"])[:max_new_tokens]
-            lps = (-rng.random(len(ids))).tolist()
-            out.append(Generation(ids, lps, self.tok.decode(ids), "stop", prefill_tokens=len(ctx)))
-        return out
+        return [self.turn(ctx, seed, max_new_tokens) for ctx, seed in zip(contexts, seeds)]
+
+    def turn(self, context: list[int], seed: int, max_new_tokens: int) -> Generation:
+        """The turn after ``context`` (at most ``max_new_tokens``), drawn from ``seed`` if at all."""
+        raise NotImplementedError
+
+    def stopped(self, context: list[int], ids: list[int], logprobs: list[float]) -> Generation:
+        """A turn of ``ids`` that ended at a stop string."""
+        return Generation(ids, logprobs, self.tok.decode(ids), "stop", prefill_tokens=len(context))
+
+
+class FakeSeededSampler(FakeSampler):
+    """Fake sampler: each context's turn (text and log-probs) is drawn from its own seed only."""
+
+    def turn(self, context: list[int], seed: int, max_new_tokens: int) -> Generation:
+        rng = np.random.default_rng(seed)
+        a, b = rng.integers(1, 10, size=2)
+        if rng.random() < 0.35:
+            text = f"Thought: done\nFinal Answer: {a * b}\n"
+        else:
+            text = f"Thought: compute\nAction: python[print({a} * {b})]\n"
+        ids = list(self.tok(text, add_special_tokens=False)["input_ids"])[:max_new_tokens]
+        return self.stopped(context, ids, (-rng.random(len(ids))).tolist())
 
 
 class FakeAsyncSeededSampler(FakeSeededSampler):

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.conftest import tiny_llama
 from tracerl.algos.allocators import Expansion
 from tracerl.algos.batch import collate
 from tracerl.config import LossConfig, OptimConfig, SamplerConfig
@@ -89,24 +90,18 @@ def chat_policy(tok: Any) -> Any:
     end tokens are likely: hidden dimension 0 is a constant the layers never write (its embedding column is 4, the
     layers' output rows 0 are zero), and only the end tokens read it in the output layer. ``<|im_end|>`` then comes
     at about 0.08 a token and ``<|endoftext|>`` at about 0.03, varying with the context."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     ends = [tok.eos_token_id, tok.convert_tokens_to_ids("<|endoftext|>")]
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
+    model = tiny_llama(
+        len(tok),
+        64,
+        num_layers=2,
+        num_heads=2,
+        max_positions=2048,
         initializer_range=0.5,
         tie_word_embeddings=False,
         eos_token_id=ends,
         pad_token_id=tok.pad_token_id,
     )
-    model = LlamaForCausalLM(cfg)
     with torch.no_grad():
         model.model.embed_tokens.weight[:, 0] = 4.0
         for layer in model.model.layers:

@@ -22,6 +22,16 @@ def _fails_with(monkeypatch: pytest.MonkeyPatch, exc: BaseException) -> None:
 ARGS = ["register", "RUN", "--name", "m", "--tracking-uri", "sqlite:////tmp/never-used.db"]
 
 
+def _exit_and_stderr(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], exc: BaseException
+) -> tuple[int, str]:
+    """What ``main`` returns and writes to stderr when the command fails with ``exc`` (TRACERL_DEBUG unset)."""
+    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
+    _fails_with(monkeypatch, exc)
+    code = cli.main(ARGS)
+    return code, capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("exc", "line"),
     [
@@ -34,11 +44,7 @@ ARGS = ["register", "RUN", "--name", "m", "--tracking-uri", "sqlite:////tmp/neve
 def test_a_user_error_is_one_line_and_exit_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], exc: BaseException, line: str
 ) -> None:
-    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
-    _fails_with(monkeypatch, exc)
-    assert cli.main(ARGS) == 2
-    err = capsys.readouterr().err
-    assert err == line + "\n"
+    assert _exit_and_stderr(monkeypatch, capsys, exc) == (2, line + "\n")
 
 
 @pytest.mark.parametrize(
@@ -51,12 +57,8 @@ def test_a_user_error_is_one_line_and_exit_2(
 def test_a_full_disk_is_one_line_and_exit_28(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], exc: BaseException, path: str
 ) -> None:
-    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
-    _fails_with(monkeypatch, exc)
-    assert cli.main(ARGS) == 28
-    assert capsys.readouterr().err == (
-        f"tracerl: no space left on device at {path}: free space or point out_dir/tracking.uri elsewhere\n"
-    )
+    line = f"tracerl: no space left on device at {path}: free space or point out_dir/tracking.uri elsewhere\n"
+    assert _exit_and_stderr(monkeypatch, capsys, exc) == (28, line)
 
 
 def test_a_job_api_error_and_a_setup_error_are_user_errors() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import WAIT_LIMIT_S
+from tests.conftest import WAIT_LIMIT_S, tiny_llama
 from tests.test_push import FakePool
 from tracerl.algos.batch import TrainBatch, collate
 from tracerl.algos.losses import LossInputs, ppo_clip_loss, token_logprobs
@@ -140,20 +140,7 @@ def test_lr_schedule_warms_up_then_decays() -> None:
 
 
 def _model(seed: int = 0):  # type: ignore[no-untyped-def]
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=0,
-    )
-    return LlamaForCausalLM(cfg)
+    return tiny_llama(32, 16, num_layers=1, num_heads=2, max_positions=64, seed=seed, pad_token_id=0)
 
 
 def _batch() -> TrainBatch:

@@ -5,12 +5,11 @@ state and says so; every bad cell below first sets ``x = -1``, so a later ``42``
 """
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.fake_seeded import FakeSampler
 from tracerl.algos.allocators import Expansion
 from tracerl.config import SamplerConfig
 from tracerl.engine.react import Action, ActionKind, PlainTemplate
@@ -134,7 +133,7 @@ def test_without_bubblewrap_bad_cells_are_dropped_too(env: MathEnv, name: str) -
     assert plain.execute(PROMPT, bad.state, call("x += 2\nprint(x)")).observation == "42"
 
 
-class StatefulScript:
+class StatefulScript(FakeSampler):
     """Fake sampler (the unit under test is the engine with the real environment): sets x, runs a cell that leaves
     a thread (after setting x = -1), adds 2, then answers with the first line of the last observation."""
 
@@ -144,33 +143,17 @@ class StatefulScript:
         "x += 2; print(x)",
     )
 
-    def __init__(self, tokenizer: Any) -> None:
-        self.tok = tokenizer
-
-    def generate(
-        self,
-        contexts: Sequence[list[int]],
-        max_new_tokens: int,
-        stop: Sequence[str],
-        temperature: float,
-        seeds: Sequence[int],
-        caches: Sequence[object | None] | None = None,
-    ) -> list[Generation]:
-        out = []
-        for ctx in contexts:
-            text = self.tok.decode(ctx)
-            done = text.count("Observation:")
-            if done < len(self.TURNS):
-                turn = PlainTemplate().tool_turn("next step", "python", {"code": self.TURNS[done]})
-            else:
-                turn = PlainTemplate().answer_turn(
-                    "as computed", text.rsplit("Observation:", 1)[1].strip().splitlines()[0]
-                )
-            ids = self.tok(turn, add_special_tokens=False)["input_ids"][:max_new_tokens]
-            out.append(
-                Generation(ids, [-0.1] * len(ids), self.tok.decode(ids), "stop", prefill_tokens=len(ctx))
+    def turn(self, context: list[int], seed: int, max_new_tokens: int) -> Generation:
+        text = self.tok.decode(context)
+        done = text.count("Observation:")
+        if done < len(self.TURNS):
+            turn = PlainTemplate().tool_turn("next step", "python", {"code": self.TURNS[done]})
+        else:
+            turn = PlainTemplate().answer_turn(
+                "as computed", text.rsplit("Observation:", 1)[1].strip().splitlines()[0]
             )
-        return out
+        ids = self.tok(turn, add_special_tokens=False)["input_ids"][:max_new_tokens]
+        return self.stopped(context, ids, [-0.1] * len(ids))
 
 
 def test_engine_forks_after_a_bad_cell_continue_from_the_state_before_it(env: MathEnv) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import bootstrap_tiny
 from tracerl.config import SamplerConfig, env_config
 from tracerl.engine.react import Action, ActionKind, PlainTemplate
 from tracerl.envs.search.config import SearchEnvConfig
@@ -321,16 +322,13 @@ def test_bootstrap_search_habit_phase_starts_from_a_checkpoint(
 ) -> None:
     import json
 
-    from tracerl.workflows.bootstrap.config import BootstrapConfig
-    from tracerl.workflows.bootstrap.policy import bootstrap
-
     # short episodes: an untrained model would otherwise babble to the policy's real limits in the evaluation
     monkeypatch.setattr(
         "tracerl.workflows.bootstrap.search.SEARCH_LIMITS",
         SamplerConfig(max_turns=2, max_turn_tokens=16, max_episode_tokens=32, max_context_tokens=1024),
     )
 
-    small = dict(
+    small: dict[str, Any] = dict(
         family="search",
         train_tasks=40,
         eval_tasks=3,
@@ -338,27 +336,22 @@ def test_bootstrap_search_habit_phase_starts_from_a_checkpoint(
         hidden_size=32,
         num_layers=1,
         num_heads=2,
-        intermediate_size=64,
         max_positions=768,
         batch_size=4,
         top_k=2,
         query_space=True,
-        time_budget_s=None,
-        force=True,
     )
-    base = bootstrap(BootstrapConfig(out_dir=str(tmp_path / "base"), steps=3, **small))  # type: ignore[arg-type]
+    base = bootstrap_tiny(tmp_path / "base", steps=3, **small)
     assert base["train_steps"] == 3 and not base["stopped_by_time_budget"] and base["habit_steps"] == 0
     assert base["eval_tasks"] == 3 and {"em", "f1", "well_formed_turns"} <= set(base["greedy"])
-    habit = bootstrap(
-        BootstrapConfig(
-            out_dir=str(tmp_path / "habit"),
-            init_from=str(tmp_path / "base"),
-            steps=1,
-            habit_steps=2,
-            direct_answer_fraction=0.5,
-            **small,
-        )
-    )  # type: ignore[arg-type]
+    habit = bootstrap_tiny(
+        tmp_path / "habit",
+        init_from=str(tmp_path / "base"),
+        steps=1,
+        habit_steps=2,
+        direct_answer_fraction=0.5,
+        **small,
+    )
     assert (
         habit["train_steps"] == 2 and habit["habit_steps"] == 2 and habit["parameters"] == base["parameters"]
     )

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import bootstrap_tiny
+
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
 
@@ -19,26 +21,9 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache for the 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tracerl.workflows.bootstrap.config import BootstrapConfig
-    from tracerl.workflows.bootstrap.policy import bootstrap
-
     out = tmp_path_factory.mktemp("vllm") / "policy"
     # vLLM's CPU attention kernels need head_dim 32, 64, ...: 128 / 2 heads = 64.
-    bootstrap(
-        BootstrapConfig(
-            out_dir=str(out),
-            train_tasks=80,
-            eval_tasks=2,
-            hidden_size=128,
-            num_layers=2,
-            num_heads=2,
-            intermediate_size=256,
-            steps=30,
-            batch_size=8,
-            time_budget_s=None,
-            force=True,
-        )
-    )
+    bootstrap_tiny(out, hidden_size=128, num_heads=2, eval_tasks=2, steps=30)
     return out
 
 

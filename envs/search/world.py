@@ -120,6 +120,21 @@ def _doc(kind: str, name: str) -> str:
     return f"{kind}:{name}"
 
 
+# relation name (the ``World`` field: subject -> object) -> (fact sentence, what the agent looks for, subject kind)
+RELATIONS: dict[str, tuple[str, str, str]] = {
+    "born": ("{s} was born in {o}.", "where {s} was born", "person"),
+    "works": ("{s} works for {o}.", "who {s} works for", "person"),
+    "founder": ("{s} was founded by {o}.", "who founded {s}", "company"),
+    "hq": ("{s} is headquartered in {o}.", "where {s} is headquartered", "company"),
+    "country": ("{s} is a city in {o}.", "which country {s} is in", "city"),
+}
+
+
+def _fact(rel: str, subject: str, obj: str) -> str:
+    """The sentence of the subject's passage that states ``rel``."""
+    return RELATIONS[rel][0].format(s=subject, o=obj)
+
+
 @lru_cache(maxsize=8)
 def build_world(
     seed: int = 0,
@@ -148,38 +163,39 @@ def build_world(
     founder = {k: people[int(i)] for k, i in zip(companies, founders)}
     hq = {k: str(rng.choice(cities)) for k in companies}
     passages = [
-        Passage(_doc("person", p), p, f"{p} was born in {born[p]}. {p} works for {works[p]}.") for p in people
+        Passage(_doc("person", p), p, f"{_fact('born', p, born[p])} {_fact('works', p, works[p])}")
+        for p in people
     ]
     passages += [
-        Passage(_doc("company", k), k, f"{k} was founded by {founder[k]}. {k} is headquartered in {hq[k]}.")
+        Passage(_doc("company", k), k, f"{_fact('founder', k, founder[k])} {_fact('hq', k, hq[k])}")
         for k in companies
     ]
-    passages += [Passage(_doc("city", c), c, f"{c} is a city in {country[c]}.") for c in cities]
+    passages += [Passage(_doc("city", c), c, _fact("country", c, country[c])) for c in cities]
     passages += [
         Passage(
             _doc("country", n), n, f"{n} is a country with {sum(v == n for v in country.values())} cities."
         )
         for n in countries
     ]
-    # Distractors: they name entities without stating any relation.
-    for c in cities:
-        guest = people[int(rng.integers(len(people)))]
-        passages.append(
-            Passage(
-                _doc("festival", c),
-                f"{c} Festival",
-                f"The {c} Festival is held every spring. {guest} once gave a speech there.",
-            )
-        )
-    for k in companies:
-        guest = people[int(rng.integers(len(people)))]
-        passages.append(
-            Passage(
-                _doc("report", k),
-                f"{k} annual report",
-                f"The {k} annual report praised {guest} and the staff in {rng.choice(cities)}.",
-            )
-        )
+    # Distractors: they name entities without stating any relation (a guest each, drawn in this order).
+    distractors: list[tuple[str, list[str], str, Callable[[str, str], str]]] = [
+        (
+            "festival",
+            cities,
+            "{} Festival",
+            lambda c, g: f"The {c} Festival is held every spring. {g} once gave a speech there.",
+        ),
+        (
+            "report",
+            companies,
+            "{} annual report",
+            lambda k, g: f"The {k} annual report praised {g} and the staff in {rng.choice(cities)}.",
+        ),
+    ]
+    for kind, names, title, text in distractors:
+        for name in names:
+            guest = people[int(rng.integers(len(people)))]
+            passages.append(Passage(_doc(kind, name), title.format(name), text(name, guest)))
     return World(
         seed,
         tuple(people),
@@ -194,41 +210,6 @@ def build_world(
         tuple(passages),
     )
 
-
-# relation name -> (object of the subject, fact sentence, what the agent looks for, passage kind)
-_Rel = tuple[Callable[[World, str], str], Callable[[str, str], str], Callable[[str], str], str]
-RELATIONS: dict[str, _Rel] = {
-    "born": (
-        lambda w, s: w.born[s],
-        lambda s, o: f"{s} was born in {o}.",
-        lambda s: f"where {s} was born",
-        "person",
-    ),
-    "works": (
-        lambda w, s: w.works[s],
-        lambda s, o: f"{s} works for {o}.",
-        lambda s: f"who {s} works for",
-        "person",
-    ),
-    "founder": (
-        lambda w, s: w.founder[s],
-        lambda s, o: f"{s} was founded by {o}.",
-        lambda s: f"who founded {s}",
-        "company",
-    ),
-    "hq": (
-        lambda w, s: w.hq[s],
-        lambda s, o: f"{s} is headquartered in {o}.",
-        lambda s: f"where {s} is headquartered",
-        "company",
-    ),
-    "country": (
-        lambda w, s: w.country[s],
-        lambda s, o: f"{s} is a city in {o}.",
-        lambda s: f"which country {s} is in",
-        "city",
-    ),
-}
 
 # template name -> (hops, start kind, question text, relation chain)
 TEMPLATES: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -275,12 +256,11 @@ def solve(world: World, template: str, start: str) -> Question:
     hops: list[Hop] = []
     subject, known = start, ""
     for rel in chain:
-        obj_of, fact_of, need_of, subject_kind = RELATIONS[rel]
-        thought = (
-            f"I need to find {need_of(subject)}." if not known else f"{known} Next I need {need_of(subject)}."
-        )
-        obj = obj_of(world, subject)
-        known = fact_of(subject, obj)
+        _, need, subject_kind = RELATIONS[rel]
+        looks_for = need.format(s=subject)
+        thought = f"I need to find {looks_for}." if not known else f"{known} Next I need {looks_for}."
+        obj = getattr(world, rel)[subject]
+        known = _fact(rel, subject, obj)
         hops.append(Hop(thought, subject, known, _doc(subject_kind, subject)))
         subject = obj
     q = text.format(start)

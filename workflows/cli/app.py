@@ -26,7 +26,7 @@ from tracerl.models.hf import SetupError
 from tracerl.workflows.bootstrap.config import BootstrapConfig, SFTConfig
 from tracerl.workflows.cli import bench as cli_bench
 from tracerl.workflows.cli import runs as cli_mlflow
-from tracerl.workflows.cli.args import Command, Shorthand, add_job_args, study_done
+from tracerl.workflows.cli.args import Command, Shorthand, add_job_args, out_flag, study_done
 from tracerl.workflows.cli.args import progress as _progress
 from tracerl.workflows.cli.families import load_families
 from tracerl.workflows.ops.disk import EXIT_CODE, DiskFull, no_space
@@ -128,14 +128,14 @@ def _eval(cfg: EvalConfig) -> int:
 
 ROLLOUT_FLAGS = (
     Shorthand("--steps", ("steps",), "steps to run (the predictor learns across them; the last is written)"),
-    Shorthand("--out", ("out_dir",), "output directory", str),
+    out_flag(),
     Shorthand("--roots", ("budget.num_roots",), "M, bare rollouts a step", int, ("budget.num_leaves=null",)),
     Shorthand("--continuations", ("budget.continuations",), "N, the continuation multiplier"),
 )
 TRAIN_FLAGS = (
     Shorthand("--steps", ("steps",), "RL steps"),
     Shorthand("--seed", ("seed",), "seed"),
-    Shorthand("--out", ("out_dir",), "checkpoint storage directory", str),
+    out_flag(what="checkpoint storage directory"),
 )
 SWEEP_FLAGS = (
     Shorthand("--samples", ("num_samples",), "trials"),
@@ -144,17 +144,17 @@ SWEEP_FLAGS = (
 )
 STUDY_FLAGS = (
     Shorthand("--json", ("json_path",), "also write study.json here", str),
-    Shorthand("--out", ("out_dir",), "report directory", str),
+    out_flag(what="report directory"),
     Shorthand("--only", ("only",), "select cells, e.g. testbed=math-habit,allocator=grpo", str),
 )
 STUDY_SWITCHES = {"--fresh": "fresh", "--report-only": "report_only", "--fill-tokens": "fill_tokens"}
 EVAL_FLAGS = (
     Shorthand("--samples", ("samples",), "k for pass@k / avg@k (0: greedy only)"),
-    Shorthand("--out", ("out_dir",), "output directory", str),
+    out_flag(),
 )
 
 BOOTSTRAP_FLAGS = (
-    Shorthand("--out", ("out_dir",), "checkpoint directory", str),
+    out_flag(what="checkpoint directory"),
     Shorthand("--seed", ("seed",), "seed for tasks, initialisation and training"),
 )
 

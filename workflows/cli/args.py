@@ -25,6 +25,15 @@ class Shorthand:
     extra: tuple[str, ...] = ()  # fixed overrides that come with the flag
 
 
+JSON_FLAG = Shorthand("--json", ("json_path",), "also write the JSON summary here", str)
+"""``--json``: where a bench also writes its JSON summary (``json_path``)."""
+
+
+def out_flag(key: str = "out_dir", what: str = "output directory") -> Shorthand:
+    """``--out``: the command's output directory, config key ``key``."""
+    return Shorthand("--out", (key,), what, str)
+
+
 @dataclass(frozen=True)
 class Command:
     schema: type

@@ -17,7 +17,16 @@ from tracerl.workflows.bench.config import (
     BenchRolloutConfig,
     BenchTrainConfig,
 )
-from tracerl.workflows.cli.args import Command, CommandFamily, Shorthand, add_job_args, progress, run_bench
+from tracerl.workflows.cli.args import (
+    JSON_FLAG,
+    Command,
+    CommandFamily,
+    Shorthand,
+    add_job_args,
+    out_flag,
+    progress,
+    run_bench,
+)
 from tracerl.workflows.ops.results import write_json
 from tracerl.workflows.pipeline.config import BenchPipelineConfig
 from tracerl.workflows.tracking.store import resolve_uri, where
@@ -26,7 +35,7 @@ from tracerl.workflows.tracking.store import resolve_uri, where
 # other command start without loading it (several load torch, Ray or MLflow).
 
 BENCH_ALLOCATION_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    JSON_FLAG,
     Shorthand("--seeds", ("seeds",), "seeds per allocator"),
     Shorthand("--steps", ("steps",), "RL steps per run"),
     Shorthand(
@@ -38,25 +47,25 @@ BENCH_ALLOCATION_FLAGS = (
     ),
     Shorthand("--continuations", ("budget.continuations",), "N, the continuation multiplier"),
     Shorthand("--workers", ("workers",), "parallel runs (Ray tasks); 1 = no Ray"),
-    Shorthand("--out", ("out_dir",), "output directory", str),
+    out_flag(),
 )
 
 
 BENCH_ROLLOUT_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    JSON_FLAG,
     Shorthand("--steps", ("steps",), "steps per allocator"),
     Shorthand("--seeds", ("seeds",), "seeds per allocator"),
-    Shorthand("--out", ("out_dir",), "output directory", str),
+    out_flag(),
 )
 
 BENCH_TRAIN_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    JSON_FLAG,
     Shorthand("--steps", ("steps",), "RL steps per run"),
     Shorthand("--seeds", ("seeds",), "seeds per allocator"),
-    Shorthand("--out", ("bench_out",), "output directory", str),
+    out_flag("bench_out"),
 )
 BENCH_PIPELINE_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    JSON_FLAG,
     Shorthand("--steps", ("steps",), "steps per seed and mode"),
     Shorthand("--seeds", ("seeds",), "seeds (interleaved: every mode per seed)"),
     Shorthand("--train-steps", ("train_steps",), "steps of each train run comparing train_modes (0: none)"),
@@ -66,10 +75,10 @@ BENCH_PIPELINE_FLAGS = (
         "sampler batching of the frozen steps, comma-separated: rounds, join (per-token join) or both",
         lambda s: f"[{s}]",
     ),
-    Shorthand("--out", ("bench_out",), "output directory", str),
+    out_flag("bench_out"),
 )
 BENCH_ENV_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    JSON_FLAG,
     Shorthand("--tasks", ("tasks",), "held-out tasks to run"),
 )
 

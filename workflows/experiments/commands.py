@@ -15,11 +15,13 @@ from pathlib import Path
 from tracerl.config import TrainConfig
 from tracerl.workflows.bench.config import BenchAllocationConfig
 from tracerl.workflows.cli.args import (
+    JSON_FLAG,
     Command,
     CommandFamily,
     Shorthand,
     Switch,
     Variant,
+    out_flag,
     progress,
     run_bench,
     study_done,
@@ -47,19 +49,19 @@ from tracerl.workflows.experiments.update import run_update_bench
 from tracerl.workflows.study.config import StudyConfig
 
 BENCH_TARGETS_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    JSON_FLAG,
     Shorthand("--seeds", ("seeds",), "seeds per allocator"),
     Shorthand("--steps", ("steps",), "RL steps per run"),
-    Shorthand("--out", ("out_dir",), "output directory", str),
+    out_flag(),
 )
 BENCH_TESTBEDS_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    JSON_FLAG,
     Shorthand("--only", ("only",), "measure these testbeds (comma-separated names)", str),
     Shorthand("--tasks", ("eval_tasks",), "held-out tasks per testbed"),
-    Shorthand("--out", ("out_dir",), "output directory", str),
+    out_flag(),
 )
 BENCH_UPDATE_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    JSON_FLAG,
     Shorthand("--vocab", ("vocab",), "vocabulary size"),
     Shorthand("--hidden", ("hidden",), "hidden size (a multiple of 32)"),
     Shorthand("--layers", ("layers",), "decoder layers"),
@@ -73,21 +75,21 @@ BENCH_UPDATE_FLAGS = (
         lambda s: f"[{s}]",
     ),
     Shorthand("--max-gb", ("max_gb",), "address-space cap of each case's subprocess, GB (0: none)", float),
-    Shorthand("--out", ("bench_out",), "output directory", str),
+    out_flag("bench_out"),
 )
 BENCH_SYNC_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    JSON_FLAG,
     Shorthand("--vocab", ("vocab",), "vocabulary size"),
     Shorthand("--hidden", ("hidden",), "hidden size (a multiple of 64)"),
     Shorthand("--layers", ("layers",), "decoder layers"),
     Shorthand("--samplers", ("samplers",), "hf sampler actors to push to"),
     Shorthand("--bucket-mb", ("bucket_mb",), "trainer.push_bucket_mb of the push"),
     Shorthand("--pushes", ("pushes",), "pushes (the first is a warm-up)"),
-    Shorthand("--out", ("bench_out",), "output directory", str),
+    out_flag("bench_out"),
 )
 
 BENCH_PEER_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    JSON_FLAG,
     Shorthand("--steps", ("steps",), "RL steps per run"),
     Shorthand("--seeds", ("seeds",), "seeds per side (the sides' order rotates each seed)"),
     Shorthand("--threads", ("threads",), "CPUs of every side (the first N of the affinity)"),
@@ -101,13 +103,13 @@ BENCH_PEER_FLAGS = (
     ),
     Shorthand("--model", ("model.path",), "the policy checkpoint every side starts from", str),
     Shorthand("--eval-every", ("eval_every",), "held-out accuracy every N steps (0: none; curves need it)"),
-    Shorthand("--out", ("bench_out",), "output directory", str),
+    out_flag("bench_out"),
 )
 BENCH_LIMIT_FLAGS = (
-    Shorthand("--json", ("json_path",), "also write the JSON summary here", str),
+    JSON_FLAG,
     Shorthand("--steps", ("steps",), "steps of the real run (the first and the last are not measured)"),
     Shorthand("--repeats", ("repeats",), "timed repeats of each microbenchmark"),
-    Shorthand("--out", ("bench_out",), "output directory", str),
+    out_flag("bench_out"),
 )
 
 

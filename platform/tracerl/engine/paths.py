@@ -31,7 +31,7 @@ from tracerl.algos.allocators import Expansion
 from tracerl.engine import aio
 from tracerl.engine.ledger import BudgetLedger
 from tracerl.engine.react import ActionKind
-from tracerl.engine.stream import OnBare, Served, StreamRun, expansion_tree
+from tracerl.engine.stream import EngineShare, OnBare, Served, StreamRun
 from tracerl.tree import RolloutTree
 from tracerl.types import Prompt
 
@@ -65,17 +65,15 @@ class _Busy:
         return out
 
 
-class AsyncStreamRun:
+class AsyncStreamRun(EngineShare):
     """One engine's share of a streaming step, one task per path; the interface of ``StreamRun``. Runs on the
-    background loop: ``serve`` is called from another thread (the sampler actor's), ``aserve`` on the loop."""
+    background loop: ``serve`` is called from another thread (the sampler actor's), ``aserve`` on the loop. The
+    engine's sampler has ``agenerate`` (``tracerl.engine.aio.AsyncSampler``)."""
 
     def __init__(
         self, engine: Any, ids: Sequence[int], prompts: Sequence[Prompt], counts: Sequence[int]
     ) -> None:
-        self.engine = engine
-        """A ``TreeRolloutEngine`` whose sampler has ``agenerate`` (``tracerl.engine.aio.AsyncSampler``)."""
-        self.trees: dict[int, RolloutTree] = {}
-        self.stage: dict[int, str] = {}
+        super().__init__(engine)
         self.running: dict[int, int] = {}
         """Paths running per tree (in its current phase)."""
         self._order: dict[int, dict[int, tuple[int, int, int]]] = {}
@@ -101,10 +99,7 @@ class AsyncStreamRun:
             self._wake = asyncio.Event()
         if self._begin is not None:
             (ids, prompts, counts), self._begin = self._begin, None
-            for i, p, m in zip(ids, prompts, counts):
-                self.trees[i] = RolloutTree(p)
-                self.stage[i] = "bare"
-                self._launch(i, [self.engine._start(self.trees[i], True) for _ in range(int(m))])
+            self.add_bare(ids, prompts, counts)
         for i, tree, ex in adds:
             self.add_expansion(i, tree, ex)
         while not self._reports and self._error is None and self._live:
@@ -126,13 +121,8 @@ class AsyncStreamRun:
         """Paths still run, or a tree waits to be reported."""
         return self._live > 0 or bool(self._reports)
 
-    def add_expansion(self, i: int, tree: RolloutTree, expansion: Expansion) -> None:
-        """Start tree ``i``'s expansion from our copy (its KV caches) or the sent ``tree`` (``StreamRun``'s rule)."""
-        own = expansion_tree(self.engine, self.trees, i, tree, expansion)
-        self.stage[i] = "expand"
-        self._launch(i, self.engine.expansion_paths([own], [expansion]))
-
-    def _launch(self, i: int, paths: list[Any]) -> None:
+    def run_paths(self, i: int, paths: list[Any]) -> None:
+        """A task for each of ``paths`` (on the running loop: ``add_bare`` and ``add_expansion`` are called there)."""
         self._start[i], self._order[i], self.running[i] = len(self.trees[i].nodes), {}, len(paths)
         if not paths:
             self._settle(i)

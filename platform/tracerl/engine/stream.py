@@ -54,34 +54,50 @@ def expansion_tree(
     return own
 
 
-class StreamRun:
-    """One engine's share of a streaming step: its trees (with their KV caches), their running paths, and where
-    each tree stands: 'bare' (bare rollouts running), 'wait' (reported, expansion not decided yet), 'expand'
-    (continuations running), 'done'."""
+class EngineShare:
+    """One engine's share of a streaming step, what both of its drivers keep: its trees (with their KV caches) and
+    where each tree stands: 'bare' (bare rollouts running), 'wait' (reported, expansion not decided yet), 'expand'
+    (continuations running), 'done'. A driver runs the paths that ``run_paths`` hands it."""
 
-    def __init__(
-        self, engine: Any, ids: Sequence[int], prompts: Sequence[Prompt], counts: Sequence[int]
-    ) -> None:
+    def __init__(self, engine: Any) -> None:
         self.engine = engine
-        """A ``TreeRolloutEngine`` (its ``_start``, ``expansion_paths``, ``advance`` and ``ledger``)."""
+        """A ``TreeRolloutEngine`` (its ``_start``, ``expansion_paths`` and ``ledger``, and what the driver uses)."""
         self.trees: dict[int, RolloutTree] = {}
         self.stage: dict[int, str] = {}
-        self.paths: list[Any] = []
-        self.add_bare(ids, prompts, counts)
 
     def add_bare(self, ids: Sequence[int], prompts: Sequence[Prompt], counts: Sequence[int]) -> None:
         """Start ``counts[k]`` bare rollouts of ``prompts[k]``, tree ``ids[k]`` of the step."""
         for i, p, m in zip(ids, prompts, counts):
             self.trees[i] = RolloutTree(p)
             self.stage[i] = "bare"
-            self.paths += [self.engine._start(self.trees[i], True) for _ in range(int(m))]
+            self.run_paths(i, [self.engine._start(self.trees[i], True) for _ in range(int(m))])
 
     def add_expansion(self, i: int, tree: RolloutTree, expansion: Expansion) -> None:
         """Start tree ``i``'s expansion from our own copy (it holds the KV caches) or, without one (the owner was
         busy or died), from the sent ``tree``, whose prefixes the sampler re-encodes. Both are counted."""
         own = expansion_tree(self.engine, self.trees, i, tree, expansion)
         self.stage[i] = "expand"
-        self.paths += self.engine.expansion_paths([own], [expansion])
+        self.run_paths(i, self.engine.expansion_paths([own], [expansion]))
+
+    def run_paths(self, i: int, paths: list[Any]) -> None:
+        """Run ``paths``, new paths of tree ``i``."""
+        raise NotImplementedError
+
+
+class StreamRun(EngineShare):
+    """One engine's share of a streaming step, driven in rounds: every running path advances one turn a round
+    (``TreeRolloutEngine.advance``)."""
+
+    def __init__(
+        self, engine: Any, ids: Sequence[int], prompts: Sequence[Prompt], counts: Sequence[int]
+    ) -> None:
+        super().__init__(engine)
+        self.paths: list[Any] = []
+        self.add_bare(ids, prompts, counts)
+
+    def run_paths(self, i: int, paths: list[Any]) -> None:
+        """Add ``paths`` to the next round."""
+        self.paths += paths
 
     @property
     def active(self) -> bool:
