@@ -17,7 +17,7 @@ from tracerl import metrics as M
 from tracerl.algos.allocators import ALLOCATORS
 from tracerl.config import AllocatorConfig, BudgetConfig, PredictorConfig
 from tracerl.config_loader import compose
-from tracerl.engine.allocation import build_allocation
+from tracerl.engine.allocation import allocator_of, build_allocation
 from tracerl.engine.mc_scorer import MonteCarloScorer
 from tracerl.engine.step import run_step
 from tracerl.envs.simulator import Simulator, SimulatorConfig
@@ -48,6 +48,8 @@ def test_every_registered_allocator_is_built_and_steps_on_the_simulator(name: st
     alloc, pred = build_allocation(AllocatorConfig(name=name), PredictorConfig(name="tabular"), 0, env)
     assert (alloc.lengths is not None) == (alloc.length_predictor is not None)
     assert isinstance(pred, MonteCarloScorer) == alloc.monte_carlo
+    alone = allocator_of(AllocatorConfig(name=name))  # the same allocator, without a scorer (a replay of plans)
+    assert type(alone) is type(alloc) and (alone.lengths is None) == (alloc.lengths is None)
     for _ in range(2):  # the second step allocates with a fitted predictor
         out = run_step(
             env.sample_pool(budget.num_candidates), alloc, pred, env, budget, np.random.default_rng(0)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from safetensors.numpy import save_file
 
 from tests.conftest import fill_disk, small_tmpfs
@@ -203,6 +204,18 @@ def test_a_damaged_model_path_is_one_line(
         f"tracerl: checkpoint {model} is damaged: model.safetensors is {size // 2} bytes"
     )
     assert "point model.path at an intact checkpoint" in errors[0]
+
+
+def test_a_torch_write_on_a_full_disk_is_no_space_there(tmp_path: Path) -> None:
+    """torch's writer fails on a full disk with no errno (a RuntimeError): given the folder written to, whose
+    filesystem is full, ``no_space`` names it; on a folder with room, or without a folder, it is no full disk."""
+    with small_tmpfs(tmp_path / "disk", 1) as disk:
+        fill_disk(disk)
+        with pytest.raises(RuntimeError) as err:
+            torch.save({"w": torch.zeros(1 << 16)}, disk / "x.pt")
+        assert no_space(err.value) is None
+        assert no_space(err.value, disk) == str(disk)
+        assert no_space(err.value, tmp_path) is None
 
 
 def test_no_space_is_found_however_it_is_wrapped() -> None:

@@ -305,12 +305,12 @@ def replay_draws(prompts: Sequence[Any], budget: Any, seed: int, steps: int) -> 
     predictor's scores), replayed without rolling anything out."""
     import numpy as np
 
-    from tracerl.algos.allocators import build_allocator
     from tracerl.algos.config import AllocatorConfig
+    from tracerl.engine.allocation import allocator_of
     from tracerl.engine.stepper import sample_pool
     from tracerl.types import Anchor
 
-    grpo = build_allocator(AllocatorConfig(name="grpo"))
+    grpo = allocator_of(AllocatorConfig(name="grpo"))
     rng = np.random.default_rng(seed)
     out: list[list[Any]] = []
     for _ in range(steps):

@@ -6,13 +6,16 @@ update) is not transient: retrying cannot succeed until someone frees space. ``n
 deeply it is wrapped (Ray Train's worker-group and controller errors, MLflow's and SQLAlchemy's exceptions);
 ``DiskFull`` is the one line the CLI prints (exit ``EXIT_CODE``, 28, the errno of ENOSPC);
 ``tracerl.workflows.ops.disk_callback.StopOnDiskFull`` keeps Ray Train from restarting the workers on one
-(``FailureConfig.max_failures`` is for faults that a restart can get past).
+(``FailureConfig.max_failures`` is for faults that a restart can get past). torch's file writer reports a full disk
+without an errno ("basic_ios::clear: iostream error", "file write failed"): ``no_space`` given the folder written
+to counts such an error as a full disk when that folder's filesystem has (next to) no space left.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import os
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,6 +23,10 @@ from typing import Any
 EXIT_CODE = 28  # errno.ENOSPC on Linux: what `tracerl` exits with when a disk or quota is full
 NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _TEXTS = ("no space left on device", "disk quota exceeded", "database or disk is full")
+_WRITER_TEXTS = ("iostream error", "file write failed")
+"""What torch's writer (``torch.save``, PyTorchStreamWriter) says when a write fails, with no errno."""
+NEARLY_FULL_BYTES = 1 << 20
+"""Free space below which a write error without an errno is taken for a full disk."""
 _PATH = re.compile(r"""(?:: |file |to |at )['"]?(/[^'"\s:]+)""")
 
 
@@ -58,10 +65,25 @@ def error_chain(exc: BaseException) -> Iterator[BaseException]:
             todo += list(failures.values())
 
 
-def no_space(exc: BaseException) -> str | None:
-    """The path a full disk or quota was met at ("" if no path is known), or None when ``exc`` is no such error."""
+def free_bytes(folder: str | os.PathLike[str]) -> int | None:
+    """Bytes an unprivileged write can still take on ``folder``'s filesystem (None: it cannot be read)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def no_space(exc: BaseException, written: str | os.PathLike[str] | None = None) -> str | None:
+    """The path a full disk or quota was met at ("" if no path is known), or None when ``exc`` is no such error.
+    ``written``: the folder the failed work wrote to; a write error without an errno (torch's writer) there counts
+    when its filesystem has less than ``NEARLY_FULL_BYTES`` left."""
     found: str | None = None
     for e in error_chain(exc):
+        if written is not None and any(t in str(e).lower() for t in _WRITER_TEXTS):
+            left = free_bytes(written)
+            if left is not None and left < NEARLY_FULL_BYTES:
+                return str(written)
         if isinstance(e, DiskFull):
             return e.path
         hit = isinstance(e, OSError) and e.errno in NO_SPACE_ERRNOS

@@ -59,7 +59,7 @@ def guarded_loop(config: dict[str, LoopInput]) -> None:
     try:
         train_loop(config[LOOP_INPUT])
     except Exception as exc:
-        full = no_space(exc)
+        full = no_space(exc, config[LOOP_INPUT].storage)  # a checkpoint's torch.save writes under the storage
         if full is not None:
             raise DiskFull(full or str(config[LOOP_INPUT].storage)) from None
         failed = as_permanent(exc)

@@ -28,10 +28,17 @@ def build_allocation(
     allocator's targets, reading ``features`` (None: the simulator's numeric features). A Monte-Carlo allocator
     (trace_mc) is scored by extra rollouts on ``backend`` (a sampler pool, an engine, the simulator) around it.
     """
-    allocator = build_allocator(allocator_cfg)
-    if allocator.length_predictor is not None:
-        allocator.lengths = LENGTH_PREDICTORS.get(allocator.length_predictor)()
+    allocator = allocator_of(allocator_cfg)
     predictor = build_predictor(
         predictor_cfg, seed, name=allocator.predictor, targets=allocator.targets, features=features
     )
     return allocator, with_monte_carlo(allocator, predictor, backend)
+
+
+def allocator_of(allocator_cfg: AllocatorConfig) -> Allocator:
+    """The allocator ``allocator_cfg`` names, with its length predictor where it prices by tokens; no scorer (a
+    replay of its plans, as ``tracerl bench peer`` replays grpo's prompt draws)."""
+    allocator = build_allocator(allocator_cfg)
+    if allocator.length_predictor is not None:
+        allocator.lengths = LENGTH_PREDICTORS.get(allocator.length_predictor)()
+    return allocator
