@@ -48,7 +48,8 @@ def test_every_registered_allocator_is_built_and_steps_on_the_simulator(name: st
     alloc, pred = build_allocation(AllocatorConfig(name=name), PredictorConfig(name="tabular"), 0, env)
     assert (alloc.lengths is not None) == (alloc.length_predictor is not None)
     assert isinstance(pred, MonteCarloScorer) == alloc.monte_carlo
-    alone = allocator_of(AllocatorConfig(name=name))  # the same allocator, without a scorer (a replay of plans)
+    # the same allocator without a scorer (a replay of plans)
+    alone = allocator_of(AllocatorConfig(name=name))
     assert type(alone) is type(alloc) and (alone.lengths is None) == (alloc.lengths is None)
     for _ in range(2):  # the second step allocates with a fitted predictor
         out = run_step(
