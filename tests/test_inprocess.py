@@ -9,6 +9,7 @@ no actor to kill: ``faults.*`` are refused).
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,9 @@ def failed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ):
         _fail_once_at(mp, 1)
         main(_args(tmp, "max_failures=0"))  # a bug, not a user error: it keeps its traceback
+    collecting = {
+        "after the failure": gc.isenabled()
+    }  # train() turns the collector off for its start-up only
     client = sqlite_client(tmp)
     (r,) = client.search_runs([client.get_experiment_by_name("tracerl").experiment_id])
     rid = r.info.run_id
@@ -116,6 +120,8 @@ def failed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out["before"] = {k: metric_series(client, rid, k) for k in (M.LEAVES, M.GENERATED_TOKENS, M.LOSS)}
     out["checkpoints"] = sorted(p.name for p in storage.glob("checkpoint_*") if p.is_dir())
     assert main([*_args(tmp), f"resume={rid}"]) == 0
+    collecting["after the resumed run"] = gc.isenabled()
+    out["collecting"] = collecting
     out["after"] = {k: metric_series(client, rid, k) for k in (M.LEAVES, M.GENERATED_TOKENS, M.LOSS)}
     out["resumed_status"] = client.get_run(rid).info.status
     out["kept"] = sorted(p.name for p in storage.glob("checkpoint_*") if p.is_dir())
@@ -128,6 +134,10 @@ def test_a_failure_ends_the_run_failed_with_its_metrics_and_checkpoint(failed: d
     assert failed["before"][M.LEAVES] == {1: 15.0}  # step 1 was logged before step 2 failed, and kept
     assert failed["before"][M.GENERATED_TOKENS][1] > 0
     assert failed["checkpoints"] == ["checkpoint_000001"]
+
+
+def test_the_collector_is_on_after_a_run_that_failed_and_one_that_finished(failed: dict[str, Any]) -> None:
+    assert failed["collecting"] == {"after the failure": True, "after the resumed run": True}
 
 
 def test_resume_in_process_continues_the_run_from_its_checkpoint(failed: dict[str, Any]) -> None:

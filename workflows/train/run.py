@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import json
 import os
 import time
@@ -137,8 +138,20 @@ def train(
     the run is kept in files under its storage (workflows/tracking/local_runs.py) instead of MLflow.
     Three parts: ``launch`` (checks, Ray, the run), its ``fit``, ``close`` (the run's status and summary).
     """
-    run = launch(cfg, overrides, progress, tags, callbacks, launched)
-    return close(run, progress)
+    # Start-up makes most of the process's long-lived objects (imports, MLflow, the policy: ~690k in-process on the
+    # tiny policy), and each full collection on the way scanned them all: 1.4 s of a 7.2 s start-up here
+    # (docs/results/startup.md). The collector is off until the loop's first step (workflows/train/loop.py freezes
+    # what set-up made, then turns it on), or until the launch on Ray, where the loop runs in another process.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        run = launch(cfg, overrides, progress, tags, callbacks, launched)
+        if collecting and not run.cfg.cluster.in_process:
+            gc.enable()
+        return close(run, progress)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def launch(
