@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.actors.config import IN_PROCESS
-from tracerl.config import TrainConfig
+from tracerl.config import BudgetConfig, TrainConfig
 from tracerl.workflows.experiments.config import BenchPeerConfig, split_side
 
 RAY_SUFFIX = "-ray"
@@ -299,14 +299,14 @@ def grpo_draws(tc: TrainConfig) -> list[list[str]]:
     return [[p.text for p in step] for step in draws]
 
 
-def replay_draws(prompts: Sequence[Any], budget: Any, seed: int, steps: int) -> list[list[Any]]:
+def replay_draws(prompts: Sequence[Any], budget: BudgetConfig, seed: int, steps: int) -> list[list[Any]]:
     """The prompts a grpo run over ``prompts`` rolls out at each of ``steps`` steps: its ``Stepper``'s draws from
     ``default_rng(seed)`` (a candidate pool, then the groups' prompts; grpo draws nothing else and ignores the
     predictor's scores), replayed without rolling anything out."""
     import numpy as np
 
     from tracerl.algos.config import AllocatorConfig
-    from tracerl.engine.allocation import allocator_of
+    from tracerl.engine.allocation import allocator_of  # slow to import: torch (the predictors)
     from tracerl.engine.stepper import sample_pool
     from tracerl.types import Anchor
 

@@ -196,11 +196,9 @@ class PeerRun:
         self.eval_every = int(spec.get("eval_every", 0))
 
     def dataset(self) -> list[str]:
-        """TRL's training prompts in the order it takes them: the spec's ``prompts`` (tracerl grpo's draws, step by
-        step: ``peer_settings.grpo_draws``; the arguments set ``shuffle_dataset=False``), else every task once."""
-        if "prompts" in self.spec:
-            return [text for step in self.spec["prompts"] for text in step]
-        return [p.text for p in self.prompts]
+        """TRL's training prompts in the order it takes them: the spec's ``prompts``, tracerl grpo's draws step by
+        step (``peer_settings.grpo_draws``; the arguments set ``shuffle_dataset=False``)."""
+        return [text for step in self.spec["prompts"] for text in step]
 
     def optimizers(self) -> tuple[Any, Any]:
         """The project's AdamW and schedule (``tracerl.learner.lr_lambda``), for ``GRPOTrainer(optimizers=...)``."""

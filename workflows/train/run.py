@@ -149,9 +149,11 @@ def train(
         if collecting and not run.cfg.cluster.in_process:
             gc.enable()
         return close(run, progress)
-    finally:
+    finally:  # the caller's setting back (the in-process loop turned the collector on at its first step)
         if collecting:
             gc.enable()
+        else:
+            gc.disable()
 
 
 def launch(
