@@ -40,7 +40,6 @@ keep a bad cell, which harms only its own episode.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import shutil
@@ -52,8 +51,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tracerl.envs.sandbox_child import (
+    CELLS_FILE,
     NAMESPACES,
     RUNNER,
     STATUS_FILE,
@@ -63,6 +64,7 @@ from tracerl.envs.sandbox_child import (
     launcher_spec,
     read_report,
     wait_exit,
+    write_cells,
 )
 
 
@@ -137,8 +139,10 @@ class Sandbox:
         self.cfg = cfg
         self.as_root = os.geteuid() == 0
         self.python = _python(cfg, self.as_root)
+        self.prlimit = shutil.which("prlimit")
+        """util-linux's prlimit, which sets a call's limits (None: a Python launcher does; envs/sandbox_child.py)."""
         bwrap = shutil.which("bwrap") if cfg.use_bwrap else None
-        self.view, self.bwrap_problem = bwrap_view(bwrap, self.python) if bwrap else (None, "")
+        self.view, self.bwrap_problem = bwrap_view(bwrap, self.python, self.prlimit) if bwrap else (None, "")
         """What a call can read (None without bubblewrap), and why bubblewrap was not usable if it was found."""
         self.bwrap = bwrap if self.view is not None else None
         self.protections = {
@@ -186,7 +190,7 @@ class Sandbox:
         scratch = Path(tempfile.mkdtemp(prefix="tracerl-sbx-"))
         try:
             (scratch / "runner.py").write_text(RUNNER)
-            (scratch / "cells.json").write_text(json.dumps(list(cells)))
+            write_cells(scratch / CELLS_FILE, cells)
             for name in ("stdout", "stderr"):
                 (scratch / name).touch()
             if self.as_root:
@@ -206,7 +210,7 @@ class Sandbox:
             self.python,
             "-I",
             "runner.py",
-            "cells.json",
+            CELLS_FILE,
             str(scratch / STATUS_FILE),  # absolute: cells may chdir
             "1" if self.as_root or self.bwrap else "0",
         ]
@@ -228,7 +232,7 @@ class Sandbox:
             *runner,
         ]
 
-    def _spec(self, uid: int) -> dict[str, object]:
+    def _spec(self, uid: int) -> dict[str, Any]:
         """The launcher's set-up of the call's child (envs/sandbox_child.py)."""
         return launcher_spec(self.cfg, self.as_root, self.as_root and self.bwrap is None, uid)
 
@@ -246,8 +250,10 @@ class Sandbox:
         timed_out = False
         with open(scratch / "stdout", "wb") as fo, open(scratch / "stderr", "wb") as fe:
             try:
+                how = launch(self._spec(uid), self._command(scratch), self.prlimit)
                 proc = subprocess.Popen(
-                    launch(self._spec(uid), self._command(scratch)),
+                    how.argv,
+                    **how.popen,
                     cwd=scratch,
                     stdin=subprocess.DEVNULL,
                     stdout=fo,

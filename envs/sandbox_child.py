@@ -1,7 +1,8 @@
 """What a sandboxed call's child process runs and is held to (envs/sandbox.py starts it and collects the result).
 
-* ``LAUNCHER``: a freshly exec'd interpreter that sets up the child before exec'ing the sandboxed command: a new
-  session, a network namespace (root without bubblewrap), the rlimits (``launcher_spec``) and the unprivileged uid;
+* ``launch``: how the child is set up before it execs the sandboxed command: a new session, the rlimits
+  (``launcher_spec``) and the unprivileged uid, by ``Popen`` and util-linux's ``prlimit``; where ``prlimit`` is
+  missing, or a network namespace is needed (root without bubblewrap), by ``LAUNCHER``, a freshly exec'd interpreter;
 * ``RUNNER``: replays the earlier cells silently, runs the last one, and writes its report (``STATUS_FILE``:
   ok, exception, limit or leftover, with the threads, processes and timers the cell left) before it exits;
 * ``NAMESPACES`` and ``bwrap_view``: bubblewrap's namespaces, and the probe that checks the interpreter runs in
@@ -17,8 +18,10 @@ import resource
 import select
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tracerl.envs.sandbox_fs import ReadOnlyView, interpreter_view
 from tracerl.schema import check
@@ -78,12 +81,15 @@ NAMESPACES = (
     "/tmp",
 )
 STATUS_FILE = ".cell-status.json"  # the runner's report on the last cell, in the scratch directory
-# Runs in the child (as root, before dropping privileges), then execs the sandboxed command.
+CELLS_FILE = "cells.bin"  # the cells to run, as write_cells writes them
+# Runs in the child (as root, before dropping privileges), then execs the sandboxed command: the fallback where
+# ``prlimit`` is missing, and the set-up that needs a network namespace of the launcher's own (root, no bubblewrap).
 LAUNCHER = r"""
-import ctypes, json, os, resource, sys
+import json, os, resource, sys
 spec = json.loads(sys.argv[1])
 os.setsid()
 if spec["unshare_net"]:
+    import ctypes
     ctypes.CDLL(None, use_errno=True).unshare(0x40000000)  # a fresh network namespace: no interfaces up
 for res, value in spec["limits"]:
     resource.setrlimit(res, (value, value))
@@ -93,8 +99,11 @@ if spec["uid"] is not None:
     os.setuid(spec["uid"])
 os.execv(sys.argv[2], sys.argv[2:])
 """
+# Imports only built-in modules (json, traceback and signal would cost more than the rest of a short call's start):
+# the cells come in CELLS_FILE's length-prefixed form, the report is formatted by hand, and an exception is printed by
+# the interpreter's own hook.
 RUNNER = r"""
-import errno, json, os, signal, sys, traceback
+import _signal, errno, os, sys
 
 LIMIT_ERRNOS = {errno.EAGAIN, errno.EFBIG, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC, errno.EDQUOT}
 
@@ -103,12 +112,17 @@ def main():
     # Everything the report needs is bound here, before any cell runs, so a cell that rebinds a name or
     # patches a module cannot break it. Cells run in their own namespace, not this module's.
     _exit, _open, _write, _close, _listdir, _stat = os._exit, os.open, os.write, os.close, os.listdir, os.stat
-    _getpid, _getppid, _getuid, _getsid, _dumps = os.getpid, os.getppid, os.getuid, os.getsid, json.dumps
-    _print_exception, _compile, _exec, _isinstance = traceback.print_exception, compile, exec, isinstance
+    _getpid, _getppid, _getuid, _getsid = os.getpid, os.getppid, os.getuid, os.getsid
+    _print_exception, _compile, _exec, _isinstance = sys.__excepthook__, compile, exec, isinstance
+    _with_traceback = BaseException.with_traceback
     _fopen, _print, _O_NEW = open, print, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    _getitimer, _itimers = signal.getitimer, (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
-    with open(sys.argv[1]) as f:
-        cells = json.load(f)
+    _getitimer, _itimers = _signal.getitimer, (_signal.ITIMER_REAL, _signal.ITIMER_VIRTUAL, _signal.ITIMER_PROF)
+    with open(sys.argv[1], "rb") as f:  # a line of byte lengths, then the cells' UTF-8 one after another
+        sizes, data = f.readline().split(), f.read()
+    cells, at = [], 0
+    for size in map(int, sizes):
+        cells.append(data[at : at + size].decode("utf-8", "surrogatepass"))
+        at += size
     status_path, private = sys.argv[2], sys.argv[3] == "1"
     me, out, err, sink = _getpid(), sys.stdout, sys.stderr, open(os.devnull, "w")
     ns = {"__name__": "__main__", "__builtins__": __builtins__}
@@ -140,7 +154,8 @@ def main():
         status, code = ("limit" if limit else "exception"), 1
         sys.stderr = err
         try:
-            _print_exception(type(exc), exc, exc.__traceback__.tb_next)  # the cell's frames, not the runner's
+            tb = exc.__traceback__.tb_next  # the cell's frames, not the runner's
+            _print_exception(type(exc), _with_traceback(exc, tb), tb)
         except BaseException:
             pass
     if _getpid() != me:
@@ -170,7 +185,8 @@ def main():
         except BaseException:
             pass
     fd = _open(status_path, _O_NEW, 0o600)
-    _write(fd, _dumps({"status": status, "threads": threads, "processes": processes, "timers": timers}).encode())
+    report = '{"status": "%s", "threads": %d, "processes": %d, "timers": %d}' % (status, threads, processes, timers)
+    _write(fd, report.encode())
     _close(fd)
     _exit(code)  # skips atexit handlers and the join of leftover threads: the report above is final
 
@@ -179,7 +195,7 @@ main()
 """
 
 
-def launcher_spec(cfg: SandboxConfig, as_root: bool, unshare_net: bool, uid: int) -> dict[str, object]:
+def launcher_spec(cfg: SandboxConfig, as_root: bool, unshare_net: bool, uid: int) -> dict[str, Any]:
     """What the launcher applies in the child before exec: session, namespaces, rlimits, uid."""
     mb = 1024 * 1024
     limits = [
@@ -194,14 +210,51 @@ def launcher_spec(cfg: SandboxConfig, as_root: bool, unshare_net: bool, uid: int
     return {"unshare_net": unshare_net, "limits": limits, "uid": uid if as_root else None}
 
 
-def launch(spec: dict[str, object], command: list[str]) -> list[str]:
-    """``command`` behind the launcher. The child is set up by a freshly exec'd interpreter, not by a
-    ``preexec_fn``: forking a threaded host (a Ray actor: gRPC threads) and running Python before exec
-    can deadlock or crash the child on locks held by other threads."""
-    return [sys.executable, "-I", "-S", "-c", LAUNCHER, json.dumps(spec), *command]
+# prlimit's option for each limit launcher_spec sets.
+PRLIMIT_OPTIONS = {
+    resource.RLIMIT_CPU: "cpu",
+    resource.RLIMIT_AS: "as",
+    resource.RLIMIT_FSIZE: "fsize",
+    resource.RLIMIT_NOFILE: "nofile",
+    resource.RLIMIT_CORE: "core",
+    resource.RLIMIT_NPROC: "nproc",
+}
 
 
-def bwrap_view(bwrap: str, python: str) -> tuple[ReadOnlyView | None, str]:
+@dataclass(frozen=True)
+class Launch:
+    """How to start a sandboxed command: the argv, and what ``subprocess.Popen`` sets up in the child itself."""
+
+    argv: list[str]
+    popen: dict[str, Any]
+
+
+def launch(spec: dict[str, Any], command: list[str], prlimit: str | None) -> Launch:
+    """``command`` behind the set-up ``spec`` asks for. Nothing runs Python between fork and exec: forking a threaded
+    host (a Ray actor: gRPC threads) and running Python before exec can deadlock or crash the child on locks held by
+    other threads (no ``preexec_fn``).
+
+    With util-linux's ``prlimit`` (``prlimit``: its path), ``Popen`` makes the new session and drops to the uid in C,
+    and ``prlimit`` sets the limits and execs the command: about 1 ms. Without it, or where the call needs a network
+    namespace of its own (root without bubblewrap), a freshly exec'd interpreter does all of it (``LAUNCHER``: about
+    10 ms more a call)."""
+    if prlimit is None or spec["unshare_net"]:
+        return Launch([sys.executable, "-I", "-S", "-c", LAUNCHER, json.dumps(spec), *command], {})
+    limits = [f"--{PRLIMIT_OPTIONS[res]}={value}:{value}" for res, value in spec["limits"]]
+    popen: dict[str, Any] = {"start_new_session": True}
+    if spec["uid"] is not None:
+        popen.update(user=spec["uid"], group=spec["uid"], extra_groups=[])
+    return Launch([prlimit, *limits, "--", *command], popen)
+
+
+def write_cells(path: Path, cells: Sequence[str]) -> None:
+    """The cells in the runner's form: a line of their UTF-8 sizes, then their bytes one after another (a cell may
+    hold any character, a lone surrogate included)."""
+    blobs = [cell.encode("utf-8", "surrogatepass") for cell in cells]
+    path.write_bytes(" ".join(str(len(b)) for b in blobs).encode() + b"\n" + b"".join(blobs))
+
+
+def bwrap_view(bwrap: str, python: str, prlimit: str | None) -> tuple[ReadOnlyView | None, str]:
     """The interpreter's read-only view, and why bubblewrap cannot run it there ('' when it can): the probe
     runs the stdlib modules the math tool needs inside the same namespaces and view as a call, as an
     unprivileged uid when we are root."""
@@ -221,14 +274,16 @@ def bwrap_view(bwrap: str, python: str) -> tuple[ReadOnlyView | None, str]:
         "import math, json, fractions, re, decimal; print(math.gcd(12, 18))",
     ]
     # Through the launcher, as a call is (no preexec_fn in a threaded host), as the unprivileged uid 65534 if root.
-    spec: dict[str, object] = {
+    spec: dict[str, Any] = {
         "unshare_net": False,
         "limits": [],
         "uid": 65534 if os.geteuid() == 0 else None,
     }
     try:
+        how = launch(spec, command, prlimit)
         r = subprocess.run(
-            launch(spec, command),
+            how.argv,
+            **how.popen,
             capture_output=True,
             text=True,
             timeout=30,

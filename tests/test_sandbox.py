@@ -202,3 +202,54 @@ def test_wait_exit_returns_the_code_or_none_while_the_child_runs(monkeypatch: py
     finally:
         slow.kill()
         slow.wait()
+
+
+# The limits and ids a call runs under, as the call itself sees them.
+LIMITS_PROBE = """
+import json, os
+names = ("Max cpu time", "Max address space", "Max file size", "Max open files", "Max core file size", "Max processes")
+got = {}
+for line in open("/proc/self/limits"):
+    for name in names:
+        if line.startswith(name):
+            got[name] = line[len(name):].split()[:2]
+print(json.dumps([got, os.getuid(), os.getgid(), os.getgroups()]))
+"""
+
+
+@pytest.mark.parametrize("launcher", ["prlimit", "python"])
+def test_each_launcher_sets_the_same_limits_and_uid(sandbox: Sandbox, launcher: str) -> None:
+    """util-linux's prlimit (with Popen dropping the uid) and the Python fallback launcher set up a call alike."""
+    if launcher == "prlimit" and sandbox.prlimit is None:
+        pytest.skip("no prlimit on this machine")
+    other = Sandbox(sandbox.cfg)
+    if launcher == "python":
+        other.prlimit = None
+    result = other.run(LIMITS_PROBE)
+    assert result.ok, result.observation()
+    limits, uid, gid, groups = json.loads(result.stdout)
+    cfg, mb = sandbox.cfg, 1024 * 1024
+    expected = {
+        "Max cpu time": [str(cfg.cpu_s)] * 2,
+        "Max address space": [str(cfg.memory_mb * mb)] * 2,
+        "Max file size": [str(cfg.max_file_mb * mb)] * 2,
+        "Max open files": [str(cfg.max_open_files)] * 2,
+        "Max core file size": ["0", "0"],
+    }
+    if os.geteuid() == 0:
+        expected["Max processes"] = [str(cfg.max_processes)] * 2
+        assert cfg.uid_base <= uid < cfg.uid_base + 65536 and gid == uid and groups == []
+    assert {k: v for k, v in limits.items() if k in expected} == expected
+    assert other.run("1/0").observation() == "Error: ZeroDivisionError: division by zero"
+
+
+def test_cells_carry_any_text_and_a_traceback_names_the_cell_frames(sandbox: Sandbox) -> None:
+    result = sandbox.run_cells(["s = 'caf\u00e9 \u2211 \\x00'", "print(len(s), s)"])
+    assert result.observation() == "8 caf\u00e9 \u2211 \x00", result.observation()
+    surrogate = sandbox.run("s = '\ud800'")  # a lone surrogate reaches the runner, and Python refuses it
+    assert surrogate.observation().startswith(
+        "Error: UnicodeEncodeError: 'utf-8' codec can't encode character"
+    )
+    failed = sandbox.run("def f():\n    return 1 / 0\nf()")
+    assert failed.stderr.startswith("Traceback (most recent call last):\n"), failed.stderr
+    assert 'File "<cell>", line 3, in <module>' in failed.stderr and "runner" not in failed.stderr
