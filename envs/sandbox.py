@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -63,6 +64,7 @@ from tracerl.envs.sandbox_child import (
     launch,
     launcher_spec,
     read_report,
+    util_linux,
     wait_exit,
     write_cells,
 )
@@ -139,10 +141,12 @@ class Sandbox:
         self.cfg = cfg
         self.as_root = os.geteuid() == 0
         self.python = _python(cfg, self.as_root)
-        self.prlimit = shutil.which("prlimit")
-        """util-linux's prlimit, which sets a call's limits (None: a Python launcher does; envs/sandbox_child.py)."""
+        self.launch_tools = util_linux()
+        """util-linux's prlimit and setpriv, which set up a call's child (None: a Python launcher does it)."""
         bwrap = shutil.which("bwrap") if cfg.use_bwrap else None
-        self.view, self.bwrap_problem = bwrap_view(bwrap, self.python, self.prlimit) if bwrap else (None, "")
+        self.view, self.bwrap_problem = (
+            bwrap_view(bwrap, self.python, self.launch_tools) if bwrap else (None, "")
+        )
         """What a call can read (None without bubblewrap), and why bubblewrap was not usable if it was found."""
         self.bwrap = bwrap if self.view is not None else None
         self.protections = {
@@ -250,7 +254,7 @@ class Sandbox:
         timed_out = False
         with open(scratch / "stdout", "wb") as fo, open(scratch / "stderr", "wb") as fe:
             try:
-                how = launch(self._spec(uid), self._command(scratch), self.prlimit)
+                how = launch(self._spec(uid), self._command(scratch), self.launch_tools)
                 proc = subprocess.Popen(
                     how.argv,
                     **how.popen,
@@ -321,20 +325,57 @@ class Sandbox:
 
     @staticmethod
     def _kill_uid(uid: int, wait_s: float = 2.0) -> None:
-        """Kill every process the call's uid still has (kill(-1) as that uid) and wait until they are gone."""
-        kill = f"import os; os.setgroups([]); os.setgid({uid}); os.setuid({uid}); os.kill(-1, 9)"
+        """Kill every process the call's uid still has and wait until they are gone.
+
+        Most calls leave only bubblewrap's own processes, already exiting: each live one is signalled through a pidfd
+        (which cannot hit a process that took over a reused pid) and waited for on it, in this process. Where pidfds
+        are missing, a process of that uid kills them all (kill(-1)) until none is left."""
         deadline = time.monotonic() + wait_s
-        while uid_processes(uid):
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                subprocess.run(
-                    [sys.executable, "-I", "-S", "-c", kill],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    timeout=10,
-                )
+        while pids := uid_processes(uid):
+            if not kill_pids(uid, pids, deadline):
+                kill = f"import os; os.setgroups([]); os.setgid({uid}); os.setuid({uid}); os.kill(-1, 9)"
+                with contextlib.suppress(OSError, subprocess.SubprocessError):
+                    subprocess.run(
+                        [sys.executable, "-I", "-S", "-c", kill],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        timeout=10,
+                    )
+                time.sleep(0.01)
             if time.monotonic() > deadline:
                 break
-            time.sleep(0.01)
+
+
+def kill_pids(uid: int, pids: list[int], deadline: float) -> bool:
+    """SIGKILL each of ``pids`` still owned by ``uid`` through a pidfd, and wait (until ``deadline``) for them to end;
+    False when pidfds are unavailable (nothing was signalled)."""
+    fds: list[int] = []
+    try:
+        for pid in pids:
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue
+            fds.append(fd)
+            try:  # the pidfd pins this process: if it is still the uid's, it is the one to kill
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        left = len(fds)
+        while left and (ms := int((deadline - time.monotonic()) * 1000)) > 0:
+            for fd, _ in poller.poll(ms):  # readable: that process has ended
+                poller.unregister(fd)
+                left -= 1
+        return True
+    except (AttributeError, OSError):
+        return False
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def uid_processes(uid: int) -> list[int]:

@@ -1,8 +1,8 @@
 """What a sandboxed call's child process runs and is held to (envs/sandbox.py starts it and collects the result).
 
 * ``launch``: how the child is set up before it execs the sandboxed command: a new session, the rlimits
-  (``launcher_spec``) and the unprivileged uid, by ``Popen`` and util-linux's ``prlimit``; where ``prlimit`` is
-  missing, or a network namespace is needed (root without bubblewrap), by ``LAUNCHER``, a freshly exec'd interpreter;
+  (``launcher_spec``) and the unprivileged uid, by ``Popen`` and util-linux's ``prlimit`` and ``setpriv``; where
+  they are missing, or a network namespace is needed (root without bubblewrap), by ``LAUNCHER``, a freshly exec'd interpreter;
 * ``RUNNER``: replays the earlier cells silently, runs the last one, and writes its report (``STATUS_FILE``:
   ok, exception, limit or leftover, with the threads, processes and timers the cell left) before it exits;
 * ``NAMESPACES`` and ``bwrap_view``: bubblewrap's namespaces, and the probe that checks the interpreter runs in
@@ -16,6 +16,7 @@ import json
 import os
 import resource
 import select
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -83,7 +84,7 @@ NAMESPACES = (
 STATUS_FILE = ".cell-status.json"  # the runner's report on the last cell, in the scratch directory
 CELLS_FILE = "cells.bin"  # the cells to run, as write_cells writes them
 # Runs in the child (as root, before dropping privileges), then execs the sandboxed command: the fallback where
-# ``prlimit`` is missing, and the set-up that needs a network namespace of the launcher's own (root, no bubblewrap).
+# ``prlimit`` or ``setpriv`` is missing, and the set-up that needs a network namespace of the launcher's own (root, no bubblewrap).
 LAUNCHER = r"""
 import json, os, resource, sys
 spec = json.loads(sys.argv[1])
@@ -229,22 +230,30 @@ class Launch:
     popen: dict[str, Any]
 
 
-def launch(spec: dict[str, Any], command: list[str], prlimit: str | None) -> Launch:
+def launch(spec: dict[str, Any], command: list[str], tools: tuple[str, str] | None) -> Launch:
     """``command`` behind the set-up ``spec`` asks for. Nothing runs Python between fork and exec: forking a threaded
     host (a Ray actor: gRPC threads) and running Python before exec can deadlock or crash the child on locks held by
     other threads (no ``preexec_fn``).
 
-    With util-linux's ``prlimit`` (``prlimit``: its path), ``Popen`` makes the new session and drops to the uid in C,
-    and ``prlimit`` sets the limits and execs the command: about 1 ms. Without it, or where the call needs a network
-    namespace of its own (root without bubblewrap), a freshly exec'd interpreter does all of it (``LAUNCHER``: about
-    10 ms more a call)."""
-    if prlimit is None or spec["unshare_net"]:
+    With util-linux's ``prlimit`` and ``setpriv`` (``tools``: their paths), ``Popen`` makes the new session, ``prlimit``
+    sets the limits and ``setpriv`` drops to the uid, each exec'ing the next: about 2 ms. ``Popen`` is given nothing
+    that stops it from using vfork (a ``user``, ``group`` or ``extra_groups`` would: then a host of a gigabyte is
+    copied page table by page table, on every call). Without them, or where the call needs a network namespace of
+    its own (root without bubblewrap), a freshly exec'd interpreter does all of it (``LAUNCHER``: about 10 ms more)."""
+    if tools is None or spec["unshare_net"]:
         return Launch([sys.executable, "-I", "-S", "-c", LAUNCHER, json.dumps(spec), *command], {})
-    limits = [f"--{PRLIMIT_OPTIONS[res]}={value}:{value}" for res, value in spec["limits"]]
-    popen: dict[str, Any] = {"start_new_session": True}
+    prlimit, setpriv = tools
+    argv = [prlimit, *(f"--{PRLIMIT_OPTIONS[res]}={value}:{value}" for res, value in spec["limits"]), "--"]
     if spec["uid"] is not None:
-        popen.update(user=spec["uid"], group=spec["uid"], extra_groups=[])
-    return Launch([prlimit, *limits, "--", *command], popen)
+        uid = str(spec["uid"])
+        argv += [setpriv, "--reuid", uid, "--regid", uid, "--clear-groups", "--"]
+    return Launch([*argv, *command], {"start_new_session": True})
+
+
+def util_linux() -> tuple[str, str] | None:
+    """The paths of ``prlimit`` and ``setpriv``, or None when either is missing (``launch`` then uses ``LAUNCHER``)."""
+    prlimit, setpriv = shutil.which("prlimit"), shutil.which("setpriv")
+    return (prlimit, setpriv) if prlimit and setpriv else None
 
 
 def write_cells(path: Path, cells: Sequence[str]) -> None:
@@ -254,7 +263,7 @@ def write_cells(path: Path, cells: Sequence[str]) -> None:
     path.write_bytes(" ".join(str(len(b)) for b in blobs).encode() + b"\n" + b"".join(blobs))
 
 
-def bwrap_view(bwrap: str, python: str, prlimit: str | None) -> tuple[ReadOnlyView | None, str]:
+def bwrap_view(bwrap: str, python: str, tools: tuple[str, str] | None) -> tuple[ReadOnlyView | None, str]:
     """The interpreter's read-only view, and why bubblewrap cannot run it there ('' when it can): the probe
     runs the stdlib modules the math tool needs inside the same namespaces and view as a call, as an
     unprivileged uid when we are root."""
@@ -280,7 +289,7 @@ def bwrap_view(bwrap: str, python: str, prlimit: str | None) -> tuple[ReadOnlyVi
         "uid": 65534 if os.geteuid() == 0 else None,
     }
     try:
-        how = launch(spec, command, prlimit)
+        how = launch(spec, command, tools)
         r = subprocess.run(
             how.argv,
             **how.popen,

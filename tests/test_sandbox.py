@@ -1,5 +1,6 @@
 """The Python tool's sandbox against real attacks: each is an observation, and the sandbox keeps serving."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -217,14 +218,14 @@ print(json.dumps([got, os.getuid(), os.getgid(), os.getgroups()]))
 """
 
 
-@pytest.mark.parametrize("launcher", ["prlimit", "python"])
+@pytest.mark.parametrize("launcher", ["util-linux", "python"])
 def test_each_launcher_sets_the_same_limits_and_uid(sandbox: Sandbox, launcher: str) -> None:
-    """util-linux's prlimit (with Popen dropping the uid) and the Python fallback launcher set up a call alike."""
-    if launcher == "prlimit" and sandbox.prlimit is None:
-        pytest.skip("no prlimit on this machine")
+    """util-linux's prlimit and setpriv, and the Python fallback launcher, set up a call alike."""
+    if launcher == "util-linux" and sandbox.launch_tools is None:
+        pytest.skip("no prlimit or setpriv on this machine")
     other = Sandbox(sandbox.cfg)
     if launcher == "python":
-        other.prlimit = None
+        other.launch_tools = None
     result = other.run(LIMITS_PROBE)
     assert result.ok, result.observation()
     limits, uid, gid, groups = json.loads(result.stdout)
@@ -253,3 +254,19 @@ def test_cells_carry_any_text_and_a_traceback_names_the_cell_frames(sandbox: San
     failed = sandbox.run("def f():\n    return 1 / 0\nf()")
     assert failed.stderr.startswith("Traceback (most recent call last):\n"), failed.stderr
     assert 'File "<cell>", line 3, in <module>' in failed.stderr and "runner" not in failed.stderr
+
+
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "no-pidfd"])
+def test_a_process_a_call_left_behind_is_killed(
+    sandbox: Sandbox, pidfds: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without bubblewrap's PID namespace a daemon the cell started outlives it: killed by uid, with or without pidfds."""
+    if os.geteuid() != 0:
+        pytest.skip("calls run as a uid of their own only when started as root")
+    if not pidfds:
+        monkeypatch.setattr(os, "pidfd_open", lambda pid: (_ for _ in ()).throw(OSError(38, "no pidfd")))
+    plain = Sandbox(dataclasses.replace(sandbox.cfg, use_bwrap=False))
+    daemon = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('started')"
+    result = plain.run(daemon)
+    assert result.stdout.startswith("started") and "1 process" in result.observation(), result.observation()
+    assert leftover_uids(sandbox.cfg.uid_base) == set()
