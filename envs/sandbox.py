@@ -86,6 +86,10 @@ class ExecResult:
     """The last cell finished normally (see the module docstring): only such a cell may be kept in replayed state."""
     problem: str = ""
     """Why the cell did not finish normally when the exit code and stderr do not say it (e.g. a leftover thread)."""
+    cpu_s: float = 0.0
+    """CPU seconds of the call's interpreter and the processes it reaped, as its runner reported them (0 without a
+    report). Not in the host's rusage: bubblewrap's reaper in the call's PID namespace is not our child. A cell can
+    forge it: for measurement only."""
 
     @property
     def ok(self) -> bool:
@@ -292,6 +296,8 @@ class Sandbox:
         left = [f"{threads} thread" + "s" * (threads != 1)] if threads else []
         left += [f"{processes} process" + "es" * (processes != 1)] if processes else []
         left += [f"{timers} timer" + "s" * (timers != 1)] if timers else []
+        cpu = report.get("cpu_s")
+        cpu_s = float(cpu) if isinstance(cpu, (int, float)) and 0 <= cpu < float("inf") else 0.0
         problem = ""
         if status == "leftover" and left:
             problem = f"the cell left {' and '.join(left)} running when it returned."
@@ -309,6 +315,7 @@ class Sandbox:
             wall,
             completed,
             problem,
+            cpu_s,
         )
 
     def _read(self, path: Path, tail: bool = False) -> tuple[str, bool]:

@@ -270,3 +270,10 @@ def test_a_process_a_call_left_behind_is_killed(
     result = plain.run(daemon)
     assert result.stdout.startswith("started") and "1 process" in result.observation(), result.observation()
     assert leftover_uids(sandbox.cfg.uid_base) == set()
+
+
+def test_a_call_reports_the_cpu_of_its_sandboxed_interpreter(sandbox: Sandbox) -> None:
+    """Not in this process's rusage (bubblewrap's reaper is not our child): the runner reports it."""
+    short, busy = sandbox.run("x = 1"), sandbox.run("sum(range(3 * 10**6))")
+    assert busy.cpu_s > short.cpu_s > 0
+    assert sandbox.run("while True: pass").cpu_s == 0.0  # killed: no report

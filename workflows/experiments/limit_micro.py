@@ -154,13 +154,14 @@ def update_time(tc: TrainConfig, model: Any, tok: Any, batch: Any, repeats: int)
 
 
 def tool_costs(env: Any, cells: Sequence[tuple[str, ...]]) -> list[tuple[int, float, float]]:
-    """Each recorded tool call run again in ``env``'s sandbox, alone: (cells, wall s, CPU s with its process)."""
+    """Each recorded tool call run again in ``env``'s sandbox, alone: (cells, wall s, CPU s of the processes that
+    launched it and of its sandboxed interpreter, as the call's runner reports it: ``ExecResult.cpu_s``)."""
     out = []
     for c in cells:
         t0 = clock(tree=True)
-        env.sandbox.run_cells(c)
+        result = env.sandbox.run_cells(c)
         wall, cpu = since(t0, tree=True)
-        out.append((len(c), wall, cpu))
+        out.append((len(c), wall, cpu + result.cpu_s))
     return out
 
 
