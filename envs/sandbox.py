@@ -335,11 +335,14 @@ class Sandbox:
         """Kill every process the call's uid still has and wait until they are gone.
 
         Most calls leave only bubblewrap's own processes, already exiting: each live one is signalled through a pidfd
-        (which cannot hit a process that took over a reused pid) and waited for on it, in this process. Where pidfds
-        are missing, a process of that uid kills them all (kill(-1)) until none is left."""
-        deadline = time.monotonic() + wait_s
+        (which cannot hit a process that took over a reused pid) and waited for on it, in this process. Whatever is
+        left after that (a process forked meanwhile), or everything where pidfds are missing, a process of that uid
+        kills at once (kill(-1)), until none is left."""
+        deadline, first = time.monotonic() + wait_s, True
         while pids := uid_processes(uid):
-            if not kill_pids(uid, pids, deadline):
+            if not (
+                first and kill_pids(uid, pids, deadline)
+            ):  # survivors (a fork racing the kill): all at once
                 kill = f"import os; os.setgroups([]); os.setgid({uid}); os.setuid({uid}); os.kill(-1, 9)"
                 with contextlib.suppress(OSError, subprocess.SubprocessError):
                     subprocess.run(
@@ -349,13 +352,14 @@ class Sandbox:
                         timeout=10,
                     )
                 time.sleep(0.01)
+            first = False
             if time.monotonic() > deadline:
                 break
 
 
 def kill_pids(uid: int, pids: list[int], deadline: float) -> bool:
     """SIGKILL each of ``pids`` still owned by ``uid`` through a pidfd, and wait (until ``deadline``) for them to end;
-    False when pidfds are unavailable (nothing was signalled)."""
+    False when pidfds are unavailable or a signal could not be sent: the caller then kills by uid."""
     fds: list[int] = []
     try:
         for pid in pids:

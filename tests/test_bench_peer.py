@@ -9,6 +9,7 @@ import dataclasses
 import importlib.util
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +47,7 @@ from tracerl.workflows.experiments.peer_settings import (
 )
 from tracerl.workflows.experiments.peer_sides import run_process, run_tracerl_side, run_trl_side
 from tracerl.workflows.experiments.peer_trl import PeerRollout, env_reward, group_runs, rollout_outputs
-from tracerl.workflows.experiments.proc_memory import TreeMemory, tree_pss_mb
+from tracerl.workflows.experiments.proc_memory import TreeMemory, same_address_space, tree_pss_mb
 
 PEER = ROOT / "conf/bench/peer.yaml"
 TINY = [
@@ -457,3 +458,19 @@ def test_both_sides_roll_out_the_same_first_step(tmp_path: Path) -> None:
     trl = run_trl_side(cfg, 0, "t", lambda s: None)
     grpo = run_tracerl_side(cfg, "grpo", 0, "g", lambda s: None)
     assert trl["steps"][0]["generated_tokens"] == grpo["steps"][0]["generated_tokens"] > 0
+
+
+def test_a_child_sharing_its_parents_address_space_is_told_apart() -> None:
+    """kcmp(2) says whether two processes share one address space: a vfork'd child before its exec does, and its PSS
+    is its parent's (tree_pss_mb counts it once); a forked child does not."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "aarch64"):
+        pytest.skip("kcmp's number is known here for x86_64 and aarch64 only")
+    assert same_address_space(os.getpid(), os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert not same_address_space(os.getpid(), child.pid)
+    finally:
+        child.kill()
+        child.wait()

@@ -9,7 +9,9 @@ from pathlib import Path
 
 
 def tree_pss_mb(pid: int) -> tuple[float, int]:
-    """Summed PSS (MiB) of process ``pid`` and all its descendants, and how many processes were counted."""
+    """Summed PSS (MiB) of process ``pid`` and all its descendants, and how many processes were counted. A child
+    that shares its parent's address space (vfork'd, not yet exec'd: every ``subprocess.Popen`` that may vfork, for a
+    moment) is not counted again: its PSS is its parent's."""
     import psutil
 
     try:
@@ -20,11 +22,30 @@ def tree_pss_mb(pid: int) -> tuple[float, int]:
     total, n = 0.0, 0
     for p in procs:
         try:
+            if p is not root and same_address_space(p.ppid(), p.pid):
+                continue
             total += p.memory_full_info().pss
             n += 1
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return total / 2**20, n
+
+
+# kcmp(2)'s number by machine, and its KCMP_VM: whether two processes share one address space.
+_KCMP = {"x86_64": 312, "aarch64": 272}
+_KCMP_VM = 1
+
+
+def same_address_space(a: int, b: int) -> bool:
+    """Whether processes ``a`` and ``b`` share one address space (kcmp(2); False where it cannot tell)."""
+    import ctypes
+    import platform
+
+    number = _KCMP.get(platform.machine())
+    if number is None:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(number, a, b, _KCMP_VM, 0, 0) == 0
 
 
 class TreeMemory:
