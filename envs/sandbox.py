@@ -261,7 +261,7 @@ class Sandbox:
                 how = launch(self._spec(uid), self._command(scratch), self.launch_tools)
                 proc = subprocess.Popen(
                     how.argv,
-                    **how.popen,
+                    start_new_session=how.new_session,
                     cwd=scratch,
                     stdin=subprocess.DEVNULL,
                     stdout=fo,
@@ -340,9 +340,8 @@ class Sandbox:
         kills at once (kill(-1)), until none is left."""
         deadline, first = time.monotonic() + wait_s, True
         while pids := uid_processes(uid):
-            if not (
-                first and kill_pids(uid, pids, deadline)
-            ):  # survivors (a fork racing the kill): all at once
+            killed = first and kill_pids(uid, pids, deadline)
+            if not killed:  # no pidfds, or survivors (a fork racing the first kill): all at once by uid
                 kill = f"import os; os.setgroups([]); os.setgid({uid}); os.setuid({uid}); os.kill(-1, 9)"
                 with contextlib.suppress(OSError, subprocess.SubprocessError):
                     subprocess.run(

@@ -2,7 +2,8 @@
 
 * ``launch``: how the child is set up before it execs the sandboxed command: a new session, the rlimits
   (``launcher_spec``) and the unprivileged uid, by ``Popen`` and util-linux's ``prlimit`` and ``setpriv``; where
-  they are missing, or a network namespace is needed (root without bubblewrap), by ``LAUNCHER``, a freshly exec'd interpreter;
+  they are missing, or a network namespace is needed (root without bubblewrap), by ``LAUNCHER``, a freshly exec'd
+  interpreter;
 * ``RUNNER``: replays the earlier cells silently, runs the last one, and writes its report (``STATUS_FILE``:
   ok, exception, limit or leftover, with the threads, processes and timers the cell left) before it exits;
 * ``NAMESPACES`` and ``bwrap_view``: bubblewrap's namespaces, and the probe that checks the interpreter runs in
@@ -84,7 +85,8 @@ NAMESPACES = (
 STATUS_FILE = ".cell-status.json"  # the runner's report on the last cell, in the scratch directory
 CELLS_FILE = "cells.bin"  # the cells to run, as write_cells writes them
 # Runs in the child (as root, before dropping privileges), then execs the sandboxed command: the fallback where
-# ``prlimit`` or ``setpriv`` is missing, and the set-up that needs a network namespace of the launcher's own (root, no bubblewrap).
+# ``prlimit`` or ``setpriv`` is missing, and the set-up that needs a network namespace of its own (root without
+# bubblewrap).
 LAUNCHER = r"""
 import json, os, resource, sys
 spec = json.loads(sys.argv[1])
@@ -188,7 +190,8 @@ def main():
     fd = _open(status_path, _O_NEW, 0o600)
     # This process's CPU (to the nanosecond) and its reaped children's (in clock ticks): bubblewrap's reaper in the
     # call's PID namespace keeps both from the host's rusage.
-    cpu = _cpu() + _times()[2] + _times()[3]
+    children = _times()
+    cpu = _cpu() + children[2] + children[3]
     report = '{"status": "%s", "threads": %d, "processes": %d, "timers": %d, "cpu_s": %.6f}' % (
         status, threads, processes, timers, cpu
     )
@@ -229,10 +232,11 @@ PRLIMIT_OPTIONS = {
 
 @dataclass(frozen=True)
 class Launch:
-    """How to start a sandboxed command: the argv, and what ``subprocess.Popen`` sets up in the child itself."""
+    """How to start a sandboxed command: the argv, and whether ``subprocess.Popen`` makes the new session (else the
+    launcher does)."""
 
     argv: list[str]
-    popen: dict[str, Any]
+    new_session: bool
 
 
 def launch(spec: dict[str, Any], command: list[str], tools: tuple[str, str] | None) -> Launch:
@@ -246,13 +250,13 @@ def launch(spec: dict[str, Any], command: list[str], tools: tuple[str, str] | No
     copied page table by page table, on every call). Without them, or where the call needs a network namespace of
     its own (root without bubblewrap), a freshly exec'd interpreter does all of it (``LAUNCHER``: about 10 ms more)."""
     if tools is None or spec["unshare_net"]:
-        return Launch([sys.executable, "-I", "-S", "-c", LAUNCHER, json.dumps(spec), *command], {})
+        return Launch([sys.executable, "-I", "-S", "-c", LAUNCHER, json.dumps(spec), *command], False)
     prlimit, setpriv = tools
     argv = [prlimit, *(f"--{PRLIMIT_OPTIONS[res]}={value}:{value}" for res, value in spec["limits"]), "--"]
     if spec["uid"] is not None:
         uid = str(spec["uid"])
         argv += [setpriv, "--reuid", uid, "--regid", uid, "--clear-groups", "--"]
-    return Launch([*argv, *command], {"start_new_session": True})
+    return Launch([*argv, *command], True)
 
 
 def util_linux() -> tuple[str, str] | None:
@@ -297,7 +301,7 @@ def bwrap_view(bwrap: str, python: str, tools: tuple[str, str] | None) -> tuple[
         how = launch(spec, command, tools)
         r = subprocess.run(
             how.argv,
-            **how.popen,
+            start_new_session=how.new_session,
             capture_output=True,
             text=True,
             timeout=30,

@@ -4,8 +4,11 @@ sampled likewise (``RssPeak``: ``tracerl bench sync``'s sender and sampler actor
 
 from __future__ import annotations
 
+import functools
+import os
 import threading
 from pathlib import Path
+from typing import Any
 
 
 def tree_pss_mb(pid: int) -> tuple[float, int]:
@@ -38,14 +41,15 @@ _KCMP_VM = 1
 
 def same_address_space(a: int, b: int) -> bool:
     """Whether processes ``a`` and ``b`` share one address space (kcmp(2); False where it cannot tell)."""
-    import ctypes
-    import platform
+    number = _KCMP.get(os.uname().machine)
+    return number is not None and _libc().syscall(number, a, b, _KCMP_VM, 0, 0) == 0
 
-    number = _KCMP.get(platform.machine())
-    if number is None:
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.syscall(number, a, b, _KCMP_VM, 0, 0) == 0
+
+@functools.cache
+def _libc() -> Any:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
 
 
 class TreeMemory:
