@@ -32,6 +32,7 @@ from tracerl.engine.config import SamplerConfig
 from tracerl.models.config import ModelConfig
 from tracerl.samplers.base import SAMPLERS, Generation, cut_at_stop, end_ids
 from tracerl.samplers.hf_join import CACHE, JoinBatch
+from tracerl.samplers.hf_kv import full_attention, reserved_cache
 
 
 class _RowGumbel:
@@ -65,6 +66,8 @@ class HFSampler:
         self.device = device
         self.reuse_prefix = reuse_prefix
         self.ends = end_ids(tokenizer, model)
+        self.full_attention = full_attention(getattr(model, "config", None))
+        """Every layer attends to its whole context: the KV cache grows in reserved buffers (``hf_kv``)."""
         """Every token that ends a turn (``end_ids``: the tokenizer's EOS and the generation config's list)."""
 
     @classmethod
@@ -116,7 +119,7 @@ class HFSampler:
             mask[r, lc - n : lc] = 1
             ids[r, lc + ls - len(s) :] = torch.tensor(s, dtype=torch.long)
             mask[r, lc + ls - len(s) :] = 1
-        past = self._batch_cache(kvs, lc) if lc else None
+        past = self._batch_cache(kvs, lc, lc + ls + max_new_tokens)
         sample = temperature > 0
         noise = [_RowGumbel(seeds, temperature, self.device)] if sample else None
         out = self.model.generate(
@@ -167,10 +170,15 @@ class HFSampler:
             )
         return gens
 
-    def _batch_cache(self, kvs: Sequence[tuple[_KV, int] | None], lc: int) -> Any:
-        """A transformers ``DynamicCache`` of the rows' cached prefixes, left-padded to ``lc`` tokens."""
+    def _batch_cache(self, kvs: Sequence[tuple[_KV, int] | None], lc: int, capacity: int) -> Any:
+        """The call's KV cache: the rows' cached prefixes left-padded to ``lc`` tokens (none: empty), in buffers
+        reserved for ``capacity`` tokens (``hf_kv.reserved_cache``) where the model attends to its whole context;
+        else a transformers ``DynamicCache`` (None when nothing is cached)."""
         from transformers import DynamicCache
 
+        reserve = self.full_attention
+        if not lc:
+            return reserved_cache(capacity) if reserve else None
         ref = next(k for k in kvs if k is not None)[0]
         layers = []
         for li, (k0, _v0) in enumerate(ref.layers):
@@ -183,7 +191,7 @@ class HFSampler:
                     keys[r, :, lc - n :, :] = kv.layers[li][0][:, :n, :]
                     vals[r, :, lc - n :, :] = kv.layers[li][1][:, :n, :]
             layers.append((keys.to(self.device), vals.to(self.device)))
-        return DynamicCache(layers)
+        return reserved_cache(capacity, layers) if reserve else DynamicCache(layers)
 
     def _row_cache(self, past: Any, input_mask: torch.Tensor, r: int, tokens: list[int]) -> _KV | None:
         """This row's keys/values for ``tokens`` (= context + kept), dropping padding; None if not all computed."""
