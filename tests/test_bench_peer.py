@@ -91,6 +91,7 @@ def test_settings_map_the_issue_setup_onto_trl() -> None:
     # every row says why where TRL's side departs from what TRL's docs would do, and only there
     departs = {"checkpoint", "dtype", "optimizer", "schedule", "activation checkpointing", "checkpoints"}
     departs |= {"logging", "torch threads", "tasks", "micro-batch"}
+    departs |= {"predictor"}  # and where tracerl's grpo side departs from the bench's config: it fits none
     assert {k for k, r in rows.items() if r["why"]} == departs
     # one optimizer step per generation batch and one epoch: TRL computes no old log-probs (no extra forward)
     assert "no extra forward" in rows["old log-probs"]["trl"]
@@ -135,6 +136,8 @@ def test_side_configs_and_alternating_order(tmp_path: Path) -> None:
         cfg.train.loss.advantage,
     )
     assert g.seed == 3 and not g.eval_at_start and g.out_dir == str(tmp_path / "runs")
+    # grpo ignores scores: its side fits no predictor (as TRL); trace keeps the configured one
+    assert (g.predictor.name, t.predictor) == ("constant", cfg.train.predictor)
     assert (
         (g.budget, g.optim, g.sampler)
         == (t.budget, t.optim, t.sampler)

@@ -171,6 +171,14 @@ def setting_rows(
             "the same first-step trees and the same work",
         ),
         (
+            "predictor",
+            "predictor.name",
+            f"{tc.predictor.name} (trace); constant (grpo)",
+            "none: TRL fits no predictor",
+            "grpo's allocation ignores the predictor's scores, so its side runs predictor=constant and fits nothing "
+            "(the same draws and trees as with the learned one, which would only log its calibration)",
+        ),
+        (
             "tool and reward",
             "env.name",
             tc.env.name,
@@ -338,11 +346,13 @@ def side_config(cfg: BenchPeerConfig, side: str, seed: int, run_name: str) -> Tr
         tc = dataclasses.replace(tc, cluster=dataclasses.replace(tc.cluster, address=IN_PROCESS))
     elif tc.cluster.in_process:  # a -ray side of a bench configured in-process
         tc = dataclasses.replace(tc, cluster=dataclasses.replace(tc.cluster, address="local"))
+    # grpo ignores the predictor's scores: nothing to fit (the same draws and trees), as TRL fits nothing
     if side == "grpo":
         tc = dataclasses.replace(
             tc,
             allocator=dataclasses.replace(tc.allocator, name="grpo"),
             loss=dataclasses.replace(tc.loss, advantage="grpo"),
+            predictor=dataclasses.replace(tc.predictor, name="constant", warmup_steps=0),
         )
     elif side == "trace":
         tc = dataclasses.replace(tc, allocator=dataclasses.replace(tc.allocator, name="trace"))
