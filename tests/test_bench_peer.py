@@ -278,6 +278,8 @@ def _run(launch: float, step_s: list[float], evals: dict[int, float], acc: dict[
                 "rollout_s": 2.0,
                 "update_s": 1.0,
                 "generated_tokens": 100.0 * d,
+                "generate_s": 1.5,
+                "tools_s": 0.25,
             }
         )
         t += d + evals.get(k, 0.0)
@@ -297,6 +299,7 @@ def test_side_stats_leave_out_warmup_and_evaluations() -> None:
     # steps 2 and 3; step 2's 30 s evaluation is not step 3's time
     assert st["s_per_step"] == pytest.approx(5.0)
     assert (st["rollout_s"], st["update_s"], st["rest_s"]) == pytest.approx((2.0, 1.0, 2.0))
+    assert (st["generate_s"], st["tools_s"]) == pytest.approx((1.5, 0.25))  # of the rollout
     assert st["gen_tokens_per_s"] == pytest.approx(100.0)
     # x: wall seconds from launch, earlier evaluations left out, start-up included
     assert [tuple(p) for p in st["curve"]] == [(10.0, 0.2), (23.0, 0.4), (29.0, 0.6)]
@@ -328,6 +331,7 @@ def test_aggregate_table_and_json(tmp_path: Path) -> None:
     lines = table.splitlines()
     assert "s to 0.500" in lines[1] and lines[2].split()[0] == "trl" and "never" in lines[3]
     assert "4.00" in lines[2] and "8.00" in lines[3]
+    assert lines[1].split()[3:5] == ["(gen", "tools)"] and lines[2].split()[4:6] == ["1.50", "0.25"]
     assert "fastest" not in table  # one thread count a side: nothing to pick
     # each side at the thread count best for it: trl@2's 4 s against grpo@1's 3 s
     c = [side_stats(_run(0.0, [9.0, 3.0, 3.0], {}, {}), 1)]

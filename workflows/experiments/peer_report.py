@@ -24,6 +24,10 @@ class StepRecord(TypedDict):
     rollout_s: float
     update_s: float
     generated_tokens: float
+    generate_s: NotRequired[float]
+    """Of the rollout: the sampler's generation seconds (``time/generate_s``; TRL's side: its engine's)."""
+    tools_s: NotRequired[float]
+    """Of the rollout: the environment's tool calls (``time/tools_s``)."""
 
 
 class EvalPoint(TypedDict):
@@ -72,6 +76,8 @@ class SideStats(TypedDict):
     rollout_s: float
     update_s: float
     rest_s: float
+    generate_s: float
+    tools_s: float
     gen_tokens_per_s: float
     startup_s: float
     peak_pss_mb: float
@@ -110,6 +116,8 @@ def side_stats(run: SideRun, warmup: int, acc0: float | None = None) -> SideStat
         "rollout_s": statistics.fmean(r["rollout_s"] for r in measured),
         "update_s": statistics.fmean(r["update_s"] for r in measured),
         "rest_s": statistics.fmean(r["rest_s"] for r in measured),
+        "generate_s": statistics.fmean(r.get("generate_s", 0.0) for r in measured),
+        "tools_s": statistics.fmean(r.get("tools_s", 0.0) for r in measured),
         "gen_tokens_per_s": sum(r["generated_tokens"] for r in measured) / total if total > 0 else 0.0,
         "startup_s": startup,
         "peak_pss_mb": run["peak_pss_mb"],
@@ -142,13 +150,23 @@ def _mean_std(values: Sequence[float]) -> dict[str, float]:
 
 
 StatKey = Literal[
-    "s_per_step", "rollout_s", "update_s", "rest_s", "gen_tokens_per_s", "startup_s", "peak_pss_mb"
+    "s_per_step",
+    "rollout_s",
+    "update_s",
+    "rest_s",
+    "generate_s",
+    "tools_s",
+    "gen_tokens_per_s",
+    "startup_s",
+    "peak_pss_mb",
 ]
 KEYS: tuple[StatKey, ...] = (
     "s_per_step",
     "rollout_s",
     "update_s",
     "rest_s",
+    "generate_s",
+    "tools_s",
     "gen_tokens_per_s",
     "startup_s",
     "peak_pss_mb",
@@ -202,9 +220,11 @@ def write_json(summary: dict[str, Any], out: Path, extra: str | None = None) -> 
 
 
 def format_table(summary: dict[str, Any]) -> str:
-    """Per side: s/step (rollout, update, rest), generated tokens/s, start-up, peak PSS, and time to target."""
+    """Per side: s/step (rollout, of it generation and tools, update, rest), generated tokens/s, start-up, peak PSS,
+    and time to target."""
     head = (
-        f"{'side':<11} {'s/step':>13} {'rollout':>8} {'update':>7} {'rest':>6} {'gen tok/s':>10} "
+        f"{'side':<11} {'s/step':>13} {'rollout':>8} {'(gen':>6} {'tools)':>6} {'update':>7} {'rest':>6} "
+        f"{'gen tok/s':>10} "
         f"{'start-up s':>10} {'peak PSS MB':>12}"
     )
     target = summary.get("target")
@@ -218,6 +238,7 @@ def format_table(summary: dict[str, Any]) -> str:
     for side, s in summary["sides"].items():
         row = (
             f"{side:<11} {s['s_per_step']['mean']:>7.2f} ±{s['s_per_step']['std']:<4.2f} {s['rollout_s']['mean']:>8.2f} "
+            f"{s.get('generate_s', {}).get('mean', 0.0):>6.2f} {s.get('tools_s', {}).get('mean', 0.0):>6.2f} "
             f"{s['update_s']['mean']:>7.2f} {s['rest_s']['mean']:>6.2f} {s['gen_tokens_per_s']['mean']:>10.1f} "
             f"{s['startup_s']['mean']:>10.1f} {s['peak_pss_mb']['mean']:>12.0f}"
         )

@@ -145,6 +145,8 @@ def run_trl_side(
             rollout_s=r["rollout_s"],
             update_s=max(r["end"] - r["begin"] - r["scoring_s"], 0.0),
             generated_tokens=r["generated_tokens"],
+            generate_s=r.get("phase_s", {}).get("generate", 0.0),
+            tools_s=r.get("phase_s", {}).get("tools", 0.0),
         )
         for r in rec["steps"]
     ]
@@ -221,7 +223,9 @@ def tracerl_steps(run_id: str, uri: str) -> tuple[list[StepRecord], list[EvalPoi
         return out
 
     step_t = last(M.TIME_STEP)
-    phases = {p: last(M.phase_time(p)) for p in (*ROLLOUT_PHASES, *UPDATE_PHASES, "eval")}
+    phases = {
+        p: last(M.phase_time(p)) for p in (*ROLLOUT_PHASES, *UPDATE_PHASES, "eval", "generate", "tools")
+    }
     tokens = last(M.GENERATED_TOKENS)
 
     def val(series: dict[int, tuple[float, float]], k: int) -> float:
@@ -240,6 +244,8 @@ def tracerl_steps(run_id: str, uri: str) -> tuple[list[StepRecord], list[EvalPoi
                 rollout_s=sum(val(phases[p], k) for p in ROLLOUT_PHASES),
                 update_s=sum(val(phases[p], k) for p in UPDATE_PHASES),
                 generated_tokens=val(tokens, k),
+                generate_s=val(phases["generate"], k),
+                tools_s=val(phases["tools"], k),
             )
         )
     evals = [EvalPoint(step=k, accuracy=v) for k, (_, v) in sorted(last(M.EVAL_ACCURACY).items())]

@@ -19,7 +19,7 @@ The optimizer and schedule are the project's (``torch.optim.AdamW`` with ``trace
 else TRL is told comes from ``tracerl.workflows.experiments.peer_settings.settings`` (the one mapping of settings), written into the spec.
 
 Written to ``out``: per step its wall-clock begin and end (``time.time()``, so the parent can measure start-up from
-its launch), the rollout function's seconds, the generation-and-scoring seconds (rollout, log-probs, rewards,
+its launch), the rollout function's seconds and its engine's phases (generate, tools, grade), the generation-and-scoring seconds (rollout, log-probs, rewards,
 advantages), generated tokens; held-out greedy accuracy at step 0 and every ``eval_every`` steps and its seconds.
 """
 
@@ -89,6 +89,8 @@ class PeerRollout:
         """The last call's wall seconds."""
         self.generated_tokens = 0
         """The last call's generated tokens (model tokens, as ``budget/generated_tokens``)."""
+        self.phase_s: dict[str, float] = {}
+        """The last call's engine phases (generate, tools, grade seconds), as ``time/<phase>_s``."""
 
     def engine(self, model: Any, seed: int, step: int | None) -> Any:
         from tracerl.engine.rollout import TreeRolloutEngine
@@ -138,6 +140,7 @@ class PeerRollout:
         trees, ledger = self.run(model, ps, counts, trainer.state.global_step, self.cfg.seed)
         out = rollout_outputs(trees, self.tok.eos_token_id)
         self.generated_tokens = ledger.generated_tokens
+        self.phase_s = dict(ledger.phase_s)
         self.seconds = time.perf_counter() - t0
         return out
 
@@ -243,6 +246,7 @@ class PeerRun:
             "rollout_s": self.rollout.seconds,
             "scoring_s": scoring_s,
             "generated_tokens": self.rollout.generated_tokens,
+            "phase_s": self.rollout.phase_s,
             "eval_s": 0.0,
         }
         if (self.eval_every and step % self.eval_every == 0) or step == self.cfg.steps:
