@@ -157,6 +157,35 @@ def _pool_step(workers: int, local: bool = False) -> dict[str, list[tuple[object
         pool.shutdown()
 
 
+def test_a_worker_drops_a_steps_trees_when_released_and_before_the_next_rollout() -> None:
+    """The trees a worker keeps for the step's expansions (with their KV caches) go when the driver releases the
+    step, keeping a later step's (an overlapped rollout running meanwhile), and an earlier step's go before the
+    next rollout makes its own."""
+    from tests.fake_seeded import FakeSeededSampler
+    from tracerl.actors.local import LocalPool
+    from tracerl.actors.spec import WorkerSpec
+    from tracerl.config import EnvConfig, ModelConfig, PoolConfig, SamplerConfig
+    from tracerl.workflows.lm.stack import task_prompts
+
+    env = EnvConfig(name="math")
+    sampler = SamplerConfig(backend=f"tests.fake_seeded:{FakeSeededSampler.__name__}", max_turns=2)
+    spec = WorkerSpec(ModelConfig(), sampler, env, PoolConfig(rollout_workers=1, env_workers=0))
+    pool = LocalPool(spec, 1, seed=11)
+    try:
+        prompts = task_prompts(env)[:2]
+        pool.begin_step(4)
+        pool.rollout(prompts, [2, 1])
+        assert list(pool.worker.trees) == ["4/0/0"]
+        pool.worker.trees["5/0/0"] = []  # as if step 5 had started ahead
+        pool.release(4)
+        assert list(pool.worker.trees) == ["5/0/0"]
+        pool.begin_step(6)
+        pool.rollout(prompts, [1, 1])
+        assert list(pool.worker.trees) == ["6/0/0"]
+    finally:
+        pool.shutdown()
+
+
 @pytest.mark.e2e
 def test_one_and_three_rollout_workers_give_identical_trees(ray_local: Any) -> None:
     """Seeds are keyed by (seed, step, prompt, path, turn), not by worker shard or call: the same step on one

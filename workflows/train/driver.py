@@ -77,6 +77,8 @@ class Ahead:
     version: int
     ledger: BudgetLedger
     """The samplers' counts for this step (a later step's start begins a new one)."""
+    step: int = 0
+    """The step it rolls out (its trees are released once complete)."""
     waited: float = 0.0
     """Seconds the previous step waited for the bare rollouts after its update (``time/wait_rollouts_s``)."""
 
@@ -163,6 +165,7 @@ class Driver:
         with timer("select"):
             budget = self.budget(step)
         out = self.stepper().run(step, budget, timer)
+        self.pool.release(step)  # no expansion follows: the samplers' KV caches go before the update
         self.ledgers[step] = self.pool.ledger
         for t in out.sampled_trees:
             t.stamp_version(self.version)
@@ -180,7 +183,7 @@ class Driver:
         stepper = self.stepper()
         planned, ledger = stepper.start(step, budget, timer)
         self.ledgers[step] = ledger
-        return Ahead(budget, planned, self._ahead.submit(stepper.bare, planned), self.version, ledger)
+        return Ahead(budget, planned, self._ahead.submit(stepper.bare, planned), self.version, ledger, step)
 
     def wait_ahead(self, ahead: Ahead | None) -> None:
         """Wait for ``ahead``'s bare rollouts (before the weights they were sampled with are replaced)."""
@@ -196,6 +199,7 @@ class Driver:
         self.overlapped = max(0.0, ahead.timer.seconds.get("rollout", 0.0) - ahead.waited)
         sizes = [len(t.nodes) for t in bare.out.sampled_trees]
         out = self.stepper().finish(ahead.planned, bare, ahead.ledger)
+        self.pool.release(ahead.step)
         for t, n in zip(out.sampled_trees, sizes):
             t.stamp_version(ahead.version, 1, n)
             t.stamp_version(self.version, n)

@@ -57,6 +57,9 @@ class LocalPool(ShardedPool):
         """The calls one after another on the one worker, arguments and results copied as a Ray call copies them."""
         return [copy.deepcopy(getattr(self.worker, m)(*copy.deepcopy(args))) for _, m, args in calls]
 
+    def release(self, step: int) -> None:
+        self.worker.release(step)
+
     def warnings(self) -> list[str]:
         return self.worker.warnings()
 

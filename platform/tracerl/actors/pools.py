@@ -237,6 +237,11 @@ class RolloutPool(ShardedPool):
         )
         return out
 
+    def release(self, step: int) -> None:
+        """Each actor drops step ``step``'s trees; not waited for (a dead actor's trees went with it)."""
+        for w in self.workers:
+            w.release.remote(step)
+
     def stream(self, prompts: Sequence[Prompt], counts: Sequence[int], on_bare: OnBare) -> list[RolloutTree]:
         """A streaming step's rollouts (``pipeline.mode=streaming``): actors/stream_pool.py."""
         from tracerl.actors.stream_pool import PoolStream

@@ -141,6 +141,10 @@ class ShardedPool:
                 trees[i].grow_to(new)
         self._merge([led for _, led in results])
 
+    def release(self, step: int) -> None:
+        """Step ``step``'s rollouts are complete: the workers may drop its trees and their KV caches now rather than
+        at the next step's rollout (``RolloutWorker.release``), so they do not sit through the update."""
+
     def evaluate(
         self, prompts: Sequence[Prompt], samples: int, temperature: float, seed: int
     ) -> tuple[list[RolloutTree], BudgetLedger]:

@@ -214,10 +214,18 @@ class RolloutWorker:
         self, step: int, key: str, prompts: list[Prompt], counts: list[int], seed: int
     ) -> tuple[list[RolloutTree], BudgetLedger]:
         self._begin(step, seed)
+        self.release(step - 1)  # an earlier step's caches go before this step's are made, not after
         trees = self.engine.rollout(prompts, counts)
-        self.trees = {k: v for k, v in self.trees.items() if k.startswith(f"{step}/")}
         self.trees[key] = trees
         return [strip_caches(t) for t in trees], self.engine.ledger
+
+    def release(self, step: int) -> None:
+        """Drop the trees (and their KV caches) of ``step`` and every step before it: no expansion will come for
+        them. Only deletes keys, so a later step's rollout running meanwhile (``pipeline.overlap``) keeps its own."""
+        for k in list(self.trees):
+            head = k.split("/", 1)[0]  # keys are "<step>/<phase>/<worker>" (ShardedPool)
+            if not head.isdigit() or int(head) <= step:
+                self.trees.pop(k, None)
 
     def expand(
         self, step: int, key: str, trees: list[RolloutTree], expansions: list[Expansion], seed: int
