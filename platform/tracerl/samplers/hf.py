@@ -66,9 +66,9 @@ class HFSampler:
         self.device = device
         self.reuse_prefix = reuse_prefix
         self.ends = end_ids(tokenizer, model)
+        """Every token that ends a turn (``end_ids``: the tokenizer's EOS and the generation config's list)."""
         self.full_attention = full_attention(getattr(model, "config", None))
         """Every layer attends to its whole context: the KV cache grows in reserved buffers (``hf_kv``)."""
-        """Every token that ends a turn (``end_ids``: the tokenizer's EOS and the generation config's list)."""
 
     @classmethod
     def from_config(
