@@ -279,6 +279,22 @@ def tiny_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def parts() -> tuple[Any, Any]:
+    """An untrained 2-layer Llama and its tokenizer, fitted to rendered math traces (the hf sampler's tests)."""
+    from tracerl.envs.math.tasks import generate as gen_tasks
+    from tracerl.models.tiny import build_model, build_tokenizer
+    from tracerl.workflows.bootstrap.config import BootstrapConfig
+    from tracerl.workflows.bootstrap.policy import trace_segments
+
+    texts = ["".join(s.text for s in trace_segments(t)) for t in gen_tasks(200, seed=4)]
+    tok = build_tokenizer(texts, vocab_size=400)
+    model = build_model(
+        tok, BootstrapConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, seed=1)
+    )
+    return tok, model
+
+
 @pytest.fixture
 def small_tree() -> RolloutTree:
     """Root with two bare rollouts (2 turns each) and two continuations from the first one's turn 1.

@@ -6,12 +6,8 @@ import torch
 from transformers import LlamaConfig, Qwen2Config
 from transformers.cache_utils import DynamicLayer
 
-from tracerl.envs.math.tasks import generate as gen_tasks
-from tracerl.models.tiny import build_model, build_tokenizer
 from tracerl.samplers.hf import HFSampler
 from tracerl.samplers.hf_kv import ReservedLayer, full_attention, reserved_cache
-from tracerl.workflows.bootstrap.config import BootstrapConfig
-from tracerl.workflows.bootstrap.policy import trace_segments
 
 
 def _states(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,16 +54,6 @@ def test_only_layers_that_attend_to_their_whole_context_get_it() -> None:
     assert not full_attention(
         LlamaConfig(layer_types=["full_attention", "sliding_attention"], num_hidden_layers=2)
     )
-
-
-@pytest.fixture(scope="module")
-def parts():  # type: ignore[no-untyped-def]
-    texts = ["".join(s.text for s in trace_segments(t)) for t in gen_tasks(200, seed=4)]
-    tok = build_tokenizer(texts, vocab_size=400)
-    model = build_model(
-        tok, BootstrapConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, seed=1)
-    )
-    return tok, model
 
 
 def test_the_sampler_samples_the_same_turns_on_either_cache(parts) -> None:  # type: ignore[no-untyped-def]

@@ -4,21 +4,7 @@ import pytest
 import torch
 
 from tracerl.engine.seeds import SeedKey
-from tracerl.envs.math.tasks import generate as gen_tasks
-from tracerl.models.tiny import build_model, build_tokenizer
 from tracerl.samplers.hf import HFSampler
-from tracerl.workflows.bootstrap.config import BootstrapConfig
-from tracerl.workflows.bootstrap.policy import trace_segments
-
-
-@pytest.fixture(scope="module")
-def parts():  # type: ignore[no-untyped-def]
-    texts = ["".join(s.text for s in trace_segments(t)) for t in gen_tasks(200, seed=4)]
-    tok = build_tokenizer(texts, vocab_size=400)
-    model = build_model(
-        tok, BootstrapConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, seed=1)
-    )
-    return tok, model
 
 
 def enc(tok, text: str) -> list[int]:  # type: ignore[no-untyped-def]

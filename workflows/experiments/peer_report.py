@@ -8,7 +8,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict, get_args
 
 from tracerl.workflows.experiments.config import split_side
 
@@ -160,17 +160,7 @@ StatKey = Literal[
     "startup_s",
     "peak_pss_mb",
 ]
-KEYS: tuple[StatKey, ...] = (
-    "s_per_step",
-    "rollout_s",
-    "update_s",
-    "rest_s",
-    "generate_s",
-    "tools_s",
-    "gen_tokens_per_s",
-    "startup_s",
-    "peak_pss_mb",
-)
+KEYS: tuple[StatKey, ...] = get_args(StatKey)
 
 
 def aggregate(per_seed: dict[str, list[SideStats]], target: float | None) -> dict[str, Any]:

@@ -19,8 +19,8 @@ The optimizer and schedule are the project's (``torch.optim.AdamW`` with ``trace
 else TRL is told comes from ``tracerl.workflows.experiments.peer_settings.settings`` (the one mapping of settings), written into the spec.
 
 Written to ``out``: per step its wall-clock begin and end (``time.time()``, so the parent can measure start-up from
-its launch), the rollout function's seconds and its engine's phases (generate, tools, grade), the generation-and-scoring seconds (rollout, log-probs, rewards,
-advantages), generated tokens; held-out greedy accuracy at step 0 and every ``eval_every`` steps and its seconds.
+its launch), the rollout function's seconds and its engine's phases (generate, tools, grade), the
+generation-and-scoring seconds (rollout, log-probs, rewards, advantages), generated tokens; held-out greedy accuracy at step 0 and every ``eval_every`` steps and its seconds.
 """
 
 from __future__ import annotations

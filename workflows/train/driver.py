@@ -77,7 +77,7 @@ class Ahead:
     version: int
     ledger: BudgetLedger
     """The samplers' counts for this step (a later step's start begins a new one)."""
-    step: int = 0
+    step: int
     """The step it rolls out (its trees are released once complete)."""
     waited: float = 0.0
     """Seconds the previous step waited for the bare rollouts after its update (``time/wait_rollouts_s``)."""
