@@ -204,7 +204,13 @@ def test_the_bench_runs_each_side_at_its_threads_and_picks_the_fastest(
     cfg = compose(
         BenchPeerConfig,
         PEER,
-        [f"bench_out={tmp_path}", "sides=[trl@1,trl@2,grpo@1,grpo@2]", "seeds=2", "steps=3"],
+        [
+            f"bench_out={tmp_path}",
+            "sides=[trl@1,trl@2,grpo@1,grpo@2]",
+            "seeds=2",
+            "steps=3",
+            "interleave=seed",
+        ],
     )
     out = peer.run_peer_bench(cfg)
     assert calls[:4] == [
@@ -220,6 +226,18 @@ def test_the_bench_runs_each_side_at_its_threads_and_picks_the_fastest(
     assert out["modes"] == {"trl@1": "trl", "trl@2": "trl", "grpo@1": "inprocess", "grpo@2": "inprocess"}
     assert [r["setting"] for r in out["settings"]["rows"]][-1] == "torch threads"
     assert out["settings"]["rows"][-1]["value"] == "1/2"
+    # interleave=step: each seed's sides go to run_in_turns together, in the same rotated order
+    turns: list[list[str]] = []
+
+    def in_turns(cfg: BenchPeerConfig, jobs: dict[str, str]) -> dict[str, dict[str, object]]:
+        turns.append(list(jobs))
+        return {side: fake(cfg, side, tag) for side, tag in jobs.items()}
+
+    monkeypatch.setattr(peer, "_job", lambda cfg, side, seed, tag, progress: tag)
+    monkeypatch.setattr(peer, "run_in_turns", in_turns)
+    out = peer.run_peer_bench(dataclasses.replace(cfg, interleave="step"))
+    assert turns == [["trl@1", "trl@2", "grpo@1", "grpo@2"], ["trl@2", "grpo@1", "grpo@2", "trl@1"]]
+    assert out["interleave"] == "step" and out["best"]["grpo"]["vs_trl"] == pytest.approx(0.8)
 
 
 def test_tree_memory_counts_a_real_child_process() -> None:
@@ -343,6 +361,11 @@ def test_aggregate_table_and_json(tmp_path: Path) -> None:
     }
     table = format_table({**summary, "sides": two, "best": best, "target": None})
     assert table.splitlines()[-1] == "fastest: trl@2 4.00, grpo@1 3.00 (0.75 x TRL's)"
+    assert table.splitlines()[0].endswith("interleave=seed")
+    turns = format_table({**summary, "interleave": "step"}).splitlines()
+    assert turns[0].endswith("interleave=step") and turns[-1].startswith(
+        "peak PSS: the sides' processes lived"
+    )
     write_json({**summary, "x": math.inf}, tmp_path / "r.json", str(tmp_path / "extra/r.json"))
     back = json.loads((tmp_path / "extra/r.json").read_text())
     assert back["sides"]["trl"]["seeds"] == 2 and (tmp_path / "r.json").is_file()

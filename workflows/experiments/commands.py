@@ -92,6 +92,12 @@ BENCH_PEER_FLAGS = (
     JSON_FLAG,
     Shorthand("--steps", ("steps",), "RL steps per run"),
     Shorthand("--seeds", ("seeds",), "seeds per side (the sides' order rotates each seed)"),
+    Shorthand(
+        "--interleave",
+        ("interleave",),
+        "seed: the sides' whole runs one after another; step: the sides take turns, a step each",
+        str,
+    ),
     Shorthand("--threads", ("threads",), "CPUs of every side (the first N of the affinity)"),
     Shorthand("--torch-threads", ("torch_threads",), "torch threads of TRL's process and tracerl's trainer"),
     Shorthand(

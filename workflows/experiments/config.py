@@ -160,6 +160,12 @@ class BenchPeerConfig:
     counts, interleaved; the summary's ``best`` picks each side's fastest)."""
     seeds: int = 3
     """Seeds per side (seed, seed + 1, ...); the sides' order rotates by one each seed."""
+    interleave: Literal["seed", "step"] = "seed"
+    """How the sides share the machine. ``seed``: one whole run after another. ``step``: a seed's sides start one
+    after another, then take turns a step each (the others paused between their steps; ``tracerl.workflows.ops.turns``),
+    so a drift in the machine's speed falls on every side alike. Under ``step`` the sides' processes live side by
+    side: memory pages they share (the same venv's libraries) are split between them in each one's PSS, so compare
+    memory under ``seed``. In-process sides only (a Ray side's steps run in its workers)."""
     threads: int = 2
     """CPUs every side may use (the first N of this process's affinity)."""
     torch_threads: int = 1
@@ -199,6 +205,11 @@ class BenchPeerConfig:
         )
         check(self.sample_s > 0, f"sample_s must be > 0 (got {self.sample_s})")
         check(self.train.resume is None, "bench peer starts fresh runs; resume is not allowed")
+        ray = [s for s in self.sides if split_side(s)[0].endswith("-ray")]
+        check(
+            self.interleave == "seed" or not ray,
+            f"interleave=step runs in-process sides only; run {', '.join(ray)} with interleave=seed",
+        )
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ process, no Ray), and ``grpo-ray`` and ``trace-ray``, the same on an embedded Ra
 run's ``mode`` say which). Every side is a subprocess started from here, so
 each one's whole process tree (Ray's raylet, workers and environment actors included) is measured the same way:
 its summed PSS sampled every ``sample_s`` seconds (the peak is reported), and its per-step times. Seeds run in
-turn, the sides' order rotating by one each seed; every side runs with the same CPUs (the first ``threads`` of
+turn, the sides' order rotating by one each seed; within a seed the sides run one whole run after another
+(``interleave=seed``) or take turns a step each (``interleave=step``: the waits left out); every side runs with the same CPUs (the first ``threads`` of
 this process's affinity), ``OMP_NUM_THREADS`` = its torch threads T and Ray's workers at nice 0; TRL's single
 process sets ``torch.set_num_threads(T)``, tracerl's trainer worker ``trainer.torch_threads=T`` and its sampler
 actors ``pools.sampler_threads=1`` each (the run's params ``threads/trainer``, ``threads/sampler``; an in-process
@@ -49,7 +50,15 @@ from tracerl.workflows.experiments.peer_report import (
     write_json,
 )
 from tracerl.workflows.experiments.peer_settings import run_order, settings, side_mode, side_tag, side_threads
-from tracerl.workflows.experiments.peer_sides import peer_interpreter, run_tracerl_side, run_trl_side
+from tracerl.workflows.experiments.peer_sides import (
+    SideJob,
+    peer_interpreter,
+    run_in_turns,
+    run_tracerl_side,
+    run_trl_side,
+    tracerl_job,
+    trl_job,
+)
 
 __all__ = ["BenchPeerConfig", "checkpoint_accuracy", "run_peer_bench"]
 
@@ -98,6 +107,7 @@ def run_peer_bench(cfg: BenchPeerConfig, progress: Callable[[str], None] = lambd
         "settings": mapping,
         "steps": cfg.train.steps,
         "seeds": cfg.seeds,
+        "interleave": cfg.interleave,
         "warmup_steps": cfg.warmup_steps,
         "threads": cfg.threads,
         "torch_threads": cfg.torch_threads,
@@ -121,16 +131,24 @@ def _run_sides(
     order = []
     for k in range(cfg.seeds):
         seed = cfg.train.seed + k
-        for side in run_order(cfg.sides, k):
-            tag = f"peer-{side_tag(side)}-s{seed}-{stamp}"
-            progress(
-                f"== {side}, seed {seed}: {cfg.train.steps} steps, {side_threads(cfg, side)} torch threads"
-            )
-            run = (
-                run_trl_side(cfg, seed, tag, progress, side)
-                if side_mode(side) == "trl"
-                else run_tracerl_side(cfg, side, seed, tag, progress)
-            )
+        sides = run_order(cfg.sides, k)
+        tags = {side: f"peer-{side_tag(side)}-s{seed}-{stamp}" for side in sides}
+        if cfg.interleave == "step":
+            progress(f"== seed {seed}: {', '.join(sides)} taking turns, a step each, {cfg.train.steps} steps")
+            runs = run_in_turns(cfg, {side: _job(cfg, side, seed, tags[side], progress) for side in sides})
+        else:
+            runs = {}
+            for side in sides:
+                progress(
+                    f"== {side}, seed {seed}: {cfg.train.steps} steps, {side_threads(cfg, side)} torch threads"
+                )
+                runs[side] = (
+                    run_trl_side(cfg, seed, tags[side], progress, side)
+                    if side_mode(side) == "trl"
+                    else run_tracerl_side(cfg, side, seed, tags[side], progress)
+                )
+        for side in sides:
+            run = runs[side]
             run["seed"] = seed
             st = side_stats(run, cfg.warmup_steps, acc0)
             raw[side].append(run)
@@ -141,6 +159,14 @@ def _run_sides(
                 f"peak PSS {st['peak_pss_mb']:.0f} MB"
             )
     return raw, stats, order
+
+
+def _job(cfg: BenchPeerConfig, side: str, seed: int, tag: str, progress: Callable[[str], None]) -> SideJob:
+    return (
+        trl_job(cfg, seed, tag, progress, side)
+        if side_mode(side) == "trl"
+        else tracerl_job(cfg, side, seed, tag, progress)
+    )
 
 
 def _run_record(r: SideRun, st: SideStats) -> dict[str, Any]:

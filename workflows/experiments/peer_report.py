@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict, get_args
 
 from tracerl.workflows.experiments.config import split_side
+from tracerl.workflows.ops.turns import paused_within
 
 
 class StepRecord(TypedDict):
@@ -46,6 +47,9 @@ class ProcessRun(TypedDict):
     peak_processes: int
     pss_samples: int
     cpus: list[int]
+    pauses: NotRequired[list[list[float]]]
+    """[start, end] wall-clock seconds the process waited for its turn (``interleave=step``): left out of its
+    steps, start-up and curve."""
 
 
 class SideRun(ProcessRun):
@@ -92,23 +96,25 @@ def side_stats(run: SideRun, warmup: int, acc0: float | None = None) -> SideStat
 
     A step's seconds run from the previous step's end (the first step: its begin) to its end, less the previous
     step's evaluation; the curve's x is wall seconds from launch less every earlier evaluation (start-up included).
+    Every measure leaves out the seconds the process waited for its turn (``pauses``, with ``interleave=step``).
     """
     steps = sorted(run["steps"], key=lambda r: r["step"])
     if not steps:
         raise ValueError("the side logged no steps")
     launch = run["launch"]
+    pauses = run.get("pauses", [])
     per: list[StepRow] = []
     prev_end, prev_eval, evals_before = steps[0]["begin"], 0.0, 0.0
     wall_at: dict[int, float] = {}
     for r in steps:
-        interval = r["end"] - prev_end - prev_eval
+        interval = r["end"] - prev_end - prev_eval - paused_within(pauses, prev_end, r["end"])
         evals_before += prev_eval
-        wall_at[r["step"]] = r["end"] - launch - evals_before
+        wall_at[r["step"]] = r["end"] - launch - evals_before - paused_within(pauses, launch, r["end"])
         per.append(StepRow(**r, interval_s=interval, rest_s=interval - r["rollout_s"] - r["update_s"]))
         prev_end, prev_eval = r["end"], r["eval_s"]
     measured = per[warmup:] if len(per) > warmup else per
     total = sum(r["interval_s"] for r in measured)
-    startup = steps[0]["begin"] - launch
+    startup = steps[0]["begin"] - launch - paused_within(pauses, launch, steps[0]["begin"])
     curve: list[list[float]] = [] if acc0 is None else [[startup, acc0]]
     curve += [[wall_at[e["step"]], e["accuracy"]] for e in run["evals"] if e["step"] in wall_at]
     return {
@@ -222,7 +228,8 @@ def format_table(summary: dict[str, Any]) -> str:
         head += f" {'s to ' + format(target, '.3f'):>12}"
     lines = [
         f"steps={summary['steps']} (first {summary['warmup_steps']} not measured), seeds={summary['seeds']}, "
-        f"CPUs={summary['threads']}, torch threads={summary.get('torch_threads', 1)} (a side@T: T)",
+        f"CPUs={summary['threads']}, torch threads={summary.get('torch_threads', 1)} (a side@T: T), "
+        f"interleave={summary.get('interleave', 'seed')}",
         head,
     ]
     for side, s in summary["sides"].items():
@@ -246,5 +253,10 @@ def format_table(summary: dict[str, Any]) -> str:
                 + (f" ({b['vs_trl']:.2f} x TRL's)" if "vs_trl" in b and base != "trl" else "")
                 for base, b in best.items()
             )
+        )
+    if summary.get("interleave") == "step":
+        lines.append(
+            "peak PSS: the sides' processes lived side by side, so pages they share were split between them; "
+            "compare memory with --interleave seed"
         )
     return "\n".join(lines)

@@ -261,6 +261,8 @@ class PeerRun:
         from transformers import TrainerCallback
         from trl import GRPOConfig, GRPOTrainer
 
+        from tracerl.workflows.ops.turns import take_turn
+
         run = self
 
         class PeerGRPOTrainer(GRPOTrainer):
@@ -285,6 +287,7 @@ class PeerRun:
                     run.evaluate(0)
 
             def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                take_turn(int(state.global_step))  # under --interleave step: wait for this step's turn
                 self.begin = time.time()
                 trainer.scoring_s = 0.0
 

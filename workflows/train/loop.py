@@ -21,6 +21,7 @@ from tracerl.config import TrainConfig
 from tracerl.engine.timer import PhaseTimer
 from tracerl.workflows.ops.disk import DiskFull, no_space, quiet_disk_full
 from tracerl.workflows.ops.no_retry import as_permanent, quiet_loop_failed
+from tracerl.workflows.ops.turns import take_turn
 from tracerl.workflows.tracking.checkpoint_files import publish, scratch
 from tracerl.workflows.train.budget import Totals, stop_reason
 from tracerl.workflows.train.context import RayTrainContext, checkpoint_name
@@ -139,6 +140,7 @@ def run_steps(run: LoopInput, ctx: Any, pool: Any) -> None:
     gc.freeze()
     gc.enable()
     while not last:
+        take_turn(step)  # only under a conductor (tracerl bench peer --interleave step): else returns at once
         ahead, last = train_step(step, worker, driver, ahead)
         step += 1
     if driver is not None:
