@@ -1,5 +1,7 @@
 """The transformers sampler on a real tiny Llama: stop strings, log-probs, and prefix KV re-use."""
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -154,3 +156,62 @@ def test_an_engine_backend_must_fit_the_model_window(tiny_policy) -> None:  # ty
         r"\(max_position_embeddings=1024\).*set sampler.max_context_tokens=1024",
     ):
         check_window(str(tiny_policy), SamplerConfig(backend="vllm", max_context_tokens=16384))
+
+
+def test_step_logprobs_are_the_stacked_logits_log_softmax_bitwise(parts: tuple[Any, Any]) -> None:
+    """The sampler's per-step log-probs (``_StepLogprobs``: one (rows, vocab) block at a time) are, bit for bit, what
+    a log-softmax over all of a turn's logits kept by ``output_logits`` gives for the same draws."""
+    from tracerl.samplers.hf import CACHE, _RowGumbel
+
+    tok, model = parts
+    sampler = HFSampler(model, tok, reuse_prefix=False)
+    ctxs = [enc(tok, "Question: What is 5 + 5?\n"), enc(tok, "Question: A shop has 40 boxes. How many?\n")]
+    gens = sampler.generate(ctxs, 14, ["Observation"], temperature=0.7, seeds=[5, 6])
+    width = max(len(c) for c in ctxs)
+    ids = torch.full((2, width), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, c in enumerate(ctxs):
+        ids[r, width - len(c) :], mask[r, width - len(c) :] = torch.tensor(c), 1
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            **{CACHE: sampler._batch_cache([None, None], 0, width + 14)},
+            max_new_tokens=14,
+            do_sample=False,
+            logits_processor=[_RowGumbel([5, 6], 0.7, "cpu")],
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            stop_strings=["Observation"],
+            tokenizer=tok,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=sampler.ends or None,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+    logp = torch.log_softmax(torch.stack(out.logits, dim=1).float() / 0.7, dim=-1)
+    for r, g in enumerate(gens):
+        assert g.token_ids == out.sequences[r, width : width + len(g.token_ids)].tolist()
+        assert g.logprobs == logp[r, torch.arange(len(g.token_ids)), torch.tensor(g.token_ids)].tolist()
+    # a row's log-softmax alone is the same as within a stacked (rows, tokens, vocab) tensor
+    x = torch.randn(4, 9, 50_000, generator=torch.Generator().manual_seed(0)) * 5
+    whole = torch.log_softmax(x / 0.7, dim=-1)
+    assert all(torch.equal(torch.log_softmax(x[:, t] / 0.7, dim=-1), whole[:, t]) for t in range(9))
+
+
+def test_a_model_whose_generate_skips_its_forward_is_refused(parts: tuple[Any, Any]) -> None:
+    """A wrapper whose ``generate`` runs an inner model never calls its own forward: no log-probs can be taken."""
+    tok, model = parts
+
+    class FakeWrapper(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def generate(self, **kw: Any) -> Any:
+            return self.inner.generate(**kw)
+
+    sampler = HFSampler(FakeWrapper(), tok, reuse_prefix=False)
+    with pytest.raises(RuntimeError, match="must run the model itself"):
+        sampler.generate([enc(tok, "Question: x\n")], 4, [], temperature=1.0, seeds=[0])

@@ -2,7 +2,8 @@
 
 Contexts are left-padded into one batch; generation stops per sequence at EOS or at a stop string;
 new tokens are cut before the stop string and returned with their sampling log-probabilities
-(temperature-scaled log-softmax of the logits, as the trainer recomputes them).
+(temperature-scaled log-softmax of the logits, as the trainer recomputes them), taken one decode step at a time
+(``_StepLogprobs``), never a whole turn's logits at once.
 
 Prefix re-use. Each ``Generation`` carries a handle to the KV cache of its context plus kept tokens
 (per layer, this row only, padding removed). A later call passes the handle with a context that
@@ -48,6 +49,48 @@ class _RowGumbel:
         u = torch.stack([torch.rand(v, generator=g, device=g.device) for g in self.gens])
         gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
         return scores.float() / self.temperature + gumbel.to(scores.device)
+
+
+class _StepLogprobs:
+    """The sampling log-probability of each generated token, one decode step at a time, from the model's raw logits.
+
+    A forward hook keeps the temperature-scaled log-softmax of each forward's last-position logits (in float32, as
+    ``generate`` hands them on); as a logits processor, called once per generated position, it moves that block to
+    ``pending``, and at the next call, whose ``input_ids`` end with the token drawn from it, keeps that token's
+    log-probability only. Memory stays three (rows, vocabulary) blocks, where ``output_logits`` kept every step's logits
+    (rows x tokens x vocabulary: 20 GB for 64 rows of 512 tokens over a 152k vocabulary). A row's log-softmax is the
+    same alone as in a stacked tensor (a test checks it bitwise)."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.latest: torch.Tensor | None = None
+        self.pending: torch.Tensor | None = None
+        self.steps: list[torch.Tensor] = []
+        """Per generated position, (rows,) log-probabilities of the tokens drawn there."""
+        self._bufs: tuple[torch.Tensor, ...] | None = None
+
+    def hook(self, module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+        logits = output.logits[:, -1].to(dtype=torch.float32).cpu()
+        if self._bufs is None or self._bufs[0].shape != logits.shape:
+            # written in place each step (a fresh 4.7 MB block a step cost SmolLM2 twice the time): the scaled
+            # logits, then two log-softmax blocks taking turns as ``latest`` and ``pending``
+            self._bufs = tuple(torch.empty_like(logits) for _ in range(3))
+        scaled, *outs = self._bufs
+        out = outs[0] if self.pending is not outs[0] else outs[1]
+        torch.div(logits, self.temperature, out=scaled)
+        self.latest = torch.log_softmax(scaled, dim=-1, out=out)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.pending is not None:
+            self.drawn(input_ids[:, -1])
+        self.pending, self.latest = self.latest, None
+        return scores
+
+    def drawn(self, tokens: torch.Tensor) -> None:
+        """The tokens drawn from the pending position's distribution (one a row)."""
+        assert self.pending is not None
+        self.steps.append(self.pending.gather(1, tokens.cpu().long().unsqueeze(1)).squeeze(1))
+        self.pending = None
 
 
 @dataclass(frozen=True)
@@ -121,37 +164,43 @@ class HFSampler:
             mask[r, lc + ls - len(s) :] = 1
         past = self._batch_cache(kvs, lc, lc + ls + max_new_tokens)
         sample = temperature > 0
-        noise = [_RowGumbel(seeds, temperature, self.device)] if sample else None
-        out = self.model.generate(
-            input_ids=ids.to(self.device),
-            attention_mask=mask.to(self.device),
-            **{CACHE: past},
-            max_new_tokens=max_new_tokens,
-            do_sample=False,  # sampling is the per-row Gumbel noise on greedy decoding
-            logits_processor=noise,
-            temperature=None,
-            top_p=None,
-            top_k=None,
-            stop_strings=list(stop) or None,
-            tokenizer=self.tokenizer,
-            pad_token_id=pad,
-            eos_token_id=self.ends or None,
-            return_dict_in_generate=True,
-            output_logits=True,
-        )
+        logprobs = _StepLogprobs(temperature if sample else 1.0)
+        processors: list[Any] = [logprobs] + ([_RowGumbel(seeds, temperature, self.device)] if sample else [])
+        hook = self.model.register_forward_hook(logprobs.hook, with_kwargs=True)
+        try:
+            out = self.model.generate(
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                **{CACHE: past},
+                max_new_tokens=max_new_tokens,
+                do_sample=False,  # sampling is the per-row Gumbel noise on greedy decoding
+                logits_processor=processors,
+                temperature=None,
+                top_p=None,
+                top_k=None,
+                stop_strings=list(stop) or None,
+                tokenizer=self.tokenizer,
+                pad_token_id=pad,
+                eos_token_id=self.ends or None,
+                return_dict_in_generate=True,
+            )
+        finally:
+            hook.remove()
         width = lc + ls
         seqs = out.sequences[:, width:].cpu()
-        logp = torch.log_softmax(
-            torch.stack(out.logits, dim=1).float().cpu() / (temperature if sample else 1.0), dim=-1
-        )
+        if len(logprobs.steps) < seqs.shape[1] and logprobs.pending is not None:
+            logprobs.drawn(seqs[:, len(logprobs.steps)])  # the last token: no forward read it
+        if len(logprobs.steps) < seqs.shape[1]:
+            raise RuntimeError(
+                f"the hf sampler has log-probabilities for {len(logprobs.steps)} of {seqs.shape[1]} generated "
+                f"tokens: {type(self.model).__name__}.generate must run the model itself (pass the plain "
+                "transformers model, not a wrapper)"
+            )
+        logp = torch.stack(logprobs.steps, dim=1) if logprobs.steps else torch.zeros((b, 0))
         gens = []
         for r in range(b):
             kept, text, finish = cut_at_stop(self.tokenizer, seqs[r].tolist(), stop, self.ends)
-            lp = (
-                logp[r, torch.arange(len(kept)), torch.tensor(kept, dtype=torch.long)].tolist()
-                if kept
-                else []
-            )
+            lp = logp[r, : len(kept)].tolist()
             handle = (
                 self._row_cache(getattr(out, CACHE), mask[r], r, list(contexts[r]) + kept)
                 if self.reuse_prefix
