@@ -20,6 +20,7 @@ from tracerl.config_loader import ConfigError, compose
 from tracerl.workflows.experiments.config import BenchPeerConfig
 from tracerl.workflows.experiments.peer_report import ProcessRun, SideRun, StepRecord, side_stats
 from tracerl.workflows.experiments.peer_sides import SideJob, run_in_turns
+from tracerl.workflows.ops import turns
 from tracerl.workflows.ops.turns import ENV, Conductor, paused_within, take_turn
 
 PEER = ROOT / "conf/bench/peer.yaml"
@@ -100,6 +101,23 @@ def test_without_a_conductor_a_child_runs_freely(tmp_path: Path, monkeypatch: py
         [sys.executable, "-c", CHILD, str(tmp_path / "o.json"), "2", "-1"], env=env, check=True, timeout=60
     )
     assert len(json.loads((tmp_path / "o.json").read_text())) == 2
+
+
+def test_only_the_conductors_own_child_takes_the_pipes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process further down that inherited the variable (a Ray worker, a subprocess) must not write its steps into
+    whatever its own descriptors with those numbers are: it runs on, and the variable leaves its environment."""
+    monkeypatch.setattr(turns, "_PIPES", [])
+    with open(tmp_path / "f", "wb") as f:
+        fd = f.fileno()
+        monkeypatch.setenv(ENV, f"{os.getppid() + 1}:{fd},{fd}")  # another parent's
+        take_turn(0)
+        assert ENV not in os.environ
+        monkeypatch.setenv(ENV, f"{os.getppid()}:{fd},{fd}")  # this parent's, but a file, not a pipe
+        take_turn(1)
+        assert ENV not in os.environ and turns._PIPES == []
+    assert (tmp_path / "f").read_bytes() == b""
 
 
 def test_a_child_runs_on_when_its_conductor_goes_away(tmp_path: Path) -> None:

@@ -174,6 +174,7 @@ def _run_record(r: SideRun, st: SideStats) -> dict[str, Any]:
     return {
         "seed": r["seed"],
         **{k: st[k] for k in KEYS},
+        "paused_s": sum(b - a for a, b in r.get("pauses", [])),
         "peak_processes": st["peak_processes"],
         "steps_measured": st["steps_measured"],
         "curve": st["curve"],

@@ -4,7 +4,8 @@ only one computes at a time, and each waits, between its steps, until the conduc
 
 The child's half is ``take_turn(step)``, called before each step (``tracerl train``'s loop and the bench's TRL
 callback call it). It does nothing unless the process was started by a ``Conductor``, which passes two pipe ends
-in ``TRACERL_TURNS`` ("<read fd>,<write fd>"): the child writes the step it is about to run and blocks until the
+in ``TRACERL_TURNS`` ("<conductor pid>:<read fd>,<write fd>"; only the conductor's own child takes them, and
+takes them out of its environment): the child writes the step it is about to run and blocks until the
 conductor writes back. A conductor that went away (end of file, a broken pipe) lets the child run on freely.
 
 The conductor's half, ``Conductor``: ``start`` launches a process and waits until it reaches its first turn (or
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -28,15 +30,41 @@ ENV = "TRACERL_TURNS"
 
 def take_turn(step: int) -> None:
     """Wait for this process's next turn, when a ``Conductor`` started it (``TRACERL_TURNS`` set); else return."""
-    fds = os.environ.get(ENV)
-    if not fds:
+    fds = _pipes()
+    if fds is None:
         return
-    read_fd, write_fd = (int(x) for x in fds.split(","))
+    read_fd, write_fd = fds
     try:
         os.write(write_fd, f"{step}\n".encode())
         os.read(read_fd, 1)  # b"": the conductor is gone, run on
     except OSError:  # a broken pipe or a closed descriptor: no conductor, run on
-        os.environ.pop(ENV, None)
+        _PIPES[:] = []
+
+
+_PIPES: list[tuple[int, int]] = []
+"""This process's pipe ends, once ``_pipes`` has taken them from the environment (empty: none, or gone)."""
+
+
+def _pipes() -> tuple[int, int] | None:
+    """The pipe ends the conductor gave this process. They are taken from the environment on first use (so the
+    processes this one starts later do not inherit them) and trusted only in the conductor's own child, and only if
+    both are pipes: a process further down (a Ray worker, a subprocess) that inherited the variable ignores it."""
+    if _PIPES:
+        return _PIPES[0]
+    value = os.environ.pop(ENV, None)
+    if not value:
+        return None
+    try:
+        parent, ends = value.split(":")
+        read_fd, write_fd = (int(x) for x in ends.split(","))
+        if int(parent) != os.getppid():
+            return None
+        if not all(stat.S_ISFIFO(os.fstat(fd).st_mode) for fd in (read_fd, write_fd)):
+            return None
+    except (ValueError, OSError):
+        return None
+    _PIPES.append((read_fd, write_fd))
+    return _PIPES[0]
 
 
 @dataclass
@@ -75,7 +103,7 @@ class Conductor:
         go_r, go_w = os.pipe()
         ask_r, ask_w = os.pipe()
         try:
-            proc = launch({ENV: f"{go_r},{ask_w}"}, (go_r, ask_w))
+            proc = launch({ENV: f"{os.getpid()}:{go_r},{ask_w}"}, (go_r, ask_w))
         except BaseException:
             os.close(go_w)
             os.close(ask_r)
@@ -107,7 +135,7 @@ class Conductor:
         while True:
             if b"\n" in t.buffer:
                 line, t.buffer = t.buffer.split(b"\n", 1)
-                t.asked.append(int(line))
+                t.asked.append(int(line) if line.strip().lstrip(b"-").isdigit() else -1)
                 t.waiting_since = time.time()
                 return
             ready, _, _ = select.select([t.asks], [], [], self.poll_s)
