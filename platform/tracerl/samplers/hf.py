@@ -69,7 +69,7 @@ class _StepLogprobs:
         """Per generated position, (rows,) log-probabilities of the tokens drawn there."""
         self._bufs: tuple[torch.Tensor, ...] | None = None
 
-    def hook(self, module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+    def hook(self, module: Any, args: Any, output: Any) -> None:
         logits = output.logits[:, -1].to(dtype=torch.float32).cpu()
         if self._bufs is None or self._bufs[0].shape != logits.shape:
             # written in place each step (a fresh 4.7 MB block a step cost SmolLM2 twice the time): the scaled
@@ -166,7 +166,7 @@ class HFSampler:
         sample = temperature > 0
         logprobs = _StepLogprobs(temperature if sample else 1.0)
         processors: list[Any] = [logprobs] + ([_RowGumbel(seeds, temperature, self.device)] if sample else [])
-        hook = self.model.register_forward_hook(logprobs.hook, with_kwargs=True)
+        hook = self.model.register_forward_hook(logprobs.hook)
         try:
             out = self.model.generate(
                 input_ids=ids.to(self.device),
